@@ -1,0 +1,48 @@
+# llmft developer entry points. `make help` lists them.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+DEMO_DIR ?= runs/demo
+
+.PHONY: help install demo test test-fast lint format compile clean
+
+help:  ## show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@command -v etcd >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server chromium); } || \
+	  echo "note: etcd not installed (apt-get install etcd-server); the etcd rendezvous needs it, c10d does not"
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch first, pinned, so no resolver ever pulls a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv with the pinned dependencies (and Debian's etcd-server)
+
+demo: install  ## run the local end-to-end fine-tune (kfp.local + Beam + etcd + torchrun)
+	$(VENV)/bin/llmft run --backend local --param workdir=$(DEMO_DIR)
+
+test: install lint  ## lint, type-check and run the test suite (CPU)
+	$(VENV)/bin/pytest -q
+
+test-fast: install  ## tests without the slow end-to-end ones
+	$(VENV)/bin/pytest -q -m 'not slow and not gpu and not cloud'
+
+lint: install  ## ruff lint + format check, mypy
+	$(VENV)/bin/ruff check components pipelines trainer beam_preprocess tests benchmarks
+	$(VENV)/bin/ruff format --check components pipelines trainer beam_preprocess tests benchmarks
+	$(VENV)/bin/mypy components pipelines trainer beam_preprocess
+
+format: install  ## apply ruff fixes and formatting
+	$(VENV)/bin/ruff check --fix components pipelines trainer beam_preprocess tests benchmarks
+	$(VENV)/bin/ruff format components pipelines trainer beam_preprocess tests benchmarks
+
+compile: install  ## regenerate compiled/ from the pipeline source
+	$(VENV)/bin/llmft compile --target all --output-dir compiled
+
+clean:  ## remove the venv and run outputs
+	rm -rf $(VENV) runs

@@ -1,0 +1,149 @@
+"""The packed-dataset contract between preprocessing and the trainer/evaluator.
+
+Defined once, here, and read by both sides. This module imports neither Beam nor torch, so the
+trainer can import it without pulling Beam onto its workers.
+
+A packed dataset is a directory (local path or any fsspec URI such as gs://):
+
+    manifest.json                 see `Manifest`
+    train/part-*.parquet          one row = one packed sequence of exactly seq_len tokens
+    eval/part-*.parquet
+    rejected/part-*.jsonl         dead-letter records: {"source", "record", "reason", "error"}
+
+Row columns (all lists of exactly seq_len integers):
+    input_ids      token ids; padding uses the tokenizer's pad id
+    loss_mask      1 where the token is a training target, 0 for prompt tokens, padding and the
+                   first token of every document (it has no in-document predecessor)
+    position_ids   positions that restart at 0 at every document (padding is a segment of its
+                   own), so attention and positions never cross a document boundary
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT_NAME = "llmft-packed"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+SPLITS = ("train", "eval")
+REJECTED_DIR = "rejected"
+COLUMNS = ("input_ids", "loss_mask", "position_ids")
+
+
+@dataclass
+class TokenizerIdentity:
+    """What must match between the tokenizer that packed the data and the one that trains on it."""
+
+    name_or_path: str
+    vocab_size: int
+    eos_token_id: int | None
+    pad_token_id: int | None
+    bos_token_id: int | None
+    fingerprint: str
+    """sha256 of the sorted vocabulary: equal vocabularies give equal fingerprints, wherever they live."""
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> TokenizerIdentity:
+        """Identity of a Hugging Face tokenizer (duck-typed: no transformers import needed)."""
+        vocab = tokenizer.get_vocab()
+        digest = hashlib.sha256()
+        for token, index in sorted(vocab.items(), key=lambda kv: kv[1]):
+            digest.update(f"{index}\t{token}\n".encode())
+        return cls(
+            name_or_path=str(getattr(tokenizer, "name_or_path", "")),
+            vocab_size=len(vocab),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            fingerprint=digest.hexdigest(),
+        )
+
+
+@dataclass
+class SplitInfo:
+    rows: int = 0
+    documents: int = 0
+    tokens: int = 0
+    """Non-padding tokens."""
+    target_tokens: int = 0
+    """Tokens with loss_mask == 1."""
+    shards: list[str] = field(default_factory=list)
+    """Shard paths relative to the dataset directory."""
+
+
+@dataclass
+class Manifest:
+    seq_len: int
+    tokenizer: TokenizerIdentity
+    data_kind: str
+    """"instruction" (prompt/response or chat messages) or "text" (plain causal LM)."""
+    splits: dict[str, SplitInfo]
+    stats: dict[str, Any]
+    """records_read, kept, rejected, duplicates, filtered {reason: count}; read = kept + filtered
+    + duplicates + rejected."""
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        if data.get("format") != FORMAT_NAME:
+            raise ValueError(
+                f"not a packed dataset manifest (format={data.get('format')!r}, expected "
+                f"{FORMAT_NAME!r}): run `llmft preprocess` to produce one"
+            )
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"packed dataset format version {data.get('version')} is not supported "
+                f"(this code reads version {FORMAT_VERSION}): re-run `llmft preprocess`"
+            )
+        return cls(
+            seq_len=int(data["seq_len"]),
+            tokenizer=TokenizerIdentity(**data["tokenizer"]),
+            data_kind=data["data_kind"],
+            splits={name: SplitInfo(**info) for name, info in data["splits"].items()},
+            stats=data["stats"],
+            format=data["format"],
+            version=data["version"],
+        )
+
+
+def read_manifest(dataset_dir: str) -> Manifest:
+    """Read `manifest.json` from a local or fsspec (gs://, memory://) dataset directory."""
+    import fsspec
+
+    path = dataset_dir.rstrip("/") + "/" + MANIFEST_FILE
+    try:
+        with fsspec.open(path, "r") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(
+            f"no {MANIFEST_FILE} in {dataset_dir!r}: pass the output directory of `llmft preprocess`"
+        ) from None
+    return Manifest.from_dict(data)
+
+
+def compatibility_errors(
+    manifest: Manifest, tokenizer: TokenizerIdentity, seq_len: int | None
+) -> list[str]:
+    """Every reason a trainer/evaluator with this tokenizer and seq_len must refuse the dataset."""
+    errors = []
+    if seq_len is not None and manifest.seq_len != seq_len:
+        errors.append(
+            f"dataset was packed with seq_len={manifest.seq_len} but seq_len={seq_len} was "
+            "requested: set seq_len to match or re-run preprocessing"
+        )
+    mine, theirs = tokenizer, manifest.tokenizer
+    for attr in ("vocab_size", "eos_token_id", "pad_token_id", "fingerprint"):
+        if getattr(mine, attr) != getattr(theirs, attr):
+            errors.append(
+                f"tokenizer mismatch on {attr}: dataset has {getattr(theirs, attr)!r} "
+                f"(tokenizer {theirs.name_or_path!r}), model tokenizer has {getattr(mine, attr)!r} "
+                f"({mine.name_or_path!r}): preprocess with the model's tokenizer"
+            )
+    return errors

@@ -1,0 +1,54 @@
+"""Names and labels derived from a pipeline run id.
+
+Why: an exit-handler task cannot consume the outputs of the tasks it guards, so cleanup finds what a
+run created by label, and every step names what it creates from the same run id
+(`dsl.PIPELINE_JOB_ID_PLACEHOLDER` in the pipeline, a generated id locally).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+MANAGED_BY = "llmft"
+K8S_RUN_LABEL = "llmft.dev/run-id"
+"""Kubernetes label key (prefix/name form) carried by every object a run creates."""
+VERTEX_RUN_LABEL = "llmft-run-id"
+"""Vertex AI label key (no '/' or '.' allowed there) carried by every job a run creates."""
+
+_MAX = 40
+
+
+def safe_run_id(run_id: str) -> str:
+    """A run id usable as a label value and inside DNS-1123 names (lowercase, digits, '-').
+
+    Long or unusual ids are shortened with a hash suffix so two different runs never collide.
+    """
+    if not run_id or not run_id.strip():
+        raise ValueError("run id is empty: pass the pipeline's run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)")
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    if cleaned == run_id and len(cleaned) <= _MAX:
+        return cleaned
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+    return f"{cleaned[: _MAX - 9].strip('-')}-{digest}".strip("-")
+
+
+def k8s_labels(run_id: str, component: str | None = None) -> dict[str, str]:
+    labels = {"app.kubernetes.io/managed-by": MANAGED_BY, K8S_RUN_LABEL: safe_run_id(run_id)}
+    if component:
+        labels["app.kubernetes.io/component"] = component
+    return labels
+
+
+def k8s_selector(run_id: str) -> str:
+    """Label selector matching every Kubernetes object of a run."""
+    return f"{K8S_RUN_LABEL}={safe_run_id(run_id)}"
+
+
+def vertex_labels(run_id: str) -> dict[str, str]:
+    return {"managed-by": MANAGED_BY, VERTEX_RUN_LABEL: safe_run_id(run_id)}
+
+
+def resource_name(kind: str, run_id: str) -> str:
+    """`llmft-<kind>-<run>`: a DNS-1123 label (<= 63 chars) unique per run and kind."""
+    return f"{MANAGED_BY}-{kind}-{safe_run_id(run_id)}"[:63].rstrip("-")

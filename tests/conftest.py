@@ -1,0 +1,33 @@
+"""Shared fixtures: the quickstart assets every suite builds on, made once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Keep tests offline and quiet, whatever the developer's environment says.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def sample_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`llmft sample-data` output: train.jsonl, heldout.jsonl, dirty.jsonl, dirty_report.json."""
+    from pipelines.quickstart.sample_data import write_sample_data
+
+    out = tmp_path_factory.mktemp("sample_data")
+    write_sample_data(out, n_train=4000, n_heldout=400, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, sample_data_dir: Path) -> Path:
+    """`llmft tiny-model` output: a ~5M-parameter Llama and its BPE tokenizer with chat template."""
+    from pipelines.quickstart.tiny_model import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    build_tiny_model(out, data_dir=sample_data_dir, vocab_size=4096, hidden_size=256, num_layers=4)
+    return out
