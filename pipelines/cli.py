@@ -94,6 +94,19 @@ def tiny_model(
     )
 
 
+@app.command("compile")
+@user_errors
+def compile_cmd(
+    target: Annotated[str, typer.Option(help="vertex (single document), kfp (with kfp-kubernetes) or all.")] = "all",
+    output_dir: Annotated[Path, typer.Option(help="Where to write the YAML files.")] = Path("compiled"),
+) -> None:
+    """Compile the fine-tune pipeline (and, with --target all, every component) to YAML."""
+    from pipelines.compile import compile_all
+
+    for path in compile_all(target, output_dir):
+        typer.echo(f"wrote {path}")
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,15 @@
+"""Before/after evaluation of a fine-tuned causal LM: loss, generation metrics, report, gate.
+
+Run from the command line with `llmft evaluate --base PATH --tuned PATH --data DIR --output DIR`,
+or call `components.evaluation.evaluate.run_evaluation` (what the KFP `evaluate` component does).
+
+Modules, one job each:
+    loading     model + tokenizer from a local directory or any fsspec URI (gs://), on GPU/CPU
+    data        the packed eval split and the held-out prompt/response records
+    scoring     token-weighted loss and perplexity on target tokens of packed rows
+    generation  batched greedy generation for held-out prompts
+    text_metrics  normalised exact match and chrF
+    gate        the pass/fail decision from configurable thresholds
+    report      the self-contained HTML report
+    evaluate    the orchestration: everything above, writing metrics.json + report.html
+"""

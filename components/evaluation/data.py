@@ -1,0 +1,139 @@
+"""Evaluation inputs: packed eval rows (for loss) and prompt/response records (for generation).
+
+The packed rows follow `beam_preprocess.schema`; the records are the eval split's cleaned raw
+records that preprocessing writes to `<dataset>/eval_records/part-*.jsonl`, or any JSONL file of
+the same shape (e.g. the sample data's heldout.jsonl). A record is either
+`{"prompt": ..., "response": ...}` or `{"messages": [{"role", "content"}, ...]}` whose last message
+is the assistant's reference answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from beam_preprocess.schema import Manifest, read_manifest
+
+EVAL_SPLIT = "eval"
+EVAL_RECORDS_DIR = "eval_records"
+
+
+@dataclass
+class PackedRows:
+    """Packed sequences as plain lists (seq_len ints each)."""
+
+    input_ids: list[list[int]]
+    loss_mask: list[list[int]]
+    position_ids: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Example:
+    """One held-out prompt with its reference answer."""
+
+    messages: list[dict[str, str]]
+    """The conversation up to (not including) the reference assistant turn."""
+    reference: str
+    prompt_text: str
+    """The last user message, for display in the report."""
+
+
+def _join(root: str, rel: str) -> str:
+    return root.rstrip("/") + "/" + rel.lstrip("/")
+
+
+def load_manifest(dataset_dir: str) -> Manifest:
+    """The dataset's manifest; ValueError when missing or when the eval split is empty."""
+    manifest = read_manifest(dataset_dir)
+    info = manifest.splits.get(EVAL_SPLIT)
+    if info is None or info.rows == 0 or not info.shards:
+        raise ValueError(
+            f"the eval split of {dataset_dir!r} is empty: re-run `llmft preprocess` with a "
+            "non-zero eval fraction (or more input records) so evaluation has data to score"
+        )
+    return manifest
+
+
+def read_eval_rows(dataset_dir: str, manifest: Manifest, max_rows: int | None = None) -> PackedRows:
+    """Read up to `max_rows` packed eval rows, in shard order (deterministic)."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    rows = PackedRows([], [], [])
+    for shard in manifest.splits[EVAL_SPLIT].shards:
+        if max_rows is not None and len(rows) >= max_rows:
+            break
+        with fsspec.open(_join(dataset_dir, shard), "rb") as f:
+            table = pq.read_table(f, columns=["input_ids", "loss_mask", "position_ids"])
+        data = table.to_pydict()
+        rows.input_ids.extend(data["input_ids"])
+        rows.loss_mask.extend(data["loss_mask"])
+        rows.position_ids.extend(data["position_ids"])
+    if max_rows is not None:
+        rows = PackedRows(
+            rows.input_ids[:max_rows], rows.loss_mask[:max_rows], rows.position_ids[:max_rows]
+        )
+    if not rows.input_ids:
+        raise ValueError(
+            f"the eval shards of {dataset_dir!r} hold no rows although the manifest lists them: "
+            "re-run `llmft preprocess`"
+        )
+    bad = [i for i, ids in enumerate(rows.input_ids) if len(ids) != manifest.seq_len]
+    if bad:
+        raise ValueError(
+            f"{len(bad)} eval rows of {dataset_dir!r} are not seq_len={manifest.seq_len} long "
+            f"(first: row {bad[0]}): the dataset is corrupt, re-run `llmft preprocess`"
+        )
+    return rows
+
+
+def _example(record: dict[str, Any], where: str) -> Example:
+    if "messages" in record:
+        messages = record["messages"]
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError(f"{where}: the last message must be the assistant's reference answer")
+        context = [{"role": m["role"], "content": m["content"]} for m in messages[:-1]]
+        users = [m["content"] for m in context if m["role"] == "user"]
+        return Example(context, messages[-1]["content"], users[-1] if users else "")
+    if "prompt" in record and "response" in record:
+        prompt = str(record["prompt"])
+        return Example([{"role": "user", "content": prompt}], str(record["response"]), prompt)
+    raise ValueError(f"{where}: a record needs 'prompt' and 'response', or 'messages'")
+
+
+def eval_record_files(dataset_dir: str) -> list[str]:
+    """The eval_records JSONL parts preprocessing wrote (may be none, e.g. for text data)."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(dataset_dir)
+    pattern = _join(root, f"{EVAL_RECORDS_DIR}/part-*.jsonl")
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    paths = sorted(fs.glob(pattern))
+    if protocol in ("file", "local"):
+        return paths
+    return [f"{protocol}://{p}" for p in paths]
+
+
+def read_examples(paths: list[str], max_examples: int) -> list[Example]:
+    """The first `max_examples` records of the JSONL files, in order (deterministic)."""
+    import fsspec
+
+    examples: list[Example] = []
+    for path in paths:
+        with fsspec.open(path, "r") as f:
+            for number, line in enumerate(f, start=1):
+                if len(examples) >= max_examples:
+                    return examples
+                if not line.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+                examples.append(_example(record, where))
+    return examples

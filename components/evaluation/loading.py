@@ -1,0 +1,167 @@
+"""Load a Hugging Face causal LM and its tokenizer from a local directory or an fsspec URI.
+
+Remote models (gs://, memory://, ...) are copied to a temporary directory first because
+`from_pretrained` only reads local paths; the copy lives exactly as long as the `loaded_model`
+context, so nothing is left behind. On a CUDA machine the model runs in bf16 (half the memory,
+the dtype fine-tunes are trained in); on CPU it runs in float32 because CPU bf16 matmuls are slow
+and lossy for little gain.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MODEL_CONFIG = "config.json"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference, with the tokenizer that came with it."""
+
+    path: str
+    model: Any
+    tokenizer: Any
+    device: Any
+    dtype: Any
+
+
+def pick_device(device: str | None = None) -> tuple[Any, Any]:
+    """The torch device and dtype to evaluate with: `device` if given, else CUDA+bf16 or CPU+fp32."""
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available: pass --device cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, dtype
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def check_model_path(path: str, what: str = "model") -> None:
+    """Raise ValueError unless `path` is a directory written by `save_pretrained`."""
+    import fsspec
+
+    if not path:
+        raise ValueError(f"{what} path is empty: pass a model directory (local or gs://)")
+    fs, root = fsspec.core.url_to_fs(path)
+    if not fs.exists(root):
+        raise ValueError(
+            f"{what} path {path!r} does not exist: pass a directory written by save_pretrained "
+            "(for the fine-tuned model, the trainer's output directory)"
+        )
+    if not fs.exists(root.rstrip("/") + "/" + MODEL_CONFIG):
+        raise ValueError(
+            f"{what} path {path!r} has no {MODEL_CONFIG}: it is not a Hugging Face model directory "
+            "(pass the directory save_pretrained wrote, not a checkpoint or file inside it)"
+        )
+
+
+def _has_tokenizer(local_dir: str) -> bool:
+    from pathlib import Path
+
+    return any(
+        (Path(local_dir) / name).exists()
+        for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    )
+
+
+@contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A local directory holding the model at `path` (the path itself when already local)."""
+    if not _is_remote(path):
+        yield path.removeprefix("file://")
+        return
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    with tempfile.TemporaryDirectory(prefix="llmft-eval-model-") as tmp:
+        log.info("copying %s to %s", path, tmp)
+        # A trailing slash on the source copies the directory's contents, not the directory.
+        fs.get(root.rstrip("/") + "/", tmp + "/", recursive=True)
+        yield tmp
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
+
+
+def read_tokenizer(path: str, what: str = "model") -> Any | None:
+    """The tokenizer saved with the model at `path`, or None when it has none.
+
+    Only non-weight files are copied for remote models, so checking a tokenizer against the
+    dataset costs kilobytes, not gigabytes, and happens before any model is loaded.
+    """
+    from transformers import AutoTokenizer
+
+    check_model_path(path, what)
+    if not _is_remote(path):
+        local = path.removeprefix("file://")
+        return AutoTokenizer.from_pretrained(local) if _has_tokenizer(local) else None
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    with tempfile.TemporaryDirectory(prefix="llmft-eval-tokenizer-") as tmp:
+        for remote in fs.ls(root, detail=False):
+            name = remote.rstrip("/").rsplit("/", 1)[-1]
+            if fs.isfile(remote) and not name.endswith(WEIGHT_SUFFIXES):
+                fs.get(remote, f"{tmp}/{name}")
+        return AutoTokenizer.from_pretrained(tmp) if _has_tokenizer(tmp) else None
+
+
+@contextmanager
+def loaded_model(
+    path: str,
+    *,
+    what: str = "model",
+    device: str | None = None,
+    tokenizer: Any = None,
+) -> Iterator[LoadedModel]:
+    """Load the model at `path` for inference; free it (and any temporary copy) on exit.
+
+    Args:
+        path: local directory or fsspec URI written by `save_pretrained`.
+        what: how to name the model in error messages ("base model", "tuned model").
+        device: torch device string; default CUDA when present, else CPU.
+        tokenizer: the tokenizer to use (from `read_tokenizer`, already checked against the
+            dataset); default: the one saved with the model.
+    """
+    from transformers import AutoModelForCausalLM
+
+    check_model_path(path, what)
+    dev, dtype = pick_device(device)
+    with local_copy(path) as local_dir:
+        if tokenizer is None:
+            if not _has_tokenizer(local_dir):
+                raise ValueError(
+                    f"{what} {path!r} has no tokenizer files (tokenizer.json / "
+                    "tokenizer_config.json): save the tokenizer next to the model"
+                )
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(local_dir)
+        model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
+        model.to(dev)
+        model.eval()
+        log.info("loaded %s from %s on %s (%s)", what, path, dev, dtype)
+        loaded = LoadedModel(path=path, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)
+        del model
+        try:
+            yield loaded
+        finally:
+            # Drop the weights before the next model loads: only one is resident at a time.
+            loaded.model = None
+            if dev.type == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()

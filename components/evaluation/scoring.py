@@ -1,0 +1,72 @@
+"""Token-weighted loss and perplexity of a causal LM on packed rows, over target tokens only.
+
+Why token-weighted: averaging per-row or per-batch means would weight a short answer's tokens more
+than a long one's; summing negative log-likelihoods over every target token and dividing once gives
+the number the trainer minimises, comparable across models and batch sizes.
+
+Packed rows are scored the way they are trained: `position_ids` restart at every document and the
+model is called with no attention mask and `use_cache=False`, which makes transformers restrict
+attention to each document (an explicit mask would silently let documents attend to each other).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from components.evaluation.data import PackedRows
+
+
+@dataclass
+class LossResult:
+    loss: float
+    """Mean negative log-likelihood per target token (nats)."""
+    perplexity: float
+    target_tokens: int
+    rows: int
+
+
+def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4) -> LossResult:
+    """Mean NLL and perplexity over tokens whose loss_mask is 1.
+
+    Token t is predicted from the logits at t-1, so the mask is read shifted by one; the schema
+    guarantees a document's first token is never a target, so no prediction crosses a boundary.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    total_nll = 0.0
+    total_targets = 0
+    with torch.inference_mode():
+        for start in range(0, len(rows), batch_size):
+            stop = start + batch_size
+            input_ids = torch.tensor(rows.input_ids[start:stop], dtype=torch.long, device=device)
+            position_ids = torch.tensor(
+                rows.position_ids[start:stop], dtype=torch.long, device=device
+            )
+            mask = torch.tensor(rows.loss_mask[start:stop], dtype=torch.bool, device=device)
+            logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+            targets = input_ids[:, 1:]
+            target_mask = mask[:, 1:]
+            # Row by row in float32: bf16 log-softmax over a large vocabulary loses precision,
+            # and a whole batch of float32 logits can be gigabytes for 100k+ vocabularies.
+            for i in range(input_ids.shape[0]):
+                row_mask = target_mask[i]
+                if not bool(row_mask.any()):
+                    continue
+                row_logits = logits[i, :-1][row_mask].float()
+                total_nll += float(F.cross_entropy(row_logits, targets[i][row_mask], reduction="sum"))
+                total_targets += int(row_mask.sum())
+            del logits
+    if total_targets == 0:
+        raise ValueError(
+            "the eval rows contain no target tokens (loss_mask is 0 everywhere): check the "
+            "preprocessing of the eval split (prompt-only or empty responses?)"
+        )
+    loss = total_nll / total_targets
+    # exp() overflows past ~709 nats; an untrained model is far below that, but keep it finite.
+    perplexity = math.exp(loss) if loss < 700 else math.inf
+    return LossResult(loss=loss, perplexity=perplexity, target_tokens=total_targets, rows=len(rows))

@@ -1,0 +1,318 @@
+"""The one launcher interface: start a training run on N nodes x P processes, follow it, cancel it,
+and clean up after it by run id.
+
+Every backend (local torchrun agents, a PyTorchJob on GKE, a Vertex AI CustomJob) implements
+`Launcher`; `get_launcher(backend)` picks one. What to run is described once, by `TrainLaunch`,
+so the trainer receives the same arguments whatever starts it.
+
+Why cleanup takes a run id rather than a handle: the pipeline's exit handler runs in another process
+(often another machine) and cannot consume the train step's outputs, so it finds what a run created
+from the run id alone (components/run_identity.py).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, ClassVar
+
+from components.run_identity import safe_run_id
+
+BACKENDS = ("local", "gke", "vertex")
+RDZV_BACKENDS = ("etcd-v3", "etcd-v2", "c10d")
+TRAINER_ENTRYPOINT: tuple[str, ...] = ("-m", "trainer")
+"""What torchrun runs in every worker: the trainer package (`python -m trainer`)."""
+
+SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+
+LogSink = Callable[[str], None]
+
+
+def print_line(line: str) -> None:
+    """Default log sink: one line to stdout, flushed (KFP and Vertex collect stdout)."""
+    sys.stdout.write(line.rstrip("\n") + "\n")
+    sys.stdout.flush()
+
+
+def _flag_value(value: Any) -> str:
+    # The trainer parses bools from true/false and lists from JSON (trainer/config.py).
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(list(value) if isinstance(value, tuple) else value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class TrainLaunch:
+    """What to run, identical for every backend.
+
+    Paths are as the workers see them: local paths for the local backend, gs:// URIs (or paths on
+    a shared volume) for GKE and Vertex.
+    """
+
+    run_id: str
+    """The pipeline run id; names, labels and the rendezvous id all derive from it."""
+    model: str
+    """Base model directory or URI (`--model` of the trainer)."""
+    data: str
+    """Packed dataset directory or URI (`--data`)."""
+    output: str
+    """Run directory (`--output`): model/, metrics.jsonl and summary.json end up there."""
+    nodes: int = 1
+    """Number of nodes (torchrun agents / pods / Vertex replicas)."""
+    nproc_per_node: int = 1
+    """Worker processes per node (usually one per GPU)."""
+    rdzv_backend: str = "etcd-v3"
+    """torchrun rendezvous backend: etcd-v3 (our plugin), etcd-v2 (etcd's v2 API) or c10d."""
+    rdzv_endpoint: str = ""
+    """`host:port` of the rendezvous; empty lets the backend choose (see each launcher)."""
+    max_steps: int | None = None
+    """Optimizer steps (`--max-steps`); None lets the trainer's config decide."""
+    trainer_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Extra trainer fields, `{"lr": 1e-4}` -> `--lr 0.0001` (see trainer/config.py)."""
+    config_file: str | None = None
+    """Optional trainer YAML config (`--config`), as the workers see it."""
+    max_restarts: int = 0
+    """torchrun restarts of the whole worker group after a worker failure."""
+    entrypoint: tuple[str, ...] = TRAINER_ENTRYPOINT
+    """What torchrun runs: `("-m", "trainer")`, or a script path (tests use a small one)."""
+
+    @property
+    def rdzv_id(self) -> str:
+        """Unique per run: torch defaults it to "none", so runs sharing an etcd would collide."""
+        return safe_run_id(self.run_id)
+
+    def errors(self) -> list[str]:
+        """Every problem with this launch, so the user fixes them in one go."""
+        errors: list[str] = []
+        try:
+            safe_run_id(self.run_id)
+        except ValueError as exc:
+            errors.append(str(exc))
+        for name in ("model", "data", "output"):
+            if not str(getattr(self, name)).strip():
+                errors.append(f"{name} is empty: pass --{name}")
+        if self.nodes < 1:
+            errors.append(f"nodes={self.nodes}: need at least 1")
+        if self.nproc_per_node < 1:
+            errors.append(f"nproc_per_node={self.nproc_per_node}: need at least 1")
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            errors.append(
+                f"rdzv_backend={self.rdzv_backend!r}: choose one of {', '.join(RDZV_BACKENDS)}"
+            )
+        if self.rdzv_endpoint and not _is_host_port(self.rdzv_endpoint):
+            errors.append(f"rdzv_endpoint={self.rdzv_endpoint!r}: expected host:port")
+        if self.max_steps is not None and self.max_steps < 1:
+            errors.append(f"max_steps={self.max_steps}: need at least 1 (or leave it unset)")
+        if self.max_restarts < 0:
+            errors.append(f"max_restarts={self.max_restarts}: cannot be negative")
+        reserved = {"model", "data", "output", "config", "max_steps"}
+        for key in self.trainer_overrides:
+            if key.replace("-", "_") in reserved:
+                errors.append(f"trainer override {key!r}: set it with its own option instead")
+        if not self.entrypoint:
+            errors.append("entrypoint is empty")
+        return errors
+
+    def validate(self) -> None:
+        errors = self.errors()
+        if errors:
+            raise ValueError("invalid training launch:\n  - " + "\n  - ".join(errors))
+
+    def trainer_args(self) -> list[str]:
+        """Arguments of `python -m trainer` (after the entrypoint)."""
+        args = ["--model", self.model, "--data", self.data, "--output", self.output]
+        if self.config_file:
+            args += ["--config", self.config_file]
+        if self.max_steps is not None:
+            args += ["--max-steps", str(self.max_steps)]
+        for key, value in self.trainer_overrides.items():
+            args += [f"--{key.replace('_', '-')}", _flag_value(value)]
+        return args
+
+    def torchrun_args(self, endpoint: str, *, rdzv_conf: str = "") -> list[str]:
+        """torchrun flags for one node agent (the same on every node)."""
+        args = [
+            f"--nnodes={self.nodes}",
+            f"--nproc-per-node={self.nproc_per_node}",
+            f"--rdzv-backend={self.rdzv_backend}",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={self.rdzv_id}",
+            f"--max-restarts={self.max_restarts}",
+        ]
+        if rdzv_conf:
+            args.append(f"--rdzv-conf={rdzv_conf}")
+        return args
+
+
+def _is_host_port(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
+"""Set for every agent: with torch 2.13's shared rendezvous TCPStore, restarts after a worker
+crash hung in most trials (pytorch/pytorch#135712); without it they recovered (docs/architecture.md)."""
+
+
+@dataclass
+class LaunchResult:
+    """How a run ended. `status` is succeeded, failed or cancelled."""
+
+    run_id: str
+    backend: str
+    status: str
+    output: str
+    message: str = ""
+    exit_code: int | None = None
+    failed_node: int | None = None
+    log_tail: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == SUCCEEDED
+
+    def describe(self) -> str:
+        """A human summary: status, reason and the failing node's last log lines."""
+        text = f"run {self.run_id} on {self.backend}: {self.status}"
+        if self.message:
+            text += f": {self.message}"
+        if self.log_tail:
+            text += "\nlast log lines:\n  " + "\n  ".join(self.log_tail)
+        return text
+
+    def raise_for_status(self) -> LaunchResult:
+        if self.status == CANCELLED:
+            raise LaunchCancelled(self)
+        if self.status != SUCCEEDED:
+            raise LaunchFailed(self)
+        return self
+
+
+class LaunchFailed(RuntimeError):
+    """The training run failed; `result` says where and why."""
+
+    def __init__(self, result: LaunchResult) -> None:
+        super().__init__(result.describe())
+        self.result = result
+
+
+class LaunchCancelled(LaunchFailed):
+    """The run was cancelled (SIGTERM, Ctrl-C or an explicit cancel)."""
+
+
+class _Interrupted(BaseException):
+    """Raised from a signal handler to leave the wait loop; BaseException so no `except
+    Exception` in between swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGTERM/SIGINT into `_Interrupted` while waiting (main thread only: Python delivers
+    signals there; elsewhere the caller's own handling applies)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class Launcher(ABC):
+    """Start, follow, cancel and clean up one training run on one backend.
+
+    One instance follows one run: `start(launch)`, then `wait()`; `cancel()` stops it;
+    `cleanup(run_id)` removes whatever a run left behind and works from any process.
+    """
+
+    backend: ClassVar[str]
+
+    def __init__(self, *, log: LogSink | None = None) -> None:
+        self.log: LogSink = log or print_line
+        self.launch: TrainLaunch | None = None
+
+    @abstractmethod
+    def start(self, launch: TrainLaunch) -> None:
+        """Validate and start the run; returns once it is submitted / its processes are up."""
+
+    @abstractmethod
+    def wait(self, *, timeout: float | None = None) -> LaunchResult:
+        """Follow the run (progress and logs to the log sink) until it ends or `timeout` passes
+        (then it is cancelled and reported as failed)."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Stop the run started by this instance; safe to call twice or after it ended."""
+
+    @abstractmethod
+    def cleanup(self, run_id: str) -> list[str]:
+        """Delete everything run `run_id` created on this backend; ignore what is already gone.
+
+        Returns:
+            Descriptions of what was removed or stopped.
+        """
+
+    def run(self, launch: TrainLaunch, *, timeout: float | None = None) -> LaunchResult:
+        """start + wait; SIGTERM / Ctrl-C cancel the run before the process exits.
+
+        Returns the result (check `.ok` or call `.raise_for_status()`).
+        """
+        started = time.monotonic()
+        try:
+            with _signals_raise():
+                self.start(launch)
+                return self.wait(timeout=timeout)
+        except _Interrupted as interrupt:
+            self.log(f"[launcher] signal {signal.Signals(interrupt.signum).name}: cancelling the run")
+            self.cancel()
+            return LaunchResult(
+                run_id=launch.run_id,
+                backend=self.backend,
+                status=CANCELLED,
+                output=launch.output,
+                message=f"cancelled by {signal.Signals(interrupt.signum).name}",
+                duration_s=time.monotonic() - started,
+            )
+
+
+def get_launcher(backend: str, **options: Any) -> Launcher:
+    """The launcher for `backend` (local, gke or vertex); options go to its constructor."""
+    if backend == "local":
+        from components.launchers.local import LocalLauncher
+
+        return LocalLauncher(**options)
+    if backend == "gke":
+        from components.launchers.gke import GkeLauncher
+
+        return GkeLauncher(**options)
+    if backend == "vertex":
+        from components.launchers.vertex import VertexLauncher
+
+        return VertexLauncher(**options)
+    raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def tail(lines: Sequence[str], n: int) -> list[str]:
+    return list(lines[-n:]) if n > 0 else []

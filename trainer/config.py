@@ -1,0 +1,348 @@
+"""The trainer's typed configuration: one dataclass, read from a YAML file and `--field value` flags.
+
+Precedence: dataclass defaults < `--config FILE.yaml` < command-line flags. Every field has a
+docstring (the attribute docstring under it); `validate()` collects every problem and raises one
+ValueError listing all of them, so a user fixes a config in one round trip instead of N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    """Everything `python -m trainer` can be told. Field docstrings are the reference."""
+
+    # --- inputs and outputs -------------------------------------------------------------------
+    model: str = ""
+    """Model to fine-tune: a local Hugging Face directory, a gs:// URI (downloaded once per node)
+    or a hub id. Loaded with `from_pretrained`."""
+    data: str = ""
+    """Packed dataset directory written by `llmft preprocess` (local path or gs://)."""
+    output: str = ""
+    """Run directory (local path or gs://): checkpoints/, model/, metrics.jsonl, summary.json."""
+    tokenizer: str | None = None
+    """Tokenizer to check the dataset against and to export; defaults to `model`."""
+
+    # --- schedule ----------------------------------------------------------------------------
+    seq_len: int | None = None
+    """Expected packed row length; None takes it from the manifest (a mismatch is refused)."""
+    micro_batch_size: int = 4
+    """Packed rows per process per forward/backward pass."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step. Global batch (rows) = micro_batch_size x
+    grad_accum_steps x world size."""
+    max_steps: int | None = None
+    """Optimizer steps to run; None runs `epochs` full passes over the training split."""
+    epochs: int = 1
+    """Passes over the training split when max_steps is None."""
+    shuffle: bool = True
+    """Shuffle rows each epoch (seeded by `seed` and the epoch number, so resume is exact)."""
+    seed: int = 0
+    """Seed for data order, LoRA init and dropout; the same seed gives the same run."""
+
+    # --- optimizer ---------------------------------------------------------------------------
+    lr: float = 2e-5
+    """Peak learning rate of AdamW."""
+    min_lr_ratio: float = 0.1
+    """The cosine schedule decays to lr x min_lr_ratio at the last step."""
+    warmup_steps: int = 0
+    """Linear warmup steps from 0 to lr."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay (applied to matrices only, not norms or biases)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.95
+    """AdamW beta2."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
+
+    # --- engine ------------------------------------------------------------------------------
+    dtype: str = "auto"
+    """Compute dtype: "auto" (bf16 on GPU, fp32 on CPU), "bf16" or "fp32". Master weights and
+    gradient reduction stay fp32 either way."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in backward: less memory, ~30% more compute.
+    Turn on for large models or long sequences."""
+    compile: bool = False
+    """torch.compile each decoder block (per-block keeps compile time flat in depth)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered block weights after forward (ZeRO-3). False keeps them until backward
+    (ZeRO-2-like): one all-gather fewer per block, more memory. Good for small models."""
+    backend: str = "auto"
+    """Process-group backend: "auto" (nccl on GPU, gloo on CPU), "nccl" or "gloo"."""
+
+    # --- LoRA --------------------------------------------------------------------------------
+    lora_rank: int = 0
+    """LoRA rank; 0 means full fine-tuning. With LoRA, only adapter weights train."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (scale = alpha / rank)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch input."""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    """Module names to wrap with LoRA adapters."""
+
+    # --- checkpoints, logging, export ---------------------------------------------------------
+    checkpoint_every: int = 0
+    """Save a DCP checkpoint every N optimizer steps (0: only on SIGTERM and at the end)."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints to keep; older ones are deleted after a new one is complete."""
+    checkpoint_at_end: bool = True
+    """Also save a checkpoint after the last step (lets a retried task skip straight to export)."""
+    resume: bool = True
+    """Resume from the latest complete checkpoint under OUTPUT/checkpoints if there is one."""
+    log_every: int = 10
+    """Write metrics every N steps (rank 0): JSONL, TensorBoard and the log."""
+    eval_at_end: bool = True
+    """Compute the loss on the eval split after training (if the dataset has one)."""
+    eval_max_rows: int | None = None
+    """Cap on eval rows (None: the whole eval split)."""
+    export: bool = True
+    """Write the final model to OUTPUT/model as a Hugging Face directory."""
+    export_shard_size: str = "5GB"
+    """Maximum size of one exported safetensors shard."""
+    tensorboard: bool = True
+    """Write TensorBoard events (to $AIP_TENSORBOARD_LOG_DIR on Vertex, else OUTPUT/tensorboard)."""
+    peak_flops: float | None = None
+    """Peak FLOP/s of one device for MFU; None looks the device up (CPU: MFU not reported)."""
+
+    def resolved_tokenizer(self) -> str:
+        return self.tokenizer or self.model
+
+    def global_batch_rows(self, world_size: int) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * world_size
+
+    def validate(self) -> None:
+        """Raise one ValueError listing every problem, each with what to change."""
+        errors = self.errors()
+        if errors:
+            raise ValueError("invalid trainer config: " + "; ".join(errors))
+
+    def errors(self) -> list[str]:
+        """Every problem with this config (empty when valid)."""
+        errors = []
+        for name in ("model", "data", "output"):
+            if not getattr(self, name):
+                errors.append(f"--{name.replace('_', '-')} is required")
+        positive = ("micro_batch_size", "grad_accum_steps", "epochs", "keep_checkpoints")
+        for name in positive:
+            if getattr(self, name) < 1:
+                errors.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.max_steps is not None and self.max_steps < 1:
+            errors.append(f"max_steps must be >= 1 or unset (got {self.max_steps})")
+        if self.seq_len is not None and self.seq_len < 2:
+            errors.append(f"seq_len must be >= 2 or unset (got {self.seq_len})")
+        if not self.lr > 0:
+            errors.append(f"lr must be > 0 (got {self.lr})")
+        if not 0 <= self.min_lr_ratio <= 1:
+            errors.append(f"min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
+        for name in ("warmup_steps", "checkpoint_every", "lora_rank"):
+            if getattr(self, name) < 0:
+                errors.append(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if self.max_steps is not None and self.warmup_steps >= self.max_steps:
+            errors.append(
+                f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps})"
+            )
+        if self.log_every < 1:
+            errors.append(f"log_every must be >= 1 (got {self.log_every})")
+        if self.weight_decay < 0 or self.max_grad_norm < 0 or self.adam_eps <= 0:
+            errors.append("weight_decay and max_grad_norm must be >= 0 and adam_eps > 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                errors.append(f"{name} must be in [0, 1) (got {getattr(self, name)})")
+        if self.dtype not in ("auto", "bf16", "fp32"):
+            errors.append(f"dtype must be auto, bf16 or fp32 (got {self.dtype!r})")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            errors.append(f"backend must be auto, nccl or gloo (got {self.backend!r})")
+        if self.lora_rank and not self.lora_target_modules:
+            errors.append("lora_target_modules must name at least one module when lora_rank > 0")
+        if not 0 <= self.lora_dropout < 1:
+            errors.append(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})")
+        if self.eval_max_rows is not None and self.eval_max_rows < 1:
+            errors.append(f"eval_max_rows must be >= 1 or unset (got {self.eval_max_rows})")
+        if self.peak_flops is not None and self.peak_flops <= 0:
+            errors.append(f"peak_flops must be > 0 or unset (got {self.peak_flops})")
+        try:
+            parse_size(self.export_shard_size)
+        except ValueError as exc:
+            errors.append(str(exc))
+        return errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_size(text: str) -> int:
+    """'5GB' / '500MB' / '1024' -> bytes."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+    upper = text.strip().upper()
+    for unit, factor in units.items():
+        if upper.endswith(unit) and upper[: -len(unit)].strip().replace(".", "", 1).isdigit():
+            return int(float(upper[: -len(unit)]) * factor)
+    if upper.isdigit():
+        return int(upper)
+    raise ValueError(f"export_shard_size {text!r} is not a size like '5GB' or '500MB'")
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _coerce(name: str, raw: Any, annotation: Any) -> Any:
+    """Turn a YAML value or a command-line string into the field's type, or raise ValueError."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", "")):
+            return None
+        (annotation,) = [a for a in args if a is not type(None)]
+        origin = typing.get_origin(annotation)
+    if origin is list:
+        if isinstance(raw, str):
+            raw = json.loads(raw) if raw.strip().startswith("[") else raw.split(",")
+        if not isinstance(raw, list):
+            raise ValueError(f"{name} must be a list (got {raw!r})")
+        return [str(item).strip() for item in raw]
+    if annotation is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(raw, str) and raw.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{name} must be true or false (got {raw!r})")
+    if annotation is int:
+        if isinstance(raw, bool):
+            raise ValueError(f"{name} must be an integer (got {raw!r})")
+        try:
+            value = float(raw) if isinstance(raw, str) else raw
+            if not isinstance(value, int | float) or int(value) != value:
+                raise ValueError
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be an integer (got {raw!r})") from None
+    if annotation is float:
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number (got {raw!r})") from None
+    return str(raw)
+
+
+def load_config(argv: list[str]) -> TrainConfig:
+    """Build a validated TrainConfig from `[--config FILE.yaml] [--field value ...]`.
+
+    Flags accept dashes or underscores (`--max-steps 10` == `--max_steps 10`); booleans also take
+    the bare form (`--compile`, `--no-compile`).
+    """
+    types_by_name = _field_types()
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    flags: list[tuple[str, Any]] = []
+    config_file = None
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--"):
+            errors.append(f"unexpected argument {token!r}: flags look like --field value")
+            i += 1
+            continue
+        key, eq, inline = token[2:].partition("=")
+        name = key.replace("-", "_")
+        negated = name.startswith("no_") and types_by_name.get(name[3:]) is bool
+        if negated:
+            flags.append((name[3:], False))
+            i += 1
+            continue
+        if name == "config":
+            if eq:
+                config_file = inline
+                i += 1
+            elif i + 1 < len(argv):
+                config_file = argv[i + 1]
+                i += 2
+            else:
+                errors.append("--config needs a file")
+                i += 1
+            continue
+        if name not in types_by_name:
+            errors.append(f"unknown option --{key}: see docs/trainer.md for the fields")
+            i += 1
+            continue
+        if eq:
+            flags.append((name, inline))
+            i += 1
+        elif types_by_name[name] is bool and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+            flags.append((name, True))
+            i += 1
+        elif i + 1 < len(argv):
+            flags.append((name, argv[i + 1]))
+            i += 2
+        else:
+            errors.append(f"--{key} needs a value")
+            i += 1
+    if config_file is not None:
+        values.update(_read_yaml(config_file, types_by_name, errors))
+    values.update(dict(flags))
+    kwargs = {}
+    for name, raw in values.items():
+        try:
+            kwargs[name] = _coerce(name, raw, types_by_name[name])
+        except ValueError as exc:
+            errors.append(str(exc))
+    config = TrainConfig(**kwargs)
+    errors.extend(config.errors())
+    if errors:
+        raise ValueError("invalid trainer config: " + "; ".join(errors))
+    return config
+
+
+def _read_yaml(path: str, types_by_name: dict[str, Any], errors: list[str]) -> dict[str, Any]:
+    import fsspec
+    import yaml
+
+    try:
+        with fsspec.open(path, "r") as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        errors.append(f"config file {path!r} does not exist")
+        return {}
+    except yaml.YAMLError as exc:
+        errors.append(f"config file {path!r} is not valid YAML: {exc}")
+        return {}
+    if not isinstance(data, dict):
+        errors.append(f"config file {path!r} must hold a mapping of field: value")
+        return {}
+    unknown = sorted(set(data) - set(types_by_name))
+    if unknown:
+        errors.append(f"unknown field(s) in {path}: {', '.join(unknown)}")
+    return {k: v for k, v in data.items() if k in types_by_name}
+
+
+def describe_fields() -> dict[str, str]:
+    """Field name -> its docstring, read from this module's source (for docs and --help)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
