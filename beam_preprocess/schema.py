@@ -9,6 +9,10 @@ A packed dataset is a directory (local path or any fsspec URI such as gs://):
     train/part-*.parquet          one row = one packed sequence of exactly seq_len tokens
     eval/part-*.parquet
     rejected/part-*.jsonl         dead-letter records: {"source", "record", "reason", "error"}
+    filtered/part-*.jsonl         valid records removed by a policy (too long, ...), same format
+    eval_records/part-*.jsonl     the clean held-out records ({"prompt", "response"} or {"text"}),
+                                  one JSON object per line: exactly the eval split, for generation
+    stats.json                    the run's accounting (also written when the run fails)
 
 Row columns (all lists of exactly seq_len integers):
     input_ids      token ids; padding uses the tokenizer's pad id
@@ -86,6 +90,8 @@ class Manifest:
     + duplicates + rejected."""
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
+    eval_records: list[str] = field(default_factory=list)
+    """JSONL files (relative paths) of the eval split's clean records; optional, may be empty."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -110,6 +116,7 @@ class Manifest:
             stats=data["stats"],
             format=data["format"],
             version=data["version"],
+            eval_records=list(data.get("eval_records", [])),
         )
 
 

@@ -10,7 +10,6 @@ Compiled one by one to compiled/components/<name>.yaml so other pipelines can re
 `kfp.components.load_component_from_file`.
 """
 
-
 from typing import NamedTuple
 
 from kfp import dsl
@@ -82,10 +81,20 @@ def preprocess(
 
     dataset.metadata.update(
         run_preprocess_component(
-            input_uri=train_data_uri, tokenizer=tokenizer, data_kind=data_kind, seq_len=seq_len,
-            eval_fraction=eval_fraction, runner=runner, project=project, region=region,
-            work_uri=work_uri, run_id=run_id, dataflow_options=dataflow_options,
-            output_path=dataset.path, output_uri=dataset.uri, summary_path=summary.path,
+            input_uri=train_data_uri,
+            tokenizer=tokenizer,
+            data_kind=data_kind,
+            seq_len=seq_len,
+            eval_fraction=eval_fraction,
+            runner=runner,
+            project=project,
+            region=region,
+            work_uri=work_uri,
+            run_id=run_id,
+            dataflow_options=dataflow_options,
+            output_path=dataset.path,
+            output_uri=dataset.uri,
+            summary_path=summary.path,
             gcp_resources_path=gcp_resources,
         )
     )
@@ -100,7 +109,13 @@ def etcd_up(backend: str, run_id: str, namespace: str, gke_cluster: str, project
     """
     from components.etcd_step import etcd_up as start
 
-    return start(backend=backend, run_id=run_id, namespace=namespace, gke_cluster=gke_cluster, project=project)
+    return start(
+        backend=backend,
+        run_id=run_id,
+        namespace=namespace,
+        gke_cluster=gke_cluster,
+        project=project,
+    )
 
 
 @llmft_component
@@ -135,14 +150,29 @@ def train(
 
     model.metadata.update(
         run_train_component(
-            backend=backend, run_id=run_id, base_model=base_model, data=dataset.uri,
-            rdzv_endpoint=rdzv_endpoint, rdzv_backend=rdzv_backend, nodes=nodes,
-            nproc_per_node=nproc_per_node, max_steps=max_steps, learning_rate=learning_rate,
-            trainer_overrides=trainer_overrides, project=project, region=region, work_uri=work_uri,
-            namespace=namespace, gke_cluster=gke_cluster, machine_type=machine_type,
-            accelerator_type=accelerator_type, accelerator_count=accelerator_count,
-            service_account=service_account, hf_token_secret=hf_token_secret,
-            output_uri=model.uri, gcp_resources_path=gcp_resources,
+            backend=backend,
+            run_id=run_id,
+            base_model=base_model,
+            data=dataset.uri,
+            rdzv_endpoint=rdzv_endpoint,
+            rdzv_backend=rdzv_backend,
+            nodes=nodes,
+            nproc_per_node=nproc_per_node,
+            max_steps=max_steps,
+            learning_rate=learning_rate,
+            trainer_overrides=trainer_overrides,
+            project=project,
+            region=region,
+            work_uri=work_uri,
+            namespace=namespace,
+            gke_cluster=gke_cluster,
+            machine_type=machine_type,
+            accelerator_type=accelerator_type,
+            accelerator_count=accelerator_count,
+            service_account=service_account,
+            hf_token_secret=hf_token_secret,
+            output_uri=model.uri,
+            gcp_resources_path=gcp_resources,
         )
     )
 
@@ -172,10 +202,15 @@ def evaluate(
     from components.evaluation.step import run_evaluate_component
 
     scalars, passed = run_evaluate_component(
-        base_model=base_model, tuned_model_uri=tuned_model.uri, tuned_metadata=tuned_model.metadata,
-        dataset_uri=dataset.uri, max_examples=max_eval_examples,
-        min_loss_improvement=min_loss_improvement, min_exact_match=min_exact_match,
-        champion_model=champion_model, report_path=report.path,
+        base_model=base_model,
+        tuned_model_uri=tuned_model.uri,
+        tuned_metadata=tuned_model.metadata,
+        dataset_uri=dataset.uri,
+        max_examples=max_eval_examples,
+        min_loss_improvement=min_loss_improvement,
+        min_exact_match=min_exact_match,
+        champion_model=champion_model,
+        report_path=report.path,
     )
     for name, value in scalars.items():
         metrics.log_metric(name, value)
@@ -199,8 +234,13 @@ def register(
     from components.registry import register_model_artifact
 
     return register_model_artifact(
-        model_uri=tuned_model.uri, metadata=tuned_model.metadata, run_id=run_id, project=project,
-        location=region, model=registered_model, serving_image=serving_image,
+        model_uri=tuned_model.uri,
+        metadata=tuned_model.metadata,
+        run_id=run_id,
+        project=project,
+        location=region,
+        model=registered_model,
+        serving_image=serving_image,
     )
 
 
@@ -209,7 +249,14 @@ def cleanup(backend: str, run_id: str, namespace: str, gke_cluster: str, project
     """Exit handler: delete everything that carries this run's label; ignore what is gone."""
     from components.cleanup_step import cleanup_run
 
-    cleanup_run(backend=backend, run_id=run_id, namespace=namespace, gke_cluster=gke_cluster, project=project, region=region)
+    cleanup_run(
+        backend=backend,
+        run_id=run_id,
+        namespace=namespace,
+        gke_cluster=gke_cluster,
+        project=project,
+        region=region,
+    )
 
 
 ALL_COMPONENTS = {

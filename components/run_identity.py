@@ -25,7 +25,9 @@ def safe_run_id(run_id: str) -> str:
     Long or unusual ids are shortened with a hash suffix so two different runs never collide.
     """
     if not run_id or not run_id.strip():
-        raise ValueError("run id is empty: pass the pipeline's run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)")
+        raise ValueError(
+            "run id is empty: pass the pipeline's run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)"
+        )
     cleaned = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
     if cleaned == run_id and len(cleaned) <= _MAX:
         return cleaned

@@ -49,24 +49,42 @@ def run_parameter_errors(
             errors.append(message)
 
     need(backend in BACKENDS, f"backend={backend!r}: choose one of {', '.join(BACKENDS)}")
-    need(bool(train_data_uri.strip()), "train_data_uri is empty: give a file, glob or gs:// URI of JSONL/JSON/CSV/Parquet records")
+    need(
+        bool(train_data_uri.strip()),
+        "train_data_uri is empty: give a file, glob or gs:// URI of JSONL/JSON/CSV/Parquet records",
+    )
     need(data_kind in DATA_KINDS, f"data_kind={data_kind!r}: choose one of {', '.join(DATA_KINDS)}")
-    need(bool(base_model.strip()), f"base_model is empty: give a local path, gs:// URI, hub id or {LATEST_REGISTERED!r}")
+    need(
+        bool(base_model.strip()),
+        f"base_model is empty: give a local path, gs:// URI, hub id or {LATEST_REGISTERED!r}",
+    )
     need(16 <= seq_len <= 131072, f"seq_len={seq_len}: use a value between 16 and 131072")
     need(0.0 < eval_fraction < 0.5, f"eval_fraction={eval_fraction}: use a fraction in (0, 0.5)")
-    need(preprocess_runner in RUNNERS, f"preprocess_runner={preprocess_runner!r}: choose one of {', '.join(RUNNERS)}")
+    need(
+        preprocess_runner in RUNNERS,
+        f"preprocess_runner={preprocess_runner!r}: choose one of {', '.join(RUNNERS)}",
+    )
     need(nodes >= 1, f"nodes={nodes}: use at least 1")
     need(nproc_per_node >= 1, f"nproc_per_node={nproc_per_node}: use at least 1")
-    need(rdzv_backend in RDZV_BACKENDS, f"rdzv_backend={rdzv_backend!r}: choose one of {', '.join(RDZV_BACKENDS)}")
+    need(
+        rdzv_backend in RDZV_BACKENDS,
+        f"rdzv_backend={rdzv_backend!r}: choose one of {', '.join(RDZV_BACKENDS)}",
+    )
     need(max_steps >= 1, f"max_steps={max_steps}: use at least 1")
     need(0.0 < learning_rate < 1.0, f"learning_rate={learning_rate}: use a value in (0, 1)")
     need(max_eval_examples >= 1, f"max_eval_examples={max_eval_examples}: use at least 1")
 
     cloud = backend in ("gke", "vertex") or preprocess_runner == "DataflowRunner"
     if cloud:
-        need(bool(project), "project is empty: set the Google Cloud project id for cloud backends and Dataflow")
+        need(
+            bool(project),
+            "project is empty: set the Google Cloud project id for cloud backends and Dataflow",
+        )
         need(bool(region), "region is empty: set a Google Cloud region such as us-central1")
-        need(work_uri.startswith("gs://"), f"work_uri={work_uri!r}: cloud runs need a gs:// URI for shared run files")
+        need(
+            work_uri.startswith("gs://"),
+            f"work_uri={work_uri!r}: cloud runs need a gs:// URI for shared run files",
+        )
         need(
             train_data_uri.startswith("gs://"),
             f"train_data_uri={train_data_uri!r}: workers in the cloud cannot read local files; upload the data to gs://",
@@ -78,7 +96,10 @@ def run_parameter_errors(
             f"register to or to take {LATEST_REGISTERED!r} from",
         )
     if register_model:
-        need(bool(serving_image), "serving_image is empty: registering a model needs a serving container image")
+        need(
+            bool(serving_image),
+            "serving_image is empty: registering a model needs a serving container image",
+        )
         need(":latest" not in serving_image, "serving_image uses :latest: pin a version tag")
     if backend == "vertex" and rdzv_backend != "c10d":
         # Not an error: the Vertex launcher always uses c10d at the primary replica.

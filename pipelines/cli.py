@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -62,7 +61,9 @@ def _print_json(data: Any) -> None:
 @app.command("sample-data")
 @user_errors
 def sample_data(
-    out_dir: Annotated[Path, typer.Argument(help="Directory to write train/heldout/dirty JSONL to.")],
+    out_dir: Annotated[
+        Path, typer.Argument(help="Directory to write train/heldout/dirty JSONL to.")
+    ],
     train: Annotated[int, typer.Option(help="Training records.")] = 4000,
     heldout: Annotated[int, typer.Option(help="Held-out records (prompts never in train).")] = 400,
     seed: Annotated[int, typer.Option(help="RNG seed; same seed, same bytes.")] = 0,
@@ -77,7 +78,9 @@ def sample_data(
 @user_errors
 def tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to save the model and tokenizer to.")],
-    data: Annotated[Path | None, typer.Option(help="Sample data dir to train the tokenizer on.")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Sample data dir to train the tokenizer on.")
+    ] = None,
     vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size.")] = 4096,
     hidden_size: Annotated[int, typer.Option(help="Model width.")] = 256,
     layers: Annotated[int, typer.Option(help="Decoder layers.")] = 4,
@@ -88,8 +91,12 @@ def tiny_model(
 
     _print_json(
         build_tiny_model(
-            out_dir, data_dir=data, vocab_size=vocab_size, hidden_size=hidden_size,
-            num_layers=layers, seed=seed,
+            out_dir,
+            data_dir=data,
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            num_layers=layers,
+            seed=seed,
         )
     )
 
@@ -97,8 +104,12 @@ def tiny_model(
 @app.command("compile")
 @user_errors
 def compile_cmd(
-    target: Annotated[str, typer.Option(help="vertex (single document), kfp (with kfp-kubernetes) or all.")] = "all",
-    output_dir: Annotated[Path, typer.Option(help="Where to write the YAML files.")] = Path("compiled"),
+    target: Annotated[
+        str, typer.Option(help="vertex (single document), kfp (with kfp-kubernetes) or all.")
+    ] = "all",
+    output_dir: Annotated[Path, typer.Option(help="Where to write the YAML files.")] = Path(
+        "compiled"
+    ),
 ) -> None:
     """Compile the fine-tune pipeline (and, with --target all, every component) to YAML."""
     from pipelines.compile import compile_all
@@ -107,9 +118,451 @@ def compile_cmd(
         typer.echo(f"wrote {path}")
 
 
+# Options shared by `upload`, `run` and `schedule` (pipelines/deploy/config.py documents each).
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="YAML settings (see docs/deploy/example.yaml).")
+]
+ParamOpt = Annotated[
+    list[str] | None, typer.Option("--param", help="Pipeline parameter KEY=VALUE (repeatable).")
+]
+TemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Compiled YAML or registry URI [default: compiled/fine_tune.<backend>.yaml]."
+    ),
+]
+ProjectOpt = Annotated[str | None, typer.Option(help="Vertex: Google Cloud project id.")]
+LocationOpt = Annotated[str | None, typer.Option(help="Vertex: region [default: us-central1].")]
+RootOpt = Annotated[str | None, typer.Option(help="Where runs write artifacts (gs:// on Vertex).")]
+AccountOpt = Annotated[
+    str | None, typer.Option(help="Vertex: service-account email; KFP: Kubernetes service account.")
+]
+NetworkOpt = Annotated[str | None, typer.Option(help="Vertex: projects/N/global/networks/NAME.")]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", help="Vertex: label KEY=VALUE (repeatable).")
+]
+CachingOpt = Annotated[
+    bool | None, typer.Option(help="Override caching for every task [default: as compiled].")
+]
+HostOpt = Annotated[
+    str | None, typer.Option(help="KFP: API endpoint [default: $KF_PIPELINES_ENDPOINT].")
+]
+NamespaceOpt = Annotated[str | None, typer.Option(help="KFP: profile namespace (multi-user).")]
+PipelineIdOpt = Annotated[
+    str | None, typer.Option(help="KFP: uploaded pipeline id (with --version-id).")
+]
+VersionIdOpt = Annotated[
+    str | None, typer.Option(help="KFP: uploaded pipeline version id (from `llmft upload`).")
+]
+
+
+def _labels(pairs: list[str] | None) -> dict[str, str]:
+    labels = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--label {pair!r} is not KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def _check_backend(backend: str, allowed: tuple[str, ...], flag: str = "--backend") -> Any:
+    if backend not in allowed:
+        raise ValueError(f"{flag} {backend!r}: choose one of {', '.join(allowed)}")
+    return backend
+
+
+@app.command("image-tag")
+def image_tag(
+    full: Annotated[bool, typer.Option(help="Print repository:tag instead of the tag.")] = False,
+) -> None:
+    """Print the project image tag (the package version) for docs/deploy/cloudbuild.yaml."""
+    from components.image import DEFAULT_IMAGE, VERSION
+
+    typer.echo(DEFAULT_IMAGE if full else VERSION)
+
+
+@app.command("upload")
+@user_errors
+def upload_cmd(
+    target: Annotated[str, typer.Option(help="vertex (Artifact Registry) or kfp (KFP server).")],
+    template: Annotated[
+        Path | None, typer.Option(help="Compiled YAML [default: compiled/fine_tune.<target>.yaml].")
+    ] = None,
+    config: ConfigOpt = None,
+    registry: Annotated[
+        str | None, typer.Option(help="Vertex: https://<region>-kfp.pkg.dev/<project>/<repo>.")
+    ] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option("--tag", help="Vertex: tags [default: v<version>, latest].")
+    ] = None,
+    host: HostOpt = None,
+    namespace: NamespaceOpt = None,
+    pipeline_name: Annotated[
+        str | None, typer.Option(help="KFP: pipeline name [default: llmft-fine-tune].")
+    ] = None,
+    version_name: Annotated[
+        str | None, typer.Option(help="KFP: version name [default: v<version>-<sha256[:8]>].")
+    ] = None,
+    description: Annotated[str | None, typer.Option(help="KFP: version description.")] = None,
+) -> None:
+    """Publish a compiled pipeline: Vertex -> Artifact Registry (prints the sha256 version), KFP -> pipeline version."""
+    import dataclasses
+
+    from pipelines.deploy.config import load_for, validate
+
+    backend = _check_backend(target, ("vertex", "kfp"), "--target")
+    flags: dict[str, Any] = {"template": str(template) if template else None}
+    if backend == "vertex":
+        flags["registry"] = registry
+    else:
+        flags.update(host=host, namespace=namespace, pipeline_name=pipeline_name)
+    cfg = load_for(backend, config, **flags)
+    validate(cfg, backend, "upload")
+    assert cfg.template
+    if backend == "vertex":
+        from pipelines.deploy.upload import upload_to_registry
+
+        assert cfg.vertex.registry
+        uploaded = upload_to_registry(cfg.template, cfg.vertex.registry, tags=tag)
+        typer.echo(f"uploaded {uploaded.package} {uploaded.version}", err=True)
+        _print_json(dataclasses.asdict(uploaded))
+        return
+    from pipelines.deploy.clients import kfp_client
+    from pipelines.deploy.upload import upload_to_kfp
+
+    result = upload_to_kfp(
+        cfg.template,
+        kfp_client(cfg.kfp),
+        pipeline_name=cfg.kfp.pipeline_name,
+        version_name=version_name,
+        description=description,
+        namespace=cfg.kfp.namespace,
+    )
+    _print_json(dataclasses.asdict(result))
+
+
+@app.command("run")
+@user_errors
+def run_cmd(
+    backend: Annotated[
+        str, typer.Option(help="local (this machine), vertex (Vertex AI Pipelines) or kfp (KFP).")
+    ] = "local",
+    config: ConfigOpt = None,
+    param: ParamOpt = None,
+    template: TemplateOpt = None,
+    display_name: Annotated[str | None, typer.Option(help="Run name prefix.")] = None,
+    project: ProjectOpt = None,
+    location: LocationOpt = None,
+    pipeline_root: RootOpt = None,
+    service_account: AccountOpt = None,
+    network: NetworkOpt = None,
+    label: LabelOpt = None,
+    experiment: Annotated[
+        str | None, typer.Option(help="Vertex AI Experiment / KFP experiment to file the run in.")
+    ] = None,
+    enable_caching: CachingOpt = None,
+    failure_policy: Annotated[
+        str | None, typer.Option(help="Vertex: fast or slow [default: slow].")
+    ] = None,
+    host: HostOpt = None,
+    namespace: NamespaceOpt = None,
+    pipeline_id: PipelineIdOpt = None,
+    version_id: VersionIdOpt = None,
+    schedule_time: Annotated[
+        str | None,
+        typer.Option(
+            help="Fill the schedule-time placeholder (backfill), e.g. 2026-01-05T03:00:00Z."
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option(help="Follow the run and exit non-zero if it fails.")
+    ] = False,
+) -> None:
+    """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP."""
+    import datetime as dt
+    import typing
+    from typing import Literal
+
+    params = parse_params(param)
+    if _check_backend(backend, ("local", "vertex", "kfp")) == "local":
+        from pipelines.local_run import run_local
+
+        result = run_local(params, config)
+        if not result.succeeded:
+            raise typer.Exit(1)
+        return
+    from pipelines.deploy.config import load_for
+
+    cfg = load_for(
+        typing.cast(Literal["vertex", "kfp"], backend),
+        config,
+        template=template,
+        display_name=display_name,
+        parameters=params,
+        project=project,
+        location=location,
+        pipeline_root=pipeline_root,
+        service_account=service_account,
+        network=network,
+        labels=_labels(label),
+        experiment=experiment,
+        enable_caching=enable_caching,
+        failure_policy=failure_policy,
+        host=host,
+        namespace=namespace,
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+    )
+    when = None
+    if schedule_time:
+        try:
+            when = dt.datetime.fromisoformat(schedule_time.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(
+                f"--schedule-time {schedule_time!r} is not like 2026-01-05T03:00:00Z"
+            ) from None
+    if backend == "vertex":
+        from pipelines.deploy.submit import submit_vertex
+
+        submitted = submit_vertex(cfg, schedule_time=when, wait=wait, report=typer.echo)
+    else:
+        from pipelines.deploy.submit import submit_kfp
+
+        submitted = submit_kfp(cfg, schedule_time=when, wait=wait, report=typer.echo)
+    typer.echo(submitted.url)
+
+
+@app.command("schedule")
+@user_errors
+def schedule_cmd(
+    backend: Annotated[
+        str, typer.Option(help="vertex (PipelineJobSchedule) or kfp (recurring run).")
+    ],
+    config: ConfigOpt = None,
+    param: ParamOpt = None,
+    cron: Annotated[
+        str | None,
+        typer.Option(
+            help="5 fields, optional CRON_TZ=<zone> prefix, e.g. 'CRON_TZ=UTC 0 3 * * 1'."
+        ),
+    ] = None,
+    display_name: Annotated[
+        str | None, typer.Option(help="Schedule name (--update and --list match on it).")
+    ] = None,
+    template: TemplateOpt = None,
+    max_concurrent_runs: Annotated[
+        int | None, typer.Option(help="Runs at once [default: 1].")
+    ] = None,
+    start_time: Annotated[str | None, typer.Option(help="RFC 3339 time of the first run.")] = None,
+    end_time: Annotated[
+        str | None, typer.Option(help="RFC 3339 time after which none start.")
+    ] = None,
+    max_run_count: Annotated[int | None, typer.Option(help="Vertex: stop after N runs.")] = None,
+    allow_queueing: Annotated[
+        bool | None, typer.Option(help="Vertex: queue runs over the concurrency limit.")
+    ] = None,
+    catchup: Annotated[
+        bool | None, typer.Option(help="KFP: start missed runs after a pause.")
+    ] = None,
+    list_: Annotated[
+        bool, typer.Option("--list", help="List schedules (of --display-name).")
+    ] = False,
+    pause: Annotated[str | None, typer.Option(help="Pause this schedule id.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Resume this schedule id.")] = None,
+    delete: Annotated[str | None, typer.Option(help="Delete this schedule id.")] = None,
+    update: Annotated[
+        bool,
+        typer.Option("--update", help="Point the schedules named --display-name at --template."),
+    ] = False,
+    project: ProjectOpt = None,
+    location: LocationOpt = None,
+    pipeline_root: RootOpt = None,
+    service_account: AccountOpt = None,
+    network: NetworkOpt = None,
+    label: LabelOpt = None,
+    enable_caching: CachingOpt = None,
+    experiment: Annotated[
+        str | None, typer.Option(help="KFP: experiment of the recurring run.")
+    ] = None,
+    host: HostOpt = None,
+    namespace: NamespaceOpt = None,
+    pipeline_id: PipelineIdOpt = None,
+    version_id: VersionIdOpt = None,
+) -> None:
+    """Create (default), list, pause, resume, delete or --update recurring fine-tunes."""
+    import typing
+    from typing import Literal
+
+    from pipelines.deploy import schedule as sched
+    from pipelines.deploy.config import load_for
+
+    target = typing.cast(Literal["vertex", "kfp"], _check_backend(backend, ("vertex", "kfp")))
+    actions = [n for n, on in (("--list", list_), ("--pause", pause), ("--resume", resume),
+                               ("--delete", delete), ("--update", update)) if on]  # fmt: skip
+    if len(actions) > 1:
+        raise ValueError(f"choose one of {', '.join(actions)}")
+    cfg = load_for(
+        target,
+        config,
+        template=template,
+        parameters=parse_params(param),
+        cron=cron,
+        display_name=display_name,
+        max_concurrent_runs=max_concurrent_runs,
+        start_time=start_time,
+        end_time=end_time,
+        max_run_count=max_run_count,
+        allow_queueing=allow_queueing,
+        catchup=catchup,
+        project=project,
+        location=location,
+        pipeline_root=pipeline_root,
+        service_account=service_account,
+        network=network,
+        labels=_labels(label),
+        enable_caching=enable_caching,
+        experiment=experiment,
+        host=host,
+        namespace=namespace,
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+    )
+    if display_name:
+        # One flag names both the run and the schedule; schedules match on the latter.
+        cfg.schedule.display_name = display_name
+    if list_:
+        rows = sched.list_schedules(cfg, backend, display_name=display_name)
+        for row in rows:
+            typer.echo(
+                f"{row.name}\t{row.display_name}\t{row.state}\t{row.cron}\tnext: {row.next_run}"
+            )
+        if not rows:
+            typer.echo("no schedules", err=True)
+    elif pause or resume or delete:
+        action: sched.Action = "pause" if pause else "resume" if resume else "delete"
+        sched.manage_schedule(
+            cfg, target, action, pause or resume or delete or "", report=typer.echo
+        )
+    elif update:
+        if backend == "vertex":
+            sched.update_vertex_schedules(cfg, report=typer.echo)
+        else:
+            sched.update_kfp_schedules(cfg, report=typer.echo)
+    elif backend == "vertex":
+        sched.create_vertex_schedule(cfg, report=typer.echo)
+    else:
+        sched.create_kfp_schedule(cfg, report=typer.echo)
+
+
+@app.command("train")
+@user_errors
+def train_cmd(
+    model: Annotated[str, typer.Option(help="Base model directory (HF save_pretrained).")],
+    data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
+    output: Annotated[str, typer.Option(help="Run directory: model/, metrics.jsonl, summary.json, logs/.")],
+    backend: Annotated[str, typer.Option(help="Where to run: local (torchrun agents here).")] = "local",
+    nodes: Annotated[int, typer.Option(help="Nodes: separate torchrun agents.")] = 2,
+    nproc_per_node: Annotated[int, typer.Option(help="Worker processes per node.")] = 2,
+    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: the trainer's).")] = None,
+    rdzv_backend: Annotated[str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")] = "etcd-v3",
+    rdzv_endpoint: Annotated[str, typer.Option(help="host:port; empty starts a local etcd for the run (c10d: a free port).")] = "",
+    run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
+    config: Annotated[str | None, typer.Option(help="Trainer YAML config (--config of the trainer).")] = None,
+    max_restarts: Annotated[int, typer.Option(help="torchrun restarts after a worker failure.")] = 0,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")] = None,
+) -> None:
+    """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
+    import uuid
+
+    from components.launchers.base import LaunchCancelled, LaunchFailed
+    from components.train_step import run_train_step
+
+    if backend != "local":
+        raise ValueError(
+            f"--backend {backend}: `llmft train` runs locally; use `llmft run --backend {backend}` "
+            "(the pipeline) or `llmft render pytorchjob` for GKE"
+        )
+    try:
+        metadata = run_train_step(
+            backend="local", run_id=run_id or f"local-{uuid.uuid4().hex[:10]}", model=model,
+            data=data, output=output, nodes=nodes, nproc_per_node=nproc_per_node,
+            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, max_steps=max_steps,
+            trainer_overrides=parse_params(set_), config_file=config, max_restarts=max_restarts,
+        )  # fmt: skip
+    except LaunchFailed as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(130 if isinstance(exc, LaunchCancelled) else 1) from None
+    _print_json(metadata)
+
+
+render_app = typer.Typer(help="Print manifests without creating anything.", no_args_is_help=True)
+app.add_typer(render_app, name="render")
+
+
+@render_app.command("pytorchjob")
+@user_errors
+def render_pytorchjob(
+    model: Annotated[str, typer.Option(help="Base model URI as the pods see it.")] = "gs://BUCKET/models/base",
+    data: Annotated[str, typer.Option(help="Packed dataset URI.")] = "gs://BUCKET/runs/RUN/dataset",
+    output: Annotated[str, typer.Option(help="Run directory URI.")] = "gs://BUCKET/runs/RUN/train",
+    run_id: Annotated[str, typer.Option(help="Run id (names, labels, rendezvous id).")] = "example-run",
+    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "llmft",
+    nodes: Annotated[int, typer.Option(help="Worker pods.")] = 4,
+    nproc_per_node: Annotated[int, typer.Option(help="Processes (GPUs) per pod.")] = 4,
+    rdzv_backend: Annotated[str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")] = "etcd-v3",
+    rdzv_endpoint: Annotated[str, typer.Option(help="host:port (default: the run's etcd Service).")] = "",
+    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
+    image: Annotated[str | None, typer.Option(help="Image (default: the project image).")] = None,
+    accelerator: Annotated[str, typer.Option(help="GKE accelerator label; '' for CPU.")] = "nvidia-h100-80gb",
+    cpu: Annotated[str | None, typer.Option(help="CPU per pod.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory per pod.")] = None,
+    shm_size: Annotated[str, typer.Option(help="/dev/shm size.")] = "64Gi",
+    service_account: Annotated[str | None, typer.Option(help="Workload Identity KSA.")] = "llmft-trainer",
+    hf_token_secret: Annotated[str | None, typer.Option(help="Secret with the HF token (name[:key]).")] = "hf-token",
+    gang_scheduling: Annotated[bool, typer.Option(help="All pods or none (needs a gang scheduler).")] = False,
+    active_deadline_seconds: Annotated[int | None, typer.Option(help="Hard run-time limit.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")] = None,
+) -> None:
+    """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
+    from components.image import DEFAULT_IMAGE
+    from components.launchers.base import TrainLaunch
+    from components.launchers.gke import build_pytorchjob, to_yaml
+
+    launch = TrainLaunch(
+        run_id=run_id, model=model, data=data, output=output, nodes=nodes,
+        nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+        max_steps=max_steps, trainer_overrides=parse_params(set_),
+    )  # fmt: skip
+    job = build_pytorchjob(
+        launch=launch, namespace=namespace, image=image or DEFAULT_IMAGE,
+        accelerator=accelerator or None, cpu=cpu, memory=memory, shm_size=shm_size,
+        service_account=service_account or None, hf_token_secret=hf_token_secret or None,
+        gang_scheduling=gang_scheduling, active_deadline_seconds=active_deadline_seconds,
+    )  # fmt: skip
+    typer.echo(to_yaml(job), nl=False)
+
+
+@app.command(
+    "preprocess",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def preprocess_cmd(ctx: typer.Context) -> None:
+    """Raw records -> packed, tokenized Parquet shards + manifest.json (Beam; --help for flags).
+
+    Example: llmft preprocess --input 'data/*.jsonl' --output out/ --tokenizer tok/ --seq-len 512
+    """
+    from beam_preprocess.cli import main as preprocess_main
+
+    code = preprocess_main(list(ctx.args), prog="llmft preprocess")
+    if code:
+        raise typer.Exit(code)
+
+
 def main() -> None:
     app()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

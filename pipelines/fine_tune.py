@@ -14,7 +14,6 @@ handler cannot consume the guarded tasks' outputs, so cleanup finds what the run
 Steps with side effects never use the cache.
 """
 
-
 from collections.abc import Callable
 from typing import Any
 
@@ -112,64 +111,109 @@ def build_fine_tune(target: str = "vertex") -> Callable[..., Any]:
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup_task = c.cleanup(
-            backend=backend, run_id=run_id, namespace=namespace, gke_cluster=gke_cluster,
-            project=project, region=region,
+            backend=backend,
+            run_id=run_id,
+            namespace=namespace,
+            gke_cluster=gke_cluster,
+            project=project,
+            region=region,
         ).set_caching_options(False)
         cleanup_task.set_display_name("cleanup")
 
         with dsl.ExitHandler(cleanup_task, name="fine-tune"):
             validated = c.validate_inputs(
-                backend=backend, train_data_uri=train_data_uri, data_kind=data_kind,
-                base_model=base_model, seq_len=seq_len, eval_fraction=eval_fraction,
-                preprocess_runner=preprocess_runner, nodes=nodes, nproc_per_node=nproc_per_node,
-                rdzv_backend=rdzv_backend, max_steps=max_steps, learning_rate=learning_rate,
-                project=project, region=region, work_uri=work_uri,
-                registered_model=registered_model, register_model=register_model,
-                serving_image=serving_image, max_eval_examples=max_eval_examples,
+                backend=backend,
+                train_data_uri=train_data_uri,
+                data_kind=data_kind,
+                base_model=base_model,
+                seq_len=seq_len,
+                eval_fraction=eval_fraction,
+                preprocess_runner=preprocess_runner,
+                nodes=nodes,
+                nproc_per_node=nproc_per_node,
+                rdzv_backend=rdzv_backend,
+                max_steps=max_steps,
+                learning_rate=learning_rate,
+                project=project,
+                region=region,
+                work_uri=work_uri,
+                registered_model=registered_model,
+                register_model=register_model,
+                serving_image=serving_image,
+                max_eval_examples=max_eval_examples,
             ).set_caching_options(False)  # "latest-registered" must be looked up on every run
             prep = c.preprocess(
-                train_data_uri=train_data_uri, tokenizer=validated.output, data_kind=data_kind,
-                seq_len=seq_len, eval_fraction=eval_fraction, runner=preprocess_runner,
-                project=project, region=region, work_uri=work_uri, run_id=run_id,
+                train_data_uri=train_data_uri,
+                tokenizer=validated.output,
+                data_kind=data_kind,
+                seq_len=seq_len,
+                eval_fraction=eval_fraction,
+                runner=preprocess_runner,
+                project=project,
+                region=region,
+                work_uri=work_uri,
+                run_id=run_id,
                 dataflow_options=dataflow_options,
             )
             prep.set_retry(num_retries=2, backoff_duration="30s", backoff_factor=2.0)
             etcd = c.etcd_up(
-                backend=backend, run_id=run_id, namespace=namespace, gke_cluster=gke_cluster,
+                backend=backend,
+                run_id=run_id,
+                namespace=namespace,
+                gke_cluster=gke_cluster,
                 project=project,
             ).set_caching_options(False)
             etcd.after(prep)  # start the per-run etcd only once its data is ready
             etcd.set_retry(num_retries=2, backoff_duration="10s")
             trained = c.train(
-                backend=backend, run_id=run_id, base_model=validated.output,
-                dataset=prep.outputs["dataset"], rdzv_endpoint=etcd.output,
-                rdzv_backend=rdzv_backend, nodes=nodes, nproc_per_node=nproc_per_node,
-                max_steps=max_steps, learning_rate=learning_rate,
-                trainer_overrides=trainer_overrides, project=project, region=region,
-                work_uri=work_uri, namespace=namespace, gke_cluster=gke_cluster,
-                machine_type=machine_type, accelerator_type=accelerator_type,
-                accelerator_count=accelerator_count, service_account=service_account,
+                backend=backend,
+                run_id=run_id,
+                base_model=validated.output,
+                dataset=prep.outputs["dataset"],
+                rdzv_endpoint=etcd.output,
+                rdzv_backend=rdzv_backend,
+                nodes=nodes,
+                nproc_per_node=nproc_per_node,
+                max_steps=max_steps,
+                learning_rate=learning_rate,
+                trainer_overrides=trainer_overrides,
+                project=project,
+                region=region,
+                work_uri=work_uri,
+                namespace=namespace,
+                gke_cluster=gke_cluster,
+                machine_type=machine_type,
+                accelerator_type=accelerator_type,
+                accelerator_count=accelerator_count,
+                service_account=service_account,
                 hf_token_secret=hf_token_secret,
             ).set_caching_options(False)
             # Safe to retry: the trainer resumes from its latest complete checkpoint.
             trained.set_retry(num_retries=1, backoff_duration="60s")
             evaluated = c.evaluate(
-                base_model=validated.output, tuned_model=trained.outputs["model"],
-                dataset=prep.outputs["dataset"], max_eval_examples=max_eval_examples,
-                min_loss_improvement=min_loss_improvement, min_exact_match=min_exact_match,
+                base_model=validated.output,
+                tuned_model=trained.outputs["model"],
+                dataset=prep.outputs["dataset"],
+                max_eval_examples=max_eval_examples,
+                min_loss_improvement=min_loss_improvement,
+                min_exact_match=min_exact_match,
                 champion_model=champion_model,
             )
-            with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712
+            with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
                 with dsl.If(register_model == True, name="register-enabled"):  # noqa: E712
                     c.register(
-                        tuned_model=trained.outputs["model"], run_id=run_id, project=project,
-                        region=region, registered_model=registered_model,
+                        tuned_model=trained.outputs["model"],
+                        run_id=run_id,
+                        project=project,
+                        region=region,
+                        registered_model=registered_model,
                         serving_image=serving_image,
                     ).set_caching_options(False)
 
         if target == "kfp":
             _apply_kubernetes_settings(
-                [cleanup_task, validated, prep, etcd, trained, evaluated], hf_token_secret=HF_TOKEN_SECRET
+                [cleanup_task, validated, prep, etcd, trained, evaluated],
+                hf_token_secret=HF_TOKEN_SECRET,
             )
 
     return fine_tune
@@ -184,7 +228,10 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
         kubernetes.add_pod_label(task, "app.kubernetes.io/part-of", PIPELINE_NAME)
         # Optional: a missing Secret is fine for public base models.
         kubernetes.use_secret_as_env(
-            task, secret_name=hf_token_secret, secret_key_to_env={"token": "HF_TOKEN"}, optional=True
+            task,
+            secret_name=hf_token_secret,
+            secret_key_to_env={"token": "HF_TOKEN"},
+            optional=True,
         )
     # The launcher steps only wait on cluster jobs; bound them so a lost watch cannot hang a run.
     kubernetes.set_timeout(tasks[4], 7 * 24 * 3600)

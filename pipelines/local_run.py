@@ -40,7 +40,15 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "max_eval_examples": 100,
     "trainer_overrides": {},
 }
-STEP_NAMES = ("validate-inputs", "preprocess", "etcd-up", "train", "evaluate", "register", "cleanup")
+STEP_NAMES = (
+    "validate-inputs",
+    "preprocess",
+    "etcd-up",
+    "train",
+    "evaluate",
+    "register",
+    "cleanup",
+)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EXECUTING = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
@@ -49,11 +57,13 @@ _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
 def pipeline_parameter_names() -> list[str]:
     from pipelines.fine_tune import build_fine_tune
 
-    func = build_fine_tune("vertex").pipeline_func
+    func = build_fine_tune("vertex").pipeline_func  # type: ignore[attr-defined]
     return list(inspect.signature(func).parameters)
 
 
-def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tuple[dict[str, Any], Path]:
+def resolve_parameters(
+    params: dict[str, Any], config_file: Path | None
+) -> tuple[dict[str, Any], Path]:
     """Merge config file < --param flags over the demo defaults; split off local-only keys."""
     merged: dict[str, Any] = dict(DEMO_DEFAULTS)
     if config_file is not None:
@@ -61,7 +71,9 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
             raise FileNotFoundError(f"config file {config_file} does not exist")
         loaded = yaml.safe_load(config_file.read_text()) or {}
         if not isinstance(loaded, dict):
-            raise ValueError(f"config file {config_file} must be a YAML mapping of parameter: value")
+            raise ValueError(
+                f"config file {config_file} must be a YAML mapping of parameter: value"
+            )
         merged.update(loaded.get("parameters", loaded))
     merged.update(params)
     workdir = Path(str(merged.pop("workdir", "runs/demo"))).resolve()
@@ -72,7 +84,9 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
             f"unknown pipeline parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}, workdir"
         )
     if merged.get("backend") != "local":
-        raise ValueError("`llmft run --backend local` runs the local backend; use --backend vertex|kfp for the cloud")
+        raise ValueError(
+            "`llmft run --backend local` runs the local backend; use --backend vertex|kfp for the cloud"
+        )
     return merged, workdir
 
 
@@ -108,7 +122,10 @@ class StepProgress:
             self.started[m.group(1)] = time.monotonic()
         elif m := _FINISHED.search(line):
             name, status = m.group(1), m.group(2)
-            self.finished[name] = (status, time.monotonic() - self.started.get(name, time.monotonic()))
+            self.finished[name] = (
+                status,
+                time.monotonic() - self.started.get(name, time.monotonic()),
+            )
 
     @property
     def failed(self) -> list[str]:
@@ -127,7 +144,9 @@ class StepProgress:
                 style = "green" if status == "SUCCESS" else "red"
                 table.add_row(name, f"[{style}]{status.lower()}[/]", f"{seconds:.0f}s")
             elif name in self.started:
-                table.add_row(name, "[yellow]running[/]", f"{time.monotonic() - self.started[name]:.0f}s")
+                table.add_row(
+                    name, "[yellow]running[/]", f"{time.monotonic() - self.started[name]:.0f}s"
+                )
             else:
                 table.add_row(name, "[dim]pending[/]", "")
         return table
@@ -189,7 +208,9 @@ def _read_metrics(run_dir: Path | None) -> dict[str, Any]:
     return {}
 
 
-def run_local(params: dict[str, Any], config_file: Path | None = None, show_progress: bool = True) -> LocalRunResult:
+def run_local(
+    params: dict[str, Any], config_file: Path | None = None, show_progress: bool = True
+) -> LocalRunResult:
     """Run `fine_tune` through kfp.local; returns what happened. Never leaves a process behind."""
     from kfp import local
 
@@ -202,7 +223,9 @@ def run_local(params: dict[str, Any], config_file: Path | None = None, show_prog
     check_run_parameters(**resolved)
 
     state_dir = workdir / "state"
-    os.environ["LLMFT_STATE_DIR"] = str(state_dir)  # the tasks' local etcd/launcher state lives here
+    os.environ["LLMFT_STATE_DIR"] = str(
+        state_dir
+    )  # the tasks' local etcd/launcher state lives here
     pipeline_root = workdir / "pipeline_root"
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +249,11 @@ def run_local(params: dict[str, Any], config_file: Path | None = None, show_prog
     interrupted = False
     try:
         with open(log_file, "w") as log, contextlib.redirect_stdout(_LogTee(log, progress)):
-            live = Live(progress.table(), console=console, refresh_per_second=2, transient=False) if show_progress else contextlib.nullcontext()
+            live = (
+                Live(progress.table(), console=console, refresh_per_second=2, transient=False)
+                if show_progress
+                else contextlib.nullcontext()
+            )
             with live as display:
                 stop_refresh = _refresh_thread(display, progress) if show_progress else None
                 try:
@@ -277,7 +304,9 @@ def _print_summary(console: Any, result: LocalRunResult) -> None:
     if result.succeeded:
         console.print("[bold green]fine-tune succeeded[/]")
     else:
-        console.print(f"[bold red]fine-tune failed[/]: {', '.join(result.failed_steps) or 'see log'}")
+        console.print(
+            f"[bold red]fine-tune failed[/]: {', '.join(result.failed_steps) or 'see log'}"
+        )
     for label, task, name in (
         ("packed dataset", "preprocess", "dataset"),
         ("model", "train", "model"),

@@ -49,7 +49,10 @@ def test_vertex_target_is_one_document_and_parses_as_pipeline_job(fresh: Path):
         display_name="golden",
         template_path=str(path),
         pipeline_root="gs://bucket/root",
-        parameter_values={"train_data_uri": "gs://bucket/data/*.jsonl", "base_model": "gs://bucket/m"},
+        parameter_values={
+            "train_data_uri": "gs://bucket/data/*.jsonl",
+            "base_model": "gs://bucket/m",
+        },
         project="my-project",
         location="us-central1",
         credentials=AnonymousCredentials(),
@@ -115,7 +118,9 @@ try:
 except RuntimeError:
     print("REJECTED")
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "REJECTED" in out.stdout
     assert "train_data_uri is empty" in out.stdout and "nodes=0" in out.stdout
@@ -123,7 +128,16 @@ except RuntimeError:
 
 def test_compile_cli_rejects_unknown_target(tmp_path: Path):
     out = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "compile", "--target", "argo", "--output-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "compile",
+            "--target",
+            "argo",
+            "--output-dir",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
     )

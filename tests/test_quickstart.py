@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 
-def test_sample_data_is_deterministic_and_loads_with_datasets(sample_data_dir: Path, tmp_path: Path):
+def test_sample_data_is_deterministic_and_loads_with_datasets(
+    sample_data_dir: Path, tmp_path: Path
+):
     from datasets import load_dataset
 
     from pipelines.quickstart.sample_data import TASKS, write_sample_data
@@ -83,6 +85,8 @@ def test_cli_help_and_user_error(tmp_path: Path):
     llmft = [sys.executable, "-m", "pipelines.cli"]
     out = subprocess.run([*llmft, "--help"], capture_output=True, text=True, check=True)
     assert "sample-data" in out.stdout and "tiny-model" in out.stdout
-    bad = subprocess.run([*llmft, "sample-data", str(tmp_path), "--train", "3"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [*llmft, "sample-data", str(tmp_path), "--train", "3"], capture_output=True, text=True
+    )
     assert bad.returncode == 2
     assert bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr

@@ -8,6 +8,7 @@ ValueError listing all of them, so a user fixes a config in one round trip inste
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import types
 import typing
@@ -337,7 +338,7 @@ def describe_fields() -> dict[str, str]:
     tree = ast.parse(inspect.getsource(TrainConfig))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:], strict=False):
+    for node, nxt in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)

@@ -49,7 +49,9 @@ def generate_answers(
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no EOS token to stop at")
     prompts = render_prompts(tokenizer, examples)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
     previous_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     answers: list[str] = []

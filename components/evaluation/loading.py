@@ -40,7 +40,9 @@ def pick_device(device: str | None = None) -> tuple[Any, Any]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available: pass --device cpu")
+        raise ValueError(
+            f"device {device!r} requested but CUDA is not available: pass --device cpu"
+        )
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     return dev, dtype
 

@@ -51,11 +51,15 @@ def read_training_curve(path: str) -> dict[str, list[tuple[float, float]]]:
             except json.JSONDecodeError:
                 skipped += 1
                 continue
-            step = next((record[k] for k in STEP_KEYS if isinstance(record.get(k), int | float)), None)
+            step = next(
+                (record[k] for k in STEP_KEYS if isinstance(record.get(k), int | float)), None
+            )
             if step is None:
                 continue
             for name, keys in CURVE_KEYS.items():
-                value = next((record[k] for k in keys if isinstance(record.get(k), int | float)), None)
+                value = next(
+                    (record[k] for k in keys if isinstance(record.get(k), int | float)), None
+                )
                 if value is not None and math.isfinite(value):
                     curves[name].append((float(step), float(value)))
     if skipped:
@@ -73,7 +77,7 @@ def plot_curves_png(curves: dict[str, list[tuple[float, float]]]) -> bytes:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for name, points in curves.items():
-        steps, values = zip(*sorted(points))
+        steps, values = zip(*sorted(points), strict=True)
         ax.plot(steps, values, label=name, marker="o" if len(points) < 30 else None)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
@@ -127,13 +131,13 @@ def _samples_table(samples: Sequence[dict[str, Any]], has_champion: bool) -> str
     head = ["#", "Prompt", "Reference", "Base", "Tuned"] + (["Champion"] if has_champion else [])
     rows = []
     for i, sample in enumerate(samples, start=1):
-        cells = [str(i)] + [
-            html.escape(str(sample.get(k, ""))) for k in ("prompt", "reference")
-        ]
+        cells = [str(i)] + [html.escape(str(sample.get(k, ""))) for k in ("prompt", "reference")]
         for who in ["base", "tuned"] + (["champion"] if has_champion else []):
             mark = "✔" if sample.get(f"{who}_match") else "✘"
             cls = "match" if sample.get(f"{who}_match") else "miss"
-            cells.append(f'<span class="{cls}">{mark}</span> {html.escape(str(sample.get(who, "")))}')
+            cells.append(
+                f'<span class="{cls}">{mark}</span> {html.escape(str(sample.get(who, "")))}'
+            )
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     return f'<table id="samples"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'

@@ -58,7 +58,9 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
                 if not bool(row_mask.any()):
                     continue
                 row_logits = logits[i, :-1][row_mask].float()
-                total_nll += float(F.cross_entropy(row_logits, targets[i][row_mask], reduction="sum"))
+                total_nll += float(
+                    F.cross_entropy(row_logits, targets[i][row_mask], reduction="sum")
+                )
                 total_targets += int(row_mask.sum())
             del logits
     if total_targets == 0:

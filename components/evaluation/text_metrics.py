@@ -34,7 +34,10 @@ def exact_match(predictions: Sequence[str], references: Sequence[str]) -> float:
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
     if not references:
         return 0.0
-    hits = sum(normalize_answer(p) == normalize_answer(r) for p, r in zip(predictions, references))
+    hits = sum(
+        normalize_answer(p) == normalize_answer(r)
+        for p, r in zip(predictions, references, strict=True)
+    )
     return hits / len(references)
 
 
@@ -48,7 +51,7 @@ def chrf(predictions: Sequence[str], references: Sequence[str]) -> float:
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
     # Per order: matched n-grams, n-grams in predictions, n-grams in references.
     stats = [[0, 0, 0] for _ in range(CHRF_ORDER)]
-    for prediction, reference in zip(predictions, references):
+    for prediction, reference in zip(predictions, references, strict=True):
         hyp = re.sub(r"\s+", "", prediction)
         ref = re.sub(r"\s+", "", reference)
         for n in range(1, CHRF_ORDER + 1):

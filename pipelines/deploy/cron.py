@@ -25,10 +25,11 @@ MACROS = {
 }
 """Macros accepted on input, expanded to five fields so both backends get the same times."""
 
-_MONTHS = {m: i + 1 for i, m in enumerate("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split())}
-_DAYS = {d: i for i, d in enumerate("SUN MON TUE WED THU FRI SAT".split())}
+_MONTH_NAMES = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+_MONTHS = {m: i + 1 for i, m in enumerate(_MONTH_NAMES)}
+_DAYS = {d: i for i, d in enumerate(("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))}
 # (name, low, high, names) per field; day-of-week 7 is Sunday as in Vixie cron.
-_FIELDS = (
+_FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
     ("minute", 0, 59, {}),
     ("hour", 0, 23, {}),
     ("day-of-month", 1, 31, {}),
@@ -65,8 +66,26 @@ class Cron:
                 "write the cron in UTC, or set CRON_SCHEDULE_TIMEZONE on KFP's "
                 "scheduledworkflow controller and drop the CRON_TZ= prefix"
             )
-        dow = ",".join("0" if part == "7" else part for part in self.fields[4].split(","))
-        return " ".join(("0", *self.fields[:4], dow))
+        return " ".join(("0", *self.fields[:4], _kfp_day_of_week(self.fields[4])))
+
+
+def _kfp_day_of_week(text: str) -> str:
+    """robfig/cron takes day-of-week 0-6: rewrite Sunday-as-7 (`7`, `5-7`) without changing days."""
+    items = []
+    for item in text.split(","):
+        base, sep, _step = item.partition("/")
+        low, dash, high = base.partition("-")
+        if base == "7":
+            items.append("0")
+        elif dash and high == "7" and not sep:
+            items.extend([f"{low}-6" if low != "6" else "6", "0"] if low != "7" else ["0"])
+        elif "7" in (low, high):
+            raise ValueError(
+                f"day-of-week {item!r}: KFP counts Sunday only as 0; write the range within 0-6"
+            )
+        else:
+            items.append(item)
+    return ",".join(items)
 
 
 def _check_field(text: str, name: str, low: int, high: int, names: dict[str, int]) -> list[str]:
@@ -91,8 +110,10 @@ def _check_field(text: str, name: str, low: int, high: int, names: dict[str, int
             elif bound.isdigit():
                 values.append(int(bound))
             else:
-                errors.append(f"{name} value {bound!r} is not a number" + (
-                    f" or one of {'/'.join(names)}" if names else ""))
+                errors.append(
+                    f"{name} value {bound!r} is not a number"
+                    + (f" or one of {'/'.join(names)}" if names else "")
+                )
                 break
         else:
             bad = [v for v in values if not low <= v <= high]

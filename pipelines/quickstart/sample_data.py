@@ -71,8 +71,16 @@ def _count(rng: random.Random) -> tuple[str, str]:
 
 def _convert(rng: random.Random) -> tuple[str, str]:
     unit, factor, target = rng.choice(
-        [("km", 1000, "m"), ("m", 100, "cm"), ("kg", 1000, "g"), ("h", 60, "min"), ("min", 60, "s"),
-         ("L", 1000, "mL"), ("day", 24, "h"), ("ft", 12, "in")]
+        [
+            ("km", 1000, "m"),
+            ("m", 100, "cm"),
+            ("kg", 1000, "g"),
+            ("h", 60, "min"),
+            ("min", 60, "s"),
+            ("L", 1000, "mL"),
+            ("day", 24, "h"),
+            ("ft", 12, "in"),
+        ]
     )
     value = rng.randint(1, 250)
     return f"Convert {value} {unit} to {target}.", f"{value * factor} {target}"
@@ -127,19 +135,28 @@ def _dirty_lines(clean: list[dict], seed: int) -> tuple[list[str], dict]:
             bad.append((kind, line))
     for kind, line in bad:
         lines.insert(rng.randint(0, len(lines)), json.dumps({"__kind": kind}) + "\x00" + line)
-    out, report = [], {"clean_records": len(clean), "injected": {k: 0 for k in DIRTY_FRACTIONS}, "lines": {}}
+    injected: dict[str, int] = dict.fromkeys(DIRTY_FRACTIONS, 0)
+    line_numbers: dict[str, list[int]] = {}
+    out: list[str] = []
     for number, line in enumerate(lines, start=1):
         if "\x00" in line:
             marker, line = line.split("\x00", 1)
             kind = json.loads(marker)["__kind"]
-            report["injected"][kind] += 1
-            report["lines"].setdefault(kind, []).append(number)
+            injected[kind] += 1
+            line_numbers.setdefault(kind, []).append(number)
         out.append(line)
-    report["total_lines"] = len(out)
+    report = {
+        "clean_records": len(clean),
+        "injected": injected,
+        "lines": line_numbers,
+        "total_lines": len(out),
+    }
     return out, report
 
 
-def write_sample_data(out_dir: str | Path, n_train: int = 4000, n_heldout: int = 400, seed: int = 0) -> dict:
+def write_sample_data(
+    out_dir: str | Path, n_train: int = 4000, n_heldout: int = 400, seed: int = 0
+) -> dict:
     """Write train/heldout/dirty files to `out_dir` and return a summary of what was written."""
     if n_train < 10 or n_heldout < 1:
         raise ValueError("n_train must be >= 10 and n_heldout >= 1")
@@ -152,4 +169,9 @@ def write_sample_data(out_dir: str | Path, n_train: int = 4000, n_heldout: int =
     (out / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
     (out / "dirty.jsonl").write_text("".join(line + "\n" for line in dirty))
     (out / "dirty_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    return {"train": len(train), "heldout": len(heldout), "dirty_lines": len(dirty), "injected": report["injected"]}
+    return {
+        "train": len(train),
+        "heldout": len(heldout),
+        "dirty_lines": len(dirty),
+        "injected": report["injected"],
+    }

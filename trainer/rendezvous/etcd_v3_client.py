@@ -156,10 +156,10 @@ class EtcdV3Client:
         self.endpoints = normalize_endpoints(endpoints, tls=bool(ca_cert or cert))
         self.timeout = timeout
         self._session = requests.Session()
-        if ca_cert:
-            self._session.verify = ca_cert
-        if cert:
-            self._session.cert = (cert, key) if key else cert
+        # Passed with every request rather than set on the session: requests lets
+        # $REQUESTS_CA_BUNDLE override a session's `verify`, but not a request's.
+        self._verify: str | bool = ca_cert or True
+        self._cert: str | tuple[str, str] | None = (cert, key) if cert and key else cert
         self._current = 0
         self._lock = threading.Lock()
 
@@ -176,7 +176,14 @@ class EtcdV3Client:
             index = (start + offset) % len(self.endpoints)
             url = self.endpoints[index] + path
             try:
-                response = self._session.request(method, url, json=body, timeout=self.timeout)
+                response = self._session.request(
+                    method,
+                    url,
+                    json=body,
+                    timeout=self.timeout,
+                    verify=self._verify,
+                    cert=self._cert,
+                )
             except (requests.ConnectionError, requests.Timeout) as exc:
                 failures.append(f"{url}: {type(exc).__name__}")
                 continue

@@ -1,0 +1,7 @@
+"""`python -m beam_preprocess --help`."""
+
+import sys
+
+from beam_preprocess.cli import main
+
+sys.exit(main())

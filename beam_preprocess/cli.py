@@ -1,0 +1,48 @@
+"""Command line of the preprocessing pipeline: `python -m beam_preprocess --help`.
+
+Also what `llmft preprocess` forwards its arguments to. User mistakes print one `error:` line and
+exit 2; a summary of the written dataset is printed as JSON on success.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from beam_preprocess.options import help_parser
+
+
+def summary(manifest_dict: dict) -> dict:
+    """The few numbers a person wants after a run (the manifest holds the rest)."""
+    splits = manifest_dict["splits"]
+    rows = sum(s["rows"] for s in splits.values())
+    tokens = sum(s["tokens"] for s in splits.values())
+    return {
+        "seq_len": manifest_dict["seq_len"],
+        "splits": {k: {"rows": v["rows"], "tokens": v["tokens"]} for k, v in splits.items()},
+        "fill_ratio": round(tokens / (rows * manifest_dict["seq_len"]), 4) if rows else 0.0,
+        "stats": {
+            k: manifest_dict["stats"][k]
+            for k in ("records_read", "kept", "filtered", "duplicates", "rejected")
+        },
+    }
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m beam_preprocess") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or "-h" in argv or "--help" in argv:
+        help_parser(prog).print_help()
+        return 0 if argv else 2
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from dataclasses import asdict
+
+    from beam_preprocess.pipeline import run
+
+    try:
+        manifest = run(argv)
+    except (ValueError, FileNotFoundError, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary(asdict(manifest)), indent=2))
+    return 0

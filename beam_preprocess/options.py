@@ -1,0 +1,211 @@
+"""Typed options of the preprocessing pipeline and their validation.
+
+`PreprocessOptions` is a Beam `PipelineOptions` view, so the same flags work on the command line,
+in `PipelineOptions(flags)` and on Dataflow workers. `PreprocessConfig.from_options` validates them
+once, collecting every mistake into one ValueError, and is what the transforms receive (a small
+frozen dataclass that pickles to workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_preprocess.readers import FORMATS
+from beam_preprocess.tokenize import OVERLONG_POLICIES
+
+DATA_KINDS = ("instruction", "text")
+NORMALIZATIONS = ("NFC", "NFKC", "none")
+
+
+def add_preprocess_arguments(parser: Any) -> None:
+    """The pipeline's own flags (Beam's runner flags such as --runner are parsed by Beam)."""
+
+    def add(*names: str, **kwargs: Any) -> None:
+        # Dashed and underscored spellings, so both `--seq-len` and Beam-style `--seq_len` work.
+        spellings = list(names)
+        for name in names:
+            other = "--" + name[2:].replace("-", "_") if "-" in name[2:] else None
+            if other and other not in spellings:
+                spellings.append(other)
+        parser.add_argument(*spellings, **kwargs)
+
+    add("--input", dest="input", action="append", help="Input file, glob or gs:// pattern; repeat "
+        "or comma-separate for several. Formats: .jsonl, .json (array or lines), .csv, .parquet.")
+    add("--output", help="Output dataset directory (local or gs://).")
+    add("--tokenizer", help="Tokenizer: a save_pretrained directory (local or gs://) or hub name.")
+    add("--seq-len", dest="seq_len", type=int, default=None, help="Tokens per packed row.")
+    add("--data-kind", dest="data_kind", default="instruction", choices=DATA_KINDS,
+        help="instruction: prompt/response or chat messages; text: plain causal-LM text.")
+    add("--input-format", dest="input_format", default="auto", choices=FORMATS,
+        help="Input format; auto picks it from each file's suffix.")
+    add("--prompt-field", dest="prompt_field", default="prompt", help="Field holding the prompt.")
+    add("--response-field", dest="response_field", default="response",
+        help="Field holding the response.")
+    add("--messages-field", dest="messages_field", default="messages",
+        help="Field holding a chat conversation [{role, content}, ...] (used when present).")
+    add("--text-field", dest="text_field", default="text", help="Field holding plain text.")
+    add("--eval-fraction", dest="eval_fraction", type=float, default=0.05,
+        help="Fraction of records held out for evaluation (by a hash of the prompt/text).")
+    add("--split-seed", dest="split_seed", default="llmft",
+        help="Salt of the split hash: change it to draw a different held-out set.")
+    add("--train-on-prompt", dest="train_on_prompt", action="store_true", default=False,
+        help="Also train on prompt tokens (default: only response tokens are targets).")
+    add("--overlong", default="auto", choices=("auto", *OVERLONG_POLICIES),
+        help="Documents longer than seq-len: drop (filtered), truncate, or split into chunks. "
+        "auto: drop for instruction data, split for text.")
+    add("--min-chars", dest="min_chars", type=int, default=1,
+        help="Filter records with fewer characters (all fields together) after cleaning.")
+    add("--max-chars", dest="max_chars", type=int, default=1_000_000,
+        help="Filter records with more characters after cleaning (0: no limit).")
+    add("--min-tokens", dest="min_tokens", type=int, default=2,
+        help="Filter documents with fewer tokens.")
+    add("--normalization", default="NFC", choices=NORMALIZATIONS, help="Unicode normalisation.")
+    add("--collapse-whitespace", dest="collapse_whitespace", action="store_true", default=False,
+        help="Collapse runs of spaces/tabs (off by default: it damages code and tables).")
+    add("--max-rejected-fraction", dest="max_rejected_fraction", type=float, default=0.1,
+        help="Fail (after writing rejected/) when more than this fraction of records is rejected.")
+    add("--pack-groups", dest="pack_groups", type=int, default=16,
+        help="Parallel packing groups per split (leftovers of all groups are repacked together).")
+    add("--max-open-rows", dest="max_open_rows", type=int, default=2048,
+        help="Partial rows each packing group keeps open for best fit (memory: this x seq-len).")
+    add("--tokenize-batch-size", dest="tokenize_batch_size", type=int, default=2048,
+        help="Records per batched tokenizer call.")
+    add("--no-chat-template-fast-path", dest="chat_fast_path", action="store_false", default=True,
+        help="Render every record with Jinja (the fast path is verified against it anyway).")
+    add("--overwrite", action="store_true", default=False,
+        help="Delete an existing dataset in --output first (default: refuse to overwrite).")
+
+
+class PreprocessOptions(PipelineOptions):
+    """Beam view of the pipeline's flags: `PipelineOptions(argv).view_as(PreprocessOptions)`."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: Any) -> None:
+        add_preprocess_arguments(parser)
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """Validated settings the transforms run with."""
+
+    inputs: tuple[str, ...]
+    """File patterns (local paths, globs, gs://)."""
+    output: str
+    """Dataset directory; shards go to train/, eval/, dead letters to rejected/ and filtered/."""
+    tokenizer: str
+    """Tokenizer directory or hub name, loaded once per worker."""
+    seq_len: int
+    """Tokens per packed row."""
+    data_kind: str = "instruction"
+    """"instruction" or "text"."""
+    input_format: str = "auto"
+    prompt_field: str = "prompt"
+    response_field: str = "response"
+    messages_field: str = "messages"
+    text_field: str = "text"
+    eval_fraction: float = 0.05
+    """Held-out fraction, decided by a salted hash of the prompt (text), so reruns agree."""
+    split_seed: str = "llmft"
+    train_on_prompt: bool = False
+    overlong: str = "drop"
+    """Resolved policy for documents longer than seq_len: drop, truncate or split."""
+    min_chars: int = 1
+    max_chars: int = 1_000_000
+    min_tokens: int = 2
+    normalization: str = "NFC"
+    collapse_whitespace: bool = False
+    max_rejected_fraction: float = 0.1
+    pack_groups: int = 16
+    max_open_rows: int = 2048
+    tokenize_batch_size: int = 2048
+    chat_fast_path: bool = True
+    overwrite: bool = False
+
+    @classmethod
+    def from_options(cls, options: PipelineOptions) -> PreprocessConfig:
+        """Validate the parsed flags; every problem is reported in one ValueError."""
+        o = options.view_as(PreprocessOptions)
+        errors = []
+        inputs = tuple(p.strip() for value in (o.input or []) for p in value.split(",") if p.strip())
+        if not inputs:
+            errors.append("--input is required (a file, glob or gs:// pattern)")
+        if not o.output:
+            errors.append("--output is required (the dataset directory to write)")
+        if not o.tokenizer:
+            errors.append("--tokenizer is required (the model's tokenizer directory or name)")
+        if o.seq_len is None or o.seq_len < 8:
+            errors.append(f"--seq-len must be an integer >= 8 (got {o.seq_len})")
+        if not 0.0 <= o.eval_fraction < 1.0:
+            errors.append(f"--eval-fraction must be in [0, 1) (got {o.eval_fraction})")
+        if not 0.0 <= o.max_rejected_fraction <= 1.0:
+            errors.append(
+                f"--max-rejected-fraction must be in [0, 1] (got {o.max_rejected_fraction})"
+            )
+        for flag, value, low in (
+            ("--min-chars", o.min_chars, 0),
+            ("--max-chars", o.max_chars, 0),
+            ("--min-tokens", o.min_tokens, 1),
+            ("--pack-groups", o.pack_groups, 1),
+            ("--max-open-rows", o.max_open_rows, 1),
+            ("--tokenize-batch-size", o.tokenize_batch_size, 1),
+        ):
+            if value < low:
+                errors.append(f"{flag} must be >= {low} (got {value})")
+        if o.max_chars and o.max_chars < o.min_chars:
+            errors.append(f"--max-chars ({o.max_chars}) is below --min-chars ({o.min_chars})")
+        if errors:
+            raise ValueError("invalid preprocessing options:\n  - " + "\n  - ".join(errors))
+        overlong = o.overlong
+        if overlong == "auto":
+            overlong = "drop" if o.data_kind == "instruction" else "split"
+        return cls(
+            inputs=inputs,
+            output=o.output.rstrip("/"),
+            tokenizer=o.tokenizer,
+            seq_len=o.seq_len,
+            data_kind=o.data_kind,
+            input_format=o.input_format,
+            prompt_field=o.prompt_field,
+            response_field=o.response_field,
+            messages_field=o.messages_field,
+            text_field=o.text_field,
+            eval_fraction=o.eval_fraction,
+            split_seed=o.split_seed,
+            train_on_prompt=o.train_on_prompt,
+            overlong=overlong,
+            min_chars=o.min_chars,
+            max_chars=o.max_chars,
+            min_tokens=o.min_tokens,
+            normalization=o.normalization,
+            collapse_whitespace=o.collapse_whitespace,
+            max_rejected_fraction=o.max_rejected_fraction,
+            pack_groups=o.pack_groups,
+            max_open_rows=o.max_open_rows,
+            tokenize_batch_size=o.tokenize_batch_size,
+            chat_fast_path=o.chat_fast_path,
+            overwrite=o.overwrite,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def help_parser(prog: str = "python -m beam_preprocess") -> argparse.ArgumentParser:
+    """An argparse parser for --help: the pipeline's flags plus a note on Beam's runner flags."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Preprocess raw records into packed, tokenized Parquet shards + manifest.json.",
+        epilog=(
+            "Beam runner flags are accepted too, e.g. --runner DataflowRunner --project P "
+            "--region R --temp_location gs://... --service_account_email SA "
+            "--subnetwork regions/R/subnetworks/S --machine_type n2-standard-8 "
+            "--max_num_workers 20 --sdk_container_image IMAGE (or --setup_file ./setup.py); "
+            "locally --direct_num_workers N --direct_running_mode multi_processing."
+        ),
+    )
+    add_preprocess_arguments(parser)
+    return parser

@@ -1,0 +1,355 @@
+"""Build the preprocessing graph (`build_pipeline`) and run it (`launch` + `finish`, or `run`).
+
+Run: `python -m beam_preprocess --input 'data/*.jsonl' --output out/ --tokenizer tok/ --seq-len 512`
+(`--help` lists every flag). Locally it uses the DirectRunner with one worker process per core;
+`--runner DataflowRunner` with the usual Google Cloud flags runs the same graph on Dataflow.
+
+Outputs in --output (see beam_preprocess.schema): train/ and eval/ Parquet shards, manifest.json,
+stats.json (the accounting, also when the run fails the rejected-fraction check), rejected/ and
+filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    StandardOptions,
+)
+
+from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments
+from beam_preprocess.readers import ReadRecords
+from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS
+from beam_preprocess.schema import (
+    MANIFEST_FILE,
+    REJECTED_DIR,
+    SPLITS,
+    Manifest,
+    SplitInfo,
+    TokenizerIdentity,
+)
+from beam_preprocess.transforms import (
+    Clean,
+    Deduplicate,
+    Pack,
+    Split,
+    Tokenize,
+    Validate,
+    table_schema,
+)
+
+log = logging.getLogger(__name__)
+
+STATS_FILE = "stats.json"
+FILTERED_DIR = "filtered"
+EVAL_RECORDS_DIR = "eval_records"
+DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
+
+
+def build_pipeline(pipeline: beam.Pipeline, config: PreprocessConfig, pad_id: int) -> None:
+    """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run())."""
+    out = config.output
+    read = pipeline | "Read" >> ReadRecords(list(config.inputs), config.input_format)
+    valid = read.records | "Validate" >> Validate(config)
+    clean = valid.examples | "Clean" >> Clean(config)
+    unique = clean.examples | "Deduplicate" >> Deduplicate()
+    split = unique.examples | "Split" >> Split(config.eval_fraction, config.split_seed)
+    tokens = split | "Tokenize" >> Tokenize(config)
+    packed = tokens.documents | "Pack" >> Pack(config.seq_len, pad_id, config.max_open_rows)
+
+    tables = packed["tables"] | "BySplit" >> beam.ParDo(_BySplit()).with_outputs(*SPLITS)
+    for name in SPLITS:
+        _ = tables[name] | f"Write{name.title()}" >> beam.io.WriteToParquetBatched(
+            f"{out}/{name}/part", schema=table_schema(), file_name_suffix=".parquet"
+        )
+    rejected = (read[DEAD], valid[DEAD], tokens[DEAD]) | "AllRejected" >> beam.Flatten()
+    _ = rejected | "WriteRejected" >> WriteJsonLines(f"{out}/{REJECTED_DIR}/part")
+    filtered = (clean[FILTERED], tokens[FILTERED]) | "AllFiltered" >> beam.Flatten()
+    _ = filtered | "WriteFiltered" >> WriteJsonLines(f"{out}/{FILTERED_DIR}/part")
+    _ = tokens[EVAL_RECORDS] | "WriteEvalRecords" >> WriteJsonLines(
+        f"{out}/{EVAL_RECORDS_DIR}/part"
+    )
+
+    outcomes = (
+        (read[OUTCOME], valid[OUTCOME], clean[OUTCOME], unique[OUTCOME], tokens[OUTCOME])
+        | "AllOutcomes" >> beam.Flatten()
+        | "CountOutcomes" >> beam.combiners.Count.PerElement()
+    )
+    read_total = read[READ] | "CountRead" >> beam.CombineGlobally(sum)
+    split_stats = packed[STATS] | "SumSplitStats" >> beam.CombinePerKey(_sum_tuples)
+    _ = (
+        pipeline
+        | "StatsTrigger" >> beam.Create([None])
+        | "WriteStats"
+        >> beam.ParDo(
+            _WriteStats(f"{out}/{STATS_FILE}"),
+            read_total=beam.pvalue.AsSingleton(read_total),
+            outcomes=beam.pvalue.AsList(outcomes),
+            splits=beam.pvalue.AsList(split_stats),
+        )
+    )
+
+
+class WriteJsonLines(beam.PTransform):
+    """Dicts -> `<prefix>-SSSSS-of-NNNNN.jsonl`, one JSON object per line."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def expand(self, pcoll: beam.PCollection) -> Any:
+        return (
+            pcoll
+            | "ToJson" >> beam.Map(lambda r: json.dumps(r, ensure_ascii=False, default=str))
+            | "Write" >> beam.io.WriteToText(self.prefix, file_name_suffix=".jsonl")
+        )
+
+
+class _BySplit(beam.DoFn):
+    def process(self, element: tuple[str, Any]) -> Iterator[Any]:
+        split, table = element
+        yield beam.pvalue.TaggedOutput(split, table)
+
+
+def _sum_tuples(values: Any) -> tuple[int, ...]:
+    total = [0, 0, 0, 0]
+    for value in values:
+        for i, v in enumerate(value):
+            total[i] += v
+    return tuple(total)
+
+
+class _WriteStats(beam.DoFn):
+    """Writes the run's accounting once every count is final (it waits on its side inputs)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def process(self, _: None, read_total: int, outcomes: list, splits: list) -> Iterator[None]:
+        stats = accounting(read_total, dict(outcomes))
+        stats["splits"] = {
+            name: dict(zip(("rows", "documents", "tokens", "target_tokens"), values, strict=True))
+            for name, values in splits
+        }
+        with FileSystems.create(self.path) as f:
+            f.write(json.dumps(stats, indent=2, sort_keys=True).encode())
+        yield from ()
+
+
+def accounting(read_total: int, outcomes: dict[str, int]) -> dict[str, Any]:
+    """Outcome events -> stats where records_read = kept + filtered + duplicates + rejected."""
+    stats: dict[str, Any] = {
+        "records_read": read_total,
+        "kept": 0,
+        "duplicates": 0,
+        "rejected": 0,
+        "filtered": 0,
+        "rejected_by_reason": {},
+        "filtered_by_reason": {},
+    }
+    for event, count in outcomes.items():
+        kind, _, reason = event.partition("/")
+        if kind == "kept":
+            stats["kept"] += count
+        elif kind == "duplicate":
+            stats["duplicates"] += count
+        else:
+            stats[kind] += count
+            by_reason = stats[f"{kind}_by_reason"]
+            by_reason[reason] = by_reason.get(reason, 0) + count
+    accounted = stats["kept"] + stats["filtered"] + stats["duplicates"] + stats["rejected"]
+    stats["accounted"] = accounted
+    stats["malformed"] = stats["rejected"]
+    return stats
+
+
+# -------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class LaunchedRun:
+    """A submitted (or, on the DirectRunner, already finished) pipeline and what finish() needs."""
+
+    result: Any
+    """Beam PipelineResult (DataflowPipelineResult on Dataflow: job_id(), cancel())."""
+    config: PreprocessConfig
+    tokenizer: TokenizerIdentity
+    runner: str
+
+
+def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
+    """Flags -> (Beam options with local defaults filled in, validated config)."""
+    _reject_unknown_flags(argv)
+    options = PipelineOptions(argv)
+    config = PreprocessConfig.from_options(options)
+    standard = options.view_as(StandardOptions)
+    if standard.runner in (None, "DirectRunner", "direct"):
+        # The DirectRunner's batch engine, named directly: Beam's DirectRunner first tries the
+        # Prism runner, which downloads a binary (fails offline, and costs a start-up anyway).
+        standard.runner = "FnApiRunner"
+    if standard.runner in DATAFLOW_RUNNERS:
+        from beam_preprocess.dataflow import validate_dataflow_options
+
+        errors = validate_dataflow_options(options, config)
+        if errors:
+            raise ValueError("invalid Dataflow options:\n  - " + "\n  - ".join(errors))
+    elif standard.runner == "FnApiRunner":
+        direct = options.view_as(DirectOptions)
+        if not _flag_given(argv, "direct_num_workers"):
+            direct.direct_num_workers = os.cpu_count() or 1
+        if not _flag_given(argv, "direct_running_mode"):
+            # Separate processes: tokenization and packing hold the GIL between Rust calls.
+            direct.direct_running_mode = (
+                "multi_processing" if direct.direct_num_workers > 1 else "in_memory"
+            )
+    return options, config
+
+
+def _flag_given(argv: list[str], name: str) -> bool:
+    spellings = {f"--{name}", f"--{name.replace('_', '-')}"}
+    return any(arg.split("=", 1)[0] in spellings for arg in argv)
+
+
+def _reject_unknown_flags(argv: list[str]) -> None:
+    """Beam only warns about flags it does not know; a typo must fail instead."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_preprocess_arguments(parser)
+    seen: set[type] = set()
+    pending = list(PipelineOptions.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        pending.extend(cls.__subclasses__())
+        try:
+            cls._add_argparse_args(parser)
+        except argparse.ArgumentError:
+            continue  # options defined by two views (Beam allows it); the first one is enough
+    _, unknown = parser.parse_known_args(argv)
+    flags = [arg for arg in unknown if arg.startswith("--")]
+    if flags:
+        raise ValueError(
+            f"unknown flag(s): {' '.join(flags)}: see `python -m beam_preprocess --help`"
+        )
+    if unknown:
+        raise ValueError(f"unexpected argument(s): {' '.join(unknown)}")
+
+
+def launch(argv: list[str]) -> LaunchedRun:
+    """Validate, prepare the output and start the pipeline (waits only on the DirectRunner)."""
+    from beam_preprocess.tokenize import ChatRenderer, load_tokenizer, pad_id_of
+
+    options, config = parse_options(argv)
+    runner = options.view_as(StandardOptions).runner
+    _check_inputs(config.inputs)
+    tokenizer = load_tokenizer(config.tokenizer)
+    if config.data_kind == "instruction":
+        ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
+    identity = TokenizerIdentity.of(tokenizer)
+    identity.name_or_path = config.tokenizer
+    _prepare_output(config.output, config.overwrite)
+    log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
+    pipeline = beam.Pipeline(options=options)
+    build_pipeline(pipeline, config, pad_id_of(tokenizer))
+    result = pipeline.run()
+    return LaunchedRun(result=result, config=config, tokenizer=identity, runner=runner)
+
+
+def finish(launched: LaunchedRun) -> Manifest:
+    """Wait for the pipeline, check the rejected fraction, and write manifest.json."""
+    state = launched.result.wait_until_finish()
+    if str(state).rsplit(".", 1)[-1] not in ("DONE", "None"):
+        raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
+    return write_manifest(launched.config, launched.tokenizer)
+
+
+def run(argv: list[str]) -> Manifest:
+    """Run the pipeline to completion and return the dataset's manifest."""
+    return finish(launch(argv))
+
+
+def write_manifest(config: PreprocessConfig, tokenizer: TokenizerIdentity) -> Manifest:
+    """Build manifest.json from stats.json and the written shards (fails on too many rejects)."""
+    out = config.output
+    with FileSystems.open(f"{out}/{STATS_FILE}") as f:
+        stats = json.loads(f.read())
+    if stats["accounted"] != stats["records_read"]:
+        raise RuntimeError(
+            f"accounting mismatch (a bug): read {stats['records_read']} records but "
+            f"accounted for {stats['accounted']}: {stats}"
+        )
+    read_total = stats["records_read"]
+    fraction = stats["rejected"] / read_total if read_total else 0.0
+    if fraction > config.max_rejected_fraction:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats["rejected_by_reason"].items()))
+        raise ValueError(
+            f"{stats['rejected']} of {read_total} records ({fraction:.1%}) were rejected ({reasons}), "
+            f"above --max-rejected-fraction {config.max_rejected_fraction}: each one and its error "
+            f"is in {out}/{REJECTED_DIR}/; fix the input or raise the threshold"
+        )
+    splits = {}
+    for name in SPLITS:
+        info = SplitInfo(**stats["splits"].get(name, {}))
+        info.shards = _relative(out, _list(f"{out}/{name}/*.parquet"))
+        splits[name] = info
+    manifest = Manifest(
+        seq_len=config.seq_len,
+        tokenizer=tokenizer,
+        data_kind=config.data_kind,
+        splits=splits,
+        stats={k: v for k, v in stats.items() if k != "splits"},
+        eval_records=_relative(out, _list(f"{out}/{EVAL_RECORDS_DIR}/*.jsonl")),
+    )
+    with FileSystems.create(f"{out}/{MANIFEST_FILE}") as f:
+        f.write(manifest.to_json().encode())
+    return manifest
+
+
+def _list(pattern: str) -> list[str]:
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+
+
+def _relative(root: str, paths: list[str]) -> list[str]:
+    root = root.rstrip("/") + "/"
+    return [p[len(root) :] if p.startswith(root) else p for p in paths]
+
+
+def _check_inputs(patterns: tuple[str, ...]) -> None:
+    missing = []
+    for pattern in patterns:
+        try:
+            found = FileSystems.match([pattern])[0].metadata_list
+        except Exception as exc:  # BeamIOError wraps the filesystem's reason
+            raise ValueError(f"cannot list --input {pattern!r}: {exc}") from None
+        if not found:
+            missing.append(pattern)
+    if missing:
+        raise ValueError(f"--input matches no files: {', '.join(missing)}")
+
+
+def _prepare_output(out: str, overwrite: bool) -> None:
+    remote = "://" in out and not out.startswith("file://")
+    if remote:
+        existing = [m.path for m in FileSystems.match([f"{out}/**"])[0].metadata_list]
+    else:
+        existing = os.listdir(out) if os.path.isdir(out) else []
+    if existing and not overwrite:
+        raise ValueError(f"--output {out!r} is not empty: choose a new directory or pass --overwrite")
+    if existing and remote:
+        FileSystems.delete(existing)
+    elif existing:
+        shutil.rmtree(out)
+    if not remote:
+        os.makedirs(out, exist_ok=True)

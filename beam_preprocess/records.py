@@ -1,0 +1,37 @@
+"""Element shapes and output tags shared by the transforms.
+
+Elements are plain dicts/tuples of str, int and bytes so Beam's fast primitive coder handles them
+without pickling (it matters at tens of thousands of records per second).
+
+    record   {"source": "path:line", "record": {...raw fields...}}
+    example  {"source": ..., "messages": [{"role", "content"}, ...]}  (instruction data)
+             {"source": ..., "text": "..."}                           (plain text)
+             plus "hash" (content hash, after dedup) and "split" ("train" | "eval")
+    document (ids int32 bytes, loss mask uint8 bytes), keyed by pack group
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEAD = "dead"
+"""Tag: records that cannot be used because they are broken (rejected/)."""
+FILTERED = "filtered"
+"""Tag: valid records removed by a policy (too long, too short) (filtered/)."""
+READ = "read"
+"""Tag: number of records read per file."""
+OUTCOME = "outcome"
+"""Tag: one event per input record: "kept", "duplicate", "rejected/<reason>", "filtered/<reason>"."""
+EVAL_RECORDS = "eval_records"
+"""Tag: the clean held-out records (prompt/response or text) for the evaluator."""
+STATS = "stats"
+"""Tag: per-split packing statistics."""
+
+
+def dead_letter(source: str, record: Any, reason: str, error: str = "") -> dict[str, Any]:
+    """The dead-letter line format of rejected/ and filtered/ (see beam_preprocess.schema)."""
+    return {"source": source, "record": record, "reason": reason, "error": error}
+
+
+def outcome(kind: str, reason: str = "") -> str:
+    return f"{kind}/{reason}" if reason else kind

@@ -1,0 +1,308 @@
+"""Turning clean examples into token documents with loss masks (no Beam here; the DoFn wraps it).
+
+Instruction data is rendered with the tokenizer's own chat template, exactly as the trainer and
+evaluator will see it at inference time: the prompt is `apply_chat_template(history,
+add_generation_prompt=True)` and the target is what the full conversation adds after it (the
+assistant content and its end-of-turn/eos token). The loss mask is computed from character spans of
+the rendered text mapped to tokens, so one tokenization of the full text is enough.
+
+Overlong documents (more tokens than seq_len), policy `--overlong`:
+    drop      filter the record with reason "too_long_tokens" (default for instruction data: a
+              truncated answer teaches the model to stop mid-sentence)
+    truncate  keep the first seq_len tokens
+    split     cut into seq_len chunks, each a document of its own (default for plain text, as
+              run_clm.py does)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from beam_preprocess.packing import Document
+
+OVERLONG_POLICIES = ("drop", "truncate", "split")
+Span = tuple[int, int]
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """A fast Hugging Face tokenizer from a local dir, a hub name, or a gs:// (any Beam FS) dir."""
+    if "://" in name_or_path and not name_or_path.startswith("file://"):
+        name_or_path = _copy_dir_locally(name_or_path)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot load a tokenizer from {name_or_path!r} ({exc}): pass a directory written by "
+            "save_pretrained (tokenizer.json + tokenizer_config.json) or a hub name"
+        ) from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"tokenizer {name_or_path!r} has no fast (Rust) implementation")
+    return tokenizer
+
+
+def _copy_dir_locally(uri: str) -> str:
+    """Copy the files of a remote tokenizer directory to a per-process local cache dir."""
+    from apache_beam.io.filesystems import FileSystems
+
+    local = os.path.join(tempfile.gettempdir(), "llmft-tokenizers", uri.replace("://", "_").replace("/", "_"))
+    if os.path.isdir(local):
+        return local
+    partial = local + f".partial-{os.getpid()}"
+    os.makedirs(partial, exist_ok=True)
+    matches = FileSystems.match([uri.rstrip("/") + "/*"])[0].metadata_list
+    if not matches:
+        raise ValueError(f"no tokenizer files under {uri!r}")
+    for meta in matches:
+        name = meta.path.rstrip("/").rsplit("/", 1)[-1]
+        with FileSystems.open(meta.path) as src, open(os.path.join(partial, name), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    try:
+        os.rename(partial, local)
+    except OSError:  # another process on this worker won the race; its copy is identical
+        shutil.rmtree(partial, ignore_errors=True)
+    return local
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The id written in padding positions (pad, else eos, else 0: they are never targets)."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+class ChatRenderer:
+    """Renders conversations with the chat template and returns the target character spans.
+
+    For the common single-turn case it can skip Jinja: the template is rendered once with
+    sentinel contents and the result is used as a string pattern. This is only enabled when the
+    pattern reproduces Jinja exactly on probe contents (whitespace, newlines, braces) and is
+    re-checked against Jinja on the first records; any mismatch turns it off for good.
+    """
+
+    _VERIFY_FIRST = 16
+
+    def __init__(self, tokenizer: Any, fast_path: bool = True) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "instruction data needs a tokenizer with a chat template (tokenizer.chat_template "
+                "is empty): use the model's instruct tokenizer, or --data-kind text"
+            )
+        self.tokenizer = tokenizer
+        self._pattern: tuple[str, str, str] | None = self._compile() if fast_path else None
+        self._verified = 0
+        self.fast_path_disabled = False
+
+    def _render(self, messages: Sequence[dict], generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=generation_prompt, tokenize=False
+        )
+
+    def _jinja_pair(self, prompt: str, response: str) -> tuple[str, Span]:
+        user = {"role": "user", "content": prompt}
+        head = self._render([user], generation_prompt=True)
+        full = self._render([user, {"role": "assistant", "content": response}])
+        if not full.startswith(head):
+            raise TemplateError("the rendered prompt is not a prefix of the rendered conversation")
+        return full, (len(head), len(full))
+
+    def _compile(self) -> tuple[str, str, str] | None:
+        p, r = "\ue000PROMPT\ue000", "\ue001RESPONSE\ue001"
+        try:
+            full, (start, _) = self._jinja_pair(p, r)
+        except TemplateError:
+            return None
+        head_text = full[:start]
+        if head_text.count(p) != 1 or full.count(r) != 1 or full[start:].count(p):
+            return None
+        before, after_prompt = head_text.split(p)
+        rest = full[start:]
+        mid, end = rest.split(r)
+        if mid:  # text between the generation prompt and the content: not a plain pattern
+            return None
+        pattern = (before, after_prompt, end)
+        probes = [("a", "b"), ("  lead\n\ntrail  ", "\n{{ x }} {% y %}\t"), ("é ñ", "")]
+        for probe in probes:
+            try:
+                if self._pattern_pair(pattern, *probe) != self._jinja_pair(*probe):
+                    return None
+            except TemplateError:
+                return None
+        return pattern
+
+    @staticmethod
+    def _pattern_pair(pattern: tuple[str, str, str], prompt: str, response: str) -> tuple[str, Span]:
+        before, after_prompt, end = pattern
+        head = before + prompt + after_prompt
+        full = head + response + end
+        return full, (len(head), len(full))
+
+    def pair(self, prompt: str, response: str) -> tuple[str, list[Span]]:
+        """Rendered text of a prompt/response pair and the span the model is trained on."""
+        if self._pattern is not None:
+            rendered = self._pattern_pair(self._pattern, prompt, response)
+            if self._verified < self._VERIFY_FIRST:
+                self._verified += 1
+                if rendered != self._jinja_pair(prompt, response):
+                    self._pattern, self.fast_path_disabled = None, True
+                    rendered = self._jinja_pair(prompt, response)
+        else:
+            rendered = self._jinja_pair(prompt, response)
+        return rendered[0], [rendered[1]]
+
+    def conversation(self, messages: Sequence[dict]) -> tuple[str, list[Span]]:
+        """Rendered multi-turn conversation; every assistant turn is a target span."""
+        full = self._render(messages)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            head = self._render(messages[:i], generation_prompt=True)
+            upto = self._render(messages[: i + 1])
+            if not (upto.startswith(head) and full.startswith(upto)):
+                raise TemplateError(
+                    "the chat template does not render conversations prefix-consistently"
+                )
+            spans.append((len(head), len(upto)))
+        return full, spans
+
+
+class TemplateError(Exception):
+    """A record the chat template cannot render into prompt/target spans."""
+
+
+@dataclass
+class Encoded:
+    """What became of one example: documents to pack, or why none."""
+
+    docs: list[Document] = field(default_factory=list)
+    outcome: str = "kept"
+    """"kept", "filtered" or "rejected"."""
+    reason: str = ""
+    error: str = ""
+    truncated: bool = False
+
+
+@dataclass
+class EncoderConfig:
+    data_kind: str
+    seq_len: int
+    overlong: str
+    train_on_prompt: bool = False
+    min_tokens: int = 2
+    chat_fast_path: bool = True
+
+
+class DocumentEncoder:
+    """Batched tokenization of examples into documents (ids + loss mask)."""
+
+    def __init__(self, tokenizer: Any, config: EncoderConfig) -> None:
+        self.config = config
+        self.backend = tokenizer.backend_tokenizer
+        self.eos = tokenizer.eos_token_id
+        if config.data_kind == "text" and self.eos is None:
+            raise ValueError("plain-text data needs a tokenizer with an eos token")
+        self.renderer = (
+            ChatRenderer(tokenizer, config.chat_fast_path) if config.data_kind == "instruction" else None
+        )
+        self.straddles = 0
+        """Target spans whose first token also covers prompt characters (counted as prompt)."""
+
+    def encode(self, examples: Sequence[dict]) -> list[Encoded]:
+        results: list[Encoded] = [Encoded() for _ in examples]
+        texts: list[str] = []
+        spans: list[list[Span]] = []
+        index: list[int] = []
+        for i, example in enumerate(examples):
+            if self.renderer is None:
+                texts.append(example["text"])
+                spans.append([])
+                index.append(i)
+                continue
+            try:
+                messages = example["messages"]
+                if (
+                    len(messages) == 2
+                    and messages[0]["role"] == "user"
+                    and messages[1]["role"] == "assistant"
+                ):
+                    text, target = self.renderer.pair(messages[0]["content"], messages[1]["content"])
+                else:
+                    text, target = self.renderer.conversation(messages)
+            except TemplateError as exc:
+                results[i] = Encoded(outcome="rejected", reason="chat_template_error", error=str(exc))
+                continue
+            except Exception as exc:  # Jinja raise_exception() in a template: a bad record
+                results[i] = Encoded(
+                    outcome="rejected", reason="chat_template_error", error=f"{type(exc).__name__}: {exc}"
+                )
+                continue
+            texts.append(text)
+            spans.append(target)
+            index.append(i)
+        is_text = self.renderer is None
+        encodings = self.backend.encode_batch(texts, add_special_tokens=is_text) if texts else []
+        for i, enc, text, target in zip(index, encodings, texts, spans, strict=True):
+            ids = np.asarray(enc.ids, dtype=np.int32)
+            if is_text:
+                ids = np.append(ids, np.int32(self.eos))
+                mask = np.ones(len(ids), dtype=np.uint8)
+            elif self.config.train_on_prompt:
+                mask = np.ones(len(ids), dtype=np.uint8)
+            else:
+                mask = np.zeros(len(ids), dtype=np.uint8)
+                n, size = len(ids), len(text)
+                for start, end in target:
+                    mask[self._token_at(enc, start, size, n) : self._token_at(enc, end, size, n)] = 1
+            results[i] = self._apply_length_policy(ids, mask)
+        return results
+
+    def _token_at(self, enc: Any, char: int, text_len: int, n_tokens: int) -> int:
+        """Index of the first token that starts at or after `char` (a target span boundary)."""
+        if char >= text_len:
+            return n_tokens
+        token = enc.char_to_token(char)
+        if token is None:
+            # The char is in no token (end of text, or whitespace a normalizer dropped).
+            offsets = enc.offsets
+            return next((t for t, (s, _) in enumerate(offsets) if s >= char), len(offsets))
+        start = enc.token_to_chars(token)[0]
+        if start < char:
+            self.straddles += 1
+            return token + 1
+        return token
+
+    def _apply_length_policy(self, ids: np.ndarray, mask: np.ndarray) -> Encoded:
+        cfg = self.config
+        if len(ids) < cfg.min_tokens:
+            return Encoded(outcome="filtered", reason="too_few_tokens")
+        truncated = False
+        if len(ids) > cfg.seq_len:
+            if cfg.overlong == "drop":
+                return Encoded(
+                    outcome="filtered",
+                    reason="too_long_tokens",
+                    error=f"{len(ids)} tokens > seq_len {cfg.seq_len}",
+                )
+            truncated = True
+            if cfg.overlong == "truncate":
+                ids, mask = ids[: cfg.seq_len], mask[: cfg.seq_len]
+        docs = []
+        for start in range(0, len(ids), cfg.seq_len):
+            chunk_ids = ids[start : start + cfg.seq_len]
+            chunk_mask = mask[start : start + cfg.seq_len].copy()
+            chunk_mask[0] = 0  # the first token of a document has nothing to predict it from
+            if chunk_mask.any():
+                docs.append((chunk_ids, chunk_mask))
+        if not docs:
+            return Encoded(outcome="filtered", reason="no_target_tokens")
+        return Encoded(docs=docs, truncated=truncated)

@@ -1,0 +1,149 @@
+"""GPU throughput check: a ~1B-parameter Llama, random init, bf16, FSDP2 on 1 GPU, torch.compile.
+
+Run through `bash benchmarks/gpu_check.sh` (it sets the time limit). Steps:
+  1. save a random-init ~1.1B Llama (TinyLlama-1.1B shape: 22 layers, hidden 2048, GQA 32/4
+     heads, vocab 32000) with a small BPE tokenizer, as a Hugging Face directory;
+  2. write a synthetic packed dataset (documents of random length, every token a target as in
+     continued pre-training) that satisfies beam_preprocess/schema.py;
+  3. `torchrun --nproc-per-node 1 -m trainer ... --dtype bf16 --compile true`;
+  4. print steady-state tokens/s and MFU from metrics.jsonl (first `--warmup-steps` excluded).
+The last line is `RESULT {json}`. Target: MFU >= 0.45 on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def make_model(out: Path, vocab_size: int) -> int:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipelines.quickstart.tiny_model import train_tokenizer
+
+    tokenizer = train_tokenizer(None, vocab_size=4096)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_data(out: Path, tokenizer_dir: Path, seq_len: int, rows: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from beam_preprocess.schema import Manifest, SplitInfo, TokenizerIdentity
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(10, len(tokenizer), size=(rows, seq_len), dtype=np.int64)
+    pos = np.zeros((rows, seq_len), dtype=np.int64)
+    documents = 0
+    for r in range(rows):  # documents of 256..2048 tokens back to back
+        start = 0
+        while start < seq_len:
+            length = min(int(rng.integers(256, 2049)), seq_len - start)
+            pos[r, start : start + length] = np.arange(length)
+            start += length
+            documents += 1
+    mask = (pos != 0).astype(np.int64)
+    (out / "train").mkdir(parents=True, exist_ok=True)
+    pq.write_table(
+        pa.table({"input_ids": list(ids), "loss_mask": list(mask), "position_ids": list(pos)}),
+        out / "train" / "part-00000.parquet",
+    )
+    manifest = Manifest(
+        seq_len=seq_len,
+        tokenizer=TokenizerIdentity.of(tokenizer),
+        data_kind="text",
+        splits={
+            "train": SplitInfo(
+                rows=rows,
+                documents=documents,
+                tokens=rows * seq_len,
+                target_tokens=int(mask.sum()),
+                shards=["train/part-00000.parquet"],
+            )
+        },
+        stats={"source": "benchmarks/gpu_check.py synthetic"},
+    )
+    (out / "manifest.json").write_text(manifest.to_json())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default="/tmp/llmft-gpu-check")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--extra", nargs="*", default=[], help="more trainer flags")
+    args = parser.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    params = make_model(work / "model", vocab_size=32000)
+    print(f"model: {params / 1e9:.2f}B parameters ({time.time() - started:.0f}s)", flush=True)
+    make_data(work / "data", work / "model", args.seq_len, rows=args.micro_batch_size * args.steps)
+    out = work / "out"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+        "-m", "trainer", "--model", str(work / "model"), "--data", str(work / "data"),
+        "--output", str(out), "--max-steps", str(args.steps),
+        "--micro-batch-size", str(args.micro_batch_size), "--dtype", "bf16", "--compile", "true",
+        "--lr", "3e-4", "--warmup-steps", "5", "--log-every", "1", "--export", "false",
+        "--eval-at-end", "false", "--checkpoint-at-end", "false", "--resume", "false",
+        *args.extra,
+    ]  # fmt: skip
+    code = subprocess.call(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if code != 0:
+        sys.exit(f"trainer failed with exit code {code}")
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steady = [x for x in lines if "loss" in x and x["step"] > args.warmup_steps]
+    tokens_per_s = len(steady) / sum(1 / x["tokens_per_s"] for x in steady)  # harmonic: per step
+    mfu = sum(x["mfu"] for x in steady) / len(steady) if steady[0]["mfu"] is not None else None
+    result = {
+        "parameters": params,
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu,
+        "peak_memory_gb": max(x["peak_memory_gb"] for x in steady),
+        "final_loss": steady[-1]["loss"],
+        "seq_len": args.seq_len,
+        "micro_batch_size": args.micro_batch_size,
+        "wall_s": time.time() - started,
+    }
+    print(
+        f"tokens/s: {tokens_per_s:,.0f}  MFU: {mfu if mfu is None else f'{mfu:.1%}'} (target 45%)"
+    )
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Our trainer vs the Hugging Face Trainer on CPU: same ~7M Llama, same instruction data, 2 processes.
+
+Run from a clean checkout (after `make install`):
+
+    .venv/bin/python benchmarks/train_bench.py [--steps 40] [--warmup-steps 10] [--seq-len 512]
+
+Three runs, each `torchrun --standalone --nproc-per-node 2`, fp32, AdamW, same lr schedule:
+  ours        `python -m trainer` on packed rows, with every speed-up it has: per-block
+              torch.compile, no reshard after forward, LM head on target positions only;
+  hf_padded   HF Trainer's standard instruction recipe: one example per conversation, labels -100
+              on the prompt, DataCollatorForSeq2Seq (dynamic padding per batch) with
+              group_by_length=True, as many examples per batch as a packed micro-batch holds;
+  hf_packed   HF Trainer on exactly our packed rows (position_ids, no attention mask): a pure
+              engine comparison.
+The figure of merit is target (loss-bearing) tokens per second in steady state: the first
+`--warmup-steps` steps (compilation, allocator warm-up) are excluded on every side. Peak host memory
+is the max RSS over the two processes of each run. The last line is `RESULT {json}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def prepare(work: Path, seq_len: int, records: int) -> tuple[Path, Path]:
+    """Sample data, a ~7M-parameter Llama with its tokenizer, and our packed dataset."""
+    from packed_fixtures import read_jsonl, write_packed_dataset
+    from transformers import AutoTokenizer
+
+    from pipelines.quickstart.sample_data import write_sample_data
+    from pipelines.quickstart.tiny_model import build_tiny_model
+
+    write_sample_data(work / "sample", n_train=records, n_heldout=10, seed=0)
+    info = build_tiny_model(
+        work / "model", data_dir=work / "sample", hidden_size=256, num_layers=7, seed=0
+    )
+    print(f"model: {info['parameters'] / 1e6:.2f}M parameters", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(work / "model")
+    write_packed_dataset(
+        work / "packed",
+        tokenizer,
+        {"train": read_jsonl(work / "sample" / "train.jsonl")},
+        seq_len=seq_len,
+        rows_per_shard=256,
+    )
+    return work / "model", work / "packed"
+
+
+def torchrun(args: list[str], log: Path, env_extra: dict[str, str] | None = None) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.update(env_extra or {})
+    with open(log, "w") as f:
+        code = subprocess.call(cmd + args, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if code != 0:
+        sys.exit(f"run failed ({code}); log: {log}\n{log.read_text()[-3000:]}")
+
+
+def run_ours(model: Path, data: Path, out: Path, args) -> dict:
+    torchrun(
+        [
+            "-m",
+            "trainer",
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "--output",
+            str(out),
+            "--max-steps",
+            str(args.steps),
+            "--micro-batch-size",
+            str(args.micro_batch_size),
+            "--lr",
+            "1e-3",
+            "--warmup-steps",
+            "5",
+            "--log-every",
+            "1",
+            "--compile",
+            "true",
+            "--reshard-after-forward",
+            "false",
+            "--export",
+            "false",
+            "--eval-at-end",
+            "false",
+            "--checkpoint-at-end",
+            "false",
+            "--tensorboard",
+            "false",
+        ],
+        out.with_suffix(".log"),
+    )
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steady = [x for x in lines if "loss" in x and x["step"] > args.warmup_steps]
+    # With log_every=1 each record is one step: its seconds = tokens / tokens_per_s.
+    tokens_per_step = json.loads((out / "summary.json").read_text())["tokens"] / args.steps
+    seconds = [tokens_per_step / x["tokens_per_s"] for x in steady]
+    total_time = sum(seconds)
+    total_targets = sum(x["target_tokens_per_s"] * t for x, t in zip(steady, seconds, strict=True))
+    return {
+        "target_tokens_per_s": total_targets / total_time,
+        "peak_host_memory_gb": max(x["peak_memory_gb"] for x in lines if "peak_memory_gb" in x),
+        "final_loss": steady[-1]["loss"],
+    }
+
+
+def run_hf(mode: str, model: Path, data: Path, out: Path, args) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    torchrun(
+        [
+            __file__,
+            "--worker",
+            mode,
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--steps",
+            str(args.steps),
+            "--micro-batch-size",
+            str(args.micro_batch_size),
+        ],
+        out.with_suffix(".log"),
+    )
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    steps = records[0]["steps"]
+    steady = [s for s in steps if s["step"] > args.warmup_steps]
+    # Every rank's share of the global batch's targets, summed; time from rank 0's clock.
+    targets = sum(
+        s["targets"] for r in records for s in r["steps"] if s["step"] > args.warmup_steps
+    )
+    seconds = sum(s["seconds"] for s in steady)
+    return {
+        "target_tokens_per_s": targets / seconds,
+        "peak_host_memory_gb": max(r["peak_rss_gb"] for r in records),
+        "final_loss": records[0]["final_loss"],
+    }
+
+
+# --- HF Trainer worker (runs under torchrun) ---------------------------------------------------
+
+
+def hf_worker(argv: list[str]) -> None:
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DataCollatorForSeq2Seq,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from beam_preprocess.schema import read_manifest
+    from trainer.data import read_rows, shard_paths
+
+    p = argparse.ArgumentParser()
+    for flag in ("--worker", "--model", "--data", "--out"):
+        p.add_argument(flag)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--micro-batch-size", type=int)
+    a = p.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    model.config.use_cache = False
+    manifest = read_manifest(a.data)
+    train = manifest.splits["train"]
+    docs_per_row = train.documents / train.rows
+    if a.worker == "hf-packed":
+        rows = [
+            read_rows(path, manifest.seq_len) for path in shard_paths(a.data, manifest, "train")
+        ]
+        ids = np.concatenate([r["input_ids"] for r in rows]).astype(np.int64)
+        mask = np.concatenate([r["loss_mask"] for r in rows])
+        pos = np.concatenate([r["position_ids"] for r in rows]).astype(np.int64)
+        dataset = Dataset.from_dict(
+            {"input_ids": ids, "position_ids": pos, "labels": np.where(mask == 1, ids, -100)}
+        )
+        batch_size, collator, group_by_length = a.micro_batch_size, None, False
+    else:
+        from packed_fixtures import read_jsonl, tokenize_record
+
+        sample = Path(a.data).parent / "sample" / "train.jsonl"
+        encoded = [tokenize_record(tokenizer, r) for r in read_jsonl(sample)]
+        dataset = Dataset.from_dict(
+            {
+                "input_ids": [ids for ids, _ in encoded],
+                "labels": [
+                    [t if m else -100 for t, m in zip(ids, mask, strict=True)]
+                    for ids, mask in encoded
+                ],
+            }
+        )
+        # As many conversations per batch as one packed micro-batch holds: same work per step.
+        batch_size = max(1, round(docs_per_row * a.micro_batch_size))
+        collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)
+        group_by_length = True
+
+    steps: list[dict] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            steps.append({"step": state.global_step, "seconds": time.perf_counter() - self.start})
+
+    targets_per_step: list[int] = []
+    base_collator = collator
+
+    def counting_collator(features):
+        batch = (
+            base_collator(features)
+            if base_collator is not None
+            else {k: torch.tensor(np.array([f[k] for f in features])) for k in features[0]}
+        )
+        targets_per_step.append(int((batch["labels"][:, 1:] != -100).sum()))
+        return batch
+
+    training_args = TrainingArguments(
+        output_dir=a.out,
+        max_steps=a.steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=1e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=5,
+        max_grad_norm=1.0,
+        adam_beta2=0.95,
+        weight_decay=0.0,
+        logging_steps=10,
+        save_strategy="no",
+        report_to=[],
+        group_by_length=group_by_length,
+        dataloader_drop_last=True,
+        remove_unused_columns=False,
+        ddp_find_unused_parameters=False,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=dataset,
+        data_collator=counting_collator,
+        callbacks=[Clock()],
+    )
+    result = trainer.train()
+    for s, t in zip(steps, targets_per_step, strict=False):
+        s["targets"] = t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    Path(a.out, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "steps": steps,
+                "peak_rss_gb": peak,
+                "final_loss": result.training_loss,
+                "batch_size": batch_size,
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--records", type=int, default=4000)
+    parser.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="llmft-train-bench-") as tmp:
+        work = Path(args.workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        model, data = prepare(work, args.seq_len, args.records)
+        ours = run_ours(model, data, work / "ours", args)
+        print(f"ours:       {ours['target_tokens_per_s']:8.0f} target tokens/s", flush=True)
+        padded = run_hf("hf-padded", model, data, work / "hf_padded", args)
+        print(f"hf padded:  {padded['target_tokens_per_s']:8.0f} target tokens/s", flush=True)
+        packed = run_hf("hf-packed", model, data, work / "hf_packed", args)
+        print(f"hf packed:  {packed['target_tokens_per_s']:8.0f} target tokens/s", flush=True)
+        result = {
+            "ratio_padded": ours["target_tokens_per_s"] / padded["target_tokens_per_s"],
+            "ratio_packed": ours["target_tokens_per_s"] / packed["target_tokens_per_s"],
+            "ours": ours,
+            "hf_padded": padded,
+            "hf_packed": packed,
+            "steps": args.steps,
+            "warmup_steps_excluded": args.warmup_steps,
+            "seq_len": args.seq_len,
+            "processes": 2,
+            "load_average_1m": os.getloadavg()[0],
+            "wall_s": time.time() - started,
+        }
+        for name in ("ours", "hf_padded", "hf_packed"):
+            print(
+                f"peak host memory per process, {name}: {result[name]['peak_host_memory_gb']:.2f} GB"
+            )
+        print(f"ratio vs HF padded recipe: {result['ratio_padded']:.2f}x (target >= 1.5x)")
+        print(f"ratio vs HF on packed rows: {result['ratio_packed']:.2f}x (target >= 1.2x)")
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        hf_worker(sys.argv[1:])
+    else:
+        main()

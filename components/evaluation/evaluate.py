@@ -1,0 +1,340 @@
+"""Evaluate a fine-tuned model against its base (and the registered champion) on the eval split.
+
+Run: `llmft evaluate --base PATH --tuned PATH --data DIR --output DIR [--heldout FILE] ...`, or call
+`run_evaluation` (the KFP `evaluate` component does). Writes to the output directory (local or
+gs://):
+
+    metrics.json        scalars, the gate decision with each check, model paths, settings
+    generations.jsonl   every held-out prompt with the reference and each model's answer
+    report.html         self-contained report: before/after table, training curve, samples
+
+Models are evaluated one at a time (only one is resident in memory) on exactly the same rows and
+prompts, with deterministic greedy decoding, so differences come from the weights alone. All inputs
+are checked before any model is loaded: paths, the eval split, and every model's tokenizer against
+the tokenizer the dataset was packed with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from beam_preprocess.schema import Manifest, TokenizerIdentity, compatibility_errors
+from components.evaluation import data as data_io
+from components.evaluation.gate import GateDecision, GateThresholds, decide
+from components.evaluation.generation import generate_answers, has_chat_template
+from components.evaluation.loading import check_model_path, loaded_model, read_tokenizer
+from components.evaluation.report import read_training_curve, render_report
+from components.evaluation.scoring import score_rows
+from components.evaluation.text_metrics import chrf, exact_match, normalize_answer
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.json"
+REPORT_FILE = "report.html"
+GENERATIONS_FILE = "generations.jsonl"
+
+
+@dataclass
+class EvaluationResult:
+    metrics: dict[str, float]
+    """Scalars for a KFP Metrics artifact: <role>_eval_loss, <role>_perplexity,
+    <role>_exact_match, <role>_chrf for role in base/tuned[/champion], *_delta (tuned - base),
+    eval_rows, eval_target_tokens, generation_examples."""
+    passed: bool
+    decision: GateDecision
+    metrics_path: str
+    report_path: str
+    generations_path: str
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _exists(path: str) -> bool:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    return bool(fs.exists(root))
+
+
+def _validate_args(
+    *,
+    base: str,
+    tuned: str,
+    champion: str | None,
+    data_dir: str,
+    heldout: str | None,
+    train_metrics: str | None,
+    max_examples: int,
+    max_eval_rows: int | None,
+    batch_size: int,
+    generation_batch_size: int,
+    max_new_tokens: int,
+    num_samples: int,
+    thresholds: GateThresholds,
+) -> None:
+    """Collect every argument error and raise them together."""
+    errors: list[str] = []
+    for what, path in (("base model", base), ("tuned model", tuned), ("champion model", champion)):
+        if path is None:
+            continue
+        try:
+            check_model_path(path, what)
+        except ValueError as exc:
+            errors.append(str(exc))
+    if not data_dir:
+        errors.append("data directory is empty: pass the output directory of `llmft preprocess`")
+    for what, path in (("held-out file", heldout), ("training metrics file", train_metrics)):
+        if path and not _exists(path):
+            errors.append(f"{what} {path!r} does not exist")
+    if max_examples < 0:
+        errors.append(f"max_examples must be >= 0 (0 skips generation), got {max_examples}")
+    if max_eval_rows is not None and max_eval_rows < 1:
+        errors.append(f"max_eval_rows must be >= 1 or unset, got {max_eval_rows}")
+    for name, value in (
+        ("batch_size", batch_size),
+        ("generation_batch_size", generation_batch_size),
+        ("max_new_tokens", max_new_tokens),
+    ):
+        if value < 1:
+            errors.append(f"{name} must be >= 1, got {value}")
+    if num_samples < 0:
+        errors.append(f"num_samples must be >= 0, got {num_samples}")
+    try:
+        thresholds.validate()
+    except ValueError as exc:
+        errors.append(str(exc))
+    if errors:
+        raise ValueError("; ".join(errors))
+
+
+def _check_tokenizer(what: str, path: str, tokenizer: Any, manifest: Manifest) -> None:
+    errors = compatibility_errors(manifest, TokenizerIdentity.of(tokenizer), seq_len=None)
+    if errors:
+        raise ValueError(
+            f"{what} {path!r} cannot be evaluated on this dataset: " + "; ".join(errors)
+        )
+
+
+def _write_text(path: str, text: str) -> None:
+    import fsspec
+
+    with fsspec.open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> list[str]:
+    if heldout:
+        return [heldout]
+    paths = data_io.eval_record_files(data_dir)
+    if not paths and manifest.data_kind == "instruction":
+        log.warning(
+            "no %s/part-*.jsonl in %s and no held-out file given: skipping generation metrics",
+            data_io.EVAL_RECORDS_DIR,
+            data_dir,
+        )
+    return paths
+
+
+def run_evaluation(
+    *,
+    base: str,
+    tuned: str,
+    data_dir: str,
+    output_dir: str,
+    max_examples: int = 64,
+    heldout: str | None = None,
+    train_metrics: str | None = None,
+    champion: str | None = None,
+    min_loss_improvement: float = 0.0,
+    min_exact_match: float = 0.0,
+    compare_to_champion: bool = True,
+    champion_tolerance: float = 0.0,
+    max_eval_rows: int | None = None,
+    batch_size: int = 4,
+    generation_batch_size: int = 16,
+    max_new_tokens: int = 64,
+    num_samples: int = 8,
+    device: str | None = None,
+) -> EvaluationResult:
+    """Score base, tuned (and champion) models; write metrics.json, generations.jsonl, report.html.
+
+    Args:
+        base: the model before fine-tuning (local dir or gs:// written by save_pretrained).
+        tuned: the fine-tuned model exported by the trainer.
+        data_dir: packed dataset directory (`llmft preprocess` output); its eval split is scored.
+        output_dir: where the outputs go (local or gs://).
+        max_examples: held-out prompts to generate answers for (0 skips generation).
+        heldout: JSONL of prompt/response records for generation; default: the dataset's
+            eval_records/part-*.jsonl.
+        train_metrics: the trainer's metrics JSONL, plotted as the training loss curve.
+        champion: the currently registered model (see components.registry), evaluated the same
+            way and compared against when `compare_to_champion`.
+        min_loss_improvement: gate: tuned loss must be below base loss by at least this.
+        min_exact_match: gate: tuned exact match must be at least this (0 disables).
+        compare_to_champion: gate: tuned must not be worse than the champion.
+        champion_tolerance: gate: slack for the champion comparison.
+        max_eval_rows: packed eval rows to score (default all).
+        batch_size: packed rows per forward pass.
+        generation_batch_size: prompts per generate call.
+        max_new_tokens: generation length limit (EOS usually stops earlier).
+        num_samples: side-by-side samples shown in the report.
+        device: torch device; default CUDA (bf16) when present, else CPU (fp32).
+    """
+    thresholds = GateThresholds(
+        min_loss_improvement=min_loss_improvement,
+        min_exact_match=min_exact_match,
+        compare_to_champion=compare_to_champion,
+        champion_tolerance=champion_tolerance,
+    )
+    _validate_args(
+        base=base, tuned=tuned, champion=champion, data_dir=data_dir, heldout=heldout,
+        train_metrics=train_metrics, max_examples=max_examples, max_eval_rows=max_eval_rows,
+        batch_size=batch_size, generation_batch_size=generation_batch_size,
+        max_new_tokens=max_new_tokens, num_samples=num_samples, thresholds=thresholds,
+    )  # fmt: skip
+    manifest = data_io.load_manifest(data_dir)
+    roles = {"base": base, "tuned": tuned, **({"champion": champion} if champion else {})}
+
+    # Every tokenizer is checked before any weights load, so a mismatch costs seconds.
+    tokenizers: dict[str, Any] = {}
+    base_tokenizer = read_tokenizer(base, "base model")
+    if base_tokenizer is None:
+        raise ValueError(f"base model {base!r} has no tokenizer files: save the tokenizer with it")
+    for role, path in roles.items():
+        tok = base_tokenizer if role == "base" else read_tokenizer(path, f"{role} model")
+        if tok is None:
+            # Trainer exports sometimes hold only weights; the base tokenizer is what trained them.
+            log.warning("%s model %s has no tokenizer files: using the base model's", role, path)
+            tok = base_tokenizer
+        _check_tokenizer(f"{role} model", path, tok, manifest)
+        tokenizers[role] = tok
+
+    rows = data_io.read_eval_rows(data_dir, manifest, max_eval_rows)
+    examples = (
+        data_io.read_examples(_example_paths(data_dir, heldout, manifest), max_examples)
+        if max_examples > 0
+        else []
+    )
+    if examples and not has_chat_template(tokenizers["tuned"]):
+        log.warning("the tuned model's tokenizer has no chat template: skipping generation")
+        examples = []
+    references = [ex.reference for ex in examples]
+    log.info(
+        "evaluating %s on %d eval rows (seq_len %d) and %d held-out prompts; thresholds %s",
+        ", ".join(f"{r}={p}" for r, p in roles.items()), len(rows), manifest.seq_len,
+        len(examples), asdict(thresholds),
+    )  # fmt: skip
+
+    metrics: dict[str, float] = {}
+    answers: dict[str, list[str]] = {}
+    device_used = ""
+    for role, path in roles.items():
+        with loaded_model(
+            path, what=f"{role} model", device=device, tokenizer=tokenizers[role]
+        ) as lm:
+            vocab = lm.model.get_input_embeddings().num_embeddings
+            if vocab < manifest.tokenizer.vocab_size:
+                raise ValueError(
+                    f"{role} model {path!r} has {vocab} token embeddings but the dataset's "
+                    f"tokenizer has {manifest.tokenizer.vocab_size} tokens: resize the model's "
+                    "embeddings to the tokenizer or preprocess with the model's own tokenizer"
+                )
+            device_used = f"{lm.device} ({str(lm.dtype).removeprefix('torch.')})"
+            loss = score_rows(lm.model, rows, device=lm.device, batch_size=batch_size)
+            metrics[f"{role}_eval_loss"] = loss.loss
+            metrics[f"{role}_perplexity"] = loss.perplexity
+            log.info("%s: eval loss %.4f, perplexity %.3f", role, loss.loss, loss.perplexity)
+            if examples:
+                answers[role] = generate_answers(
+                    lm.model, lm.tokenizer, examples, device=lm.device,
+                    batch_size=generation_batch_size, max_new_tokens=max_new_tokens,
+                )  # fmt: skip
+                metrics[f"{role}_exact_match"] = exact_match(answers[role], references)
+                metrics[f"{role}_chrf"] = chrf(answers[role], references)
+                log.info(
+                    "%s: exact match %.3f, chrF %.2f",
+                    role, metrics[f"{role}_exact_match"], metrics[f"{role}_chrf"],
+                )  # fmt: skip
+            metrics["eval_target_tokens"] = float(loss.target_tokens)
+    for key in ("eval_loss", "perplexity", "exact_match", "chrf"):
+        if f"tuned_{key}" in metrics and f"base_{key}" in metrics:
+            metrics[f"{key}_delta"] = metrics[f"tuned_{key}"] - metrics[f"base_{key}"]
+    metrics["eval_rows"] = float(len(rows))
+    metrics["generation_examples"] = float(len(examples))
+
+    decision = decide(metrics, thresholds)
+    log.info(
+        "gate %s: %s",
+        "passed" if decision.passed else "FAILED",
+        decision.failures or "all checks ok",
+    )
+
+    generations = []
+    for i, ex in enumerate(examples):
+        entry: dict[str, Any] = {"prompt": ex.prompt_text, "reference": ex.reference}
+        for role in roles:
+            entry[role] = answers[role][i]
+            entry[f"{role}_match"] = normalize_answer(answers[role][i]) == normalize_answer(
+                ex.reference
+            )
+        generations.append(entry)
+    samples = generations[:num_samples]
+
+    out = output_dir.rstrip("/")
+    if "://" not in out:
+        from pathlib import Path
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+    metrics_path, report_path = f"{out}/{METRICS_FILE}", f"{out}/{REPORT_FILE}"
+    generations_path = f"{out}/{GENERATIONS_FILE}"
+    settings = {
+        "data_dir": data_dir, "heldout": heldout, "max_examples": max_examples,
+        "max_eval_rows": max_eval_rows, "max_new_tokens": max_new_tokens, "device": device_used,
+        "thresholds": asdict(thresholds),
+    }  # fmt: skip
+    # NaN/inf are not JSON: a diverged model's perplexity is written as null.
+    json_metrics = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+    _write_text(
+        metrics_path,
+        json.dumps(
+            {
+                "metrics": json_metrics,
+                "passed": decision.passed,
+                "checks": decision.checks,
+                "models": roles,
+                "settings": settings,
+            },
+            indent=2,
+        )
+        + "\n",
+    )
+    _write_text(generations_path, "".join(json.dumps(g) + "\n" for g in generations))
+    curves = read_training_curve(train_metrics) if train_metrics else None
+    details = {
+        "dataset": data_dir,
+        "eval rows scored": len(rows),
+        "target tokens": int(metrics["eval_target_tokens"]),
+        "held-out prompts": len(examples),
+        "device": device_used,
+        "training metrics": train_metrics or "–",
+    }
+    _write_text(
+        report_path,
+        render_report(
+            metrics=metrics, decision=decision, models=roles, samples=samples, curves=curves,
+            details=details,
+        ),
+    )  # fmt: skip
+    log.info("wrote %s and %s", metrics_path, report_path)
+    return EvaluationResult(
+        metrics=metrics,
+        passed=decision.passed,
+        decision=decision,
+        metrics_path=metrics_path,
+        report_path=report_path,
+        generations_path=generations_path,
+        samples=samples,
+    )

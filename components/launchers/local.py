@@ -1,0 +1,452 @@
+"""Local backend: N torchrun agents as separate local processes ("nodes"), P workers each.
+
+This is the same multi-node launch as on a cluster, only on one machine: each agent is its own
+`python -m torch.distributed.run` process that finds the others through the rendezvous (etcd-v3 by
+default, through a per-run local etcd started here when no endpoint is given; etcd-v2 and c10d
+selectable). So a local run exercises rendezvous, restarts and failure handling for real.
+
+How processes are tracked, and why:
+- each agent starts in its own session (process group), so signals reach it and not us;
+- torchrun starts its workers in sessions of their own, so a group kill misses them if an agent
+  dies hard; every process of a run therefore carries `LLMFT_LAUNCHER_RUN=<run>` in its
+  environment, and the last resort is to SIGKILL whatever in /proc carries it;
+- a state file per run id (`<state root>/<run>/launcher.json`) lets `cleanup(run_id)` from another
+  process (the pipeline's exit handler) find and stop the run.
+
+Run by hand: `llmft train --backend local --nodes 2 --nproc-per-node 2 --model M --data D --output O`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from components.launchers.base import (
+    CANCELLED,
+    FAILED,
+    SUCCEEDED,
+    TORCHRUN_ENV,
+    Launcher,
+    LaunchResult,
+    LogSink,
+    TrainLaunch,
+)
+from components.run_identity import safe_run_id
+
+MARKER_ENV = "LLMFT_LAUNCHER_RUN"
+"""Environment variable that marks every process of a local run (inherited by torchrun workers)."""
+STATE_FILE = "launcher.json"
+
+
+def default_state_root() -> Path:
+    """Where per-run state lives: $LLMFT_STATE_DIR, else <tmp>/llmft-runs (read at call time)."""
+    return Path(os.environ.get("LLMFT_STATE_DIR") or Path(tempfile.gettempdir()) / "llmft-runs")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def marked_pids(run_id: str) -> list[int]:
+    """Pids of live processes carrying this run's marker (Linux /proc; empty elsewhere)."""
+    needle = f"{MARKER_ENV}={safe_run_id(run_id)}".encode()
+    pids = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            # Zombies keep their environ until reaped; they are already dead.
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def terminate_run_processes(run_id: str, pgids: Iterable[int], *, grace_s: float) -> int:
+    """SIGTERM the agents' process groups (torchrun then stops its workers cleanly), wait up to
+    `grace_s`, then SIGKILL every process still carrying the run's marker. Returns how many
+    processes had to be killed."""
+    pgids = list(pgids)
+    for pgid in pgids:
+        _kill_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and marked_pids(run_id):
+        time.sleep(0.1)
+    leftovers = marked_pids(run_id)
+    for pid in leftovers:
+        _kill(pid, signal.SIGKILL)
+    for pgid in pgids:
+        _kill_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and marked_pids(run_id):
+        time.sleep(0.05)
+    return len(leftovers)
+
+
+@dataclass
+class _Node:
+    index: int
+    proc: subprocess.Popen[str]
+    log_path: Path
+    tail: deque[str]
+    agent_tail: deque[str] = field(default_factory=lambda: deque(maxlen=80))
+    reader: threading.Thread | None = None
+    log_file: IO[str] | None = None
+
+
+@dataclass
+class _RunState:
+    run_id: str
+    pgids: list[int] = field(default_factory=list)
+    etcd_started: bool = False
+    state_dir: str = ""
+    log_dir: str = ""
+
+    def write(self) -> None:
+        path = Path(self.state_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=2))
+        tmp.replace(path)
+
+
+class LocalLauncher(Launcher):
+    """N local torchrun agents (one per "node"), P workers each.
+
+    Args:
+        log: sink for the prefixed log lines (default: stdout).
+        log_dir: where each node's log goes (`node<i>.log`) and torchrun's per-rank files;
+            default `<output>/logs`.
+        state_root: parent of the per-run state directory; default `default_state_root()`.
+        python: interpreter for the agents (default: this one, so the same venv).
+        grace_s: how long stopped agents get to stop their workers before SIGKILL.
+        tail_lines: how many of the failing node's last lines a failure reports.
+        env: extra environment for every agent and worker.
+        poll_s: how often the wait loop checks the agents.
+    """
+
+    backend = "local"
+
+    def __init__(
+        self,
+        *,
+        log: LogSink | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        state_root: str | os.PathLike[str] | None = None,
+        python: str = sys.executable,
+        grace_s: float = 15.0,
+        tail_lines: int = 30,
+        env: Mapping[str, str] | None = None,
+        poll_s: float = 0.2,
+    ) -> None:
+        super().__init__(log=log)
+        self._log_dir = Path(log_dir) if log_dir else None
+        self._state_root = Path(state_root) if state_root else None
+        self.python = python
+        self.grace_s = grace_s
+        self.tail_lines = tail_lines
+        self.env = dict(env or {})
+        self.poll_s = poll_s
+        self._nodes: list[_Node] = []
+        self._state: _RunState | None = None
+        self._started_at = 0.0
+        self._finished = False
+        self._lock = threading.Lock()
+
+    # ---- paths and state ----------------------------------------------------------------------
+
+    def state_dir(self, run_id: str) -> Path:
+        return (self._state_root or default_state_root()) / safe_run_id(run_id)
+
+    def _read_state(self, run_id: str) -> _RunState | None:
+        path = self.state_dir(run_id) / STATE_FILE
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return _RunState(**data)
+
+    # ---- start --------------------------------------------------------------------------------
+
+    def start(self, launch: TrainLaunch) -> None:
+        launch.validate()
+        if self._nodes:
+            raise RuntimeError("this launcher already started a run; use a new LocalLauncher")
+        self.launch = launch
+        state_dir = self.state_dir(launch.run_id)
+        if (state_dir / STATE_FILE).exists() and marked_pids(launch.run_id):
+            raise ValueError(
+                f"run {launch.run_id!r} is already running locally: pick another run id or stop "
+                f"it with `cleanup_run(backend='local', run_id={launch.run_id!r})`"
+            )
+        state_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = self._log_dir or Path(launch.output) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._state = _RunState(
+            run_id=launch.run_id, state_dir=str(state_dir), log_dir=str(log_dir)
+        )
+        self._state.write()
+        self._started_at = time.monotonic()
+
+        endpoint = launch.rdzv_endpoint
+        if not endpoint:
+            endpoint = self._start_rendezvous(launch)
+        self.log(
+            f"[launcher] run {launch.run_id}: {launch.nodes} node(s) x {launch.nproc_per_node} "
+            f"process(es), rendezvous {launch.rdzv_backend} at {endpoint}, logs in {log_dir}"
+        )
+        try:
+            for index in range(launch.nodes):
+                self._nodes.append(self._start_node(launch, index, endpoint, log_dir))
+                self._state.pgids.append(self._nodes[-1].proc.pid)
+                self._state.write()
+        except BaseException:
+            self._stop_all()
+            self._finish()
+            raise
+
+    def _start_rendezvous(self, launch: TrainLaunch) -> str:
+        assert self._state is not None
+        if launch.rdzv_backend == "c10d":
+            # The agent whose hostname matches the endpoint hosts the c10d store; on loopback the
+            # first agent to bind wins and the others connect (torch retries as a client).
+            return f"127.0.0.1:{free_port()}"
+        from components.etcd import local as etcd_local
+
+        # Detached: a terminal's Ctrl-C reaches the whole foreground group; etcd must outlive the
+        # agents' shutdown, and we stop it ourselves right after.
+        endpoint = etcd_local.start(
+            launch.run_id,
+            enable_v2=launch.rdzv_backend == "etcd-v2",
+            detached=True,
+            root=self._state_root,
+        )
+        self._state.etcd_started = True
+        self._state.write()
+        self.log(f"[launcher] started a local etcd for this run at {endpoint}")
+        return endpoint
+
+    def _start_node(self, launch: TrainLaunch, index: int, endpoint: str, log_dir: Path) -> _Node:
+        env = {
+            **os.environ,
+            **TORCHRUN_ENV,
+            **self.env,
+            MARKER_ENV: safe_run_id(launch.run_id),
+            # torchrun prefixes each worker line with this (it fills in the global rank).
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": f"[node{index} rank${{rank}}] ",
+        }
+        env.setdefault("OMP_NUM_THREADS", "1")
+        # --tee needs a log dir, or torchrun makes a temp dir of its own and leaves it behind.
+        cmd = [
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            *launch.torchrun_args(endpoint),
+            "--tee=3",
+            f"--log-dir={log_dir / f'node{index}-ranks'}",
+            *launch.entrypoint,
+            *launch.trainer_args(),
+        ]
+        log_path = log_dir / f"node{index}.log"
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+        node = _Node(index=index, proc=proc, log_path=log_path, tail=deque(maxlen=self.tail_lines))
+        node.log_file = log_path.open("w", encoding="utf-8")
+        node.log_file.write(f"$ {' '.join(cmd)}\n")
+        node.reader = threading.Thread(
+            target=self._pump, args=(node,), name=f"node{index}-log", daemon=True
+        )
+        node.reader.start()
+        return node
+
+    def _pump(self, node: _Node) -> None:
+        """Prefix, tee and keep the tail of one agent's output (agent and worker lines)."""
+        assert node.proc.stdout is not None and node.log_file is not None
+        prefix = f"[node{node.index}"
+        for raw in node.proc.stdout:
+            line = raw.rstrip("\n")
+            if line.startswith(prefix):
+                node.tail.append(line)
+            else:
+                line = f"[node{node.index}] {line}"
+                node.agent_tail.append(line)
+            node.log_file.write(line + "\n")
+            node.log_file.flush()
+            self.log(line)
+
+    # ---- wait ---------------------------------------------------------------------------------
+
+    def wait(self, *, timeout: float | None = None) -> LaunchResult:
+        if self.launch is None or self._state is None:
+            raise RuntimeError("start() a run before wait()")
+        launch = self.launch
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failed: _Node | None = None
+        status, message = SUCCEEDED, ""
+        try:
+            while True:
+                codes = [node.proc.poll() for node in self._nodes]
+                bad = [n for n, c in zip(self._nodes, codes, strict=True) if c not in (None, 0)]
+                if bad:
+                    failed = bad[0]
+                    status = FAILED
+                    message = f"node {failed.index} exited with status {failed.proc.returncode}"
+                    if any(c is None for c in codes):
+                        self.log(f"[launcher] {message}: stopping the other nodes")
+                    break
+                if all(c == 0 for c in codes) or self._cancelled:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    status, message = FAILED, f"timed out after {timeout:.0f}s"
+                    self.log(f"[launcher] {message}: stopping every node")
+                    break
+                time.sleep(self.poll_s)
+        finally:
+            self._stop_all()
+            self._finish()
+        if self._cancelled:
+            status, message, failed = CANCELLED, "cancelled", None
+        return LaunchResult(
+            run_id=launch.run_id,
+            backend=self.backend,
+            status=status,
+            output=launch.output,
+            message=message,
+            exit_code=None if failed is None else failed.proc.returncode,
+            failed_node=None if failed is None else failed.index,
+            log_tail=_failure_tail(failed) if failed else [],
+            duration_s=time.monotonic() - self._started_at,
+            details={
+                "exit_codes": [n.proc.returncode for n in self._nodes],
+                "logs": [str(n.log_path) for n in self._nodes],
+            },
+        )
+
+    _cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._stop_all()
+        self._finish()
+
+    def _stop_all(self) -> None:
+        if self.launch is None:
+            return
+        running = [n.proc.pid for n in self._nodes if n.proc.poll() is None]
+        if running or marked_pids(self.launch.run_id):
+            terminate_run_processes(self.launch.run_id, running, grace_s=self.grace_s)
+        for node in self._nodes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.proc.wait(timeout=5)
+
+    def _finish(self) -> None:
+        """Close logs, stop the etcd we started and remove the run's state (once)."""
+        with self._lock:
+            if self._finished or self._state is None:
+                return
+            self._finished = True
+        for node in self._nodes:
+            if node.reader is not None:
+                node.reader.join(timeout=10)
+            if node.log_file is not None:
+                node.log_file.close()
+            if node.proc.stdout is not None:
+                node.proc.stdout.close()
+        if self._state.etcd_started:
+            from components.etcd import local as etcd_local
+
+            etcd_local.stop(self._state.run_id, root=self._state_root)
+        _remove_state(Path(self._state.state_dir))
+
+    # ---- cleanup ------------------------------------------------------------------------------
+
+    def cleanup(self, run_id: str) -> list[str]:
+        removed: list[str] = []
+        state = self._read_state(run_id)
+        pgids = state.pgids if state else []
+        if pgids or marked_pids(run_id):
+            killed = terminate_run_processes(run_id, pgids, grace_s=self.grace_s)
+            removed.append(f"stopped the processes of run {run_id} ({killed} needed SIGKILL)")
+        try:
+            from components.etcd import local as etcd_local
+        except ImportError:  # the etcd module is optional for c10d-only installs
+            etcd_local = None  # type: ignore[assignment]
+        if etcd_local is not None and etcd_local.stop(run_id, root=self._state_root):
+            removed.append(f"stopped the local etcd of run {run_id}")
+        if _remove_state(self.state_dir(run_id)):
+            removed.append(f"removed the launcher state of run {run_id}")
+        return removed
+
+
+def _remove_state(state_dir: Path) -> bool:
+    """Remove our state file, and the run's state dir once empty. Not rmtree: the dir is shared
+    with the run's etcd (components/etcd/local.py), whose state must survive until it is stopped."""
+    path = state_dir / STATE_FILE
+    existed = path.exists()
+    path.unlink(missing_ok=True)
+    path.with_suffix(".tmp").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        state_dir.rmdir()
+    return existed
+
+
+def _failure_tail(node: _Node) -> list[str]:
+    """The failing node's last worker lines, then torchrun's "Root Cause" block (which rank, exit
+    code, signal), skipping the agent's own Python traceback, which never helps."""
+    agent = list(node.agent_tail)
+    start = next((i for i, line in enumerate(agent) if "Root Cause" in line), None)
+    if start is None:
+        return [*node.tail, *agent[-10:]]
+    return [*node.tail, *agent[start:]]
+
+
+def describe_state(run_id: str, state_root: Path | None = None) -> dict[str, Any] | None:
+    """The recorded state of a local run (for `llmft` status output), or None."""
+    path = (state_root or default_state_root()) / safe_run_id(run_id) / STATE_FILE
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None

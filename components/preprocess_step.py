@@ -1,0 +1,189 @@
+"""Runtime of the preprocess component: run the Beam pipeline and describe what it wrote.
+
+The @dsl.component body only calls `run_preprocess_step`. Locally it runs the DirectRunner engine in
+process; with runner="DataflowRunner" it submits the job, writes the `gcp_resources` output (the
+format Google Cloud Pipeline Components use for Dataflow jobs, so cancelling the Vertex pipeline
+cancels the job), cancels the job itself on SIGTERM (a cancelled KFP-on-GKE pod), and waits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from dataclasses import asdict
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DATAFLOW_JOB_URI = "https://dataflow.googleapis.com/v1b3/projects/{project}/locations/{region}/jobs/{job_id}"
+
+
+def gcp_resources_json(project: str, region: str, job_id: str) -> str:
+    """The `gcp_resources` document for one Dataflow job (GCPC's GcpResources proto as JSON)."""
+    uri = DATAFLOW_JOB_URI.format(project=project, region=region, job_id=job_id)
+    return json.dumps({"resources": [{"resourceType": "DataflowJob", "resourceUri": uri}]})
+
+
+def build_argv(
+    *,
+    input_uri: str,
+    output_uri: str,
+    tokenizer: str,
+    seq_len: int,
+    runner: str = "DirectRunner",
+    eval_fraction: float = 0.05,
+    data_kind: str = "instruction",
+    max_rejected_fraction: float = 0.1,
+    train_on_prompt: bool = False,
+    overwrite: bool = True,
+    num_workers: int = 0,
+    project: str = "",
+    region: str = "",
+    temp_location: str = "",
+    staging_location: str = "",
+    service_account: str = "",
+    network: str = "",
+    subnetwork: str = "",
+    machine_type: str = "",
+    max_num_workers: int = 0,
+    sdk_container_image: str = "",
+    job_name: str = "",
+    extra_args: list[str] | None = None,
+) -> list[str]:
+    """Component parameters -> `beam_preprocess` flags (empty values are left to Beam's defaults)."""
+    argv = [
+        f"--input={input_uri}",
+        f"--output={output_uri}",
+        f"--tokenizer={tokenizer}",
+        f"--seq-len={seq_len}",
+        f"--runner={runner}",
+        f"--eval-fraction={eval_fraction}",
+        f"--data-kind={data_kind}",
+        f"--max-rejected-fraction={max_rejected_fraction}",
+    ]
+    if train_on_prompt:
+        argv.append("--train-on-prompt")
+    if overwrite:
+        argv.append("--overwrite")
+    if runner == "DirectRunner" and num_workers:
+        argv.append(f"--direct_num_workers={num_workers}")
+    optional = {
+        "project": project,
+        "region": region,
+        "temp_location": temp_location,
+        "staging_location": staging_location,
+        "service_account_email": service_account,
+        "network": network,
+        "subnetwork": subnetwork,
+        "machine_type": machine_type,
+        "max_num_workers": max_num_workers,
+        "sdk_container_image": sdk_container_image,
+        "job_name": job_name,
+    }
+    argv += [f"--{flag}={value}" for flag, value in optional.items() if value]
+    return argv + list(extra_args or [])
+
+
+def run_preprocess_step(
+    *,
+    gcp_resources_path: str | None = None,
+    extra_args: list[str] | None = None,
+    **params: Any,
+) -> dict[str, Any]:
+    """Run preprocessing; returns {"metadata": {...}, "summary_markdown": str, "manifest": {...}}.
+
+    Args:
+        gcp_resources_path: where to write the `gcp_resources` JSON once a Dataflow job exists
+            (the component's output path on Vertex); ignored for local runs.
+        extra_args: further `beam_preprocess` flags, passed through verbatim.
+        **params: the keyword arguments of `build_argv` (input_uri, output_uri, tokenizer,
+            seq_len, runner, eval_fraction, Dataflow settings, ...).
+    """
+    from beam_preprocess.pipeline import DATAFLOW_RUNNERS, finish, launch
+
+    argv = build_argv(extra_args=extra_args, **params)
+    launched = launch(argv)
+    if launched.runner in DATAFLOW_RUNNERS:
+        job_id = launched.result.job_id()
+        log.info("submitted Dataflow job %s", job_id)
+        if gcp_resources_path:
+            os.makedirs(os.path.dirname(gcp_resources_path) or ".", exist_ok=True)
+            with open(gcp_resources_path, "w") as f:
+                f.write(gcp_resources_json(params["project"], params["region"], job_id))
+        _cancel_on_sigterm(launched.result)
+    manifest = finish(launched)
+    data = asdict(manifest)
+    metadata = dataset_metadata(data)
+    return {"metadata": metadata, "summary_markdown": summary_markdown(data), "manifest": data}
+
+
+def _cancel_on_sigterm(result: Any) -> None:
+    """A cancelled KFP-on-GKE run sends SIGTERM to this pod: take the Dataflow job down with it."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.warning("signal %s: cancelling the Dataflow job", signum)
+        try:
+            result.cancel()
+        finally:
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def dataset_metadata(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Flat numbers for the Dataset artifact's metadata (shown in the Vertex/KFP UI)."""
+    seq_len = manifest["seq_len"]
+    splits = manifest["splits"]
+    rows = sum(s["rows"] for s in splits.values())
+    tokens = sum(s["tokens"] for s in splits.values())
+    stats = manifest["stats"]
+    meta: dict[str, Any] = {
+        "seq_len": seq_len,
+        "rows": rows,
+        "tokens": tokens,
+        "fill_ratio": round(tokens / (rows * seq_len), 4) if rows else 0.0,
+        "tokenizer": manifest["tokenizer"]["name_or_path"],
+    }
+    for name, info in splits.items():
+        meta[f"{name}_rows"] = info["rows"]
+        meta[f"{name}_tokens"] = info["tokens"]
+        meta[f"{name}_target_tokens"] = info["target_tokens"]
+    for key in ("records_read", "kept", "filtered", "duplicates", "rejected"):
+        meta[key] = stats[key]
+    return meta
+
+
+def summary_markdown(manifest: dict[str, Any]) -> str:
+    """A Markdown report of the run's accounting and output, for the step's Markdown artifact."""
+    meta = dataset_metadata(manifest)
+    stats = manifest["stats"]
+    lines = [
+        "# Preprocessing summary",
+        "",
+        f"Tokenizer `{meta['tokenizer']}`, seq_len {meta['seq_len']}, "
+        f"{manifest['data_kind']} data; fill ratio **{meta['fill_ratio']:.4f}**.",
+        "",
+        "| split | rows | documents | tokens | target tokens |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, info in manifest["splits"].items():
+        lines.append(
+            f"| {name} | {info['rows']:,} | {info['documents']:,} | {info['tokens']:,} | "
+            f"{info['target_tokens']:,} |"
+        )
+    lines += [
+        "",
+        "| records | count |",
+        "|---|---:|",
+        f"| read | {stats['records_read']:,} |",
+        f"| kept | {stats['kept']:,} |",
+        f"| duplicates removed | {stats['duplicates']:,} |",
+        f"| filtered | {stats['filtered']:,} |",
+        f"| rejected (see rejected/) | {stats['rejected']:,} |",
+    ]
+    for kind in ("filtered", "rejected"):
+        for reason, count in sorted(stats[f"{kind}_by_reason"].items()):
+            lines.append(f"| {kind}: {reason} | {count:,} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,234 @@
+"""Register a fine-tuned model in Vertex AI Model Registry, and find the current champion.
+
+`register_model` uploads the exported Hugging Face directory (already on GCS) with the serving
+container the user chose, labelled with the run id (so cleanup and audits can find what a run
+produced), as a new version of an existing model when `parent_model` is given. The pipeline runs
+it only when the evaluation gate passed (dsl.If).
+
+`latest_registered_version` finds the newest version of a registered model: the champion that a
+recurring fine-tune's evaluation compares against. Both go through the aiplatform SDK (Model.upload,
+Model.list, ModelRegistry), never hand-built REST calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.run_identity import vertex_labels
+
+log = logging.getLogger(__name__)
+
+# Vertex AI label rules: keys start with a lowercase letter; keys and values <= 63 characters of
+# lowercase letters, digits, '_' and '-'.
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+@dataclass
+class RegisteredVersion:
+    """One version of a model in the registry."""
+
+    resource_name: str
+    """projects/P/locations/L/models/ID (without the version)."""
+    version_id: str
+    display_name: str
+    artifact_uri: str
+    """Where the version's files are (gs://): what evaluation loads as the champion."""
+    labels: dict[str, str] = field(default_factory=dict)
+    aliases: list[str] = field(default_factory=list)
+
+    @property
+    def versioned_name(self) -> str:
+        return f"{self.resource_name}@{self.version_id}"
+
+
+def _version_of(model: Any) -> RegisteredVersion:
+    return RegisteredVersion(
+        resource_name=model.resource_name,
+        version_id=str(model.version_id),
+        display_name=model.display_name,
+        artifact_uri=model.uri or "",
+        labels=dict(model.labels or {}),
+        aliases=list(model.version_aliases or []),
+    )
+
+
+def _label_errors(labels: dict[str, str]) -> list[str]:
+    errors = []
+    for key, value in labels.items():
+        if not _LABEL_KEY.match(key):
+            errors.append(
+                f"label key {key!r} is not valid on Vertex AI (lowercase, starts with a letter, <= 63 chars)"
+            )
+        if not _LABEL_VALUE.match(value):
+            errors.append(
+                f"label value {value!r} of {key!r} is not valid on Vertex AI (lowercase letters, digits, '_', '-', <= 63 chars)"
+            )
+    return errors
+
+
+def _pinned(image: str) -> bool:
+    """True for `repo@sha256:...` or `repo:tag` with a tag other than latest."""
+    if "@" in image:
+        return True
+    _, _, tag = image.rpartition("/")[2].partition(":")
+    return bool(tag) and tag != "latest"
+
+
+def register_model(
+    *,
+    artifact_uri: str,
+    display_name: str,
+    serving_container_image_uri: str,
+    run_id: str,
+    project: str,
+    location: str,
+    parent_model: str | None = None,
+    description: str | None = None,
+    version_aliases: list[str] | None = None,
+    is_default_version: bool = True,
+    serving_container_predict_route: str | None = None,
+    serving_container_health_route: str | None = None,
+    serving_container_ports: list[int] | None = None,
+    serving_container_args: list[str] | None = None,
+    serving_container_environment_variables: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    credentials: Any = None,
+) -> RegisteredVersion:
+    """Upload the model at `artifact_uri` to Vertex AI Model Registry.
+
+    Args:
+        artifact_uri: gs:// directory of the exported model (the trainer's output).
+        display_name: the registry model's display name.
+        serving_container_image_uri: the prediction container (e.g. a vLLM or TGI image pinned by
+            tag); Vertex starts it with the model files at AIP_STORAGE_URI.
+        run_id: the pipeline run id; the version is labelled with it.
+        project: Google Cloud project.
+        location: Vertex AI region.
+        parent_model: resource name or id of an existing model: upload as its new version.
+        description: version description.
+        version_aliases: extra aliases for the new version (e.g. ["champion"]).
+        is_default_version: make the new version the model's default (what serving picks).
+        serving_container_predict_route: HTTP path of the container's predict handler.
+        serving_container_health_route: HTTP path of its health check.
+        serving_container_ports: ports the container listens on.
+        serving_container_args: arguments for the container's entrypoint.
+        serving_container_environment_variables: environment for the container (never secrets:
+            they would be readable in the model resource).
+        labels: extra labels; the run-id labels are always added.
+        credentials: google-auth credentials; default: the environment's.
+    """
+    from google.cloud import aiplatform
+
+    all_labels = {**(labels or {}), **vertex_labels(run_id)}
+    errors = _label_errors(all_labels)
+    if not artifact_uri.startswith("gs://"):
+        errors.append(
+            f"artifact_uri {artifact_uri!r} must be a gs:// directory: Vertex AI serves models "
+            "from Cloud Storage (point the trainer's output at a bucket)"
+        )
+    if not serving_container_image_uri:
+        errors.append("serving_container_image_uri is empty: pass the prediction container image")
+    elif not _pinned(serving_container_image_uri):
+        errors.append(
+            f"serving container {serving_container_image_uri!r} is not pinned: use a fixed tag "
+            "or digest so a registered version always serves with the same container"
+        )
+    if not display_name:
+        errors.append("display_name is empty: name the registry model")
+    if errors:
+        raise ValueError("cannot register the model: " + "; ".join(errors))
+
+    log.info(
+        "registering %s as %s (%s) with %s, labels %s",
+        artifact_uri,
+        f"a new version of {parent_model}" if parent_model else "a new model",
+        display_name,
+        serving_container_image_uri,
+        all_labels,
+    )
+    model = aiplatform.Model.upload(
+        display_name=display_name,
+        artifact_uri=artifact_uri,
+        serving_container_image_uri=serving_container_image_uri,
+        parent_model=parent_model or None,
+        is_default_version=is_default_version,
+        # The SDK appends "default" to the list it is given: pass a copy, not the caller's list.
+        version_aliases=list(version_aliases) if version_aliases else None,
+        version_description=description,
+        description=description,
+        serving_container_predict_route=serving_container_predict_route,
+        serving_container_health_route=serving_container_health_route,
+        serving_container_ports=serving_container_ports,
+        serving_container_args=serving_container_args,
+        serving_container_environment_variables=serving_container_environment_variables,
+        labels=all_labels,
+        project=project,
+        location=location,
+        credentials=credentials,
+        sync=True,
+    )
+    version = _version_of(model)
+    log.info("registered %s", version.versioned_name)
+    return version
+
+
+def find_model(
+    *, display_name: str, project: str, location: str, credentials: Any = None
+) -> str | None:
+    """Resource name of the newest registry model called `display_name`, or None."""
+    from google.cloud import aiplatform
+
+    models = aiplatform.Model.list(
+        filter=f'display_name="{display_name}"',
+        order_by="create_time desc",
+        project=project,
+        location=location,
+        credentials=credentials,
+    )
+    return models[0].resource_name if models else None
+
+
+def latest_registered_version(
+    *,
+    project: str,
+    location: str,
+    parent_model: str | None = None,
+    display_name: str | None = None,
+    credentials: Any = None,
+) -> RegisteredVersion | None:
+    """The most recently created version of a registered model, or None when there is none yet.
+
+    The model is `parent_model` (resource name or id) or else the newest model called
+    `display_name`: the first run of a recurring fine-tune has no champion, and that is not an
+    error.
+    """
+    from google.api_core import exceptions
+    from google.cloud import aiplatform
+
+    if not parent_model and not display_name:
+        raise ValueError("pass parent_model or display_name to find the registered model")
+    name = parent_model or find_model(
+        display_name=display_name or "", project=project, location=location, credentials=credentials
+    )
+    if not name:
+        return None
+    registry = aiplatform.models.ModelRegistry(
+        name, project=project, location=location, credentials=credentials
+    )
+    try:
+        versions = registry.list_versions()
+    except exceptions.NotFound:
+        return None
+    if not versions:
+        return None
+
+    # Version ids are increasing integers; creation time breaks nothing but orders the rest.
+    def order(v: Any) -> tuple[int, Any]:
+        return (int(v.version_id) if str(v.version_id).isdigit() else -1, v.version_create_time)
+
+    latest = max(versions, key=order)
+    return _version_of(registry.get_model(version=str(latest.version_id)))

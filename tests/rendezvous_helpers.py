@@ -1,0 +1,143 @@
+"""Helpers shared by the rendezvous tests: a real local etcd and torchrun agent processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from components.etcd import local as etcd_local
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("rendezvous_allreduce_worker.py")
+
+
+@contextlib.contextmanager
+def local_etcd(run_id: str, root: Path, *, enable_v2: bool = False) -> Iterator[str]:
+    """A real etcd for the duration of the block; stopped and its data removed afterwards."""
+    endpoint = etcd_local.start(run_id, root=root, enable_v2=enable_v2)
+    try:
+        yield endpoint
+    finally:
+        etcd_local.stop(run_id, root=root)
+
+
+def start_agents(
+    *,
+    backend: str,
+    endpoint: str,
+    rdzv_id: str,
+    out: Path,
+    nnodes: int = 2,
+    nproc_per_node: int = 2,
+    max_restarts: int = 0,
+    rdzv_conf: str = "",
+    env: dict[str, str] | None = None,
+) -> list[subprocess.Popen[bytes]]:
+    """Start `nnodes` torchrun agents (separate processes, own sessions) running the worker."""
+    out.mkdir(parents=True, exist_ok=True)
+    agent_env = {**os.environ, "RDZV_TEST_OUT": str(out), "OMP_NUM_THREADS": "1", **(env or {})}
+    procs = []
+    for node in range(nnodes):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc_per_node}",
+            f"--rdzv-backend={backend}",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={rdzv_id}",
+            f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.5",
+        ]
+        if rdzv_conf:
+            cmd.append(f"--rdzv-conf={rdzv_conf}")
+        cmd.append(str(WORKER))
+        log = open(out / f"agent{node}.log", "wb")  # noqa: SIM115 - closed when the agent ends
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=agent_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        log.close()
+    return procs
+
+
+def wait_agents(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> list[int]:
+    """Exit codes of all agents; kills every agent's process group if they overrun `timeout`."""
+    try:
+        return [proc.wait(timeout=timeout) for proc in procs]
+    finally:
+        kill_agents(procs)
+
+
+def kill_agents(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def agent_logs(out: Path) -> str:
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+        for p in sorted(out.glob("agent*.log"))
+    )
+
+
+Responder = Callable[[str, str, dict[str, Any] | None], tuple[int, dict[str, Any]]]
+
+
+class FakeApiServer:
+    """Records requests; `respond(method, path, body) -> (status, json)` answers them."""
+
+    def __init__(self, respond: Responder) -> None:
+        self.requests: list[tuple[str, str, dict[str, Any] | None]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                server.requests.append((self.command, self.path, body))
+                status, payload = respond(self.command, self.path, body)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = _handle
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        from kubernetes import client
+
+        config = client.Configuration()
+        config.host = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self.api_client = client.ApiClient(config)
+
+    def close(self) -> None:
+        self.api_client.close()
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,235 @@
+"""Each preprocessing transform on its own, with TestPipeline + assert_that."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+beam = pytest.importorskip("apache_beam")
+
+from apache_beam.testing.test_pipeline import TestPipeline  # noqa: E402
+from apache_beam.testing.util import assert_that, equal_to  # noqa: E402
+
+from beam_preprocess.options import PreprocessConfig  # noqa: E402
+from beam_preprocess.packing import pack_offline, pack_streaming, rows_from_bins  # noqa: E402
+from beam_preprocess.readers import ReadRecords  # noqa: E402
+from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS  # noqa: E402
+from beam_preprocess.transforms import (  # noqa: E402
+    Clean,
+    Deduplicate,
+    Pack,
+    Split,
+    Tokenize,
+    Validate,
+    split_of,
+)
+
+
+def _pipeline() -> TestPipeline:
+    # FnApiRunner is the DirectRunner's batch engine; naming it skips the Prism download attempt.
+    return TestPipeline(runner="FnApiRunner")
+
+
+def _config(**overrides) -> PreprocessConfig:
+    base = {"inputs": ("x",), "output": "/tmp/unused", "tokenizer": "unused", "seq_len": 64}
+    return PreprocessConfig(**{**base, **overrides})
+
+
+def test_read_records_all_formats(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.jsonl").write_text('{"prompt": "p1", "response": "r1"}\n\n{"prompt": "p2"\n[1]\n')
+    (tmp_path / "b.json").write_text(json.dumps([{"prompt": "p3", "response": "r3"}]))
+    (tmp_path / "c.csv").write_text('prompt,response\np4,r4\n"p5","r5",extra\n')
+    pq.write_table(pa.Table.from_pylist([{"prompt": "p6", "response": "r6"}]), tmp_path / "d.parquet")
+    d = str(tmp_path)
+    with _pipeline() as p:
+        out = p | ReadRecords([f"{d}/*.jsonl", f"{d}/*.json", f"{d}/*.csv", f"{d}/*.parquet"])
+        assert_that(
+            out.records | beam.Map(lambda r: (r["source"].rsplit("/", 1)[1], r["record"]["prompt"])),
+            equal_to([("a.jsonl:1", "p1"), ("b.json[0]", "p3"), ("c.csv:2", "p4"), ("d.parquet#0", "p6")]),
+            label="records",
+        )
+        assert_that(
+            out[DEAD] | beam.Map(lambda r: (r["source"].rsplit("/", 1)[1], r["reason"])),
+            equal_to([("a.jsonl:3", "invalid_json"), ("a.jsonl:4", "not_an_object"), ("c.csv:3", "invalid_csv")]),
+            label="dead",
+        )
+        # Blank lines are not records; every other line is counted as read.
+        assert_that(out[READ] | beam.CombineGlobally(sum), equal_to([7]), label="read")
+        assert_that(out[OUTCOME], equal_to(["rejected/invalid_json", "rejected/not_an_object", "rejected/invalid_csv"]), label="outcome")
+
+
+def test_validate_routes_bad_records_with_reasons():
+    records = [
+        {"source": "f:1", "record": {"prompt": "P", "response": "R"}},
+        {"source": "f:2", "record": {"prompt": "P"}},
+        {"source": "f:3", "record": {"prompt": "P", "response": "  "}},
+        {"source": "f:4", "record": {"prompt": 3, "response": "R"}},
+        {"source": "f:5", "record": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}},
+        {"source": "f:6", "record": {"messages": [{"role": "user", "content": "hi"}]}},
+    ]
+    with _pipeline() as p:
+        out = p | beam.Create(records) | Validate(_config())
+        assert_that(
+            out.examples | beam.Map(lambda e: (e["source"], e["messages"][-1]["content"])),
+            equal_to([("f:1", "R"), ("f:5", "yo")]),
+            label="ok",
+        )
+        assert_that(
+            out[DEAD] | beam.Map(lambda d: (d["source"], d["reason"])),
+            equal_to([("f:2", "missing_field"), ("f:3", "empty_field"), ("f:4", "invalid_field_type"), ("f:6", "invalid_messages")]),
+            label="dead",
+        )
+
+
+def test_clean_normalises_and_filters_by_characters():
+    examples = [
+        {"source": "a", "text": "  Cafe\u0301\r\nok\x07  "},
+        {"source": "b", "text": "x" * 50},
+    ]
+    with _pipeline() as p:
+        out = p | beam.Create(examples) | Clean(_config(data_kind="text", max_chars=20))
+        assert_that(out.examples | beam.Map(lambda e: e["text"]), equal_to(["Caf\u00e9\nok"]), label="clean")
+        assert_that(out[FILTERED] | beam.Map(lambda d: (d["source"], d["reason"])), equal_to([("b", "too_long_chars")]), label="filtered")
+        assert_that(out[OUTCOME], equal_to(["filtered/too_long_chars"]), label="outcome")
+
+
+def test_deduplicate_keeps_lowest_source():
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    other = [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a"}]
+    examples = [
+        {"source": "f:10", "messages": msgs},
+        {"source": "f:9", "messages": msgs},
+        {"source": "f:11", "messages": msgs},
+        {"source": "f:1", "messages": other},
+    ]
+    with _pipeline() as p:
+        out = p | beam.Create(examples) | Deduplicate()
+        assert_that(out.examples | beam.Map(lambda e: e["source"]), equal_to(["f:9", "f:1"]), label="kept")
+        assert_that(out[OUTCOME], equal_to(["duplicate", "duplicate"]), label="dups")
+
+
+def test_split_is_deterministic_by_prompt():
+    examples = [
+        {"source": str(i), "messages": [{"role": "user", "content": f"q{i % 500}"}, {"role": "assistant", "content": str(i)}]}
+        for i in range(2000)
+    ]
+    expected = [(e["source"], split_of(e, 0.2, "s")) for e in examples]
+    with _pipeline() as p:
+        out = p | beam.Create(examples) | Split(0.2, "s")
+        assert_that(out | beam.Map(lambda e: (e["source"], e["split"])), equal_to(expected))
+    by_prompt: dict[str, set[str]] = {}
+    for e, (_, split) in zip(examples, expected, strict=True):
+        by_prompt.setdefault(e["messages"][0]["content"], set()).add(split)
+    assert all(len(s) == 1 for s in by_prompt.values())  # one prompt, one side of the split
+    eval_share = sum(s == {"eval"} for s in by_prompt.values()) / len(by_prompt)
+    assert 0.14 < eval_share < 0.26
+
+
+def test_tokenize_masks_exactly_the_response(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pairs = [("What is 2 + 2?", "4"), ("Sort ascending: 3 1 2", "1 2 3"), ("Reverse the word: abc", "cba")]
+    examples = [
+        {"source": f"f:{i}", "hash": f"{i:064x}", "split": "eval" if i == 0 else "train",
+         "messages": [{"role": "user", "content": p}, {"role": "assistant", "content": r}]}
+        for i, (p, r) in enumerate(pairs)
+    ]
+    examples.append({**examples[1], "source": "long", "messages": [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "x"}]})
+    expected = []
+    for p, r in pairs:
+        user = [{"role": "user", "content": p}]
+        prompt = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        full = tok.apply_chat_template(user + [{"role": "assistant", "content": r}], tokenize=False)
+        prompt_ids = tok(prompt, add_special_tokens=False).input_ids
+        full_ids = tok(full, add_special_tokens=False).input_ids
+        assert full_ids[: len(prompt_ids)] == prompt_ids and full_ids[-1] == tok.eos_token_id
+        mask = [0] * len(prompt_ids) + [1] * (len(full_ids) - len(prompt_ids))
+        expected.append((full_ids, mask))
+    config = _config(tokenizer=str(tiny_model_dir), seq_len=64, pack_groups=1)
+    with _pipeline() as p:
+        out = p | beam.Create(examples) | Tokenize(config)
+        docs = out.documents | beam.Map(
+            lambda kv: (np.frombuffer(kv[1][0], np.int32).tolist(), np.frombuffer(kv[1][1], np.uint8).tolist())
+        )
+        assert_that(docs, equal_to(expected), label="docs")
+        assert_that(out[FILTERED] | beam.Map(lambda d: (d["source"], d["reason"])), equal_to([("long", "too_long_tokens")]), label="filtered")
+        assert_that(out[EVAL_RECORDS], equal_to([{"prompt": pairs[0][0], "response": pairs[0][1]}]), label="eval")
+        assert_that(out[OUTCOME], equal_to(["kept"] * 3 + ["filtered/too_long_tokens"]), label="outcome")
+
+
+def _random_docs(n: int, seq_len: int, seed: int = 0) -> list[tuple[bytes, bytes]]:
+    rng = np.random.default_rng(seed)
+    docs = []
+    next_id = 0
+    for _ in range(n):
+        length = int(rng.integers(2, seq_len + 1)) if rng.random() < 0.3 else int(rng.integers(2, seq_len // 4))
+        ids = np.arange(next_id, next_id + length, dtype=np.int32)  # unique ids: loss/dup detectable
+        next_id += length
+        mask = (rng.random(length) < 0.7).astype(np.uint8)
+        mask[0] = 0
+        docs.append((ids.tobytes(), mask.tobytes()))
+    return docs
+
+
+def _check_rows(tables, docs, seq_len: int, pad_id: int) -> None:
+    import pyarrow as pa
+
+    table = pa.concat_tables([t for _, t in tables])
+    ids = np.array(table.column("input_ids").to_pylist())
+    mask = np.array(table.column("loss_mask").to_pylist())
+    pos = np.array(table.column("position_ids").to_pylist())
+    assert ids.shape[1] == seq_len and mask.shape == pos.shape == ids.shape
+    # Cut every row into segments at position 0 and rebuild the documents.
+    found = []
+    for row_ids, row_mask, row_pos in zip(ids, mask, pos, strict=True):
+        starts = list(np.flatnonzero(row_pos == 0)) + [seq_len]
+        for s, e in zip(starts[:-1], starts[1:], strict=True):
+            assert (row_pos[s:e] == np.arange(e - s)).all()
+            assert row_mask[s] == 0
+            if row_ids[s] == pad_id and (row_ids[s:e] == pad_id).all() and e == seq_len:
+                assert not row_mask[s:e].any()
+                continue
+            found.append((row_ids[s:e].astype(np.int32).tobytes(), row_mask[s:e].astype(np.uint8).tobytes()))
+    # Every document appears exactly once, whole (no token lost, duplicated or split).
+    assert sorted(found) == sorted(docs)
+
+
+def test_pack_invariants_and_fill():
+    seq_len, pad_id = 128, -1
+    docs = _random_docs(3000, seq_len)
+    keyed = [(f"train/{i % 4}", d) for i, d in enumerate(docs)]
+    with _pipeline() as p:
+        out = p | beam.Create(keyed) | Pack(seq_len, pad_id, max_open_rows=256)
+        assert_that(
+            out["tables"] | beam.combiners.ToList(),
+            lambda all_tables: [_check_rows(all_tables[0], docs, seq_len, pad_id)],
+            label="rows",
+        )
+        tokens = sum(len(d[0]) // 4 for d in docs)
+
+        def check_stats(stats):
+            rows = sum(s[1][0] for s in stats)
+            assert sum(s[1][1] for s in stats) == len(docs)
+            assert sum(s[1][2] for s in stats) == tokens
+            assert tokens / (rows * seq_len) >= 0.98, tokens / (rows * seq_len)
+
+        assert_that(out[STATS], check_stats, label="stats")
+
+
+def test_packers_never_split_and_position_ids_restart():
+    rng = np.random.default_rng(1)
+    docs = [(np.full(n, 7, np.int32), np.ones(n, np.uint8)) for n in rng.integers(1, 33, 500)]
+    for bins in (list(pack_streaming(docs, 32, max_open_bins=8)), pack_offline(docs, 32)):
+        assert sum(len(b) for b in bins) == len(docs)
+        assert all(sum(len(d[0]) for d in b) <= 32 for b in bins)
+        rows = rows_from_bins(bins, 32, pad_id=0)
+        assert rows.input_ids.shape == (len(bins), 32)
+        assert rows.tokens == sum(len(d[0]) for d in docs)
+        assert (rows.loss_mask[:, 0] == 0).all() and (rows.position_ids[:, 0] == 0).all()

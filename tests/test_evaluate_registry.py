@@ -1,0 +1,249 @@
+"""components/registry.py against the aiplatform SDK's own request objects, offline.
+
+The SDK's GAPIC ModelServiceClient is the cloud boundary: its methods are replaced by an in-memory
+registry that records every request proto (UploadModelRequest, ListModelsRequest, ...) and answers
+with real response protos; everything above it (aiplatform.Model.upload, Model.list,
+ModelRegistry) is the real SDK code with anonymous credentials.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.api_core import exceptions, operation
+from google.auth.credentials import AnonymousCredentials
+from google.cloud.aiplatform import initializer
+from google.cloud.aiplatform_v1.services.model_service import ModelServiceClient
+from google.cloud.aiplatform_v1.types import model as gca_model
+from google.cloud.aiplatform_v1.types import model_service
+from google.longrunning import operations_pb2
+from google.protobuf import any_pb2, timestamp_pb2
+
+from components import registry
+
+PROJECT, LOCATION = "my-project", "us-central1"
+PARENT = f"projects/{PROJECT}/locations/{LOCATION}"
+IMAGE = "us-docker.pkg.dev/my-project/serving/vllm:0.11.0"
+
+
+class FakeModelService:
+    """An in-memory Model Registry behind ModelServiceClient's methods."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self.models: dict[str, list[gca_model.Model]] = {}  # model name -> versions
+
+    def _add(self, model: gca_model.Model, parent_model: str | None) -> gca_model.Model:
+        name = parent_model or f"{PARENT}/models/{1000 + len(self.models)}"
+        versions = self.models.setdefault(name, [])
+        stored = gca_model.Model(model)
+        stored.name = name
+        stored.version_id = str(len(versions) + 1)
+        stored.version_create_time = timestamp_pb2.Timestamp(seconds=1_700_000_000 + len(versions))
+        if parent_model and versions:
+            stored.display_name = versions[0].display_name
+        if "default" in stored.version_aliases:
+            for other in versions:
+                other.version_aliases = [a for a in other.version_aliases if a != "default"]
+        versions.append(stored)
+        return stored
+
+    def upload_model(self, request: Any = None, **_: Any) -> operation.Operation:
+        self.requests.append(request)
+        stored = self._add(request.model, request.parent_model or None)
+        response = model_service.UploadModelResponse(
+            model=stored.name, model_version_id=stored.version_id
+        )
+        packed = any_pb2.Any()
+        packed.Pack(model_service.UploadModelResponse.pb(response))
+        op = operations_pb2.Operation(
+            name=f"{stored.name}/operations/1", done=True, response=packed
+        )
+        return operation.Operation(
+            op,
+            refresh=lambda: op,
+            cancel=lambda: None,
+            result_type=model_service.UploadModelResponse,
+            metadata_type=model_service.UploadModelOperationMetadata,
+        )
+
+    def get_model(self, request: Any = None, name: str | None = None, **_: Any) -> gca_model.Model:
+        full = name or request.name
+        self.requests.append(model_service.GetModelRequest(name=full))
+        base, _, version = full.partition("@")
+        versions = self.models.get(base)
+        if not versions:
+            raise exceptions.NotFound(f"model {full} not found")
+        for v in versions:
+            if version in (v.version_id, *v.version_aliases) or (
+                not version and "default" in v.version_aliases
+            ):
+                return v
+        raise exceptions.NotFound(f"version {full} not found")
+
+    def list_models(self, request: Any = None, **_: Any) -> list[gca_model.Model]:
+        # Like the GAPIC client, accept a dict (the SDK's list helpers pass one) or the proto.
+        request = model_service.ListModelsRequest(request)
+        self.requests.append(request)
+        wanted = request.filter.partition("=")[2].strip('"')
+        found = [
+            next(v for v in versions if "default" in v.version_aliases)
+            for versions in self.models.values()
+            if versions[0].display_name == wanted
+        ]
+        return list(reversed(found))
+
+    def list_model_versions(self, request: Any = None, **_: Any) -> list[gca_model.Model]:
+        request = model_service.ListModelVersionsRequest(request)
+        self.requests.append(request)
+        if request.name not in self.models:
+            raise exceptions.NotFound(f"model {request.name} not found")
+        return list(self.models[request.name])
+
+
+@pytest.fixture
+def fake_registry(monkeypatch: pytest.MonkeyPatch) -> FakeModelService:
+    fake = FakeModelService()
+    for method in ("upload_model", "get_model", "list_models", "list_model_versions"):
+        monkeypatch.setattr(
+            ModelServiceClient, method, lambda self, *a, _m=method, **k: getattr(fake, _m)(*a, **k)
+        )
+    # A fresh SDK config per test: the SDK resolves some objects with its global credentials.
+    monkeypatch.setattr(initializer, "global_config", initializer._Config())
+    initializer.global_config.init(
+        project=PROJECT, location=LOCATION, credentials=AnonymousCredentials()
+    )
+    return fake
+
+
+def _register(**overrides: Any) -> registry.RegisteredVersion:
+    kwargs: dict[str, Any] = dict(
+        artifact_uri="gs://bucket/runs/run-1/model",
+        display_name="tiny-llama-ft",
+        serving_container_image_uri=IMAGE,
+        run_id="fine-tune-20261202-1",
+        project=PROJECT,
+        location=LOCATION,
+        credentials=AnonymousCredentials(),
+    )
+    kwargs.update(overrides)
+    return registry.register_model(**kwargs)
+
+
+def test_register_new_model_builds_upload_request(fake_registry: FakeModelService) -> None:
+    version = _register(
+        serving_container_ports=[8080],
+        serving_container_predict_route="/predict",
+        serving_container_health_route="/health",
+        serving_container_args=["--max-model-len", "4096"],
+        labels={"team": "nlp"},
+        description="first fine-tune",
+    )
+    (request,) = [
+        r for r in fake_registry.requests if isinstance(r, model_service.UploadModelRequest)
+    ]
+    assert request.parent == PARENT
+    assert request.parent_model == ""
+    model = request.model
+    assert model.display_name == "tiny-llama-ft"
+    assert model.artifact_uri == "gs://bucket/runs/run-1/model"
+    assert model.container_spec.image_uri == IMAGE
+    assert list(model.container_spec.args) == ["--max-model-len", "4096"]
+    assert [p.container_port for p in model.container_spec.ports] == [8080]
+    assert model.container_spec.predict_route == "/predict"
+    assert model.container_spec.health_route == "/health"
+    assert dict(model.labels) == {
+        "team": "nlp",
+        "managed-by": "llmft",
+        "llmft-run-id": "fine-tune-20261202-1",
+    }
+    assert list(model.version_aliases) == ["default"]
+    assert model.version_description == "first fine-tune"
+    assert version.resource_name == f"{PARENT}/models/1000"
+    assert version.version_id == "1"
+    assert version.artifact_uri == "gs://bucket/runs/run-1/model"
+
+
+def test_register_as_new_version_of_parent(fake_registry: FakeModelService) -> None:
+    first = _register()
+    aliases = ["champion"]
+    second = _register(
+        artifact_uri="gs://bucket/runs/run-2/model",
+        run_id="run-2",
+        parent_model="1000",
+        version_aliases=aliases,
+    )
+    uploads = [r for r in fake_registry.requests if isinstance(r, model_service.UploadModelRequest)]
+    # A bare id is expanded to the full resource name the API requires.
+    assert uploads[1].parent_model == first.resource_name
+    assert list(uploads[1].model.version_aliases) == ["champion", "default"]
+    assert aliases == ["champion"], "the caller's list must not be mutated"
+    assert second.resource_name == first.resource_name
+    assert second.version_id == "2"
+    assert second.labels["llmft-run-id"] == "run-2"
+
+
+def test_latest_registered_version_is_the_champion(fake_registry: FakeModelService) -> None:
+    assert (
+        registry.latest_registered_version(
+            project=PROJECT, location=LOCATION, display_name="tiny-llama-ft"
+        )
+        is None
+    )
+    first = _register()
+    _register(
+        artifact_uri="gs://bucket/runs/run-2/model",
+        run_id="run-2",
+        parent_model=first.resource_name,
+    )
+    by_name = registry.latest_registered_version(
+        project=PROJECT, location=LOCATION, display_name="tiny-llama-ft"
+    )
+    assert by_name is not None
+    assert (by_name.version_id, by_name.artifact_uri) == ("2", "gs://bucket/runs/run-2/model")
+    list_request = [
+        r for r in fake_registry.requests if isinstance(r, model_service.ListModelsRequest)
+    ][-1]
+    assert list_request.parent == PARENT
+    assert list_request.filter == 'display_name="tiny-llama-ft"'
+    versions_request = [
+        r for r in fake_registry.requests if isinstance(r, model_service.ListModelVersionsRequest)
+    ][-1]
+    assert versions_request.name == first.resource_name
+    by_parent = registry.latest_registered_version(
+        project=PROJECT, location=LOCATION, parent_model=first.resource_name
+    )
+    assert by_parent == by_name
+    missing = registry.latest_registered_version(
+        project=PROJECT, location=LOCATION, parent_model=f"{PARENT}/models/999"
+    )
+    assert missing is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"artifact_uri": "/local/model"}, "must be a gs:// directory"),
+        ({"serving_container_image_uri": "vllm/vllm-openai:latest"}, "is not pinned"),
+        ({"serving_container_image_uri": "vllm/vllm-openai"}, "is not pinned"),
+        ({"labels": {"Team": "NLP"}}, "label key 'Team'"),
+    ],
+)
+def test_register_rejects_bad_inputs_before_calling_vertex(
+    fake_registry: FakeModelService, overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        _register(**overrides)
+    assert fake_registry.requests == []
+
+
+def test_register_collects_all_errors(fake_registry: FakeModelService) -> None:
+    with pytest.raises(ValueError) as info:
+        _register(artifact_uri="model", serving_container_image_uri="", display_name="")
+    text = str(info.value)
+    assert (
+        "gs://" in text
+        and "serving_container_image_uri is empty" in text
+        and "display_name" in text
+    )

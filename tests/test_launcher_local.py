@@ -1,0 +1,179 @@
+"""The local launcher for real: torchrun agents as separate processes, a real gloo process group,
+real rendezvous (etcd-v3 through a local etcd when available, else c10d), real signals.
+
+Each test checks that nothing is left behind: no process carrying the run's marker, no state dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from components.launchers import LaunchFailed, TrainLaunch, get_launcher
+from components.launchers.local import LocalLauncher, marked_pids
+
+WORKER = str(Path(__file__).parent / "launcher_workers" / "dist_worker.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _etcd_available() -> bool:
+    try:
+        from components.etcd import local  # noqa: F401
+    except ImportError:
+        return False
+    try:
+        from trainer.rendezvous import etcd_v3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+RDZV = "etcd-v3" if _etcd_available() else "c10d"
+
+
+def _launch(tmp_path: Path, mode: str, *, rdzv: str = RDZV, nodes: int = 2) -> TrainLaunch:
+    return TrainLaunch(
+        run_id=f"test-local-{mode}-{uuid.uuid4().hex[:8]}",
+        model="tiny-model",
+        data=str(tmp_path / "data"),
+        output=str(tmp_path / "out"),
+        nodes=nodes,
+        nproc_per_node=2,
+        rdzv_backend=rdzv,
+        max_steps=3,
+        trainer_overrides={"mode": mode},
+        entrypoint=(WORKER,),
+    )
+
+
+def _assert_nothing_left(launcher: LocalLauncher, run_id: str) -> None:
+    assert marked_pids(run_id) == []
+    assert not launcher.state_dir(run_id).exists()
+
+
+@pytest.mark.slow
+def test_two_nodes_two_procs_succeed(tmp_path: Path) -> None:
+    lines: list[str] = []
+    launcher = LocalLauncher(log=lines.append, state_root=tmp_path / "state")
+    launch = _launch(tmp_path, "ok")
+    result = launcher.run(launch, timeout=240)
+
+    assert result.ok, result.describe()
+    assert result.details["exit_codes"] == [0, 0]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    # 4 ranks all-reduced 1+2+3+4 through the rendezvous-built process group.
+    assert summary == {"base_model": "tiny-model", "steps": 3, "world_size": 4, "sum": 10.0,
+                       "model_dir": str(tmp_path / "out" / "model")}
+    # Every worker line carries its node and global rank, in the console and in the node's file.
+    for rank in range(4):
+        assert any(f"rank${rank}" not in ln and f"rank{rank}] rank {rank}/4" in ln for ln in lines)
+    node1 = (tmp_path / "out" / "logs" / "node1.log").read_text()
+    assert "--rdzv-backend=" + RDZV in node1 and f"--rdzv-id={launch.rdzv_id}" in node1
+    assert any(line.startswith("[node1 rank") for line in node1.splitlines())
+    _assert_nothing_left(launcher, launch.run_id)
+
+
+@pytest.mark.slow
+def test_failing_node_stops_the_others_and_is_reported(tmp_path: Path) -> None:
+    launcher = LocalLauncher(log=lambda line: None, state_root=tmp_path / "state", grace_s=5)
+    launch = _launch(tmp_path, "fail")
+    started = time.monotonic()
+    result = launcher.run(launch, timeout=240)
+
+    assert result.status == "failed"
+    # The last global rank lives on one node; that node's agent fails, the other is stopped.
+    assert result.failed_node in (0, 1) and result.exit_code not in (0, None)
+    assert f"node {result.failed_node} exited with status" in result.message
+    assert any("boom: simulated worker failure" in line for line in result.log_tail)
+    assert time.monotonic() - started < 120  # the healthy node was stopped, not waited for
+    with pytest.raises(LaunchFailed, match="boom"):
+        result.raise_for_status()
+    _assert_nothing_left(launcher, launch.run_id)
+
+
+_SIGTERM_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from components.launchers import TrainLaunch
+    from components.launchers.local import LocalLauncher
+    launch = TrainLaunch(**json.loads(sys.argv[1]))
+    result = LocalLauncher(state_root=sys.argv[2], grace_s=5).run(launch, timeout=300)
+    print("RESULT", result.status, result.message, flush=True)
+    sys.exit(0 if result.status == "cancelled" else 1)
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_process_of_the_run(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, "hang")
+    spec = {k: getattr(launch, k) for k in ("run_id", "model", "data", "output", "nodes",
+                                             "nproc_per_node", "rdzv_backend", "max_steps")}
+    spec |= {"trainer_overrides": {"mode": "hang"}, "entrypoint": [WORKER]}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGTERM_SCRIPT, json.dumps(spec), str(tmp_path / "state")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )
+    ready: set[str] = set()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "] ready " in line:
+                ready.add(line.split("] ready ")[1].strip())
+            if len(ready) == 4:
+                break
+        assert len(ready) == 4, "workers never became ready"
+        assert len(marked_pids(launch.run_id)) >= 6  # 2 agents + 4 workers
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "RESULT cancelled cancelled by SIGTERM" in out
+    _assert_nothing_left(LocalLauncher(state_root=tmp_path / "state"), launch.run_id)
+
+
+@pytest.mark.slow
+def test_cleanup_from_another_launcher_kills_the_run(tmp_path: Path) -> None:
+    """What the pipeline's exit handler does: it only knows the run id."""
+    state_root = tmp_path / "state"
+    ready: list[str] = []
+    owner = LocalLauncher(log=ready.append, state_root=state_root, grace_s=5)
+    launch = _launch(tmp_path, "hang", rdzv="c10d", nodes=1)
+    owner.start(launch)
+    try:
+        deadline = time.monotonic() + 120
+        while sum("] ready " in line for line in ready) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (state_root / launch.rdzv_id / "launcher.json").exists()
+        removed = get_launcher("local", state_root=state_root, grace_s=5).cleanup(launch.run_id)
+        assert any("stopped the processes" in r for r in removed)
+        assert marked_pids(launch.run_id) == []
+        # Already gone: a second cleanup finds nothing and does not fail.
+        assert get_launcher("local", state_root=state_root).cleanup(launch.run_id) == []
+    finally:
+        owner.cancel()
+    _assert_nothing_left(owner, launch.run_id)
+
+
+def test_invalid_launch_lists_every_problem(tmp_path: Path) -> None:
+    bad = TrainLaunch(run_id=" ", model="", data="d", output="o", nodes=0, rdzv_backend="zk",
+                      rdzv_endpoint="nohost", max_steps=0, trainer_overrides={"output": "x"})
+    with pytest.raises(ValueError) as err:
+        LocalLauncher(state_root=tmp_path).start(bad)
+    text = str(err.value)
+    for expected in ("run id is empty", "model is empty", "nodes=0", "rdzv_backend='zk'",
+                     "expected host:port", "max_steps=0", "trainer override 'output'"):
+        assert expected in text
+    assert not os.listdir(tmp_path)

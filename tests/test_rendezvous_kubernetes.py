@@ -1,0 +1,271 @@
+"""The per-run etcd on Kubernetes: manifests against Kubernetes' schemas, API calls on the wire.
+
+No cluster: the official `kubernetes` client talks to a tiny local HTTP server that records each
+request and answers like the API server would (201, 409, 404, object lists, events). That checks
+the exact requests the client library builds from our calls, not mocks of our own code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kubernetes import client
+from rendezvous_helpers import FakeApiServer, Responder
+
+from components.etcd import kubernetes as k8s_etcd
+from components.run_identity import K8S_RUN_LABEL, safe_run_id
+
+RUN_ID = "fine-tune-20261202-abc"
+NS = "llmft"
+K8S_VERSION = "1.30.0"
+
+
+@pytest.fixture
+def fake_api() -> Iterator[Callable[[Responder], FakeApiServer]]:
+    servers: list[FakeApiServer] = []
+
+    def make(respond: Responder) -> FakeApiServer:
+        servers.append(FakeApiServer(respond))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def _status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
+    return code, {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": reason,
+    }
+
+
+# -- manifests --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"storage_class": "premium-rwo", "storage_size": "2Gi"}, {"tls_secret": "etcd-tls"}],
+    ids=["emptydir", "ssd-pvc", "tls"],
+)
+def test_manifests_validate_against_kubernetes_schemas(options: dict[str, Any]) -> None:
+    manifests = k8s_etcd.build_etcd_manifests(run_id=RUN_ID, namespace=NS, **options)
+    assert [m["kind"] for m in manifests] == ["Service", "StatefulSet"]
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        labels = manifest["metadata"]["labels"]
+        assert labels[K8S_RUN_LABEL] == safe_run_id(RUN_ID)
+        assert labels["app.kubernetes.io/component"] == "etcd"
+
+
+def test_service_is_cluster_ip_only() -> None:
+    service = k8s_etcd.build_etcd_service(run_id=RUN_ID, namespace=NS)
+    assert service["spec"]["type"] == "ClusterIP"
+    assert [p["port"] for p in service["spec"]["ports"]] == [2379]
+    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS)
+    assert service["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
+
+
+def test_statefulset_pins_image_probes_health_and_sizes_resources() -> None:
+    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS, cpu="1", memory="1Gi")
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "gcr.io/etcd-development/etcd:v3.5.17"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "metrics"}
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
+    assert pod["volumes"] == [{"name": "data", "emptyDir": {"sizeLimit": "1Gi"}}]
+    assert "volumeClaimTemplates" not in sts["spec"]
+    assert "--enable-v2=true" not in container["command"]
+    assert (
+        f"--advertise-client-urls=http://{k8s_etcd.etcd_endpoint(run_id=RUN_ID, namespace=NS)}"
+        in container["command"]
+    )
+    with pytest.raises(ValueError, match="pinned"):
+        k8s_etcd.build_etcd_statefulset(
+            run_id=RUN_ID, namespace=NS, image="quay.io/coreos/etcd:latest"
+        )
+
+
+def test_ssd_storage_uses_pvc_deleted_with_the_statefulset() -> None:
+    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS, storage_class="premium-rwo")
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "premium-rwo"
+    assert claim["metadata"]["labels"][K8S_RUN_LABEL] == safe_run_id(RUN_ID)
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": "Delete",
+        "whenScaled": "Delete",
+    }
+    assert sts["spec"]["template"]["spec"]["volumes"] == []
+
+
+def test_tls_from_secret_requires_client_certificates() -> None:
+    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS, tls_secret="etcd-tls")
+    pod = sts["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert "--client-cert-auth=true" in command
+    assert "--listen-client-urls=https://0.0.0.0:2379" in command
+    assert {"name": "tls", "secret": {"secretName": "etcd-tls", "defaultMode": 0o400}} in pod[
+        "volumes"
+    ]
+    # Probes stay on the plain-HTTP metrics port, which needs no client certificate.
+    assert "--listen-metrics-urls=http://0.0.0.0:2381" in command
+
+
+# -- API --------------------------------------------------------------------------------------
+
+
+def test_create_posts_service_then_statefulset(
+    fake_api: Callable[[Responder], FakeApiServer],
+) -> None:
+    server = fake_api(lambda method, path, body: (201, body or {}))
+    endpoint = k8s_etcd.create_etcd(server.api_client, run_id=RUN_ID, namespace=NS, enable_v2=True)
+    assert endpoint == f"llmft-etcd-{safe_run_id(RUN_ID)}.{NS}.svc.cluster.local:2379"
+    assert [(m, p) for m, p, _ in server.requests] == [
+        ("POST", f"/api/v1/namespaces/{NS}/services"),
+        ("POST", f"/apis/apps/v1/namespaces/{NS}/statefulsets"),
+    ]
+    expected = k8s_etcd.build_etcd_manifests(run_id=RUN_ID, namespace=NS, enable_v2=True)
+    assert [body for _, _, body in server.requests] == expected
+
+
+def test_create_reuses_existing_objects(fake_api: Callable[[Responder], FakeApiServer]) -> None:
+    server = fake_api(lambda method, path, body: _status(409, "AlreadyExists"))
+    k8s_etcd.create_etcd(server.api_client, run_id=RUN_ID, namespace=NS)  # no exception
+    assert len(server.requests) == 2
+
+
+def test_create_raises_other_errors(fake_api: Callable[[Responder], FakeApiServer]) -> None:
+    server = fake_api(lambda method, path, body: _status(403, "Forbidden"))
+    with pytest.raises(client.ApiException) as info:
+        k8s_etcd.create_etcd(server.api_client, run_id=RUN_ID, namespace=NS)
+    assert info.value.status == 403
+
+
+def test_wait_returns_when_ready(fake_api: Callable[[Responder], FakeApiServer]) -> None:
+    polls = iter([0, 0, 1])
+
+    def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        return 200, {
+            "kind": "StatefulSet",
+            "apiVersion": "apps/v1",
+            "metadata": {"name": "x"},
+            "status": {"replicas": 1, "readyReplicas": next(polls)},
+        }
+
+    server = fake_api(respond)
+    naps: list[float] = []
+    k8s_etcd.wait_etcd_ready(server.api_client, run_id=RUN_ID, namespace=NS, sleep=naps.append)
+    name = k8s_etcd.etcd_name(RUN_ID)
+    assert [p for _, p, _ in server.requests] == [
+        f"/apis/apps/v1/namespaces/{NS}/statefulsets/{name}/status"
+    ] * 3
+    assert naps == [2.0, 2.0]
+
+
+def test_wait_timeout_reports_pod_state_and_events(
+    fake_api: Callable[[Responder], FakeApiServer],
+) -> None:
+    pod_name = f"{k8s_etcd.etcd_name(RUN_ID)}-0"
+
+    def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if "/statefulsets/" in path:
+            return 200, {"kind": "StatefulSet", "status": {"replicas": 1}}
+        if path.startswith(f"/api/v1/namespaces/{NS}/pods"):
+            return 200, {
+                "kind": "PodList",
+                "items": [
+                    {
+                        "metadata": {"name": pod_name},
+                        "status": {
+                            "phase": "Pending",
+                            "containerStatuses": [
+                                {
+                                    "name": "etcd",
+                                    "ready": False,
+                                    "restartCount": 0,
+                                    "image": "etcd",
+                                    "imageID": "",
+                                    "state": {
+                                        "waiting": {
+                                            "reason": "ImagePullBackOff",
+                                            "message": "pull access denied",
+                                        }
+                                    },
+                                }
+                            ],
+                        },
+                    }
+                ],
+            }
+        if path.startswith(f"/api/v1/namespaces/{NS}/events"):
+            return 200, {
+                "kind": "EventList",
+                "items": [
+                    {
+                        "metadata": {"name": "e1"},
+                        "involvedObject": {"name": pod_name},
+                        "reason": "Failed",
+                        "message": "Failed to pull image",
+                    }
+                ],
+            }
+        return _status(404, "NotFound")
+
+    server = fake_api(respond)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with pytest.raises(k8s_etcd.EtcdNotReadyError) as info:
+        k8s_etcd.wait_etcd_ready(
+            server.api_client,
+            run_id=RUN_ID,
+            namespace=NS,
+            timeout_s=10,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+    message = str(info.value)
+    assert "ImagePullBackOff" in message and "Failed to pull image" in message
+    assert "Pending" in message
+    pod_query = next(p for _, p, _ in server.requests if "/pods" in p)
+    assert "labelSelector=" in pod_query and "app.kubernetes.io%2Fcomponent%3Detcd" in pod_query
+    event_query = next(p for _, p, _ in server.requests if "/events" in p)
+    assert f"involvedObject.name%3D{pod_name}" in event_query
+
+
+def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], FakeApiServer]) -> None:
+    name = k8s_etcd.etcd_name(RUN_ID)
+
+    def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if method == "GET" and "/statefulsets" in path:
+            return 200, {"kind": "StatefulSetList", "items": [{"metadata": {"name": name}}]}
+        if method == "GET" and "/services" in path:
+            return 200, {"kind": "ServiceList", "items": [{"metadata": {"name": name}}]}
+        if method == "GET":
+            return 200, {"kind": "PersistentVolumeClaimList", "items": []}
+        if "/services/" in path:
+            return _status(404, "NotFound")  # deleted concurrently by someone else
+        return 200, {"kind": "Status", "status": "Success"}
+
+    server = fake_api(respond)
+    deleted = k8s_etcd.delete_etcd(server.api_client, run_id=RUN_ID, namespace=NS)
+    assert deleted == [f"StatefulSet/{name}"]
+    lists = [p for m, p, _ in server.requests if m == "GET"]
+    assert len(lists) == 3
+    assert all(f"{K8S_RUN_LABEL.replace('/', '%2F')}%3D{safe_run_id(RUN_ID)}" in p for p in lists)
+    deletes = [(p, b) for m, p, b in server.requests if m == "DELETE"]
+    assert [p for p, _ in deletes] == [
+        f"/apis/apps/v1/namespaces/{NS}/statefulsets/{name}",
+        f"/api/v1/namespaces/{NS}/services/{name}",
+    ]
+    assert all(b["propagationPolicy"] == "Background" for _, b in deletes)

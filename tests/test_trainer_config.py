@@ -1,0 +1,73 @@
+"""Trainer config: file + flags, types, every error reported at once, one-line CLI errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.config import TrainConfig, describe_fields, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED = ["--model", "m", "--data", "d", "--output", "o"]
+
+
+def test_flags_override_yaml_and_types_are_coerced(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "train.yaml"
+    cfg_file.write_text("lr: 0.001\nmicro_batch_size: 8\ncompile: true\nlora_rank: 8\n")
+    cfg = load_config(
+        [*REQUIRED, "--config", str(cfg_file), "--micro-batch-size", "2", "--max_steps=7",
+         "--no-compile", "--lora-target-modules", "q_proj,v_proj", "--activation-checkpointing"]
+    )  # fmt: skip
+    assert cfg.lr == 0.001 and cfg.lora_rank == 8  # from the file
+    assert cfg.micro_batch_size == 2 and cfg.max_steps == 7  # flags win
+    assert cfg.compile is False and cfg.activation_checkpointing is True
+    assert cfg.lora_target_modules == ["q_proj", "v_proj"]
+    assert cfg.seq_len is None and cfg.backend == "auto"  # defaults
+
+
+def test_all_errors_are_reported_together(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "bad.yaml"
+    cfg_file.write_text("lr: -1\nwarmup: 3\n")
+    with pytest.raises(ValueError) as info:
+        load_config(
+            ["--data", "d", "--config", str(cfg_file), "--micro-batch-size", "zero",
+             "--dtype", "fp8", "--max-steps", "5", "--warmup-steps", "9", "--bogus", "1"]
+        )  # fmt: skip
+    message = str(info.value)
+    assert "\n" not in message
+    for expected in (
+        "--model is required",
+        "--output is required",
+        "lr must be > 0",
+        "unknown field(s) in",
+        "warmup",
+        "micro_batch_size must be an integer (got 'zero')",
+        "dtype must be auto, bf16 or fp32",
+        "warmup_steps (9) must be below max_steps (5)",
+        "unknown option --bogus",
+    ):
+        assert expected in message, (expected, message)
+
+
+def test_every_field_is_documented() -> None:
+    docs = describe_fields()
+    fields = set(TrainConfig.__dataclass_fields__)
+    assert fields == set(docs), fields ^ set(docs)
+    assert all(len(text) > 10 for text in docs.values())
+
+
+def test_cli_config_error_is_one_line_exit_2() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--model", "m", "--data", "d", "--epochs", "0"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: invalid trainer config:")
+    assert "--output is required" in lines[0] and "epochs must be >= 1" in lines[0]

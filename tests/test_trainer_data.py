@@ -1,0 +1,175 @@
+"""Packing correctness, the loss module, data order/resume, and dataset refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from packed_fixtures import pack, read_jsonl, tokenize_record, write_packed_dataset
+
+from beam_preprocess.schema import read_manifest
+from trainer.data import DataPosition, TrainBatches
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def packed_dir(tmp_path_factory, tokenizer, sample_data_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("packed_small")
+    records = read_jsonl(sample_data_dir / "train.jsonl", 300)
+    write_packed_dataset(
+        out, tokenizer, {"train": records, "eval": records[:40]}, seq_len=64, rows_per_shard=7
+    )
+    return out
+
+
+def _docs(tokenizer, sample_data_dir: Path, n: int):
+    return [tokenize_record(tokenizer, r) for r in read_jsonl(sample_data_dir / "train.jsonl", n)]
+
+
+@torch.no_grad()
+def test_no_attention_crosses_document_boundaries(model, tokenizer, sample_data_dir) -> None:
+    docs = _docs(tokenizer, sample_data_dir, 3)
+    (row,) = pack(docs, seq_len=128, pad_id=tokenizer.pad_token_id)
+    ids = torch.tensor([row["input_ids"]])
+    pos = torch.tensor([row["position_ids"]])
+    packed = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+    start = 0
+    for doc_ids, _ in docs:
+        alone = model(input_ids=torch.tensor([doc_ids]), use_cache=False).logits[0]
+        torch.testing.assert_close(
+            packed[start : start + len(doc_ids)], alone, atol=2e-5, rtol=1e-4
+        )
+        start += len(doc_ids)
+    # Control: the check has teeth. With an attention mask, transformers attends across documents.
+    leaky = model(
+        input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids), use_cache=False
+    ).logits[0]
+    last = len(docs[0][0]) + len(docs[1][0])
+    assert not torch.allclose(
+        leaky[last : last + len(docs[2][0])], packed[last : last + len(docs[2][0])], atol=1e-3
+    )
+
+
+@torch.no_grad()
+def test_loss_module_counts_only_targets_per_document(model, tokenizer, sample_data_dir) -> None:
+    from trainer.model import CausalLMLoss
+
+    docs = _docs(tokenizer, sample_data_dir, 4)
+    (row,) = pack(docs, seq_len=128, pad_id=tokenizer.pad_token_id)
+    loss_module = CausalLMLoss(model)
+    packed = loss_module(
+        torch.tensor([row["input_ids"]]),
+        torch.tensor([row["position_ids"]]),
+        torch.tensor([row["loss_mask"]]),
+    )
+    expected = 0.0
+    for ids, mask in docs:
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+        targets = torch.tensor(mask[1:]).bool()
+        expected += torch.nn.functional.cross_entropy(
+            logits[:-1][targets], torch.tensor(ids[1:])[targets], reduction="sum"
+        ).item()
+    assert packed.item() == pytest.approx(expected, rel=1e-5)
+    assert sum(row["loss_mask"]) == sum(sum(m) for _, m in docs)  # prompt tokens: no targets
+
+
+def _batches(packed_dir: Path, rank: int, world: int, **kw) -> TrainBatches:
+    return TrainBatches(
+        str(packed_dir), read_manifest(str(packed_dir)), rank=rank, world_size=world,
+        micro_batch_size=kw.get("mbs", 2), grad_accum_steps=kw.get("accum", 2), seed=3,
+        shuffle=True,
+    )  # fmt: skip
+
+
+def _row_keys(micro) -> list[tuple[int, ...]]:
+    return [tuple(r.tolist()) for mb in micro for r in mb.input_ids]
+
+
+def test_ranks_split_each_step_and_resume_continues_exactly(packed_dir: Path) -> None:
+    world = 2
+    ranks = [_batches(packed_dir, r, world) for r in range(world)]
+    n_rows, per_epoch = ranks[0].rows, ranks[0].steps_per_epoch
+    assert per_epoch == n_rows // 8
+    iters = [b.iterate(DataPosition()) for b in ranks]
+    seen_epoch0: list[tuple[int, ...]] = []
+    history = []
+    for _ in range(per_epoch + 2):  # crosses into epoch 1
+        steps = [next(it) for it in iters]
+        keys = [_row_keys(micro) for micro, _ in steps]
+        assert not set(keys[0]) & set(keys[1])  # disjoint across ranks
+        history.append((keys, steps[0][1]))
+        if steps[0][1].epoch == 0 or steps[0][1].offset == 0:
+            seen_epoch0 += keys[0] + keys[1]
+    assert history[per_epoch - 1][1] == DataPosition(0, per_epoch * 8)
+    assert history[per_epoch][1] == DataPosition(1, 8)
+    assert len(set(seen_epoch0)) == per_epoch * 8  # no row twice within an epoch
+    # Resuming from a stored position yields exactly the rows an uninterrupted run reads next.
+    resume_at = history[2][1]
+    resumed = [_batches(packed_dir, r, world).iterate(resume_at) for r in range(world)]
+    for keys, _ in history[3:]:
+        assert [_row_keys(next(it)[0]) for it in resumed] == keys
+
+
+def test_loss_mask_never_targets_a_document_start(packed_dir: Path) -> None:
+    micro, _ = next(_batches(packed_dir, 0, 1).iterate(DataPosition()))
+    for mb in micro:
+        assert not (mb.loss_mask.bool() & (mb.position_ids == 0)).any()
+        assert set(np.unique(mb.labels()[mb.loss_mask == 0]).tolist()) == {-100}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_single(tmp_path: Path, model: Path, data: Path, *extra: str):
+    env = {
+        **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
+    }  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", "--model", str(model), "--data", str(data),
+         "--output", str(tmp_path / "out"), "--max-steps", "2", *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_dataset_that_does_not_match_is_refused(
+    tmp_path: Path, tiny_model_dir: Path, packed_dir: Path
+) -> None:
+    foreign = tmp_path / "foreign"
+    shutil.copytree(packed_dir, foreign)
+    manifest = json.loads((foreign / "manifest.json").read_text())
+    manifest["tokenizer"]["fingerprint"] = "0" * 64  # packed with some other vocabulary
+    (foreign / "manifest.json").write_text(json.dumps(manifest))
+    proc = _run_single(tmp_path, tiny_model_dir, foreign, "--seq-len", "128")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "seq_len=64 but seq_len=128" in line and "tokenizer mismatch on fingerprint" in line
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists()

@@ -1,0 +1,198 @@
+"""The trainer for real: 2 nodes x 2 processes on CPU, two torchrun agents, c10d rendezvous, gloo.
+
+Three runs of `python -m trainer` on the tiny model:
+  A  uninterrupted, checkpoint every 3 steps: the loss falls, checkpoints and export are written,
+     the exported model loads with from_pretrained and reproduces the run's eval loss;
+  B  the same run, SIGTERM to both agents mid-run (a preempted job): a complete checkpoint is
+     saved and the workers exit 143;
+  B' B rerun: resumes from B's checkpoint and reproduces A's losses step for step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from packed_fixtures import read_jsonl, write_packed_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 12
+ARGS = [
+    "--max-steps", str(STEPS), "--micro-batch-size", "2", "--grad-accum-steps", "2",
+    "--lr", "2e-3", "--warmup-steps", "2", "--log-every", "1", "--checkpoint-every", "3",
+    "--keep-checkpoints", "2", "--eval-max-rows", "16", "--tensorboard", "false",
+]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_run(model: Path, data: Path, out: Path, nodes: int = 2, nproc: int = 2):
+    """`nodes` torchrun agents (own sessions, like separate machines) running the trainer."""
+    out.mkdir(parents=True, exist_ok=True)
+    endpoint, rdzv_id = f"127.0.0.1:{_free_port()}", uuid.uuid4().hex[:12]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    procs = []
+    for node in range(nodes):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+            f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={rdzv_id}", "--max-restarts=0", "--monitor-interval=0.2",
+            "-m", "trainer", "--model", str(model), "--data", str(data), "--output", str(out),
+            *ARGS,
+        ]  # fmt: skip
+        with open(out / f"agent{node}.log", "ab") as log:
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    return procs
+
+
+def wait(procs, timeout: float = 300) -> list[int]:
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:  # never leave an agent or worker behind, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def logs(out: Path) -> str:
+    return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(out.glob("agent*.log")))
+
+
+def losses(out: Path) -> dict[int, float]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def packed_dir(tmp_path_factory, tiny_model_dir: Path, sample_data_dir: Path) -> Path:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    out = tmp_path_factory.mktemp("packed128")
+    write_packed_dataset(
+        out,
+        tokenizer,
+        {
+            "train": read_jsonl(sample_data_dir / "train.jsonl", 1200),
+            "eval": read_jsonl(sample_data_dir / "heldout.jsonl", 100),
+        },
+        seq_len=128,
+        rows_per_shard=40,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model_dir: Path, packed_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("run_a")
+    codes = wait(start_run(tiny_model_dir, packed_dir, out))
+    assert codes == [0, 0], logs(out)
+    return out
+
+
+@pytest.mark.slow
+def test_two_nodes_train_checkpoint_export(uninterrupted: Path, packed_dir: Path) -> None:
+    out = uninterrupted
+    run = losses(out)
+    assert sorted(run) == list(range(1, STEPS + 1))
+    assert sum(run[s] for s in range(STEPS - 2, STEPS + 1)) / 3 < run[1] - 0.5, run
+
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert kept == ["step-00000009", "step-00000012"]  # keep_checkpoints=2 pruned 3 and 6
+    for name in kept:
+        assert (out / "checkpoints" / name / "COMPLETE").exists()
+        assert (out / "checkpoints" / name / ".metadata").exists()
+    state = json.loads((out / "checkpoints" / "step-00000012" / "trainer_state.json").read_text())
+    assert state["step"] == STEPS and state["world_size"] == 4
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["resumed_from_step"] is None
+    assert summary["final_loss"] == pytest.approx(run[STEPS])
+    assert summary["target_tokens"] > 0 and summary["tokens"] == STEPS * 2 * 2 * 4 * 128
+
+    # The export is an ordinary HF directory that reproduces the run's eval loss.
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from beam_preprocess.schema import read_manifest
+    from trainer.data import eval_batches
+
+    assert (out / "model" / "model.safetensors").exists()
+    assert (out / "model" / "tokenizer.json").exists()
+    model = AutoModelForCausalLM.from_pretrained(out / "model").eval()
+    manifest = read_manifest(str(packed_dir))
+    total = count = 0.0
+    with torch.no_grad():
+        for mb in eval_batches(
+            str(packed_dir), manifest, rank=0, world_size=1, micro_batch_size=8, max_rows=16
+        ):
+            logits = model(
+                input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False
+            ).logits
+            labels = mb.labels()[:, 1:]
+            total += torch.nn.functional.cross_entropy(
+                logits[:, :-1].flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+            ).item()
+            count += int((labels != -100).sum())
+    assert total / count == pytest.approx(summary["eval_loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_rerun_resumes_matching_uninterrupted(
+    uninterrupted: Path, tiny_model_dir: Path, packed_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run_b"
+    procs = start_run(tiny_model_dir, packed_dir, out)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:  # preempt once a couple of steps are done
+            if (out / "metrics.jsonl").exists() and len(losses(out)) >= 2:
+                break
+            if any(p.poll() is not None for p in procs):
+                pytest.fail("a run ended before it was preempted:\n" + logs(out))
+            time.sleep(0.05)
+        for p in procs:
+            os.kill(p.pid, signal.SIGTERM)
+    finally:
+        wait(procs, timeout=120)
+    log_text = logs(out)
+    assert "SIGTERM: saved step" in log_text, log_text
+    from trainer.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(str(out / "checkpoints"))
+    assert latest is not None, log_text
+    saved_step = latest[0]
+    assert 2 <= saved_step < STEPS
+    assert not (out / "summary.json").exists()
+
+    codes = wait(start_run(tiny_model_dir, packed_dir, out))
+    assert codes == [0, 0], logs(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] == saved_step
+    assert summary["steps"] == STEPS
+    reference, resumed = losses(uninterrupted), losses(out)
+    for step in range(1, STEPS + 1):
+        assert resumed[step] == pytest.approx(reference[step], rel=1e-5, abs=1e-6), step

@@ -1,0 +1,37 @@
+"""`python -m trainer --model PATH --data DIR --output DIR [--config FILE.yaml] [--field value ...]`
+
+Run it under torchrun on every node, e.g. one machine, two processes:
+
+    torchrun --standalone --nproc-per-node 2 -m trainer --model M --data D --output O --max-steps 50
+
+Every TrainConfig field is a flag (docs/trainer.md). A config error prints one `error:` line on
+every rank and exits 2 before any process group or model is created.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from trainer.config import load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = load_config(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from trainer.train import NonFiniteLossError, run
+
+    try:
+        return run(config)
+    except ValueError as exc:  # user errors found during setup (dataset/tokenizer mismatch)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Distributed checkpoints (DCP) on any fsspec path, with a completion marker and retention.
+
+Layout of one checkpoint, `OUTPUT/checkpoints/step-00000120/`:
+
+    .metadata, __*_*.distcp     DCP: sharded model + optimizer state (each rank writes its shards)
+    trainer_state.json          step, data position, scheduler, config snapshot (rank 0)
+    rng/rank-00003.pt           each rank's RNG states (dropout differs per rank)
+    COMPLETE                    written last, by rank 0, after every rank has finished
+
+Only directories with COMPLETE count: a run killed mid-save leaves an incomplete directory that
+resume ignores and the next retention pass deletes. DCP also reshards on load, so a retry with a
+different world size resumes from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer.data import DataPosition
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+STATE_FILE = "trainer_state.json"
+STEP_DIR = re.compile(r"step-(\d{8})$")
+
+
+@dataclass
+class TrainerState:
+    """The non-tensor part of a checkpoint."""
+
+    step: int = 0
+    position: DataPosition = field(default_factory=DataPosition)
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    tokens: int = 0
+    target_tokens: int = 0
+    global_batch_rows: int = 0
+    world_size: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainerState:
+        data = dict(data)
+        data["position"] = DataPosition(**data["position"])
+        return cls(**data)
+
+
+def step_dir(checkpoints: str, step: int) -> str:
+    return f"{checkpoints.rstrip('/')}/step-{step:08d}"
+
+
+def _fs(path: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(path)
+
+
+def complete_checkpoints(checkpoints: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint, oldest first."""
+    fs, root = _fs(checkpoints)
+    if not fs.exists(root):
+        return []
+    found = []
+    for entry in fs.ls(root, detail=False):
+        match = STEP_DIR.search(entry.rstrip("/"))
+        if match and fs.exists(f"{entry.rstrip('/')}/{MARKER}"):
+            found.append((int(match.group(1)), step_dir(checkpoints, int(match.group(1)))))
+    return sorted(found)
+
+
+def latest_checkpoint(checkpoints: str) -> tuple[int, str] | None:
+    found = complete_checkpoints(checkpoints)
+    return found[-1] if found else None
+
+
+def _app_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save(
+    checkpoints: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    keep: int,
+) -> str:
+    """Collective: every rank calls it. Returns the checkpoint path."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    path = step_dir(checkpoints, state.step)
+    fs, root = _fs(path)
+    rank = dist.get_rank()
+    if rank == 0 and fs.exists(root):
+        fs.rm(root, recursive=True)  # a leftover partial save of this very step
+    dist.barrier()
+    dcp.save(_app_state(model, optimizer), storage_writer=FsspecWriter(path))
+    buffer = io.BytesIO()
+    torch.save(rng_state(), buffer)
+    fs.makedirs(f"{root}/rng", exist_ok=True)
+    with fs.open(f"{root}/rng/rank-{rank:05d}.pt", "wb") as f:
+        f.write(buffer.getvalue())
+    if rank == 0:
+        with fs.open(f"{root}/{STATE_FILE}", "w") as f:
+            json.dump(asdict(state), f, indent=2, default=str)
+    dist.barrier()  # every rank's shards and RNG are durable before the marker says so
+    if rank == 0:
+        with fs.open(f"{root}/{MARKER}", "w") as f:
+            f.write(f"step {state.step}\n")
+        prune(checkpoints, keep)
+    dist.barrier()
+    return path
+
+
+def prune(checkpoints: str, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than them."""
+    fs, root = _fs(checkpoints)
+    complete = complete_checkpoints(checkpoints)
+    keep_steps = {step for step, _ in complete[-keep:]}
+    newest = max(keep_steps, default=-1)
+    for entry in fs.ls(root, detail=False):
+        match = STEP_DIR.search(entry.rstrip("/"))
+        if not match:
+            continue
+        step = int(match.group(1))
+        if step not in keep_steps and step < newest:
+            log.info("deleting old checkpoint %s", entry)
+            fs.rm(entry, recursive=True)
+
+
+def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainerState:
+    """Collective: restore model, optimizer and this rank's RNG; return the trainer state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state_dict = _app_state(model, optimizer)
+    dcp.load(state_dict, storage_reader=FsspecReader(path))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state_dict["model"],
+        optim_state_dict=state_dict["optim"],
+    )
+    fs, root = _fs(path)
+    with fs.open(f"{root}/{STATE_FILE}", "r") as f:
+        state = TrainerState.from_dict(json.load(f))
+    rng_file = f"{root}/rng/rank-{dist.get_rank():05d}.pt"
+    if state.world_size == dist.get_world_size() and fs.exists(rng_file):
+        with fs.open(rng_file, "rb") as f:
+            set_rng_state(torch.load(io.BytesIO(f.read()), weights_only=False))
+    else:
+        log.warning(
+            "world size changed (%s -> %s): RNG streams restart from the seed",
+            state.world_size,
+            dist.get_world_size(),
+        )
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

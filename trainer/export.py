@@ -1,0 +1,123 @@
+"""Write the trained model as a Hugging Face directory, once, from rank 0.
+
+Every rank takes part in gathering the full state dict to CPU (`full_state_dict=True,
+cpu_offload=True` fills it on rank 0 only); rank 0 writes sharded safetensors + index, config,
+generation config and tokenizer to a local directory and uploads it when the target is remote.
+With LoRA it writes `adapter/` (peft's adapter format) and the merged model at the top level, so
+`from_pretrained(OUTPUT/model)` works either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import TrainConfig, parse_size
+from trainer.model import CausalLMLoss, lora_config
+
+log = logging.getLogger(__name__)
+
+
+def gather_full_state_dict(root: CausalLMLoss) -> dict[str, torch.Tensor]:
+    """Collective. Rank 0 gets the full state dict (keys without the `lm.` prefix); others {}."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(
+        root, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if dist.get_rank() != 0:
+        return {}
+    return {k.removeprefix("lm."): v for k, v in full.items() if isinstance(v, torch.Tensor)}
+
+
+def save_safetensors(
+    state_dict: dict[str, torch.Tensor], out: Path, max_shard_size: int
+) -> list[str]:
+    """Sharded safetensors + model.safetensors.index.json, as `save_pretrained` lays them out."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    split = split_torch_state_dict_into_shards(state_dict, max_shard_size=max_shard_size)
+    for filename, names in split.filename_to_tensors.items():
+        save_file(
+            {n: state_dict[n].contiguous() for n in names},
+            out / filename,
+            metadata={"format": "pt"},
+        )
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return list(split.filename_to_tensors)
+
+
+def export_model(
+    root: CausalLMLoss, config: TrainConfig, model_dir: str, target: str, tokenizer: Any
+) -> None:
+    """Collective. Writes `target` (local or fsspec URI) on rank 0."""
+    full = gather_full_state_dict(root)
+    if dist.get_rank() == 0:
+        with tempfile.TemporaryDirectory(prefix="llmft-export-") as tmp:
+            _write(full, config, model_dir, Path(tmp), tokenizer)
+            _publish(Path(tmp), target)
+        log.info("exported the model to %s", target)
+    dist.barrier()
+
+
+def _write(
+    full: dict[str, torch.Tensor], config: TrainConfig, model_dir: str, out: Path, tokenizer: Any
+) -> None:
+    from transformers import AutoConfig, GenerationConfig
+
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    dtype = getattr(hf_config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    shard = parse_size(config.export_shard_size)
+    if config.lora_rank:
+        full = _save_adapter_and_merge(full, config, hf_config, out)
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items()}
+    if getattr(hf_config, "tie_word_embeddings", False):
+        weights.pop("lm_head.weight", None)  # the embedding is the head; save it once
+    save_safetensors(weights, out, shard)
+    hf_config.save_pretrained(out)
+    # A base model without generation_config.json gets none in the export either.
+    with contextlib.suppress(OSError):
+        GenerationConfig.from_pretrained(model_dir).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _save_adapter_and_merge(
+    full: dict[str, torch.Tensor], config: TrainConfig, hf_config: Any, out: Path
+) -> dict[str, torch.Tensor]:
+    """Write OUTPUT/model/adapter and return the merged (plain) state dict."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    peft_model = get_peft_model(base, lora_config(config))
+    peft_model.load_state_dict(full, assign=True, strict=True)
+    peft_model.peft_config["default"].base_model_name_or_path = config.model
+    peft_model.save_pretrained(out / "adapter")
+    merged = peft_model.merge_and_unload()
+    return {k: v.detach() for k, v in merged.state_dict().items()}
+
+
+def _publish(local: Path, target: str) -> None:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(target)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+    if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+        shutil.copytree(local, root)
+    else:
+        fs.put(str(local).rstrip("/") + "/", root, recursive=True)

@@ -1,0 +1,106 @@
+"""Training metrics on rank 0: JSONL + TensorBoard + log line, and the FLOP accounting for MFU.
+
+MFU = achieved model FLOP/s / peak FLOP/s of the devices. Model FLOPs per token follow the PaLM
+paper's appendix B (Chowdhery et al. 2022): 6 x N (matmul parameters; forward 2N + backward 4N)
++ 12 x layers x hidden x seq_len (attention scores), counted for every token in a row, as is
+conventional, although the LM head here runs only on target positions (so the work actually done
+is smaller than the FLOPs credited, same as recomputation is not credited). With LoRA the frozen
+weights need no weight gradients: 4 x N.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import time
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Dense BF16 tensor-core peak FLOP/s per device (without 2:4 sparsity). Sources: NVIDIA data
+# sheets -- H200 SXM and H100 SXM: 989.5 TFLOPS ("1,979 TFLOPS with sparsity"); H100 PCIe:
+# 756 TFLOPS; A100: 312 TFLOPS; L4: 121 TFLOPS; A10/A10G: 125 TFLOPS; B200: 2.25 PFLOPS (DGX B200
+# data sheet, 72 PFLOPS FP8 training per 8 GPUs -> half for BF16 dense).
+PEAK_BF16_FLOPS = {
+    "H200": 989.5e12,
+    "H100 PCIe": 756e12,
+    "H100": 989.5e12,
+    "A100": 312e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "B200": 2250e12,
+}
+
+
+def peak_flops(device: torch.device, override: float | None = None) -> float | None:
+    """Peak FLOP/s of one device, or None when unknown (CPUs: no meaningful tensor peak)."""
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_BF16_FLOPS.items():  # dict order puts "H100 PCIe" before "H100"
+        if key in name:
+            return value
+    log.warning("unknown GPU %r: MFU not reported (set peak_flops)", name)
+    return None
+
+
+def flops_per_token(
+    matmul_params: int, num_layers: int, hidden: int, seq_len: int, lora: bool = False
+) -> float:
+    return (4 if lora else 6) * matmul_params + 12 * num_layers * hidden * seq_len
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class MetricsWriter:
+    """Rank 0 writes; other ranks get a writer whose methods do nothing."""
+
+    def __init__(self, output: str, *, enabled: bool, tensorboard: bool) -> None:
+        self.enabled = enabled
+        self._jsonl = None
+        self._tb: Any = None
+        if not enabled:
+            return
+        import fsspec
+
+        self._jsonl = fsspec.open(output.rstrip("/") + "/metrics.jsonl", "a").open()
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # Vertex AI sets AIP_TENSORBOARD_LOG_DIR when a TensorBoard instance is attached.
+            logdir = (
+                os.environ.get("AIP_TENSORBOARD_LOG_DIR") or output.rstrip("/") + "/tensorboard"
+            )
+            self._tb = SummaryWriter(logdir)
+
+    def write(self, step: int, values: dict[str, float | int | None]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "time": time.time(), **values}
+        assert self._jsonl is not None
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in values.items():
+                if value is not None:
+                    self._tb.add_scalar(f"train/{key}", value, step)
+        shown = " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
+        )
+        log.info("step %d %s", step, shown)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,244 @@
+"""Build the sharded training model: resolve where the weights are, shard, then load.
+
+Initialisation never materialises the full model on every rank: every rank builds the module tree
+with parameters on the meta device (buffers such as RoPE frequencies are real, they are tiny),
+applies FSDP2 `fully_shard` per decoder block and at the root, allocates only its own shards, and
+then rank 0 alone loads the checkpoint with `from_pretrained` and broadcasts it shard by shard
+(`set_model_state_dict(..., broadcast_from_rank0=True)`). Host memory per node is therefore one
+full copy (on the node of rank 0) plus 1/world of the model per process, not processes x model.
+
+The loss is computed inside the FSDP root module (`CausalLMLoss`): the LM head runs only on
+positions whose next token is a target. Prompt tokens and padding never reach the vocabulary
+projection, which for instruction data and small models is a large share of the FLOPs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+REMOTE_PREFIXES = ("gs://", "s3://", "az://", "abfs://", "hf://", "memory://")
+
+
+def model_cache_dir() -> Path:
+    """Node-local directory remote models are downloaded into ($LLMFT_CACHE_DIR)."""
+    return Path(os.environ.get("LLMFT_CACHE_DIR", "/tmp/llmft-cache"))
+
+
+def resolve_model_dir(spec: str, *, local_rank: int) -> str:
+    """A local directory holding `spec`: downloaded once per node by local rank 0.
+
+    Other ranks wait at a barrier, so N processes on a node cost one download, not N.
+    """
+    if spec.startswith(REMOTE_PREFIXES):
+        target = model_cache_dir() / hashlib.sha256(spec.encode()).hexdigest()[:16]
+        if local_rank == 0 and not (target / ".complete").exists():
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(spec)
+            partial = target.with_suffix(".partial")
+            log.info("downloading %s to %s", spec, target)
+            fs.get(root.rstrip("/") + "/", str(partial), recursive=True)
+            partial.rename(target)
+            (target / ".complete").touch()
+        _barrier()
+        if not (target / ".complete").exists():
+            raise RuntimeError(f"{target} is missing after the download barrier")
+        return str(target)
+    if Path(spec).is_dir():
+        return spec
+    if Path(spec).exists() or spec.startswith(("/", "./", "../")):
+        raise ValueError(f"model {spec!r} is not a directory: pass a Hugging Face model directory")
+    from huggingface_hub import snapshot_download
+
+    if local_rank == 0:
+        snapshot_download(spec)
+    _barrier()
+    return snapshot_download(spec, local_files_only=True)
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Create parameters on the meta device while keeping buffers real.
+
+    Buffers (RoPE inverse frequencies) are computed in `__init__` and are not in checkpoints, so
+    they must be real; parameters are overwritten by the checkpoint, so they need no storage yet.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None:
+            meta = module._parameters[name]
+            assert meta is not None
+            module._parameters[name] = nn.Parameter(
+                meta.to("meta"), requires_grad=meta.requires_grad
+            )
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def decoder_blocks(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The ModuleList of transformer blocks (model.model.layers for Llama-like models)."""
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == num_layers:
+            return module
+    raise ValueError(f"cannot find the {num_layers} decoder blocks in {type(model).__name__}")
+
+
+class CausalLMLoss(nn.Module):
+    """The FSDP root: decoder forward + LM head on target positions only + summed cross-entropy.
+
+    Called with `position_ids` and without an attention mask or KV cache: that is what makes
+    transformers 5 restrict attention to each packed document (docs/architecture.md).
+    """
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def causal_lm(self) -> Any:
+        """The Hugging Face *ForCausalLM module (under the peft wrapper when LoRA is on)."""
+        lm: Any = self.lm
+        return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Sum over target tokens of -log p(token | its document prefix)."""
+        causal_lm = self.causal_lm()
+        hidden = causal_lm.get_decoder()(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        # Position t predicts token t + 1; keep only the positions whose next token is a target.
+        select = loss_mask[:, 1:].bool()
+        logits = causal_lm.get_output_embeddings()(hidden[:, :-1][select])
+        softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
+        logits = logits.float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return nn.functional.cross_entropy(logits, input_ids[:, 1:][select], reduction="sum")
+
+
+def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "bf16" or (config.dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def lora_config(config: TrainConfig) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,  # type: ignore[arg-type]  # peft annotates int, uses float
+        lora_dropout=config.lora_dropout,
+        target_modules=list(config.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def build_model(
+    config: TrainConfig, model_dir: str, device: torch.device, mesh: Any
+) -> CausalLMLoss:
+    """Meta init -> (LoRA) -> activation checkpointing -> compile -> fully_shard -> load weights."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    with parameters_on_meta():
+        lm = AutoModelForCausalLM.from_config(
+            hf_config, dtype=torch.float32, attn_implementation="sdpa"
+        )
+        if config.lora_rank:
+            from peft import get_peft_model
+
+            lm = get_peft_model(lm, lora_config(config))
+    root = CausalLMLoss(lm)
+    blocks = decoder_blocks(root, hf_config.num_hidden_layers)
+    if config.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
+        for i, block in enumerate(blocks):
+            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+    if config.compile:
+        # Per block, not the whole model: compile time stays flat in depth and FSDP's hooks stay
+        # outside the graphs (the torchtitan recipe).
+        for i, block in enumerate(blocks):
+            blocks[i] = torch.compile(block, fullgraph=False)  # type: ignore[assignment]
+    dtype = compute_dtype(config, device)
+    mp = MixedPrecisionPolicy(
+        param_dtype=dtype if dtype != torch.float32 else None, reduce_dtype=torch.float32
+    )
+    for block in blocks:
+        fully_shard(
+            block, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward
+        )
+    fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+
+    buffers = {name: b.detach().clone() for name, b in root.named_buffers()}
+    root.to_empty(device=device)
+    with torch.no_grad():
+        for name, buffer in root.named_buffers():
+            buffer.copy_(buffers[name].to(device))
+    if getattr(hf_config, "tie_word_embeddings", False):
+        root.causal_lm().tie_weights()
+
+    full: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        full = load_full_state_dict(config, model_dir)
+    set_model_state_dict(
+        root,
+        full,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True),
+    )
+    del full
+    return root
+
+
+def load_full_state_dict(config: TrainConfig, model_dir: str) -> dict[str, torch.Tensor]:
+    """Rank 0 only: the full fp32 state dict, keyed like `CausalLMLoss` (LoRA adapters seeded)."""
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if config.lora_rank:
+        from peft import get_peft_model
+
+        torch.manual_seed(config.seed)
+        lm = get_peft_model(lm, lora_config(config))
+    return CausalLMLoss(lm).state_dict()
+
+
+def parameter_counts(root: CausalLMLoss) -> tuple[int, int, int]:
+    """(all parameters, trainable ones, parameters in matmuls: all but the input embedding)."""
+    total = trainable = 0
+    for p in root.parameters():
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    embedding = root.causal_lm().get_input_embeddings().weight.numel()
+    return total, trainable, total - embedding

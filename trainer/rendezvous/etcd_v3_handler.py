@@ -1,0 +1,179 @@
+"""torch-side pieces of the `etcd-v3` rendezvous: the state backend and the handler.
+
+torch's DynamicRendezvousHandler does the rendezvous protocol (join, last call, heartbeats,
+elastic membership); it only needs a backend that stores one opaque state blob with
+compare-and-set. Here that is one etcd key written through a v3 transaction whose compare is the
+key's `mod_revision` (the fencing token), so concurrent agents never overwrite each other.
+
+Imported lazily by `trainer.rendezvous.etcd_v3` (see there why).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import uuid
+from datetime import timedelta
+
+from torch.distributed.elastic.rendezvous import (
+    RendezvousConnectionError,
+    RendezvousParameters,
+)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousBackend,
+    RendezvousTimeout,
+    Token,
+)
+
+from trainer.rendezvous.etcd_v3 import BACKEND_NAME, EtcdV3RendezvousConfig
+from trainer.rendezvous.etcd_v3_client import EtcdV3Client, EtcdV3Error
+from trainer.rendezvous.etcd_v3_lease import RunLease
+from trainer.rendezvous.etcd_v3_store import EtcdV3Store
+
+logger = logging.getLogger(__name__)
+
+
+class EtcdV3RendezvousBackend(RendezvousBackend):
+    """Holds the rendezvous state in one etcd key; the fencing token is its mod revision.
+
+    Args:
+        client: etcd client.
+        key: the state key.
+        lease: the run lease the key is attached to.
+    """
+
+    def __init__(self, client: EtcdV3Client, key: str, lease: RunLease) -> None:
+        self._client = client
+        self._key = key.encode()
+        self._lease = lease
+
+    @property
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        try:
+            kv = self._client.get(self._key)
+        except EtcdV3Error as exc:
+            raise RendezvousConnectionError(f"etcd-v3 rendezvous: {exc}") from exc
+        return None if kv is None else (kv.value, kv.mod_revision)
+
+    def set_state(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
+        if token is not None and not isinstance(token, int):
+            # Not one of our tokens (revisions are ints): it cannot match, so report what is there.
+            existing = self.get_state()
+            return None if existing is None else (*existing, False)
+        # mod_revision 0 in the compare means "the key does not exist": create-if-absent.
+        revision = token or 0
+        try:
+            written, new_revision, current = self._lease.call(
+                lambda lease: self._client.put_if(
+                    self._key, state, mod_revision=revision, lease=lease
+                )
+            )
+        except EtcdV3Error as exc:
+            raise RendezvousConnectionError(f"etcd-v3 rendezvous: {exc}") from exc
+        if written:
+            return state, new_revision, True
+        if current is None:
+            return None
+        return current.value, current.mod_revision, False
+
+
+class EtcdV3RendezvousHandler(DynamicRendezvousHandler):
+    """torch's dynamic rendezvous plus the run-lease lifecycle: keys go away with the last agent."""
+
+    _run_lease: RunLease | None = None
+
+    def attach_lease(self, lease: RunLease) -> None:
+        self._run_lease = lease
+        # An agent killed by a signal skips shutdown() on purpose (torch keeps the rendezvous
+        # open for other agents): then only drop this node's registration at exit.
+        atexit.register(lease.leave)
+
+    def shutdown(self) -> bool:
+        try:
+            return super().shutdown()
+        finally:
+            if self._run_lease is not None:
+                self._run_lease.release()
+
+
+# torch 2.13 shares the rank-0 agent's TCPStore with the workers by default; after a worker crash
+# the restarted round then hung or failed in every trial we ran (pytorch/pytorch#135712), while
+# with sharing off every trial recovered. So this backend turns sharing off unless the user chose.
+SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def _timeout(params: RendezvousParameters, name: str) -> timedelta | None:
+    seconds = params.get_as_int(f"{name}_timeout")
+    return None if seconds is None else timedelta(seconds=seconds)
+
+
+def create_handler(
+    config: EtcdV3RendezvousConfig, params: RendezvousParameters
+) -> EtcdV3RendezvousHandler:
+    """Connect to etcd, join the run lease and build the handler.
+
+    Raises:
+        RendezvousConnectionError: no etcd endpoint answered.
+    """
+    if os.environ.setdefault(SHARE_STORE_ENV, "1") == "1":
+        logger.info("etcd-v3 rendezvous: %s=1 (workers get their own TCPStore)", SHARE_STORE_ENV)
+    client = EtcdV3Client(
+        config.endpoints,
+        ca_cert=config.cacert,
+        cert=config.cert,
+        key=config.key,
+        timeout=config.read_timeout,
+    )
+    node_name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    lease = RunLease(
+        client,
+        config.run_prefix,
+        node_name=node_name,
+        lease_ttl=config.lease_ttl,
+        node_ttl=config.node_ttl,
+    )
+    try:
+        lease.start()
+    except EtcdV3Error as exc:
+        raise RendezvousConnectionError(
+            f"etcd-v3 rendezvous: {exc} (is etcd running at {','.join(client.endpoints)}?)"
+        ) from exc
+    logger.info(
+        "etcd-v3 rendezvous: run %r at %s, keys under %s (lease %x, ttl %d s)",
+        config.run_id,
+        ",".join(client.endpoints),
+        config.run_prefix,
+        lease.lease_id,
+        config.lease_ttl,
+    )
+    backend = EtcdV3RendezvousBackend(client, config.run_prefix + "state", lease)
+    store = EtcdV3Store(
+        client, config.run_prefix + "store/", lease, timedelta(seconds=config.read_timeout)
+    )
+    timeout = RendezvousTimeout(
+        join=_timeout(params, "join"),
+        last_call=_timeout(params, "last_call"),
+        close=_timeout(params, "close"),
+        heartbeat=_timeout(params, "heartbeat"),
+    )
+    handler = EtcdV3RendezvousHandler.from_backend(
+        config.run_id,
+        store,
+        backend,
+        params.min_nodes,
+        params.max_nodes,
+        params.local_addr,
+        timeout,
+        keep_alive_interval=params.get_as_int("keep_alive_interval", 5) or 5,
+        keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", 3) or 3,
+    )
+    handler.attach_lease(lease)
+    return handler
