@@ -19,7 +19,9 @@ from apache_beam.options.pipeline_options import (
 
 from beam_preprocess.options import PreprocessConfig
 
-_SA = re.compile(r"^[a-z0-9-]+@[a-z0-9-]+\.iam\.gserviceaccount\.com$|^[0-9]+-compute@developer\.gserviceaccount\.com$")
+_SA = re.compile(
+    r"^[a-z0-9-]+@[a-z0-9-]+\.iam\.gserviceaccount\.com$|^[0-9]+-compute@developer\.gserviceaccount\.com$"
+)
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]$")
 _SUBNET = re.compile(
     r"^(https://www\.googleapis\.com/compute/v1/projects/[^/]+/)?regions/[a-z0-9-]+/subnetworks/[^/]+$"
@@ -38,7 +40,10 @@ def validate_dataflow_options(options: PipelineOptions, config: PreprocessConfig
         errors.append("--region is required with DataflowRunner (e.g. us-central1)")
     elif not _REGION.match(gcp.region):
         errors.append(f"--region {gcp.region!r} is not a region name like us-central1")
-    for flag, value in (("--temp_location", gcp.temp_location), ("--staging_location", gcp.staging_location)):
+    for flag, value in (
+        ("--temp_location", gcp.temp_location),
+        ("--staging_location", gcp.staging_location),
+    ):
         if value and not value.startswith("gs://"):
             errors.append(f"{flag} must be a gs:// path (got {value!r})")
     if not gcp.temp_location:
@@ -57,10 +62,16 @@ def validate_dataflow_options(options: PipelineOptions, config: PreprocessConfig
         errors.append(f"--subnetwork {worker.subnetwork!r} is not in --region {gcp.region}")
     if worker.max_num_workers is not None and worker.max_num_workers < 1:
         errors.append(f"--max_num_workers must be >= 1 (got {worker.max_num_workers})")
-    if worker.num_workers and worker.max_num_workers and worker.num_workers > worker.max_num_workers:
+    if (
+        worker.num_workers
+        and worker.max_num_workers
+        and worker.num_workers > worker.max_num_workers
+    ):
         errors.append("--num_workers is above --max_num_workers")
     if worker.machine_type and not re.match(r"^[a-z0-9]+-[a-z0-9-]+$", worker.machine_type):
-        errors.append(f"--machine_type {worker.machine_type!r} is not a machine type like n2-standard-8")
+        errors.append(
+            f"--machine_type {worker.machine_type!r} is not a machine type like n2-standard-8"
+        )
     if not (worker.sdk_container_image or setup.setup_file or setup.extra_packages):
         errors.append(
             "Dataflow workers need this package: pass --sdk_container_image with the project "
@@ -69,7 +80,9 @@ def validate_dataflow_options(options: PipelineOptions, config: PreprocessConfig
     remote = ("gs://",)
     for flag, value in [("--input", p) for p in config.inputs] + [("--output", config.output)]:
         if not value.startswith(remote):
-            errors.append(f"{flag} {value!r} must be a gs:// path: Dataflow workers cannot see local files")
+            errors.append(
+                f"{flag} {value!r} must be a gs:// path: Dataflow workers cannot see local files"
+            )
     if config.tokenizer.startswith("/") or config.tokenizer.startswith("."):
         errors.append(
             f"--tokenizer {config.tokenizer!r} is a local path: upload it to gs:// or use a hub name"
@@ -83,8 +96,15 @@ def build_job_request(pipeline: Any, options: PipelineOptions) -> tuple[Any, Any
     Used to check a graph and its worker settings without credentials (tests, dry runs).
     """
     from apache_beam.runners.dataflow.internal import apiclient
+    from apache_beam.transforms import environments
 
-    proto_pipeline = pipeline.to_runner_api()
+    # As DataflowRunner.run_pipeline does: the workers run the SDK container image.
+    default_environment = environments.DockerEnvironment.from_container_image(
+        apiclient.get_container_image_from_options(options),
+        artifacts=environments.python_sdk_dependencies(options),
+        resource_hints=environments.resource_hints_from_options(options),
+    )
+    proto_pipeline = pipeline.to_runner_api(default_environment=default_environment)
     job = apiclient.Job(options, proto_pipeline)
     environment = apiclient.Environment(
         packages=[],

@@ -33,51 +33,141 @@ def add_preprocess_arguments(parser: Any) -> None:
                 spellings.append(other)
         parser.add_argument(*spellings, **kwargs)
 
-    add("--input", dest="input", action="append", help="Input file, glob or gs:// pattern; repeat "
-        "or comma-separate for several. Formats: .jsonl, .json (array or lines), .csv, .parquet.")
+    add(
+        "--input",
+        dest="input",
+        action="append",
+        help="Input file, glob or gs:// pattern; repeat "
+        "or comma-separate for several. Formats: .jsonl, .json (array or lines), .csv, .parquet.",
+    )
     add("--output", help="Output dataset directory (local or gs://).")
     add("--tokenizer", help="Tokenizer: a save_pretrained directory (local or gs://) or hub name.")
     add("--seq-len", dest="seq_len", type=int, default=None, help="Tokens per packed row.")
-    add("--data-kind", dest="data_kind", default="instruction", choices=DATA_KINDS,
-        help="instruction: prompt/response or chat messages; text: plain causal-LM text.")
-    add("--input-format", dest="input_format", default="auto", choices=FORMATS,
-        help="Input format; auto picks it from each file's suffix.")
+    add(
+        "--data-kind",
+        dest="data_kind",
+        default="instruction",
+        choices=DATA_KINDS,
+        help="instruction: prompt/response or chat messages; text: plain causal-LM text.",
+    )
+    add(
+        "--input-format",
+        dest="input_format",
+        default="auto",
+        choices=FORMATS,
+        help="Input format; auto picks it from each file's suffix.",
+    )
     add("--prompt-field", dest="prompt_field", default="prompt", help="Field holding the prompt.")
-    add("--response-field", dest="response_field", default="response",
-        help="Field holding the response.")
-    add("--messages-field", dest="messages_field", default="messages",
-        help="Field holding a chat conversation [{role, content}, ...] (used when present).")
+    add(
+        "--response-field",
+        dest="response_field",
+        default="response",
+        help="Field holding the response.",
+    )
+    add(
+        "--messages-field",
+        dest="messages_field",
+        default="messages",
+        help="Field holding a chat conversation [{role, content}, ...] (used when present).",
+    )
     add("--text-field", dest="text_field", default="text", help="Field holding plain text.")
-    add("--eval-fraction", dest="eval_fraction", type=float, default=0.05,
-        help="Fraction of records held out for evaluation (by a hash of the prompt/text).")
-    add("--split-seed", dest="split_seed", default="llmft",
-        help="Salt of the split hash: change it to draw a different held-out set.")
-    add("--train-on-prompt", dest="train_on_prompt", action="store_true", default=False,
-        help="Also train on prompt tokens (default: only response tokens are targets).")
-    add("--overlong", default="auto", choices=("auto", *OVERLONG_POLICIES),
+    add(
+        "--eval-fraction",
+        dest="eval_fraction",
+        type=float,
+        default=0.05,
+        help="Fraction of records held out for evaluation (by a hash of the prompt/text).",
+    )
+    add(
+        "--split-seed",
+        dest="split_seed",
+        default="llmft",
+        help="Salt of the split hash: change it to draw a different held-out set.",
+    )
+    add(
+        "--train-on-prompt",
+        dest="train_on_prompt",
+        action="store_true",
+        default=False,
+        help="Also train on prompt tokens (default: only response tokens are targets).",
+    )
+    add(
+        "--overlong",
+        default="auto",
+        choices=("auto", *OVERLONG_POLICIES),
         help="Documents longer than seq-len: drop (filtered), truncate, or split into chunks. "
-        "auto: drop for instruction data, split for text.")
-    add("--min-chars", dest="min_chars", type=int, default=1,
-        help="Filter records with fewer characters (all fields together) after cleaning.")
-    add("--max-chars", dest="max_chars", type=int, default=1_000_000,
-        help="Filter records with more characters after cleaning (0: no limit).")
-    add("--min-tokens", dest="min_tokens", type=int, default=2,
-        help="Filter documents with fewer tokens.")
+        "auto: drop for instruction data, split for text.",
+    )
+    add(
+        "--min-chars",
+        dest="min_chars",
+        type=int,
+        default=1,
+        help="Filter records with fewer characters (all fields together) after cleaning.",
+    )
+    add(
+        "--max-chars",
+        dest="max_chars",
+        type=int,
+        default=1_000_000,
+        help="Filter records with more characters after cleaning (0: no limit).",
+    )
+    add(
+        "--min-tokens",
+        dest="min_tokens",
+        type=int,
+        default=2,
+        help="Filter documents with fewer tokens.",
+    )
     add("--normalization", default="NFC", choices=NORMALIZATIONS, help="Unicode normalisation.")
-    add("--collapse-whitespace", dest="collapse_whitespace", action="store_true", default=False,
-        help="Collapse runs of spaces/tabs (off by default: it damages code and tables).")
-    add("--max-rejected-fraction", dest="max_rejected_fraction", type=float, default=0.1,
-        help="Fail (after writing rejected/) when more than this fraction of records is rejected.")
-    add("--pack-groups", dest="pack_groups", type=int, default=16,
-        help="Parallel packing groups per split (leftovers of all groups are repacked together).")
-    add("--max-open-rows", dest="max_open_rows", type=int, default=2048,
-        help="Partial rows each packing group keeps open for best fit (memory: this x seq-len).")
-    add("--tokenize-batch-size", dest="tokenize_batch_size", type=int, default=2048,
-        help="Records per batched tokenizer call.")
-    add("--no-chat-template-fast-path", dest="chat_fast_path", action="store_false", default=True,
-        help="Render every record with Jinja (the fast path is verified against it anyway).")
-    add("--overwrite", action="store_true", default=False,
-        help="Delete an existing dataset in --output first (default: refuse to overwrite).")
+    add(
+        "--collapse-whitespace",
+        dest="collapse_whitespace",
+        action="store_true",
+        default=False,
+        help="Collapse runs of spaces/tabs (off by default: it damages code and tables).",
+    )
+    add(
+        "--max-rejected-fraction",
+        dest="max_rejected_fraction",
+        type=float,
+        default=0.1,
+        help="Fail (after writing rejected/) when more than this fraction of records is rejected.",
+    )
+    add(
+        "--pack-groups",
+        dest="pack_groups",
+        type=int,
+        default=16,
+        help="Parallel packing groups per split (leftovers of all groups are repacked together).",
+    )
+    add(
+        "--max-open-rows",
+        dest="max_open_rows",
+        type=int,
+        default=2048,
+        help="Partial rows each packing group keeps open for best fit (memory: this x seq-len).",
+    )
+    add(
+        "--tokenize-batch-size",
+        dest="tokenize_batch_size",
+        type=int,
+        default=2048,
+        help="Records per batched tokenizer call.",
+    )
+    add(
+        "--no-chat-template-fast-path",
+        dest="chat_fast_path",
+        action="store_false",
+        default=True,
+        help="Render every record with Jinja (the fast path is verified against it anyway).",
+    )
+    add(
+        "--overwrite",
+        action="store_true",
+        default=False,
+        help="Delete an existing dataset in --output first (default: refuse to overwrite).",
+    )
 
 
 class PreprocessOptions(PipelineOptions):
@@ -130,7 +220,9 @@ class PreprocessConfig:
         """Validate the parsed flags; every problem is reported in one ValueError."""
         o = options.view_as(PreprocessOptions)
         errors = []
-        inputs = tuple(p.strip() for value in (o.input or []) for p in value.split(",") if p.strip())
+        inputs = tuple(
+            p.strip() for value in (o.input or []) for p in value.split(",") if p.strip()
+        )
         if not inputs:
             errors.append("--input is required (a file, glob or gs:// pattern)")
         if not o.output:

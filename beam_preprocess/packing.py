@@ -9,7 +9,9 @@ next document does not fit wastes the tail of most rows (~0.94 fill on the sampl
 512). Keeping up to `max_open_bins` partial rows and putting each document in the partial row it
 fills most tightly (best fit) reaches >= 0.98 on the same data while memory stays bounded
 (max_open_bins * seq_len tokens), so it streams over arbitrarily large groups on Dataflow.
-`pack_offline` sorts first (best-fit decreasing) for the small leftover group.
+The rows each group leaves underfull are repacked together by `pack_exact`, which closes rows
+exactly with a small subset-sum search; `pack_offline` (best-fit decreasing) is the textbook
+baseline it is compared with in the tests.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class BestFitPacker:
         self._remaining: list[tuple[int, int]] = []  # sorted (remaining capacity, bin id)
         self._bins: dict[int, list[Document]] = {}
         self._ids = itertools.count()
+        self._shortest = seq_len
+        """Shortest document seen: a gap smaller than this is unlikely ever to be filled."""
 
     def add(self, doc: Document) -> list[list[Document]]:
         """Place one document; returns the bins this closed (full, or evicted to bound memory)."""
@@ -67,7 +71,14 @@ class BestFitPacker:
         if not 1 <= n <= self.seq_len:
             raise ValueError(f"document of {n} tokens cannot be packed into seq_len={self.seq_len}")
         closed: list[list[Document]] = []
+        self._shortest = min(self._shortest, n)
         pos = bisect.bisect_left(self._remaining, (n, -1))
+        if pos < len(self._remaining) and self._remaining[pos][0] != n:
+            # Prefer the tightest bin that keeps a fillable gap (>= the shortest document) over
+            # one that would be left with a dead gap; exact fits are taken as they are.
+            roomy = bisect.bisect_left(self._remaining, (n + self._shortest, -1))
+            if roomy < len(self._remaining):
+                pos = roomy
         if pos < len(self._remaining):
             remaining, bin_id = self._remaining.pop(pos)
             self._bins[bin_id].append(doc)
@@ -159,3 +170,91 @@ def rows_from_bins(bins: list[list[Document]], seq_len: int, pad_id: int) -> Pac
         documents=documents,
         tokens=sum(bin_tokens(b) for b in bins),
     )
+
+
+def pack_exact(docs: Iterable[Document], seq_len: int) -> list[list[Document]]:
+    """Fill rows one at a time: an exact fit for the remaining room if one exists, else one of
+    two documents that complete it exactly, else the longest document that still leaves room for
+    the shortest one, else the longest that fits.
+
+    With documents bucketed by length this is a few bisects per document, and because small
+    documents are kept back to close gaps exactly, rows end up full whenever enough of them
+    exist (best-fit decreasing leaves a dead gap shorter than the shortest document in most rows).
+    """
+    buckets: dict[int, list[Document]] = {}
+    for doc in docs:
+        buckets.setdefault(len(doc[0]), []).append(doc)
+    lengths = sorted(buckets)  # lengths with documents left, ascending
+    bins: list[list[Document]] = []
+
+    def take(length: int) -> Document:
+        stack = buckets[length]
+        doc = stack.pop()
+        if not stack:
+            del buckets[length]
+            lengths.pop(bisect.bisect_left(lengths, length))
+        return doc
+
+    while lengths:
+        room, row = seq_len, []
+        while lengths and room >= lengths[0]:
+            if room in buckets:
+                row.append(take(room))
+                room = 0
+                break
+            if room <= _EXACT_ROOM:
+                combo = _exact_combination(buckets, lengths, room)
+                if combo:
+                    row.extend(take(length) for length in combo)
+                    room = 0
+                    break
+            pick = _completing_pair(buckets, lengths, room) if room <= 2 * lengths[-1] else None
+            if pick is None:
+                keep_gap = bisect.bisect_right(lengths, room - lengths[0]) - 1
+                fits = bisect.bisect_right(lengths, room) - 1
+                pick = lengths[keep_gap] if keep_gap >= 0 else lengths[fits]
+            row.append(take(pick))
+            room -= pick
+        bins.append(row)
+    return bins
+
+
+_EXACT_ROOM = 96
+"""Rooms up to this size are closed exactly by a small subset-sum search when possible."""
+
+
+def _exact_combination(
+    buckets: dict[int, list[Document]], lengths: list[int], room: int
+) -> list[int] | None:
+    """Lengths of available documents summing exactly to `room` (small rooms only), or None."""
+    usable = lengths[: bisect.bisect_right(lengths, room)]
+    last: list[int] = [0] * (room + 1)  # last[s]: a length whose addition first reached sum s
+    reached = [True] + [False] * room
+    for length in usable:
+        copies = min(len(buckets[length]), room // length)
+        for _ in range(copies):
+            for total in range(room, length - 1, -1):
+                if not reached[total] and reached[total - length]:
+                    reached[total], last[total] = True, length
+        if reached[room]:
+            break
+    if not reached[room]:
+        return None
+    combo, total = [], room
+    while total:
+        combo.append(last[total])
+        total -= last[total]
+    return combo
+
+
+def _completing_pair(
+    buckets: dict[int, list[Document]], lengths: list[int], room: int
+) -> int | None:
+    """The longer length `a` of two available documents with a + b == room, if any."""
+    for a in reversed(lengths[: bisect.bisect_left(lengths, room)]):
+        b = room - a
+        if b > a:
+            return None
+        if b in buckets and (b != a or len(buckets[a]) >= 2):
+            return a
+    return None

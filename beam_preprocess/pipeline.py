@@ -234,7 +234,7 @@ def _reject_unknown_flags(argv: list[str]) -> None:
         seen.add(cls)
         pending.extend(cls.__subclasses__())
         try:
-            cls._add_argparse_args(parser)
+            cls._add_argparse_args(parser)  # type: ignore[arg-type]
         except argparse.ArgumentError:
             continue  # options defined by two views (Beam allows it); the first one is enough
     _, unknown = parser.parse_known_args(argv)
@@ -270,7 +270,7 @@ def launch(argv: list[str]) -> LaunchedRun:
 def finish(launched: LaunchedRun) -> Manifest:
     """Wait for the pipeline, check the rejected fraction, and write manifest.json."""
     state = launched.result.wait_until_finish()
-    if str(state).rsplit(".", 1)[-1] not in ("DONE", "None"):
+    if str(state).rsplit(".", 1)[-1] not in ("DONE", "JOB_STATE_DONE"):
         raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
     return write_manifest(launched.config, launched.tokenizer)
 
@@ -346,7 +346,16 @@ def _prepare_output(out: str, overwrite: bool) -> None:
     else:
         existing = os.listdir(out) if os.path.isdir(out) else []
     if existing and not overwrite:
-        raise ValueError(f"--output {out!r} is not empty: choose a new directory or pass --overwrite")
+        raise ValueError(
+            f"--output {out!r} is not empty: choose a new directory or pass --overwrite"
+        )
+    names = {path.rstrip("/").rsplit("/", 1)[-1] for path in existing}
+    if existing and not names & {MANIFEST_FILE, STATS_FILE}:
+        # --overwrite deletes the directory: never do that to something that is not a dataset.
+        raise ValueError(
+            f"--output {out!r} holds files but no {MANIFEST_FILE} or {STATS_FILE}: it does not "
+            "look like a dataset written by this pipeline, so --overwrite will not delete it"
+        )
     if existing and remote:
         FileSystems.delete(existing)
     elif existing:

@@ -26,7 +26,13 @@ from apache_beam.metrics import Metrics
 from beam_preprocess.records import DEAD, OUTCOME, READ, dead_letter, outcome
 
 FORMATS = ("auto", "jsonl", "json", "csv", "parquet")
-_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+_SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
 _COMPRESSIONS = (".gz", ".bz2", ".zst", ".deflate", ".lzma")
 _MAX_RAW_CHARS = 10_000
 """Raw text kept in a dead letter: enough to see the problem, bounded for huge broken lines."""
@@ -89,7 +95,11 @@ def _parse_jsonl(stream: Any, path: str) -> Iterator[Parsed]:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            yield source, line[:_MAX_RAW_CHARS].decode("utf-8", "replace"), ("invalid_utf8", str(exc))
+            yield (
+                source,
+                line[:_MAX_RAW_CHARS].decode("utf-8", "replace"),
+                ("invalid_utf8", str(exc)),
+            )
             continue
         if not text.strip():
             continue  # blank lines separate nothing in JSONL; they are not records
@@ -118,7 +128,11 @@ def _parse_json_array(data: bytes, path: str) -> Iterator[Parsed]:
         yield path, raw, ("invalid_json", f"the file is not valid JSON: {exc}")
         return
     if not isinstance(value, list):
-        yield path, None, ("not_an_object", f"expected a JSON array of objects, got {type(value).__name__}")
+        yield (
+            path,
+            None,
+            ("not_an_object", f"expected a JSON array of objects, got {type(value).__name__}"),
+        )
         return
     for index, item in enumerate(value):
         yield _object_or_error(f"{path}[{index}]", item, item)
@@ -131,9 +145,13 @@ def _parse_csv(stream: Any, path: str) -> Iterator[Parsed]:
         for row in reader:
             source = f"{path}:{reader.line_num}"
             if None in row or None in row.values():
-                yield source, row, (
-                    "invalid_csv",
-                    f"expected {len(reader.fieldnames or [])} fields as in the header",
+                yield (
+                    source,
+                    row,
+                    (
+                        "invalid_csv",
+                        f"expected {len(reader.fieldnames or [])} fields as in the header",
+                    ),
                 )
                 continue
             yield source, row, None

@@ -53,7 +53,9 @@ def _copy_dir_locally(uri: str) -> str:
     """Copy the files of a remote tokenizer directory to a per-process local cache dir."""
     from apache_beam.io.filesystems import FileSystems
 
-    local = os.path.join(tempfile.gettempdir(), "llmft-tokenizers", uri.replace("://", "_").replace("/", "_"))
+    local = os.path.join(
+        tempfile.gettempdir(), "llmft-tokenizers", uri.replace("://", "_").replace("/", "_")
+    )
     if os.path.isdir(local):
         return local
     partial = local + f".partial-{os.getpid()}"
@@ -140,7 +142,9 @@ class ChatRenderer:
         return pattern
 
     @staticmethod
-    def _pattern_pair(pattern: tuple[str, str, str], prompt: str, response: str) -> tuple[str, Span]:
+    def _pattern_pair(
+        pattern: tuple[str, str, str], prompt: str, response: str
+    ) -> tuple[str, Span]:
         before, after_prompt, end = pattern
         head = before + prompt + after_prompt
         full = head + response + end
@@ -212,7 +216,9 @@ class DocumentEncoder:
         if config.data_kind == "text" and self.eos is None:
             raise ValueError("plain-text data needs a tokenizer with an eos token")
         self.renderer = (
-            ChatRenderer(tokenizer, config.chat_fast_path) if config.data_kind == "instruction" else None
+            ChatRenderer(tokenizer, config.chat_fast_path)
+            if config.data_kind == "instruction"
+            else None
         )
         self.straddles = 0
         """Target spans whose first token also covers prompt characters (counted as prompt)."""
@@ -235,15 +241,21 @@ class DocumentEncoder:
                     and messages[0]["role"] == "user"
                     and messages[1]["role"] == "assistant"
                 ):
-                    text, target = self.renderer.pair(messages[0]["content"], messages[1]["content"])
+                    text, target = self.renderer.pair(
+                        messages[0]["content"], messages[1]["content"]
+                    )
                 else:
                     text, target = self.renderer.conversation(messages)
             except TemplateError as exc:
-                results[i] = Encoded(outcome="rejected", reason="chat_template_error", error=str(exc))
+                results[i] = Encoded(
+                    outcome="rejected", reason="chat_template_error", error=str(exc)
+                )
                 continue
             except Exception as exc:  # Jinja raise_exception() in a template: a bad record
                 results[i] = Encoded(
-                    outcome="rejected", reason="chat_template_error", error=f"{type(exc).__name__}: {exc}"
+                    outcome="rejected",
+                    reason="chat_template_error",
+                    error=f"{type(exc).__name__}: {exc}",
                 )
                 continue
             texts.append(text)
@@ -262,7 +274,9 @@ class DocumentEncoder:
                 mask = np.zeros(len(ids), dtype=np.uint8)
                 n, size = len(ids), len(text)
                 for start, end in target:
-                    mask[self._token_at(enc, start, size, n) : self._token_at(enc, end, size, n)] = 1
+                    mask[
+                        self._token_at(enc, start, size, n) : self._token_at(enc, end, size, n)
+                    ] = 1
             results[i] = self._apply_length_policy(ids, mask)
         return results
 

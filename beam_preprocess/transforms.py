@@ -23,7 +23,7 @@ from beam_preprocess.packing import (
     Document,
     PackedRows,
     bin_tokens,
-    pack_offline,
+    pack_exact,
     rows_from_bins,
 )
 from beam_preprocess.records import (
@@ -53,7 +53,7 @@ class ValidateFn(beam.DoFn):
         self.config = config
 
     def setup(self) -> None:
-        self.rejected = {}
+        self.rejected: dict[str, Any] = {}
 
     def process(self, element: dict[str, Any]) -> Iterator[Any]:
         source, record = element["source"], element["record"]
@@ -107,7 +107,9 @@ def _valid_messages(messages: Any, name: str) -> list[dict[str, str]]:
         try:
             messages = json.loads(messages)
         except json.JSONDecodeError as exc:
-            raise _Invalid("invalid_messages", f"field {name!r} is not a JSON list: {exc}") from None
+            raise _Invalid(
+                "invalid_messages", f"field {name!r} is not a JSON list: {exc}"
+            ) from None
     if not isinstance(messages, list) or not messages:
         raise _Invalid("invalid_messages", f"field {name!r} must be a non-empty list of messages")
     clean = []
@@ -149,7 +151,7 @@ _SPACES = re.compile(r"[ \t]+")
 def clean_text(text: str, normalization: str = "NFC", collapse_whitespace: bool = False) -> str:
     """Unicode-normalise, unify newlines, drop control characters and trim (optionally collapse)."""
     if normalization != "none":
-        text = unicodedata.normalize(normalization, text)
+        text = unicodedata.normalize(normalization, text)  # type: ignore[arg-type]
     text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     if collapse_whitespace:
         text = _SPACES.sub(" ", text)
@@ -184,7 +186,8 @@ class CleanFn(beam.DoFn):
         if reason:
             _counter(f"filtered_{reason}").inc()
             yield pvalue.TaggedOutput(
-                FILTERED, dead_letter(example["source"], _record_of(example), reason, f"{size} chars")
+                FILTERED,
+                dead_letter(example["source"], _record_of(example), reason, f"{size} chars"),
             )
             yield pvalue.TaggedOutput(OUTCOME, outcome("filtered", reason))
             return
@@ -257,7 +260,7 @@ class Deduplicate(beam.PTransform):
 
 
 def split_of(example: dict[str, Any], eval_fraction: float, seed: str) -> str:
-    """"eval" for a deterministic `eval_fraction` of examples, by a salted hash of the prompt.
+    """ "eval" for a deterministic `eval_fraction` of examples, by a salted hash of the prompt.
 
     Hashing the prompt (the conversation before the final answer) rather than the whole record
     keeps one prompt with two different answers on the same side of the split.
@@ -444,7 +447,7 @@ class PackGroupFn(beam.DoFn):
 
 
 class PackLeftoversFn(beam.DoFn):
-    """Stage 2: best-fit decreasing over all leftovers of a split (small: bounded by groups)."""
+    """Stage 2: exact-fill packing of all leftovers of a split (small: bounded by groups)."""
 
     def __init__(self, seq_len: int, pad_id: int) -> None:
         self.seq_len, self.pad_id = seq_len, pad_id
@@ -452,7 +455,7 @@ class PackLeftoversFn(beam.DoFn):
     def process(self, element: tuple[str, Iterable[tuple[bytes, bytes]]]) -> Iterator[Any]:
         split, values = element
         out = _RowEmitter(split, self.seq_len, self.pad_id)
-        yield from out.add(pack_offline((_document(v) for v in values), self.seq_len))
+        yield from out.add(pack_exact((_document(v) for v in values), self.seq_len))
         yield from out.flush()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import sys
@@ -58,7 +59,9 @@ def build_tokenizer(out_dir: Path) -> Path:
     return out_dir
 
 
-def run_ours(corpus: Path, tokenizer: Path, out: Path, seq_len: int, workers: int) -> dict[str, Any]:
+def run_ours(
+    corpus: Path, tokenizer: Path, out: Path, seq_len: int, workers: int
+) -> dict[str, Any]:
     from beam_preprocess.pipeline import run
 
     start = time.perf_counter()
@@ -86,7 +89,9 @@ def run_ours(corpus: Path, tokenizer: Path, out: Path, seq_len: int, workers: in
     }
 
 
-def run_peer(corpus: Path, tokenizer_dir: Path, cache: Path, seq_len: int, workers: int) -> dict[str, Any]:
+def run_peer(
+    corpus: Path, tokenizer_dir: Path, cache: Path, seq_len: int, workers: int
+) -> dict[str, Any]:
     from datasets import load_dataset
     from transformers import AutoTokenizer
 
@@ -140,6 +145,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    import datasets
+
+    datasets.disable_progress_bars()
     with tempfile.TemporaryDirectory(prefix="preprocess-bench-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -152,8 +161,12 @@ def main() -> None:
         ours = run_ours(corpus, tokenizer, work / "packed", args.seq_len, args.workers)
         print(f"ours (beam_preprocess):            {ours}", flush=True)
     ratio = ours["tokens_per_s"] / peer["tokens_per_s"]
-    print(f"tokens/s ours {ours['tokens_per_s']:,} vs peer {peer['tokens_per_s']:,}: ratio {ratio:.2f}")
-    print(f"fill ratio ours {ours['fill_ratio']} (documents never split), peer {peer['fill_ratio']}")
+    print(
+        f"tokens/s ours {ours['tokens_per_s']:,} vs peer {peer['tokens_per_s']:,}: ratio {ratio:.2f}"
+    )
+    print(
+        f"fill ratio ours {ours['fill_ratio']} (documents never split), peer {peer['fill_ratio']}"
+    )
     result = {
         "records": args.records,
         "seq_len": args.seq_len,

@@ -146,7 +146,7 @@ def main() -> None:
         "repeats": args.repeats,
         "cpu_count": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
-        **{key: statistics.median(r[key] for r in runs) for key in runs[0]},
+        **{key: round(statistics.median(r[key] for r in runs), 3) for key in runs[0]},
     }
     print("RESULT " + json.dumps(result))
 

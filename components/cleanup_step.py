@@ -13,6 +13,8 @@ cleanup_run(backend='local', run_id='RUN')"`.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from components.launchers.base import BACKENDS, get_launcher
@@ -47,8 +49,9 @@ def cleanup_run(
     if backend == "local":
         launcher = get_launcher("local", state_root=state_root)
     elif backend == "gke":
-        launcher = get_launcher("gke", api_client=api_client, cluster=gke_cluster,
-                                namespace=namespace or "default")
+        launcher = get_launcher(
+            "gke", api_client=api_client, cluster=gke_cluster, namespace=namespace or "default"
+        )
     else:
         launcher = get_launcher("vertex", project=project, location=region, client=vertex_client)
     removed = launcher.cleanup(run_id)
@@ -56,4 +59,17 @@ def cleanup_run(
         logger.info("cleanup of run %s: %s", run_id, item)
     if not removed:
         logger.info("cleanup of run %s: nothing left to remove on %s", run_id, backend)
+    return removed
+
+
+def cleanup_local_state(state_root: str | os.PathLike[str]) -> list[str]:
+    """Clean up every local run recorded under `state_root` (the local pipeline runner's last
+    resort when its exit handler could not run): processes, etcd, state files."""
+    root = Path(state_root)
+    if not root.is_dir():
+        return []
+    removed: list[str] = []
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        # Directory names are safe run ids, and safe_run_id is idempotent on them.
+        removed += cleanup_run(backend="local", run_id=run_dir.name, state_root=str(root))
     return removed

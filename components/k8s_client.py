@@ -37,9 +37,7 @@ def _write_ca(pem: bytes) -> str:
     return path
 
 
-def gke_configuration(
-    cluster: str, *, credentials: Any = None, cluster_manager: Any = None
-) -> Any:
+def gke_configuration(cluster: str, *, credentials: Any = None, cluster_manager: Any = None) -> Any:
     """A `kubernetes.client.Configuration` for a GKE cluster reached through its public endpoint.
 
     Args:

@@ -44,11 +44,13 @@ def validate_inputs(
     register_model: bool,
     serving_image: str,
     max_eval_examples: int,
-) -> str:
-    """Check every run parameter before anything costly starts; resolve the base model.
+    schedule_time: str,
+) -> NamedTuple("ValidatedInputs", [("base_model", str), ("train_data_uri", str)]):  # type: ignore[valid-type]
+    """Check every run parameter before anything costly starts; resolve what a run reads.
 
     Returns:
-        The base model to start from (`latest-registered` resolved to a model URI).
+        base_model: the model to start from (`latest-registered` resolved to a model URI).
+        train_data_uri: the data URI with the schedule-time placeholder filled in.
     """
     from components.validation import validate_and_resolve
 
@@ -101,17 +103,21 @@ def preprocess(
 
 
 @llmft_component
-def etcd_up(backend: str, run_id: str, namespace: str, gke_cluster: str, project: str) -> str:
+def etcd_up(
+    backend: str, run_id: str, rdzv_backend: str, namespace: str, gke_cluster: str, project: str
+) -> str:
     """Start this run's etcd (a local process, or a StatefulSet + ClusterIP Service on GKE).
 
     Returns:
-        The rendezvous endpoint `host:port` ("" on Vertex, which rendezvouses at the primary).
+        The rendezvous endpoint `host:port` ("" for c10d and on Vertex, which rendezvous at the
+        primary replica).
     """
     from components.etcd_step import etcd_up as start
 
     return start(
         backend=backend,
         run_id=run_id,
+        rdzv_backend=rdzv_backend,
         namespace=namespace,
         gke_cluster=gke_cluster,
         project=project,
@@ -177,10 +183,6 @@ def train(
     )
 
 
-class EvaluateOutputs(NamedTuple):
-    passed: bool
-
-
 @llmft_component
 def evaluate(
     base_model: str,
@@ -192,7 +194,7 @@ def evaluate(
     champion_model: str,
     metrics: Output[Metrics],
     report: Output[HTML],
-) -> EvaluateOutputs:
+) -> NamedTuple("EvaluateOutputs", [("passed", bool)]):  # type: ignore[valid-type]
     """Evaluate the base and the tuned model on the eval split; write Metrics, an HTML report and
     the quality gate's verdict.
 
@@ -214,7 +216,7 @@ def evaluate(
     )
     for name, value in scalars.items():
         metrics.log_metric(name, value)
-    return EvaluateOutputs(passed=passed)
+    return (passed,)
 
 
 @llmft_component

@@ -17,7 +17,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-DATAFLOW_JOB_URI = "https://dataflow.googleapis.com/v1b3/projects/{project}/locations/{region}/jobs/{job_id}"
+DATAFLOW_JOB_URI = (
+    "https://dataflow.googleapis.com/v1b3/projects/{project}/locations/{region}/jobs/{job_id}"
+)
 
 
 def gcp_resources_json(project: str, region: str, job_id: str) -> str:

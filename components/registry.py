@@ -70,12 +70,12 @@ def _label_errors(labels: dict[str, str]) -> list[str]:
     return errors
 
 
-def _pinned(image: str) -> bool:
-    """True for `repo@sha256:...` or `repo:tag` with a tag other than latest."""
+def _tag(image: str) -> str | None:
+    """The image's tag ("" for a digest reference), None when it has neither."""
     if "@" in image:
-        return True
-    _, _, tag = image.rpartition("/")[2].partition(":")
-    return bool(tag) and tag != "latest"
+        return ""
+    _, sep, tag = image.rpartition("/")[2].partition(":")
+    return tag if sep else None
 
 
 def register_model(
@@ -132,11 +132,15 @@ def register_model(
         )
     if not serving_container_image_uri:
         errors.append("serving_container_image_uri is empty: pass the prediction container image")
-    elif not _pinned(serving_container_image_uri):
+    elif _tag(serving_container_image_uri) == "latest":
         errors.append(
-            f"serving container {serving_container_image_uri!r} is not pinned: use a fixed tag "
+            f"serving container {serving_container_image_uri!r} uses :latest: pin a version tag "
             "or digest so a registered version always serves with the same container"
         )
+    elif _tag(serving_container_image_uri) is None:
+        # Google's prebuilt serving images carry the version in the repository name and are
+        # documented without a tag, so an untagged image is allowed, with a warning.
+        log.warning("serving container %s has no tag or digest", serving_container_image_uri)
     if not display_name:
         errors.append("display_name is empty: name the registry model")
     if errors:
@@ -232,3 +236,99 @@ def latest_registered_version(
 
     latest = max(versions, key=order)
     return _version_of(registry.get_model(version=str(latest.version_id)))
+
+
+def _is_resource_ref(model: str) -> bool:
+    """A model resource name or numeric id, as opposed to a display name."""
+    return model.startswith("projects/") or model.isdigit()
+
+
+def resolve_model(
+    *, model: str, project: str, location: str, credentials: Any = None
+) -> tuple[str | None, str]:
+    """(resource name or None when no such model exists yet, display name) of `model`.
+
+    `model` is a resource name, a numeric id, or a display name; a resource name or id that does
+    not exist is a user error, a display name that does not exist means "create it".
+    """
+    from google.api_core import exceptions
+    from google.cloud import aiplatform
+
+    if not model:
+        raise ValueError(
+            "registered model is empty: pass a Vertex AI model resource name or display name"
+        )
+    if not _is_resource_ref(model):
+        return find_model(
+            display_name=model, project=project, location=location, credentials=credentials
+        ), model
+    try:
+        found = aiplatform.Model(
+            model_name=model, project=project, location=location, credentials=credentials
+        )
+    except exceptions.NotFound:
+        raise ValueError(
+            f"registered model {model!r} does not exist in {project}/{location}: pass an existing "
+            "model's resource name, or a display name to create a new model"
+        ) from None
+    return found.resource_name, found.display_name
+
+
+def latest_registered_model_uri(
+    *, model: str, project: str, location: str, credentials: Any = None
+) -> str:
+    """The artifact URI of `model`'s latest version (for base_model="latest-registered")."""
+    name, display_name = resolve_model(
+        model=model, project=project, location=location, credentials=credentials
+    )
+    version = (
+        latest_registered_version(
+            project=project, location=location, parent_model=name, credentials=credentials
+        )
+        if name
+        else None
+    )
+    if version is None or not version.artifact_uri:
+        raise ValueError(
+            f"model {display_name!r} has no registered version with files yet: pass a base model "
+            "for the first fine-tune (later runs can continue from the registered one)"
+        )
+    return version.artifact_uri
+
+
+def register_model_artifact(
+    *,
+    model_uri: str,
+    metadata: dict[str, Any],
+    run_id: str,
+    project: str,
+    location: str,
+    model: str,
+    serving_image: str,
+    credentials: Any = None,
+) -> str:
+    """The `register` component: upload the trainer's Model artifact; return the version's name.
+
+    The HF files are at the artifact's `model_uri` metadata (the trainer writes its run directory
+    to the artifact and the model to `<run dir>/model`). `model` is the registry model to add a
+    version to (resource name, id, or display name; a new display name creates the model).
+    """
+    artifact_uri = str(metadata.get("model_uri") or model_uri.rstrip("/") + "/model")
+    parent, display_name = resolve_model(
+        model=model, project=project, location=location, credentials=credentials
+    )
+    description = f"fine-tuned by llmft run {run_id}"
+    if metadata.get("base_model"):
+        description += f" from {metadata['base_model']}"
+    version = register_model(
+        artifact_uri=artifact_uri,
+        display_name=display_name,
+        serving_container_image_uri=serving_image,
+        run_id=run_id,
+        project=project,
+        location=location,
+        parent_model=parent,
+        description=description,
+        credentials=credentials,
+    )
+    return version.versioned_name

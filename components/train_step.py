@@ -58,7 +58,9 @@ def read_summary(output: str) -> dict[str, Any]:
         ) from None
 
 
-def model_metadata(summary: Mapping[str, Any], *, output: str, launch: TrainLaunch, backend: str) -> dict[str, Any]:
+def model_metadata(
+    summary: Mapping[str, Any], *, output: str, launch: TrainLaunch, backend: str
+) -> dict[str, Any]:
     """Model artifact metadata: what it was trained from, how far, and where the HF files are."""
     model_uri = summary.get("model_dir") or output.rstrip("/") + "/model"
     return {
@@ -129,7 +131,9 @@ def run_train_step(
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "vertex" and rdzv_backend != "c10d":
-        logger.warning("rdzv_backend=%s is ignored on Vertex: c10d at the primary replica", rdzv_backend)
+        logger.warning(
+            "rdzv_backend=%s is ignored on Vertex: c10d at the primary replica", rdzv_backend
+        )
         rdzv_backend, rdzv_endpoint = "c10d", ""
     launch = TrainLaunch(
         run_id=run_id, model=model, data=data, output=output, nodes=nodes,
@@ -195,14 +199,21 @@ def run_train_component(
             job_options["service_account"] = service_account
         if hf_token_secret:
             job_options["hf_token_secret"] = hf_token_secret
-        common["gke"] = {"cluster": gke_cluster, "namespace": namespace or "default",
-                         "job_options": job_options}
+        common["gke"] = {
+            "cluster": gke_cluster,
+            "namespace": namespace or "default",
+            "job_options": job_options,
+        }
     elif backend == "vertex":
         if hf_token_secret:
-            logger.warning("hf_token_secret is ignored on Vertex: grant the job's service account "
-                           "access to the model instead")
-        vertex_options: dict[str, Any] = {"machine_type": machine_type,
-                                          "accelerator_type": accelerator_type or None}
+            logger.warning(
+                "hf_token_secret is ignored on Vertex: grant the job's service account "
+                "access to the model instead"
+            )
+        vertex_options: dict[str, Any] = {
+            "machine_type": machine_type,
+            "accelerator_type": accelerator_type or None,
+        }
         if accelerator_count:
             vertex_options["accelerator_count"] = accelerator_count
         if service_account:

@@ -14,6 +14,8 @@ BACKENDS = ("local", "gke", "vertex")
 RDZV_BACKENDS = ("etcd-v3", "etcd-v2", "c10d")
 RUNNERS = ("DirectRunner", "DataflowRunner")
 DATA_KINDS = ("instruction", "text")
+SCHEDULE_TIME_PLACEHOLDER = "{{$.pipeline_job_schedule_time_utc}}"
+"""KFP's schedule-time placeholder, written literally in `train_data_uri` by scheduled runs."""
 LATEST_REGISTERED = "latest-registered"
 """`base_model` value meaning: continue from the latest version in Vertex AI Model Registry."""
 
@@ -121,14 +123,27 @@ def check_run_parameters(**params: Any) -> None:
         )
 
 
-def validate_and_resolve(**params: Any) -> str:
-    """The validate_inputs step: check everything, then resolve the base model to start from."""
+def validate_and_resolve(*, schedule_time: str, **params: Any) -> tuple[str, str]:
+    """The validate_inputs step: fill in the schedule time, check everything, resolve the model.
+
+    Returns:
+        (base_model, train_data_uri) to use for this run.
+    """
+    uri = str(params["train_data_uri"])
+    if SCHEDULE_TIME_PLACEHOLDER in uri:
+        if not schedule_time or SCHEDULE_TIME_PLACEHOLDER in schedule_time:
+            raise ValueError(
+                f"train_data_uri contains {SCHEDULE_TIME_PLACEHOLDER} but this run was not started "
+                "by a schedule: submit it with `llmft run --schedule-time ...` or give a fixed URI"
+            )
+        uri = uri.replace(SCHEDULE_TIME_PLACEHOLDER, schedule_time)
+        params["train_data_uri"] = uri
     check_run_parameters(**params)
     base_model = str(params["base_model"])
     if base_model == LATEST_REGISTERED:
         from components.registry import latest_registered_model_uri
 
-        return latest_registered_model_uri(
+        base_model = latest_registered_model_uri(
             model=params["registered_model"], project=params["project"], location=params["region"]
         )
-    return base_model
+    return base_model, uri

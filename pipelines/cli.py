@@ -228,17 +228,22 @@ def upload_cmd(
         typer.echo(f"uploaded {uploaded.package} {uploaded.version}", err=True)
         _print_json(dataclasses.asdict(uploaded))
         return
+    import contextlib
+    import sys
+
     from pipelines.deploy.clients import kfp_client
     from pipelines.deploy.upload import upload_to_kfp
 
-    result = upload_to_kfp(
-        cfg.template,
-        kfp_client(cfg.kfp),
-        pipeline_name=cfg.kfp.pipeline_name,
-        version_name=version_name,
-        description=description,
-        namespace=cfg.kfp.namespace,
-    )
+    # kfp.Client prints UI links; keep stdout for the JSON that automation reads.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = upload_to_kfp(
+            cfg.template,
+            kfp_client(cfg.kfp),
+            pipeline_name=cfg.kfp.pipeline_name,
+            version_name=version_name,
+            description=description,
+            namespace=cfg.kfp.namespace,
+        )
     _print_json(dataclasses.asdict(result))
 
 
@@ -288,6 +293,17 @@ def run_cmd(
     if _check_backend(backend, ("local", "vertex", "kfp")) == "local":
         from pipelines.local_run import run_local
 
+        remote = {"--template": template, "--display-name": display_name, "--project": project,
+                  "--location": location, "--pipeline-root": pipeline_root,
+                  "--service-account": service_account, "--network": network, "--label": label,
+                  "--experiment": experiment, "--enable-caching": enable_caching,
+                  "--failure-policy": failure_policy, "--host": host, "--namespace": namespace,
+                  "--pipeline-id": pipeline_id, "--version-id": version_id,
+                  "--schedule-time": schedule_time, "--wait": wait or None}  # fmt: skip
+        ignored = [flag for flag, value in remote.items() if value not in (None, [])]
+        if ignored:
+            typer.secho(f"warning: --backend local ignores {', '.join(ignored)}", err=True)
+
         result = run_local(params, config)
         if not result.succeeded:
             raise typer.Exit(1)
@@ -325,12 +341,11 @@ def run_cmd(
     if backend == "vertex":
         from pipelines.deploy.submit import submit_vertex
 
-        submitted = submit_vertex(cfg, schedule_time=when, wait=wait, report=typer.echo)
+        submit_vertex(cfg, schedule_time=when, wait=wait, report=typer.echo)
     else:
         from pipelines.deploy.submit import submit_kfp
 
-        submitted = submit_kfp(cfg, schedule_time=when, wait=wait, report=typer.echo)
-    typer.echo(submitted.url)
+        submit_kfp(cfg, schedule_time=when, wait=wait, report=typer.echo)
 
 
 @app.command("schedule")
@@ -460,17 +475,32 @@ def schedule_cmd(
 def train_cmd(
     model: Annotated[str, typer.Option(help="Base model directory (HF save_pretrained).")],
     data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
-    output: Annotated[str, typer.Option(help="Run directory: model/, metrics.jsonl, summary.json, logs/.")],
-    backend: Annotated[str, typer.Option(help="Where to run: local (torchrun agents here).")] = "local",
+    output: Annotated[
+        str, typer.Option(help="Run directory: model/, metrics.jsonl, summary.json, logs/.")
+    ],
+    backend: Annotated[
+        str, typer.Option(help="Where to run: local (torchrun agents here).")
+    ] = "local",
     nodes: Annotated[int, typer.Option(help="Nodes: separate torchrun agents.")] = 2,
     nproc_per_node: Annotated[int, typer.Option(help="Worker processes per node.")] = 2,
-    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: the trainer's).")] = None,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Optimizer steps (default: the trainer's).")
+    ] = None,
     rdzv_backend: Annotated[str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")] = "etcd-v3",
-    rdzv_endpoint: Annotated[str, typer.Option(help="host:port; empty starts a local etcd for the run (c10d: a free port).")] = "",
+    rdzv_endpoint: Annotated[
+        str,
+        typer.Option(help="host:port; empty starts a local etcd for the run (c10d: a free port)."),
+    ] = "",
     run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
-    config: Annotated[str | None, typer.Option(help="Trainer YAML config (--config of the trainer).")] = None,
-    max_restarts: Annotated[int, typer.Option(help="torchrun restarts after a worker failure.")] = 0,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")] = None,
+    config: Annotated[
+        str | None, typer.Option(help="Trainer YAML config (--config of the trainer).")
+    ] = None,
+    max_restarts: Annotated[
+        int, typer.Option(help="torchrun restarts after a worker failure.")
+    ] = 0,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
+    ] = None,
 ) -> None:
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
     import uuid
@@ -503,26 +533,44 @@ app.add_typer(render_app, name="render")
 @render_app.command("pytorchjob")
 @user_errors
 def render_pytorchjob(
-    model: Annotated[str, typer.Option(help="Base model URI as the pods see it.")] = "gs://BUCKET/models/base",
+    model: Annotated[
+        str, typer.Option(help="Base model URI as the pods see it.")
+    ] = "gs://BUCKET/models/base",
     data: Annotated[str, typer.Option(help="Packed dataset URI.")] = "gs://BUCKET/runs/RUN/dataset",
     output: Annotated[str, typer.Option(help="Run directory URI.")] = "gs://BUCKET/runs/RUN/train",
-    run_id: Annotated[str, typer.Option(help="Run id (names, labels, rendezvous id).")] = "example-run",
+    run_id: Annotated[
+        str, typer.Option(help="Run id (names, labels, rendezvous id).")
+    ] = "example-run",
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "llmft",
     nodes: Annotated[int, typer.Option(help="Worker pods.")] = 4,
     nproc_per_node: Annotated[int, typer.Option(help="Processes (GPUs) per pod.")] = 4,
     rdzv_backend: Annotated[str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")] = "etcd-v3",
-    rdzv_endpoint: Annotated[str, typer.Option(help="host:port (default: the run's etcd Service).")] = "",
+    rdzv_endpoint: Annotated[
+        str, typer.Option(help="host:port (default: the run's etcd Service).")
+    ] = "",
     max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     image: Annotated[str | None, typer.Option(help="Image (default: the project image).")] = None,
-    accelerator: Annotated[str, typer.Option(help="GKE accelerator label; '' for CPU.")] = "nvidia-h100-80gb",
+    accelerator: Annotated[
+        str, typer.Option(help="GKE accelerator label; '' for CPU.")
+    ] = "nvidia-h100-80gb",
     cpu: Annotated[str | None, typer.Option(help="CPU per pod.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory per pod.")] = None,
     shm_size: Annotated[str, typer.Option(help="/dev/shm size.")] = "64Gi",
-    service_account: Annotated[str | None, typer.Option(help="Workload Identity KSA.")] = "llmft-trainer",
-    hf_token_secret: Annotated[str | None, typer.Option(help="Secret with the HF token (name[:key]).")] = "hf-token",
-    gang_scheduling: Annotated[bool, typer.Option(help="All pods or none (needs a gang scheduler).")] = False,
-    active_deadline_seconds: Annotated[int | None, typer.Option(help="Hard run-time limit.")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")] = None,
+    service_account: Annotated[
+        str | None, typer.Option(help="Workload Identity KSA.")
+    ] = "llmft-trainer",
+    hf_token_secret: Annotated[
+        str | None, typer.Option(help="Secret with the HF token (name[:key]).")
+    ] = "hf-token",
+    gang_scheduling: Annotated[
+        bool, typer.Option(help="All pods or none (needs a gang scheduler).")
+    ] = False,
+    active_deadline_seconds: Annotated[
+        int | None, typer.Option(help="Hard run-time limit.")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
+    ] = None,
 ) -> None:
     """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
     from components.image import DEFAULT_IMAGE
@@ -545,7 +593,11 @@ def render_pytorchjob(
 
 @app.command(
     "preprocess",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
     add_help_option=False,
 )
 def preprocess_cmd(ctx: typer.Context) -> None:
@@ -558,6 +610,68 @@ def preprocess_cmd(ctx: typer.Context) -> None:
     code = preprocess_main(list(ctx.args), prog="llmft preprocess")
     if code:
         raise typer.Exit(code)
+
+
+@app.command("evaluate")
+@user_errors
+def evaluate_cmd(
+    base: Annotated[str, typer.Option(help="Base model directory (local or gs://).")],
+    tuned: Annotated[str, typer.Option(help="Fine-tuned model directory (the trainer's model/).")],
+    data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
+    output: Annotated[
+        str, typer.Option(help="Where to write metrics.json, generations.jsonl, report.html.")
+    ],
+    heldout: Annotated[
+        str | None,
+        typer.Option(help="Prompt/response JSONL for generation (default: DATA/eval_records/)."),
+    ] = None,
+    max_examples: Annotated[
+        int, typer.Option(help="Held-out prompts to generate for (0: loss only).")
+    ] = 64,
+    max_eval_rows: Annotated[
+        int | None, typer.Option(help="Packed eval rows to score (default: all).")
+    ] = None,
+    train_metrics: Annotated[
+        str | None, typer.Option(help="Trainer metrics JSONL to plot.")
+    ] = None,
+    champion: Annotated[
+        str | None, typer.Option(help="Currently registered model to compare against.")
+    ] = None,
+    min_loss_improvement: Annotated[
+        float, typer.Option(help="Gate: base loss - tuned loss must be >= this.")
+    ] = 0.0,
+    min_exact_match: Annotated[
+        float, typer.Option(help="Gate: tuned exact match must be >= this (0 disables).")
+    ] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Generation length limit.")] = 64,
+    device: Annotated[
+        str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")
+    ] = None,
+    require_pass: Annotated[bool, typer.Option(help="Exit 1 when the quality gate fails.")] = False,
+) -> None:
+    """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, HTML report."""
+    import logging
+
+    from components.evaluation.evaluate import run_evaluation
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    result = run_evaluation(
+        base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
+        max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
+        champion=champion, min_loss_improvement=min_loss_improvement,
+        min_exact_match=min_exact_match, max_new_tokens=max_new_tokens, device=device,
+    )  # fmt: skip
+    _print_json(
+        {
+            "passed": result.passed,
+            "failures": result.decision.failures,
+            "metrics": result.metrics,
+            "report": result.report_path,
+            "metrics_file": result.metrics_path,
+        }
+    )
+    if require_pass and not result.passed:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -27,8 +27,15 @@ HF_TOKEN_SECRET = "llmft-hf-token"
 """Kubernetes Secret (key `token`) mounted as HF_TOKEN on KFP-on-GKE task pods, when it exists."""
 
 
-def build_fine_tune(target: str = "vertex") -> Callable[..., Any]:
-    """The `fine_tune` pipeline function for a compile target ("vertex" or "kfp")."""
+def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Callable[..., Any]:
+    """The `fine_tune` pipeline function for a compile target ("vertex" or "kfp").
+
+    Args:
+        target: "vertex" or "kfp".
+        schedule_time: pass the run's schedule time to validate_inputs (for `train_data_uri`
+            windows). kfp.local cannot resolve that placeholder (it crashes on it), so the local
+            runner builds the pipeline with False: there is no schedule locally anyway.
+    """
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: choose one of {', '.join(TARGETS)}")
 
@@ -141,10 +148,13 @@ def build_fine_tune(target: str = "vertex") -> Callable[..., Any]:
                 register_model=register_model,
                 serving_image=serving_image,
                 max_eval_examples=max_eval_examples,
+                schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
+                if schedule_time
+                else "",
             ).set_caching_options(False)  # "latest-registered" must be looked up on every run
             prep = c.preprocess(
-                train_data_uri=train_data_uri,
-                tokenizer=validated.output,
+                train_data_uri=validated.outputs["train_data_uri"],
+                tokenizer=validated.outputs["base_model"],
                 data_kind=data_kind,
                 seq_len=seq_len,
                 eval_fraction=eval_fraction,
@@ -159,6 +169,7 @@ def build_fine_tune(target: str = "vertex") -> Callable[..., Any]:
             etcd = c.etcd_up(
                 backend=backend,
                 run_id=run_id,
+                rdzv_backend=rdzv_backend,
                 namespace=namespace,
                 gke_cluster=gke_cluster,
                 project=project,
@@ -168,7 +179,7 @@ def build_fine_tune(target: str = "vertex") -> Callable[..., Any]:
             trained = c.train(
                 backend=backend,
                 run_id=run_id,
-                base_model=validated.output,
+                base_model=validated.outputs["base_model"],
                 dataset=prep.outputs["dataset"],
                 rdzv_endpoint=etcd.output,
                 rdzv_backend=rdzv_backend,
@@ -191,7 +202,7 @@ def build_fine_tune(target: str = "vertex") -> Callable[..., Any]:
             # Safe to retry: the trainer resumes from its latest complete checkpoint.
             trained.set_retry(num_retries=1, backoff_duration="60s")
             evaluated = c.evaluate(
-                base_model=validated.output,
+                base_model=validated.outputs["base_model"],
                 tuned_model=trained.outputs["model"],
                 dataset=prep.outputs["dataset"],
                 max_eval_examples=max_eval_examples,

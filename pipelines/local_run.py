@@ -257,7 +257,7 @@ def run_local(
             with live as display:
                 stop_refresh = _refresh_thread(display, progress) if show_progress else None
                 try:
-                    build_fine_tune("vertex")(**resolved)
+                    build_fine_tune("vertex", schedule_time=False)(**resolved)
                 finally:
                     if stop_refresh:
                         stop_refresh()

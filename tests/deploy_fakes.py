@@ -88,7 +88,9 @@ class _Server:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def handle(self, rec: Recorded) -> tuple[int, Any]:
         raise NotImplementedError
@@ -125,10 +127,13 @@ class FakeKfp(_Server):
     def _named(items: list[dict[str, Any]], flt: str | None) -> list[dict[str, Any]]:
         if not flt:
             return items
-        wanted = {p["key"]: p.get("string_value", p.get("stringValue")) for p in json.loads(flt)["predicates"]}
+        wanted = {
+            p["key"]: p.get("string_value", p.get("stringValue"))
+            for p in json.loads(flt)["predicates"]
+        }
         return [i for i in items if all(i.get(k) == v for k, v in wanted.items())]
 
-    def handle(self, rec: Recorded) -> tuple[int, Any]:  # noqa: PLR0911 - one branch per route
+    def handle(self, rec: Recorded) -> tuple[int, Any]:
         path, q = rec.path.removeprefix(self.API), rec.query
         if path == "/healthz":
             return 200, {"multi_user": False, "pipeline_store": "kfp"}
@@ -146,18 +151,27 @@ class FakeKfp(_Server):
             pid, vid = next(self.ids), next(self.ids)
             name = q["name"]
             self.pipelines[pid] = {"pipeline_id": pid, "display_name": name}
-            self.versions[pid] = [{"pipeline_id": pid, "pipeline_version_id": vid, "display_name": name}]
+            self.versions[pid] = [
+                {"pipeline_id": pid, "pipeline_version_id": vid, "display_name": name}
+            ]
             return 200, self.pipelines[pid]
         if path == "/pipelines/upload_version":
             pid = q["pipelineid"]
             if any(v["display_name"] == q["name"] for v in self.versions[pid]):
                 return 409, {"error_message": "version already exists", "code": 6}
-            version = {"pipeline_id": pid, "pipeline_version_id": next(self.ids), "display_name": q["name"]}
+            version = {
+                "pipeline_id": pid,
+                "pipeline_version_id": next(self.ids),
+                "display_name": q["name"],
+            }
             self.versions[pid].insert(0, version)
             return 200, version
         if path.startswith("/pipelines/") and path.endswith("/versions"):
             found = self.versions.get(path.split("/")[2], [])
-            return 200, {"pipeline_versions": found[: int(q.get("page_size", 10))], "total_size": len(found)}
+            return 200, {
+                "pipeline_versions": found[: int(q.get("page_size", 10))],
+                "total_size": len(found),
+            }
         if path == "/runs" and rec.method == "POST":
             run = {**rec.body, "run_id": next(self.ids), "state": "PENDING"}
             self.runs[run["run_id"]] = run
@@ -254,14 +268,22 @@ class FakeVertex:
         fake = self
 
         def create_pipeline_job(self: Any, request: Any = None, **kw: Any) -> Any:
-            req = CreatePipelineJobRequest(request) if request else CreatePipelineJobRequest(
-                parent=kw["parent"], pipeline_job=kw["pipeline_job"], pipeline_job_id=kw.get("pipeline_job_id")
+            req = (
+                CreatePipelineJobRequest(request)
+                if request
+                else CreatePipelineJobRequest(
+                    parent=kw["parent"],
+                    pipeline_job=kw["pipeline_job"],
+                    pipeline_job_id=kw.get("pipeline_job_id"),
+                )
             )
             fake.jobs.append(req)
             job = PipelineJob(req.pipeline_job)
             job.name = f"{req.parent}/pipelineJobs/{req.pipeline_job_id}"
             job.state = PipelineState.PIPELINE_STATE_PENDING
-            job.job_detail.pipeline_run_context.name = f"{req.parent}/metadataStores/default/contexts/{req.pipeline_job_id}"
+            job.job_detail.pipeline_run_context.name = (
+                f"{req.parent}/metadataStores/default/contexts/{req.pipeline_job_id}"
+            )
             return job
 
         def get_pipeline_job(self: Any, request: Any = None, *, name: str, **kw: Any) -> Any:
@@ -272,7 +294,11 @@ class FakeVertex:
             return job
 
         def create_schedule(self: Any, request: Any = None, **kw: Any) -> Any:
-            req = CreateScheduleRequest(request) if request else CreateScheduleRequest(parent=kw["parent"], schedule=kw["schedule"])
+            req = (
+                CreateScheduleRequest(request)
+                if request
+                else CreateScheduleRequest(parent=kw["parent"], schedule=kw["schedule"])
+            )
             fake.created_schedules.append(req)
             schedule = Schedule(req.schedule)
             schedule.name = f"{req.parent}/schedules/{len(fake.schedules) + 100}"
@@ -305,9 +331,13 @@ class FakeVertex:
             return MetadataStore(name=name)
 
         def get_context(self: Any, request: Any = None, *, name: str, **kw: Any) -> Any:
-            return Context(name=name, schema_title="system.Experiment", metadata={"experiment_deleted": False})
+            return Context(
+                name=name, schema_title="system.Experiment", metadata={"experiment_deleted": False}
+            )
 
-        def add_context_children(self: Any, request: Any = None, *, context: str, child_contexts: list[str], **kw: Any) -> None:
+        def add_context_children(
+            self: Any, request: Any = None, *, context: str, child_contexts: list[str], **kw: Any
+        ) -> None:
             fake.experiment_children.append((context, list(child_contexts)))
 
         for cls, name, func in (
@@ -326,6 +356,7 @@ class FakeVertex:
             monkeypatch.setattr(cls, name, func)
         # PipelineJob.submit creates the pipeline-root bucket through Cloud Storage first.
         monkeypatch.setattr(
-            gcs_utils, "create_gcs_bucket_for_pipeline_artifacts_if_it_does_not_exist", lambda **kw: None
+            gcs_utils,
+            "create_gcs_bucket_for_pipeline_artifacts_if_it_does_not_exist",
+            lambda **kw: None,
         )
-

@@ -57,13 +57,16 @@ def finetune_briefly(
     for step in range(1, steps + 1):
         idx = torch.randint(0, input_ids.shape[0], (batch_size,), generator=generator)
         out = model(
-            input_ids=input_ids[idx], position_ids=position_ids[idx], labels=labels[idx], use_cache=False
+            input_ids=input_ids[idx],
+            position_ids=position_ids[idx],
+            labels=labels[idx],
+            use_cache=False,
         )
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(out.loss))
+        losses.append(out.loss.item())
         lines.append(json.dumps({"step": step, "loss": losses[-1], "lr": lr}))
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

@@ -46,8 +46,13 @@ class Router:
     requests: list[Recorded] = field(default_factory=list)
     routes: list[_Route] = field(default_factory=list)
 
-    def on(self, method: str, path_regex: str, *replies: Reply | Callable[[Recorded], Reply],
-           repeat_last: bool = True) -> Router:
+    def on(
+        self,
+        method: str,
+        path_regex: str,
+        *replies: Reply | Callable[[Recorded], Reply],
+        repeat_last: bool = True,
+    ) -> Router:
         """Answer `method path` with `replies` in turn (the last one repeats by default)."""
         self.routes.append(_Route(method, re.compile(path_regex + "$"), list(replies), repeat_last))
         return self
@@ -62,8 +67,13 @@ class Router:
                 if len(route.replies) > 1 or not route.repeat_last:
                     route.replies.pop(0)
                 return reply(recorded) if callable(reply) else reply
-        return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound",
-                     "message": f"no fake route for {recorded.method} {recorded.path}", "code": 404}
+        return 404, {
+            "kind": "Status",
+            "status": "Failure",
+            "reason": "NotFound",
+            "message": f"no fake route for {recorded.method} {recorded.path}",
+            "code": 404,
+        }
 
     def sent(self, method: str, path_regex: str) -> list[Recorded]:
         pattern = re.compile(path_regex + "$")
@@ -74,9 +84,17 @@ class _FakeRest(rest.RESTClientObject):
     def __init__(self, router: Router) -> None:  # no pool manager: nothing leaves the process
         self.router = router
 
-    def request(self, method: str, url: str, query_params: Any = None, headers: Any = None,
-                body: Any = None, post_params: Any = None, _preload_content: bool = True,
-                _request_timeout: Any = None) -> Any:
+    def request(
+        self,
+        method: str,
+        url: str,
+        query_params: Any = None,
+        headers: Any = None,
+        body: Any = None,
+        post_params: Any = None,
+        _preload_content: bool = True,
+        _request_timeout: Any = None,
+    ) -> Any:
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query)) | {str(k): str(v) for k, v in (query_params or [])}
         status, payload = self.router.answer(
@@ -84,8 +102,11 @@ class _FakeRest(rest.RESTClientObject):
         )
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         response = urllib3.HTTPResponse(
-            body=io.BytesIO(data), status=status, headers={"content-type": "application/json"},
-            preload_content=_preload_content, reason="OK" if status < 400 else "Error",
+            body=io.BytesIO(data),
+            status=status,
+            headers={"content-type": "application/json"},
+            preload_content=_preload_content,
+            reason="OK" if status < 400 else "Error",
         )
         if not _preload_content:
             return response
@@ -118,8 +139,12 @@ class FakeHttp(requests.adapters.BaseAdapter):
         if isinstance(body, bytes):
             body = body.decode()
         status, payload = self.router.answer(
-            Recorded(request.method or "", parts.path, dict(parse_qsl(parts.query)),
-                     json.loads(body) if body else None)
+            Recorded(
+                request.method or "",
+                parts.path,
+                dict(parse_qsl(parts.query)),
+                json.loads(body) if body else None,
+            )
         )
         response = requests.Response()
         response.status_code = status

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
+import apache_beam as beam
 import numpy as np
-import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
 
-beam = pytest.importorskip("apache_beam")
-
-from apache_beam.testing.test_pipeline import TestPipeline  # noqa: E402
-from apache_beam.testing.util import assert_that, equal_to  # noqa: E402
-
-from beam_preprocess.options import PreprocessConfig  # noqa: E402
-from beam_preprocess.packing import pack_offline, pack_streaming, rows_from_bins  # noqa: E402
-from beam_preprocess.readers import ReadRecords  # noqa: E402
-from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS  # noqa: E402
-from beam_preprocess.transforms import (  # noqa: E402
+from beam_preprocess.options import PreprocessConfig
+from beam_preprocess.packing import pack_exact, pack_offline, pack_streaming, rows_from_bins
+from beam_preprocess.readers import ReadRecords
+from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS
+from beam_preprocess.transforms import (
     Clean,
     Deduplicate,
     Pack,
@@ -28,9 +26,9 @@ from beam_preprocess.transforms import (  # noqa: E402
 )
 
 
-def _pipeline() -> TestPipeline:
+def _pipeline() -> BeamTestPipeline:
     # FnApiRunner is the DirectRunner's batch engine; naming it skips the Prism download attempt.
-    return TestPipeline(runner="FnApiRunner")
+    return BeamTestPipeline(runner="FnApiRunner")
 
 
 def _config(**overrides) -> PreprocessConfig:
@@ -42,26 +40,43 @@ def test_read_records_all_formats(tmp_path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    (tmp_path / "a.jsonl").write_text('{"prompt": "p1", "response": "r1"}\n\n{"prompt": "p2"\n[1]\n')
+    (tmp_path / "a.jsonl").write_text(
+        '{"prompt": "p1", "response": "r1"}\n\n{"prompt": "p2"\n[1]\n'
+    )
     (tmp_path / "b.json").write_text(json.dumps([{"prompt": "p3", "response": "r3"}]))
     (tmp_path / "c.csv").write_text('prompt,response\np4,r4\n"p5","r5",extra\n')
-    pq.write_table(pa.Table.from_pylist([{"prompt": "p6", "response": "r6"}]), tmp_path / "d.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": "p6", "response": "r6"}]), tmp_path / "d.parquet"
+    )
     d = str(tmp_path)
     with _pipeline() as p:
         out = p | ReadRecords([f"{d}/*.jsonl", f"{d}/*.json", f"{d}/*.csv", f"{d}/*.parquet"])
         assert_that(
-            out.records | beam.Map(lambda r: (r["source"].rsplit("/", 1)[1], r["record"]["prompt"])),
-            equal_to([("a.jsonl:1", "p1"), ("b.json[0]", "p3"), ("c.csv:2", "p4"), ("d.parquet#0", "p6")]),
+            out.records
+            | beam.Map(lambda r: (r["source"].rsplit("/", 1)[1], r["record"]["prompt"])),
+            equal_to(
+                [("a.jsonl:1", "p1"), ("b.json[0]", "p3"), ("c.csv:2", "p4"), ("d.parquet#0", "p6")]
+            ),
             label="records",
         )
         assert_that(
             out[DEAD] | beam.Map(lambda r: (r["source"].rsplit("/", 1)[1], r["reason"])),
-            equal_to([("a.jsonl:3", "invalid_json"), ("a.jsonl:4", "not_an_object"), ("c.csv:3", "invalid_csv")]),
+            equal_to(
+                [
+                    ("a.jsonl:3", "invalid_json"),
+                    ("a.jsonl:4", "not_an_object"),
+                    ("c.csv:3", "invalid_csv"),
+                ]
+            ),
             label="dead",
         )
         # Blank lines are not records; every other line is counted as read.
         assert_that(out[READ] | beam.CombineGlobally(sum), equal_to([7]), label="read")
-        assert_that(out[OUTCOME], equal_to(["rejected/invalid_json", "rejected/not_an_object", "rejected/invalid_csv"]), label="outcome")
+        assert_that(
+            out[OUTCOME],
+            equal_to(["rejected/invalid_json", "rejected/not_an_object", "rejected/invalid_csv"]),
+            label="outcome",
+        )
 
 
 def test_validate_routes_bad_records_with_reasons():
@@ -70,7 +85,15 @@ def test_validate_routes_bad_records_with_reasons():
         {"source": "f:2", "record": {"prompt": "P"}},
         {"source": "f:3", "record": {"prompt": "P", "response": "  "}},
         {"source": "f:4", "record": {"prompt": 3, "response": "R"}},
-        {"source": "f:5", "record": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}},
+        {
+            "source": "f:5",
+            "record": {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "yo"},
+                ]
+            },
+        },
         {"source": "f:6", "record": {"messages": [{"role": "user", "content": "hi"}]}},
     ]
     with _pipeline() as p:
@@ -82,7 +105,14 @@ def test_validate_routes_bad_records_with_reasons():
         )
         assert_that(
             out[DEAD] | beam.Map(lambda d: (d["source"], d["reason"])),
-            equal_to([("f:2", "missing_field"), ("f:3", "empty_field"), ("f:4", "invalid_field_type"), ("f:6", "invalid_messages")]),
+            equal_to(
+                [
+                    ("f:2", "missing_field"),
+                    ("f:3", "empty_field"),
+                    ("f:4", "invalid_field_type"),
+                    ("f:6", "invalid_messages"),
+                ]
+            ),
             label="dead",
         )
 
@@ -94,8 +124,14 @@ def test_clean_normalises_and_filters_by_characters():
     ]
     with _pipeline() as p:
         out = p | beam.Create(examples) | Clean(_config(data_kind="text", max_chars=20))
-        assert_that(out.examples | beam.Map(lambda e: e["text"]), equal_to(["Caf\u00e9\nok"]), label="clean")
-        assert_that(out[FILTERED] | beam.Map(lambda d: (d["source"], d["reason"])), equal_to([("b", "too_long_chars")]), label="filtered")
+        assert_that(
+            out.examples | beam.Map(lambda e: e["text"]), equal_to(["Caf\u00e9\nok"]), label="clean"
+        )
+        assert_that(
+            out[FILTERED] | beam.Map(lambda d: (d["source"], d["reason"])),
+            equal_to([("b", "too_long_chars")]),
+            label="filtered",
+        )
         assert_that(out[OUTCOME], equal_to(["filtered/too_long_chars"]), label="outcome")
 
 
@@ -110,13 +146,21 @@ def test_deduplicate_keeps_lowest_source():
     ]
     with _pipeline() as p:
         out = p | beam.Create(examples) | Deduplicate()
-        assert_that(out.examples | beam.Map(lambda e: e["source"]), equal_to(["f:9", "f:1"]), label="kept")
+        assert_that(
+            out.examples | beam.Map(lambda e: e["source"]), equal_to(["f:9", "f:1"]), label="kept"
+        )
         assert_that(out[OUTCOME], equal_to(["duplicate", "duplicate"]), label="dups")
 
 
 def test_split_is_deterministic_by_prompt():
     examples = [
-        {"source": str(i), "messages": [{"role": "user", "content": f"q{i % 500}"}, {"role": "assistant", "content": str(i)}]}
+        {
+            "source": str(i),
+            "messages": [
+                {"role": "user", "content": f"q{i % 500}"},
+                {"role": "assistant", "content": str(i)},
+            ],
+        }
         for i in range(2000)
     ]
     expected = [(e["source"], split_of(e, 0.2, "s")) for e in examples]
@@ -135,18 +179,35 @@ def test_tokenize_masks_exactly_the_response(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    pairs = [("What is 2 + 2?", "4"), ("Sort ascending: 3 1 2", "1 2 3"), ("Reverse the word: abc", "cba")]
+    pairs = [
+        ("What is 2 + 2?", "4"),
+        ("Sort ascending: 3 1 2", "1 2 3"),
+        ("Reverse the word: abc", "cba"),
+    ]
     examples = [
-        {"source": f"f:{i}", "hash": f"{i:064x}", "split": "eval" if i == 0 else "train",
-         "messages": [{"role": "user", "content": p}, {"role": "assistant", "content": r}]}
+        {
+            "source": f"f:{i}",
+            "hash": f"{i:064x}",
+            "split": "eval" if i == 0 else "train",
+            "messages": [{"role": "user", "content": p}, {"role": "assistant", "content": r}],
+        }
         for i, (p, r) in enumerate(pairs)
     ]
-    examples.append({**examples[1], "source": "long", "messages": [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "x"}]})
+    examples.append(
+        {
+            **examples[1],
+            "source": "long",
+            "messages": [
+                {"role": "user", "content": "word " * 200},
+                {"role": "assistant", "content": "x"},
+            ],
+        }
+    )
     expected = []
     for p, r in pairs:
         user = [{"role": "user", "content": p}]
         prompt = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
-        full = tok.apply_chat_template(user + [{"role": "assistant", "content": r}], tokenize=False)
+        full = tok.apply_chat_template([*user, {"role": "assistant", "content": r}], tokenize=False)
         prompt_ids = tok(prompt, add_special_tokens=False).input_ids
         full_ids = tok(full, add_special_tokens=False).input_ids
         assert full_ids[: len(prompt_ids)] == prompt_ids and full_ids[-1] == tok.eos_token_id
@@ -156,12 +217,25 @@ def test_tokenize_masks_exactly_the_response(tiny_model_dir: Path):
     with _pipeline() as p:
         out = p | beam.Create(examples) | Tokenize(config)
         docs = out.documents | beam.Map(
-            lambda kv: (np.frombuffer(kv[1][0], np.int32).tolist(), np.frombuffer(kv[1][1], np.uint8).tolist())
+            lambda kv: (
+                np.frombuffer(kv[1][0], np.int32).tolist(),
+                np.frombuffer(kv[1][1], np.uint8).tolist(),
+            )
         )
         assert_that(docs, equal_to(expected), label="docs")
-        assert_that(out[FILTERED] | beam.Map(lambda d: (d["source"], d["reason"])), equal_to([("long", "too_long_tokens")]), label="filtered")
-        assert_that(out[EVAL_RECORDS], equal_to([{"prompt": pairs[0][0], "response": pairs[0][1]}]), label="eval")
-        assert_that(out[OUTCOME], equal_to(["kept"] * 3 + ["filtered/too_long_tokens"]), label="outcome")
+        assert_that(
+            out[FILTERED] | beam.Map(lambda d: (d["source"], d["reason"])),
+            equal_to([("long", "too_long_tokens")]),
+            label="filtered",
+        )
+        assert_that(
+            out[EVAL_RECORDS],
+            equal_to([{"prompt": pairs[0][0], "response": pairs[0][1]}]),
+            label="eval",
+        )
+        assert_that(
+            out[OUTCOME], equal_to(["kept"] * 3 + ["filtered/too_long_tokens"]), label="outcome"
+        )
 
 
 def _random_docs(n: int, seq_len: int, seed: int = 0) -> list[tuple[bytes, bytes]]:
@@ -169,8 +243,14 @@ def _random_docs(n: int, seq_len: int, seed: int = 0) -> list[tuple[bytes, bytes
     docs = []
     next_id = 0
     for _ in range(n):
-        length = int(rng.integers(2, seq_len + 1)) if rng.random() < 0.3 else int(rng.integers(2, seq_len // 4))
-        ids = np.arange(next_id, next_id + length, dtype=np.int32)  # unique ids: loss/dup detectable
+        length = (
+            int(rng.integers(2, seq_len + 1))
+            if rng.random() < 0.3
+            else int(rng.integers(2, seq_len // 4))
+        )
+        ids = np.arange(
+            next_id, next_id + length, dtype=np.int32
+        )  # unique ids: loss/dup detectable
         next_id += length
         mask = (rng.random(length) < 0.7).astype(np.uint8)
         mask[0] = 0
@@ -189,21 +269,23 @@ def _check_rows(tables, docs, seq_len: int, pad_id: int) -> None:
     # Cut every row into segments at position 0 and rebuild the documents.
     found = []
     for row_ids, row_mask, row_pos in zip(ids, mask, pos, strict=True):
-        starts = list(np.flatnonzero(row_pos == 0)) + [seq_len]
-        for s, e in zip(starts[:-1], starts[1:], strict=True):
+        starts = [*list(np.flatnonzero(row_pos == 0)), seq_len]
+        for s, e in itertools.pairwise(starts):
             assert (row_pos[s:e] == np.arange(e - s)).all()
             assert row_mask[s] == 0
             if row_ids[s] == pad_id and (row_ids[s:e] == pad_id).all() and e == seq_len:
                 assert not row_mask[s:e].any()
                 continue
-            found.append((row_ids[s:e].astype(np.int32).tobytes(), row_mask[s:e].astype(np.uint8).tobytes()))
+            found.append(
+                (row_ids[s:e].astype(np.int32).tobytes(), row_mask[s:e].astype(np.uint8).tobytes())
+            )
     # Every document appears exactly once, whole (no token lost, duplicated or split).
     assert sorted(found) == sorted(docs)
 
 
 def test_pack_invariants_and_fill():
     seq_len, pad_id = 128, -1
-    docs = _random_docs(3000, seq_len)
+    docs = _random_docs(1500, seq_len)
     keyed = [(f"train/{i % 4}", d) for i, d in enumerate(docs)]
     with _pipeline() as p:
         out = p | beam.Create(keyed) | Pack(seq_len, pad_id, max_open_rows=256)
@@ -226,7 +308,11 @@ def test_pack_invariants_and_fill():
 def test_packers_never_split_and_position_ids_restart():
     rng = np.random.default_rng(1)
     docs = [(np.full(n, 7, np.int32), np.ones(n, np.uint8)) for n in rng.integers(1, 33, 500)]
-    for bins in (list(pack_streaming(docs, 32, max_open_bins=8)), pack_offline(docs, 32)):
+    for bins in (
+        list(pack_streaming(docs, 32, max_open_bins=8)),
+        pack_offline(docs, 32),
+        pack_exact(docs, 32),
+    ):
         assert sum(len(b) for b in bins) == len(docs)
         assert all(sum(len(d[0]) for d in b) <= 32 for b in bins)
         rows = rows_from_bins(bins, 32, pad_id=0)

@@ -30,7 +30,11 @@ def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     [
         ("0 3 * * 1", "0 3 * * 1", "0 0 3 * * 1"),
         ("CRON_TZ=UTC  0 3 * * 1", "CRON_TZ=UTC 0 3 * * 1", "0 0 3 * * 1"),
-        ("TZ=Etc/UTC */15 8-18 * * MON-FRI", "CRON_TZ=Etc/UTC */15 8-18 * * MON-FRI", "0 */15 8-18 * * MON-FRI"),
+        (
+            "TZ=Etc/UTC */15 8-18 * * MON-FRI",
+            "CRON_TZ=Etc/UTC */15 8-18 * * MON-FRI",
+            "0 */15 8-18 * * MON-FRI",
+        ),
         ("@weekly", "0 0 * * 0", "0 0 0 * * 0"),
         ("30 2 1,15 JAN-JUN 7", "30 2 1,15 JAN-JUN 7", "0 30 2 1,15 JAN-JUN 0"),
         ("0 4 * * 5-7", "0 4 * * 5-7", "0 0 4 * * 5-6,0"),
@@ -45,7 +49,7 @@ def test_cron_translates_to_six_fields_for_kfp(written: str, vertex: str, kfp: s
 def test_cron_keeps_time_zone_for_vertex_and_refuses_it_for_kfp() -> None:
     cron = parse_cron("CRON_TZ=Europe/Berlin 0 3 * * 1")
     assert cron.to_vertex() == "CRON_TZ=Europe/Berlin 0 3 * * 1"
-    with pytest.raises(ValueError, match="no per-schedule time zone.*CRON_SCHEDULE_TIMEZONE"):
+    with pytest.raises(ValueError, match=r"no per-schedule time zone.*CRON_SCHEDULE_TIMEZONE"):
         cron.to_kfp()
 
 
@@ -70,7 +74,9 @@ def test_cron_errors_say_what_to_write(written: str, message: str) -> None:
 def test_cron_reports_every_field_error_at_once() -> None:
     with pytest.raises(ValueError) as err:
         parse_cron("99 25 0 * *")
-    assert all(f in str(err.value) for f in ("minute value 99", "hour value 25", "day-of-month value 0"))
+    assert all(
+        f in str(err.value) for f in ("minute value 99", "hour value 25", "day-of-month value 0")
+    )
 
 
 def test_config_reports_all_problems_together(tmp_path: Path) -> None:
@@ -157,7 +163,7 @@ def test_parameters_are_checked_against_the_template(templates: dict[str, Path])
         "parameter 'max_steps' wants NUMBER_INTEGER, got True",
         "parameter 'train_data_uri' is required (Raw records; may carry the schedule-time placeholder.)",
     ]
-    with pytest.raises(ValueError, match="kfp-kubernetes platform config.*use the vertex target"):
+    with pytest.raises(ValueError, match=r"kfp-kubernetes platform config.*use the vertex target"):
         check_for_backend(read_template(templates["kfp"]), "vertex")
 
 
@@ -171,7 +177,9 @@ def test_schedule_time_placeholder_is_filled_for_one_off_runs(templates: dict[st
         "train_data_uri": "gs://bucket/raw/2026-01-05T03:00:00Z/*.jsonl",
         "max_steps": 3,
     }
-    config = load_for("vertex", None, template=str(templates["vertex"]), parameters={"train_data_uri": uri})
+    config = load_for(
+        "vertex", None, template=str(templates["vertex"]), parameters={"train_data_uri": uri}
+    )
     with pytest.raises(ValueError, match="one-off run has no scheduled time: pass --schedule-time"):
         prepare_parameters(config, "vertex", schedule_time=None, recurring=False)
     # A schedule keeps the placeholder: the pipeline resolves it per run.

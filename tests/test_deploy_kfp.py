@@ -78,14 +78,19 @@ def test_upload_creates_the_pipeline_then_adds_versions(
     assert not second.created_pipeline
     assert second.pipeline_id == first.pipeline_id
     version_uploads = kfp_api.calls("POST", "/apis/v2beta1/pipelines/upload_version")
-    assert [(c.query["pipelineid"], c.query["name"], c.query.get("description")) for c in version_uploads] == [
+    assert [
+        (c.query["pipelineid"], c.query["name"], c.query.get("description"))
+        for c in version_uploads
+    ] == [
         (first.pipeline_id, f"v0.1.0-{sha[:8]}", None),
         (first.pipeline_id, f"v0.1.0-{digest[:8]}", "v2"),
     ]
     assert version_uploads[1].files["uploadfile"] == changed.read_bytes()
 
 
-def test_run_submits_into_the_experiment_and_follows_it(kfp_api: FakeKfp, templates: dict[str, Path]) -> None:
+def test_run_submits_into_the_experiment_and_follows_it(
+    kfp_api: FakeKfp, templates: dict[str, Path]
+) -> None:
     import datetime as dt
 
     config = _config(kfp_api, templates["kfp"], experiment="weekly", enable_caching=False)
@@ -115,7 +120,10 @@ def test_run_submits_into_the_experiment_and_follows_it(kfp_api: FakeKfp, templa
     spec = body["pipeline_spec"]
     assert spec["pipeline_spec"]["pipelineInfo"]["name"] == "llmft-fine-tune"
     assert "kubernetes" in spec["platform_spec"]["platforms"]  # the kfp target's secret mount
-    caching = [t["cachingOptions"].get("enableCache") for t in spec["pipeline_spec"]["root"]["dag"]["tasks"].values()]
+    caching = [
+        t["cachingOptions"].get("enableCache")
+        for t in spec["pipeline_spec"]["root"]["dag"]["tasks"].values()
+    ]
     assert caching == [None, None]  # enable_caching=False clears every task's cache flag
     assert submitted.url == f"{kfp_api.url}/#/runs/details/{submitted.run_id}"
     assert submitted.state == "SUCCEEDED"
@@ -124,16 +132,28 @@ def test_run_submits_into_the_experiment_and_follows_it(kfp_api: FakeKfp, templa
 
 def test_run_of_an_uploaded_version(kfp_api: FakeKfp, templates: dict[str, Path]) -> None:
     config = _config(
-        kfp_api, None, pipeline_id="p-1", version_id="v-7", parameters={"train_data_uri": "gs://b/x"}
+        kfp_api,
+        None,
+        pipeline_id="p-1",
+        version_id="v-7",
+        parameters={"train_data_uri": "gs://b/x"},
     )
     submit_kfp(config, report=lambda _: None)
     (run,) = kfp_api.calls("POST", "/apis/v2beta1/runs")
-    assert run.body["pipeline_version_reference"] == {"pipeline_id": "p-1", "pipeline_version_id": "v-7"}
+    assert run.body["pipeline_version_reference"] == {
+        "pipeline_id": "p-1",
+        "pipeline_version_id": "v-7",
+    }
     assert "pipeline_spec" not in run.body
-    assert run.body["runtime_config"]["parameters"] == {"train_data_uri": "gs://b/x", "backend": "gke"}
+    assert run.body["runtime_config"]["parameters"] == {
+        "train_data_uri": "gs://b/x",
+        "backend": "gke",
+    }
 
 
-def test_schedule_translates_cron_and_keeps_the_placeholder(kfp_api: FakeKfp, templates: dict[str, Path]) -> None:
+def test_schedule_translates_cron_and_keeps_the_placeholder(
+    kfp_api: FakeKfp, templates: dict[str, Path]
+) -> None:
     config = _config(
         kfp_api,
         templates["kfp"],
@@ -146,25 +166,43 @@ def test_schedule_translates_cron_and_keeps_the_placeholder(kfp_api: FakeKfp, te
     config.schedule.display_name = "weekly-fine-tune"
     lines: list[str] = []
     scheduled = create_kfp_schedule(config, report=lines.append)
-    assert lines[0] == "KFP cron '0 0 3 * * 1': translated from '0 3 * * 1' (KFP takes six fields, seconds first)"
-    assert lines[1] == "warning: schedule.max_run_count is ignored on KFP (no such setting; use end_time)"
+    assert (
+        lines[0]
+        == "KFP cron '0 0 3 * * 1': translated from '0 3 * * 1' (KFP takes six fields, seconds first)"
+    )
+    assert (
+        lines[1]
+        == "warning: schedule.max_run_count is ignored on KFP (no such setting; use end_time)"
+    )
     (request,) = kfp_api.calls("POST", "/apis/v2beta1/recurringruns")
     body = request.body
     assert body["display_name"] == "weekly-fine-tune"
     assert body["trigger"] == {
-        "cron_schedule": {"cron": "0 0 3 * * 1", "start_time": "2026-01-05T00:00:00Z", "end_time": "2026-12-31T00:00:00Z"}
+        "cron_schedule": {
+            "cron": "0 0 3 * * 1",
+            "start_time": "2026-01-05T00:00:00Z",
+            "end_time": "2026-12-31T00:00:00Z",
+        }
     }
     assert body["max_concurrency"] == 1
     assert body["no_catchup"] is True
     assert body["mode"] == "ENABLE"
     assert body["service_account"] == "llmft-pipeline"
-    assert body["runtime_config"]["parameters"] == {"train_data_uri": DATA, "max_steps": 40, "backend": "gke"}
+    assert body["runtime_config"]["parameters"] == {
+        "train_data_uri": DATA,
+        "max_steps": 40,
+        "backend": "gke",
+    }
     assert scheduled.url == f"{kfp_api.url}/#/recurringrun/details/{scheduled.name}"
 
 
-def test_schedule_refuses_a_time_zone_kfp_cannot_honour(kfp_api: FakeKfp, templates: dict[str, Path]) -> None:
+def test_schedule_refuses_a_time_zone_kfp_cannot_honour(
+    kfp_api: FakeKfp, templates: dict[str, Path]
+) -> None:
     config = _config(kfp_api, templates["kfp"], cron="CRON_TZ=Europe/Berlin 0 3 * * 1")
-    with pytest.raises(ValueError, match="schedule.cron: KFP recurring runs have no per-schedule time zone"):
+    with pytest.raises(
+        ValueError, match=r"schedule.cron: KFP recurring runs have no per-schedule time zone"
+    ):
         create_kfp_schedule(config, report=lambda _: None)
     assert kfp_api.requests == []  # refused before connecting
 
@@ -179,7 +217,9 @@ def test_list_pause_resume_delete_and_update(
     rows = list_schedules(config, "kfp", display_name="weekly-fine-tune")
     assert [(r.name, r.cron) for r in rows] == [(old.name, "0 0 3 * * 1")]
     assert json.loads(kfp_api.calls("GET", "/apis/v2beta1/recurringruns")[-1].query["filter"]) == {
-        "predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": "weekly-fine-tune"}]
+        "predicates": [
+            {"operation": "EQUALS", "key": "display_name", "stringValue": "weekly-fine-tune"}
+        ]
     }
 
     spec_docs = list(yaml.safe_load_all(templates["kfp"].read_text()))
@@ -194,8 +234,14 @@ def test_list_pause_resume_delete_and_update(
     assert replacement["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * 1"
     assert replacement["no_catchup"] is False
     assert replacement["mode"] == "DISABLE"  # it was paused, and stays paused
-    assert replacement["runtime_config"]["parameters"] == {"train_data_uri": DATA, "max_steps": 60, "backend": "gke"}
-    default = replacement["pipeline_spec"]["pipeline_spec"]["root"]["inputDefinitions"]["parameters"]["max_steps"]
+    assert replacement["runtime_config"]["parameters"] == {
+        "train_data_uri": DATA,
+        "max_steps": 60,
+        "backend": "gke",
+    }
+    default = replacement["pipeline_spec"]["pipeline_spec"]["root"]["inputDefinitions"][
+        "parameters"
+    ]["max_steps"]
     assert default["defaultValue"] == 300
     assert kfp_api.calls("DELETE", f"/apis/v2beta1/recurringruns/{old.name}")
     assert list(kfp_api.recurring) == [new.name]
@@ -203,7 +249,10 @@ def test_list_pause_resume_delete_and_update(
     manage_schedule(config, "kfp", "resume", new.name, report=lambda _: None)
     manage_schedule(config, "kfp", "delete", new.name, report=lambda _: None)
     assert kfp_api.recurring == {}
-    with pytest.raises(ValueError, match=r"pause recurring run gone: KFP API answered 404 .*recurring run gone not found"):
+    with pytest.raises(
+        ValueError,
+        match=r"pause recurring run gone: KFP API answered 404 .*recurring run gone not found",
+    ):
         manage_schedule(config, "kfp", "pause", "gone", report=lambda _: None)
 
 

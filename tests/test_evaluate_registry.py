@@ -225,8 +225,7 @@ def test_latest_registered_version_is_the_champion(fake_registry: FakeModelServi
     ("overrides", "message"),
     [
         ({"artifact_uri": "/local/model"}, "must be a gs:// directory"),
-        ({"serving_container_image_uri": "vllm/vllm-openai:latest"}, "is not pinned"),
-        ({"serving_container_image_uri": "vllm/vllm-openai"}, "is not pinned"),
+        ({"serving_container_image_uri": "vllm/vllm-openai:latest"}, "uses :latest"),
         ({"labels": {"Team": "NLP"}}, "label key 'Team'"),
     ],
 )
@@ -247,3 +246,58 @@ def test_register_collects_all_errors(fake_registry: FakeModelService) -> None:
         and "serving_container_image_uri is empty" in text
         and "display_name" in text
     )
+
+
+def test_register_model_artifact_from_trainer_metadata(fake_registry: FakeModelService) -> None:
+    """The `register` component's entry: display name -> new model, then versions of it."""
+    metadata = {"model_uri": "gs://bucket/runs/run-1/train/model", "base_model": "gs://bucket/base"}
+    first = registry.register_model_artifact(
+        model_uri="gs://bucket/runs/run-1/train", metadata=metadata, run_id="run-1",
+        project=PROJECT, location=LOCATION, model="tiny-llama-ft", serving_image=IMAGE,
+    )  # fmt: skip
+    assert first == f"{PARENT}/models/1000@1"
+    second = registry.register_model_artifact(
+        model_uri="gs://bucket/runs/run-2/train", metadata={}, run_id="run-2",
+        project=PROJECT, location=LOCATION, model="tiny-llama-ft", serving_image=IMAGE,
+    )  # fmt: skip
+    assert second == f"{PARENT}/models/1000@2"
+    uploads = [r for r in fake_registry.requests if isinstance(r, model_service.UploadModelRequest)]
+    assert uploads[0].parent_model == "" and uploads[1].parent_model == f"{PARENT}/models/1000"
+    assert uploads[0].model.artifact_uri == "gs://bucket/runs/run-1/train/model"
+    # Without metadata the HF files are at <run dir>/model.
+    assert uploads[1].model.artifact_uri == "gs://bucket/runs/run-2/train/model"
+    assert uploads[0].model.description == "fine-tuned by llmft run run-1 from gs://bucket/base"
+    assert uploads[1].model.display_name == "tiny-llama-ft"
+    assert uploads[1].model.labels["llmft-run-id"] == "run-2"
+    # By resource name too, and "latest-registered" resolves to the newest files.
+    third = registry.register_model_artifact(
+        model_uri="gs://bucket/runs/run-3/train", metadata={}, run_id="run-3",
+        project=PROJECT, location=LOCATION, model=f"{PARENT}/models/1000", serving_image=IMAGE,
+    )  # fmt: skip
+    assert third == f"{PARENT}/models/1000@3"
+    assert (
+        registry.latest_registered_model_uri(
+            model="tiny-llama-ft", project=PROJECT, location=LOCATION
+        )
+        == "gs://bucket/runs/run-3/train/model"
+    )
+
+
+def test_latest_registered_model_uri_errors(fake_registry: FakeModelService) -> None:
+    with pytest.raises(ValueError, match="has no registered version with files yet"):
+        registry.latest_registered_model_uri(
+            model="never-registered", project=PROJECT, location=LOCATION
+        )
+    with pytest.raises(ValueError, match="does not exist in my-project/us-central1"):
+        registry.latest_registered_model_uri(
+            model=f"{PARENT}/models/424242", project=PROJECT, location=LOCATION
+        )
+
+
+def test_untagged_serving_image_is_allowed_with_a_warning(
+    fake_registry: FakeModelService, caplog: pytest.LogCaptureFixture
+) -> None:
+    image = "us-docker.pkg.dev/deeplearning-platform-release/gcr.io/huggingface-text-generation-inference-cu124.2-4.ubuntu2204.py311"
+    with caplog.at_level("WARNING", logger="components.registry"):
+        _register(serving_container_image_uri=image)
+    assert "has no tag or digest" in caplog.text

@@ -13,15 +13,17 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from launcher_fakes import Recorded, fake_kube
 
 from components.launchers import TrainLaunch
 from components.launchers.gke import GkeLauncher, build_pytorchjob, job_name
 from components.run_identity import K8S_RUN_LABEL
-from launcher_fakes import Recorded, fake_kube
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD_CANDIDATES = [ROOT / "schemas" / "kubeflow.org_pytorchjobs.yaml",
-                  ROOT.parent / "shared" / "schemas" / "kubeflow.org_pytorchjobs.yaml"]
+CRD_CANDIDATES = [
+    ROOT / "schemas" / "kubeflow.org_pytorchjobs.yaml",
+    ROOT.parent / "shared" / "schemas" / "kubeflow.org_pytorchjobs.yaml",
+]
 RUN = "fine-tune-20261202-abc"
 JOBS = "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs"
 NAME = job_name(RUN)
@@ -39,17 +41,30 @@ def pytorchjob_schema() -> dict[str, Any]:
 
 def seven_b_launch(rdzv: str = "etcd-v3") -> TrainLaunch:
     return TrainLaunch(
-        run_id=RUN, model="gs://bucket/models/llama-7b", data="gs://bucket/runs/r1/dataset",
-        output="gs://bucket/runs/r1/train", nodes=4, nproc_per_node=4, rdzv_backend=rdzv,
-        max_steps=1000, trainer_overrides={"lr": 2e-5, "activation_checkpointing": True},
+        run_id=RUN,
+        model="gs://bucket/models/llama-7b",
+        data="gs://bucket/runs/r1/dataset",
+        output="gs://bucket/runs/r1/train",
+        nodes=4,
+        nproc_per_node=4,
+        rdzv_backend=rdzv,
+        max_steps=1000,
+        trainer_overrides={"lr": 2e-5, "activation_checkpointing": True},
     )
 
 
 def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(pytorchjob_schema: dict) -> None:
     job = build_pytorchjob(
-        launch=seven_b_launch(), namespace="ml", accelerator="nvidia-h100-80gb",
-        cpu="96", memory="900Gi", service_account="llmft-trainer", hf_token_secret="hf-token",
-        active_deadline_seconds=86400, gang_scheduling=True, scheduling_queue="gpu-queue",
+        launch=seven_b_launch(),
+        namespace="ml",
+        accelerator="nvidia-h100-80gb",
+        cpu="96",
+        memory="900Gi",
+        service_account="llmft-trainer",
+        hf_token_secret="hf-token",
+        active_deadline_seconds=86400,
+        gang_scheduling=True,
+        scheduling_queue="gpu-queue",
     )
     jsonschema.validate(job, pytorchjob_schema)
     spec = job["spec"]
@@ -58,31 +73,60 @@ def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(pytorchjob_schema
     container = pod["containers"][0]
     assert worker["replicas"] == 4 and spec["nprocPerNode"] == "4"
     # The operator does not know etcd-v3: no rdzvBackend, everything in torchrun's flags.
-    assert spec["elasticPolicy"] == {"minReplicas": 4, "maxReplicas": 4, "maxRestarts": 0,
-                                     "rdzvId": RUN}
+    assert spec["elasticPolicy"] == {
+        "minReplicas": 4,
+        "maxReplicas": 4,
+        "maxRestarts": 0,
+        "rdzvId": RUN,
+    }
     etcd = f"llmft-etcd-{RUN}.ml.svc.cluster.local:2379"
     assert container["command"] == [
-        "python", "-m", "torch.distributed.run", "--nnodes=4", "--nproc-per-node=4",
-        "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={etcd}", f"--rdzv-id={RUN}",
-        "--max-restarts=0", "-m", "trainer", "--model", "gs://bucket/models/llama-7b",
-        "--data", "gs://bucket/runs/r1/dataset", "--output", "gs://bucket/runs/r1/train",
-        "--max-steps", "1000", "--lr", "2e-05", "--activation-checkpointing", "true",
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=4",
+        "--nproc-per-node=4",
+        "--rdzv-backend=etcd-v3",
+        f"--rdzv-endpoint={etcd}",
+        f"--rdzv-id={RUN}",
+        "--max-restarts=0",
+        "-m",
+        "trainer",
+        "--model",
+        "gs://bucket/models/llama-7b",
+        "--data",
+        "gs://bucket/runs/r1/dataset",
+        "--output",
+        "gs://bucket/runs/r1/train",
+        "--max-steps",
+        "1000",
+        "--lr",
+        "2e-05",
+        "--activation-checkpointing",
+        "true",
     ]
     assert container["name"] == "pytorch"
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": 4, "cpu": "96", "memory": "900Gi"},
-                                      "requests": {"cpu": "96", "memory": "900Gi"}}
+    assert container["resources"] == {
+        "limits": {"nvidia.com/gpu": 4, "cpu": "96", "memory": "900Gi"},
+        "requests": {"cpu": "96", "memory": "900Gi"},
+    }
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
-    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists",
-                                   "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     assert pod["serviceAccountName"] == "llmft-trainer"
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": "hf-token", "key": "token"}}}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+    }
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1"
     assert spec["runPolicy"] == {
-        "cleanPodPolicy": "None", "ttlSecondsAfterFinished": 86400, "backoffLimit": 3,
+        "cleanPodPolicy": "None",
+        "ttlSecondsAfterFinished": 86400,
+        "backoffLimit": 3,
         "activeDeadlineSeconds": 86400,
         "schedulingPolicy": {"minAvailable": 4, "queue": "gpu-queue"},
     }
@@ -95,8 +139,12 @@ def test_pod_template_is_a_valid_kubernetes_pod() -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     job = build_pytorchjob(launch=seven_b_launch(), namespace="ml", hf_token_secret="hf:tok")
     template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "p", **template["metadata"]}, "spec": template["spec"]}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", **template["metadata"]},
+        "spec": template["spec"],
+    }
     kubernetes_validate.validate(pod, "1.30", strict=True)
 
 
@@ -116,48 +164,94 @@ def test_c10d_and_etcd_v2_tell_the_operator(pytorchjob_schema: dict) -> None:
 
 def test_builder_reports_every_bad_option() -> None:
     with pytest.raises(ValueError) as err:
-        build_pytorchjob(launch=seven_b_launch(), clean_pod_policy="Sometimes", min_nodes=9,
-                         gpus_per_node=2, priority_class="high", restart_policy="Maybe")
-    for text in ("clean_pod_policy", "min_nodes=9", "gpus_per_node=2 < nproc_per_node=4",
-                 "gang_scheduling", "restart_policy"):
+        build_pytorchjob(
+            launch=seven_b_launch(),
+            clean_pod_policy="Sometimes",
+            min_nodes=9,
+            gpus_per_node=2,
+            priority_class="high",
+            restart_policy="Maybe",
+        )
+    for text in (
+        "clean_pod_policy",
+        "min_nodes=9",
+        "gpus_per_node=2 < nproc_per_node=4",
+        "gang_scheduling",
+        "restart_policy",
+    ):
         assert text in str(err.value)
 
 
 # ---- the launcher against canned API responses ---------------------------------------------------
 
-def job_status(condition: str | None, reason: str = "", message: str = "",
-               worker: dict | None = None) -> dict[str, Any]:
+
+def job_status(
+    condition: str | None, reason: str = "", message: str = "", worker: dict | None = None
+) -> dict[str, Any]:
     conditions = [{"type": "Created", "status": "True", "reason": "PyTorchJobCreated"}]
     if condition:
-        conditions.append({"type": condition, "status": "True", "reason": reason,
-                           "message": message})
-    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": {"name": NAME, "namespace": "ml", "labels": {K8S_RUN_LABEL: RUN}},
-            "status": {"conditions": conditions, "replicaStatuses": {"Worker": worker or {}}}}
+        conditions.append(
+            {"type": condition, "status": "True", "reason": reason, "message": message}
+        )
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": NAME, "namespace": "ml", "labels": {K8S_RUN_LABEL: RUN}},
+        "status": {"conditions": conditions, "replicaStatuses": {"Worker": worker or {}}},
+    }
 
 
-def pod(index: int, phase: str, *, waiting: str | None = None, terminated: tuple[str, int] | None = None,
-        last_terminated: tuple[str, int] | None = None, unschedulable: str | None = None,
-        restarts: int = 0) -> dict[str, Any]:
+def pod(
+    index: int,
+    phase: str,
+    *,
+    waiting: str | None = None,
+    terminated: tuple[str, int] | None = None,
+    last_terminated: tuple[str, int] | None = None,
+    unschedulable: str | None = None,
+    restarts: int = 0,
+) -> dict[str, Any]:
     state: dict[str, Any] = {"running": {"startedAt": "2026-12-02T10:00:00Z"}}
     if waiting:
         state = {"waiting": {"reason": waiting, "message": f"{waiting} details"}}
     if terminated:
         state = {"terminated": {"reason": terminated[0], "exitCode": terminated[1]}}
-    container = {"name": "pytorch", "image": "img", "imageID": "", "ready": phase == "Running",
-                 "restartCount": restarts, "state": state}
+    container = {
+        "name": "pytorch",
+        "image": "img",
+        "imageID": "",
+        "ready": phase == "Running",
+        "restartCount": restarts,
+        "state": state,
+    }
     if last_terminated:
-        container["lastState"] = {"terminated": {"reason": last_terminated[0],
-                                                 "exitCode": last_terminated[1]}}
+        container["lastState"] = {
+            "terminated": {"reason": last_terminated[0], "exitCode": last_terminated[1]}
+        }
     status: dict[str, Any] = {"phase": phase, "containerStatuses": [container]}
     if unschedulable:
-        status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
-                                                      "reason": "Unschedulable",
-                                                      "message": unschedulable}]}
-    return {"metadata": {"name": f"{NAME}-worker-{index}", "uid": f"uid-{index}",
-                         "labels": {"training.kubeflow.org/replica-index": str(index),
-                                    "training.kubeflow.org/job-name": NAME}},
-            "status": status}
+        status = {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": unschedulable,
+                }
+            ],
+        }
+    return {
+        "metadata": {
+            "name": f"{NAME}-worker-{index}",
+            "uid": f"uid-{index}",
+            "labels": {
+                "training.kubeflow.org/replica-index": str(index),
+                "training.kubeflow.org/job-name": NAME,
+            },
+        },
+        "status": status,
+    }
 
 
 def pods(*items: dict) -> tuple[int, dict]:
@@ -165,9 +259,21 @@ def pods(*items: dict) -> tuple[int, dict]:
 
 
 def events(*items: tuple[str, str, str]) -> tuple[int, dict]:
-    return 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": [
-        {"metadata": {"name": f"e{i}"}, "type": "Warning", "reason": reason, "message": msg,
-         "involvedObject": {"kind": "Pod", "name": obj}} for i, (obj, reason, msg) in enumerate(items)]}
+    return 200, {
+        "kind": "EventList",
+        "apiVersion": "v1",
+        "metadata": {},
+        "items": [
+            {
+                "metadata": {"name": f"e{i}"},
+                "type": "Warning",
+                "reason": reason,
+                "message": msg,
+                "involvedObject": {"kind": "Pod", "name": obj},
+            }
+            for i, (obj, reason, msg) in enumerate(items)
+        ],
+    }
 
 
 def launcher(router_setup: Any, **kwargs: Any) -> tuple[GkeLauncher, Any, list[str]]:
@@ -175,34 +281,64 @@ def launcher(router_setup: Any, **kwargs: Any) -> tuple[GkeLauncher, Any, list[s
     router_setup(router)
     lines: list[str] = []
     kwargs.setdefault("poll_s", 0.01)
-    return GkeLauncher(api_client=api_client, namespace="ml", log=lines.append,
-                       job_options={"accelerator": "nvidia-l4"}, **kwargs), router, lines
+    return (
+        GkeLauncher(
+            api_client=api_client,
+            namespace="ml",
+            log=lines.append,
+            job_options={"accelerator": "nvidia-l4"},
+            **kwargs,
+        ),
+        router,
+        lines,
+    )
 
 
 def small_launch() -> TrainLaunch:
-    return TrainLaunch(run_id=RUN, model="gs://b/m", data="gs://b/d", output="gs://b/o", nodes=2,
-                       nproc_per_node=1, rdzv_backend="etcd-v3")
+    return TrainLaunch(
+        run_id=RUN,
+        model="gs://b/m",
+        data="gs://b/d",
+        output="gs://b/o",
+        nodes=2,
+        nproc_per_node=1,
+        rdzv_backend="etcd-v3",
+    )
 
 
 def test_create_then_succeed_when_every_worker_succeeded() -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on("GET", f"{JOBS}/{NAME}", (200, job_status(None)), (200, job_status("Running")),
-             (200, job_status("Succeeded", worker={"succeeded": 1, "active": 1})),
-             (200, job_status("Succeeded", worker={"succeeded": 2})))
-        r.on("GET", "/api/v1/namespaces/ml/pods",
-             pods(pod(0, "Pending"), pod(1, "Pending")), pods(pod(0, "Running"), pod(1, "Running")),
-             pods(pod(0, "Running"), pod(1, "Succeeded")), pods(pod(0, "Succeeded"), pod(1, "Succeeded")))
-        r.on("GET", f"/api/v1/namespaces/ml/pods/{NAME}-worker-0/log",
-             (200, b"step 1 loss 2.0\nstep 2 loss 1.5\nexported model\n"))
+        r.on(
+            "GET",
+            f"{JOBS}/{NAME}",
+            (200, job_status(None)),
+            (200, job_status("Running")),
+            (200, job_status("Succeeded", worker={"succeeded": 1, "active": 1})),
+            (200, job_status("Succeeded", worker={"succeeded": 2})),
+        )
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/pods",
+            pods(pod(0, "Pending"), pod(1, "Pending")),
+            pods(pod(0, "Running"), pod(1, "Running")),
+            pods(pod(0, "Running"), pod(1, "Succeeded")),
+            pods(pod(0, "Succeeded"), pod(1, "Succeeded")),
+        )
+        r.on(
+            "GET",
+            f"/api/v1/namespaces/ml/pods/{NAME}-worker-0/log",
+            (200, b"step 1 loss 2.0\nstep 2 loss 1.5\nexported model\n"),
+        )
 
     gke, router, lines = launcher(setup)
     result = gke.run(small_launch(), timeout=30)
     assert result.ok, result.describe()
     assert result.message == "all 2 workers succeeded"
     [create] = router.sent("POST", JOBS)
-    assert create.body == build_pytorchjob(launch=small_launch(), namespace="ml",
-                                           accelerator="nvidia-l4")
+    assert create.body == build_pytorchjob(
+        launch=small_launch(), namespace="ml", accelerator="nvidia-l4"
+    )
     [pod_list, *_] = router.sent("GET", "/api/v1/namespaces/ml/pods")
     assert pod_list.query["labelSelector"] == f"training.kubeflow.org/job-name={NAME}"
     # The job was "Succeeded" while worker 0 still ran: we waited for it.
@@ -216,18 +352,35 @@ def test_create_then_succeed_when_every_worker_succeeded() -> None:
 @pytest.mark.parametrize(
     ("pods_reply", "events_reply", "expected"),
     [
-        (pods(pod(0, "Failed", terminated=("OOMKilled", 137)), pod(1, "Running")), events(),
-         ["BackoffLimitExceeded", "OOMKilled", "exited with code 137", "out of memory"]),
-        (pods(pod(0, "Running", last_terminated=("Error", 1), restarts=3), pod(1, "Running")),
-         events((f"{NAME}-worker-0", "BackOff", "Back-off restarting failed container")),
-         ["exited with code 1", "Back-off restarting failed container"]),
+        (
+            pods(pod(0, "Failed", terminated=("OOMKilled", 137)), pod(1, "Running")),
+            events(),
+            ["BackoffLimitExceeded", "OOMKilled", "exited with code 137", "out of memory"],
+        ),
+        (
+            pods(pod(0, "Running", last_terminated=("Error", 1), restarts=3), pod(1, "Running")),
+            events((f"{NAME}-worker-0", "BackOff", "Back-off restarting failed container")),
+            ["exited with code 1", "Back-off restarting failed container"],
+        ),
     ],
 )
-def test_failed_job_reports_pod_reasons(pods_reply: Any, events_reply: Any, expected: list[str]) -> None:
+def test_failed_job_reports_pod_reasons(
+    pods_reply: Any, events_reply: Any, expected: list[str]
+) -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on("GET", f"{JOBS}/{NAME}", (200, job_status("Failed", "BackoffLimitExceeded",
-                                                       "PyTorchJob has failed because it has reached the specified backoff limit")))
+        r.on(
+            "GET",
+            f"{JOBS}/{NAME}",
+            (
+                200,
+                job_status(
+                    "Failed",
+                    "BackoffLimitExceeded",
+                    "PyTorchJob has failed because it has reached the specified backoff limit",
+                ),
+            ),
+        )
         r.on("GET", "/api/v1/namespaces/ml/pods", pods_reply)
         r.on("GET", "/api/v1/namespaces/ml/events", events_reply)
 
@@ -236,16 +389,28 @@ def test_failed_job_reports_pod_reasons(pods_reply: Any, events_reply: Any, expe
     assert result.status == "failed"
     for text in expected:
         assert text in result.message
-    assert router.sent("GET", "/api/v1/namespaces/ml/events")[0].query["fieldSelector"] == \
-        f"involvedObject.name={NAME}-worker-0"
+    assert (
+        router.sent("GET", "/api/v1/namespaces/ml/events")[0].query["fieldSelector"]
+        == f"involvedObject.name={NAME}-worker-0"
+    )
 
 
 def test_worker_only_job_marked_succeeded_with_a_failed_worker_is_a_failure() -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on("GET", f"{JOBS}/{NAME}", (200, job_status("Succeeded", worker={"succeeded": 1, "failed": 1})))
-        r.on("GET", "/api/v1/namespaces/ml/pods",
-             pods(pod(0, "Succeeded", terminated=("Completed", 0)), pod(1, "Failed", terminated=("Error", 1))))
+        r.on(
+            "GET",
+            f"{JOBS}/{NAME}",
+            (200, job_status("Succeeded", worker={"succeeded": 1, "failed": 1})),
+        )
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/pods",
+            pods(
+                pod(0, "Succeeded", terminated=("Completed", 0)),
+                pod(1, "Failed", terminated=("Error", 1)),
+            ),
+        )
         r.on("GET", "/api/v1/namespaces/ml/events", events())
 
     gke, _, _ = launcher(setup, follow_logs=False)
@@ -256,13 +421,20 @@ def test_worker_only_job_marked_succeeded_with_a_failed_worker_is_a_failure() ->
 
 @pytest.mark.parametrize(
     ("waiting", "hint"),
-    [("ImagePullBackOff", "cannot pull the image"), ("CreateContainerConfigError", "missing Secret")],
+    [
+        ("ImagePullBackOff", "cannot pull the image"),
+        ("CreateContainerConfigError", "missing Secret"),
+    ],
 )
 def test_fatal_pod_state_fails_fast_and_deletes_the_job(waiting: str, hint: str) -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
         r.on("GET", f"{JOBS}/{NAME}", (200, job_status(None)))
-        r.on("GET", "/api/v1/namespaces/ml/pods", pods(pod(0, "Pending", waiting=waiting), pod(1, "Pending")))
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/pods",
+            pods(pod(0, "Pending", waiting=waiting), pod(1, "Pending")),
+        )
         r.on("DELETE", f"{JOBS}/{NAME}", (200, {"kind": "Status", "status": "Success"}))
 
     gke, router, _ = launcher(setup, follow_logs=False)
@@ -277,18 +449,42 @@ def test_unschedulable_for_too_long_fails_with_the_scheduler_message() -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
         r.on("GET", f"{JOBS}/{NAME}", (200, job_status(None)))
-        r.on("GET", "/api/v1/namespaces/ml/pods", pods(
-            pod(0, "Pending", unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
-            pod(1, "Pending", unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")))
-        r.on("GET", "/api/v1/namespaces/ml/events", events(
-            (f"{NAME}-worker-0", "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached")))
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/pods",
+            pods(
+                pod(
+                    0,
+                    "Pending",
+                    unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                ),
+                pod(
+                    1,
+                    "Pending",
+                    unschedulable="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                ),
+            ),
+        )
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/events",
+            events(
+                (
+                    f"{NAME}-worker-0",
+                    "NotTriggerScaleUp",
+                    "pod didn't trigger scale-up: 1 max node group size reached",
+                )
+            ),
+        )
         r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
 
     gke, router, _ = launcher(setup, follow_logs=False, pending_timeout_s=0.05)
     result = gke.run(small_launch(), timeout=30)
     assert result.status == "failed"
     assert "unschedulable for over" in result.message
-    assert "Insufficient nvidia.com/gpu" in result.message and "max node group size" in result.message
+    assert (
+        "Insufficient nvidia.com/gpu" in result.message and "max node group size" in result.message
+    )
     assert router.sent("DELETE", f"{JOBS}/{NAME}")
 
 
@@ -338,16 +534,64 @@ def test_sigterm_deletes_the_job() -> None:
 
 def test_cleanup_deletes_by_label_and_ignores_what_is_gone() -> None:
     def setup(r: Any) -> None:
-        r.on("GET", JOBS, (200, {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJobList", "items": [
-            {"metadata": {"name": NAME, "namespace": "ml"}},
-            {"metadata": {"name": f"{NAME}-old", "namespace": "ml"}}]}))
+        r.on(
+            "GET",
+            JOBS,
+            (
+                200,
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJobList",
+                    "items": [
+                        {"metadata": {"name": NAME, "namespace": "ml"}},
+                        {"metadata": {"name": f"{NAME}-old", "namespace": "ml"}},
+                    ],
+                },
+            ),
+        )
         r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
-        r.on("DELETE", f"{JOBS}/{NAME}-old", (404, {"kind": "Status", "reason": "NotFound", "code": 404}))
-        r.on("GET", "/apis/apps/v1/namespaces/ml/statefulsets", (200, {"kind": "StatefulSetList", "apiVersion": "apps/v1", "metadata": {}, "items": [
-            {"metadata": {"name": f"llmft-etcd-{RUN}"}, "spec": {"selector": {}, "serviceName": "x", "template": {}}}]}))
+        r.on(
+            "DELETE",
+            f"{JOBS}/{NAME}-old",
+            (404, {"kind": "Status", "reason": "NotFound", "code": 404}),
+        )
+        r.on(
+            "GET",
+            "/apis/apps/v1/namespaces/ml/statefulsets",
+            (
+                200,
+                {
+                    "kind": "StatefulSetList",
+                    "apiVersion": "apps/v1",
+                    "metadata": {},
+                    "items": [
+                        {
+                            "metadata": {"name": f"llmft-etcd-{RUN}"},
+                            "spec": {"selector": {}, "serviceName": "x", "template": {}},
+                        }
+                    ],
+                },
+            ),
+        )
         r.on("DELETE", f"/apis/apps/v1/namespaces/ml/statefulsets/llmft-etcd-{RUN}", (200, {}))
-        r.on("GET", "/api/v1/namespaces/ml/services", (200, {"kind": "ServiceList", "apiVersion": "v1", "metadata": {}, "items": []}))
-        r.on("GET", "/api/v1/namespaces/ml/persistentvolumeclaims", (200, {"kind": "PersistentVolumeClaimList", "apiVersion": "v1", "metadata": {}, "items": []}))
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/services",
+            (200, {"kind": "ServiceList", "apiVersion": "v1", "metadata": {}, "items": []}),
+        )
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/persistentvolumeclaims",
+            (
+                200,
+                {
+                    "kind": "PersistentVolumeClaimList",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "items": [],
+                },
+            ),
+        )
 
     gke, router, _ = launcher(setup)
     removed = gke.cleanup(RUN)
@@ -366,13 +610,18 @@ def test_remote_gke_client_from_cluster_endpoint_and_token() -> None:
     ca = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
     class Manager:
-        requests: list[Any] = []
+        def __init__(self) -> None:
+            self.requests: list[Any] = []
 
         def get_cluster(self, request: container_v1.GetClusterRequest) -> container_v1.Cluster:
             self.requests.append(request)
             return container_v1.Cluster(
-                name="c", endpoint="34.1.2.3",
-                master_auth=container_v1.MasterAuth(cluster_ca_certificate=base64.b64encode(ca).decode()))
+                name="c",
+                endpoint="34.1.2.3",
+                master_auth=container_v1.MasterAuth(
+                    cluster_ca_certificate=base64.b64encode(ca).decode()
+                ),
+            )
 
     class Credentials:
         valid, token, refreshed = False, None, 0
@@ -393,3 +642,36 @@ def test_remote_gke_client_from_cluster_endpoint_and_token() -> None:
     assert config.get_api_key_with_prefix("authorization") == "Bearer token-2"
     with pytest.raises(ValueError, match="projects/PROJECT/locations"):
         make_api_client(cluster="my-cluster", credentials=credentials, cluster_manager=manager)
+
+
+def test_render_pytorchjob_cli_prints_a_valid_manifest(pytorchjob_schema: dict) -> None:
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "render",
+            "pytorchjob",
+            "--nodes",
+            "4",
+            "--nproc-per-node",
+            "4",
+            "--max-steps",
+            "1000",
+            "--set",
+            "lr=2e-5",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    job = yaml.safe_load(result.output)
+    jsonschema.validate(job, pytorchjob_schema)
+    command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
+    assert command[-4:] == ["--max-steps", "1000", "--lr", "2e-05"]  # quoted: strings, not numbers
+    assert "'2e-05'" in result.output and "&id" not in result.output
+
+    bad = CliRunner().invoke(app, ["render", "pytorchjob", "--nodes", "0"])
+    assert bad.exit_code == 2 and "nodes=0" in bad.output

@@ -20,6 +20,7 @@ import pytest
 
 from components.launchers import LaunchFailed, TrainLaunch, get_launcher
 from components.launchers.local import LocalLauncher, marked_pids
+from components.train_step import run_train_step
 
 WORKER = str(Path(__file__).parent / "launcher_workers" / "dist_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,14 +41,16 @@ def _etcd_available() -> bool:
 RDZV = "etcd-v3" if _etcd_available() else "c10d"
 
 
-def _launch(tmp_path: Path, mode: str, *, rdzv: str = RDZV, nodes: int = 2) -> TrainLaunch:
+def _launch(
+    tmp_path: Path, mode: str, *, rdzv: str = RDZV, nodes: int = 2, nproc: int = 2
+) -> TrainLaunch:
     return TrainLaunch(
         run_id=f"test-local-{mode}-{uuid.uuid4().hex[:8]}",
         model="tiny-model",
         data=str(tmp_path / "data"),
         output=str(tmp_path / "out"),
         nodes=nodes,
-        nproc_per_node=2,
+        nproc_per_node=nproc,
         rdzv_backend=rdzv,
         max_steps=3,
         trainer_overrides={"mode": mode},
@@ -62,24 +65,31 @@ def _assert_nothing_left(launcher: LocalLauncher, run_id: str) -> None:
 
 @pytest.mark.slow
 def test_two_nodes_two_procs_succeed(tmp_path: Path) -> None:
+    """Through the train step, as the pipeline's component calls it."""
     lines: list[str] = []
-    launcher = LocalLauncher(log=lines.append, state_root=tmp_path / "state")
-    launch = _launch(tmp_path, "ok")
-    result = launcher.run(launch, timeout=240)
+    state_root = tmp_path / "state"
+    run_id = f"test-local-ok-{uuid.uuid4().hex[:8]}"
+    metadata = run_train_step(
+        backend="local", run_id=run_id, model="tiny-model", data=str(tmp_path / "data"),
+        output=str(tmp_path / "out"), nodes=2, nproc_per_node=2, rdzv_backend=RDZV, max_steps=3,
+        trainer_overrides={"mode": "ok"}, entrypoint=(WORKER,), log=lines.append,
+        local={"state_root": state_root},
+    )  # fmt: skip
 
-    assert result.ok, result.describe()
-    assert result.details["exit_codes"] == [0, 0]
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     # 4 ranks all-reduced 1+2+3+4 through the rendezvous-built process group.
-    assert summary == {"base_model": "tiny-model", "steps": 3, "world_size": 4, "sum": 10.0,
-                       "model_dir": str(tmp_path / "out" / "model")}
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["sum"] == 10.0
+    assert metadata["base_model"] == "tiny-model" and metadata["steps"] == 3
+    assert metadata["model_uri"] == str(tmp_path / "out" / "model")
+    assert (metadata["nodes"], metadata["nproc_per_node"], metadata["rdzv_backend"]) == (2, 2, RDZV)
     # Every worker line carries its node and global rank, in the console and in the node's file.
     for rank in range(4):
-        assert any(f"rank${rank}" not in ln and f"rank{rank}] rank {rank}/4" in ln for ln in lines)
+        assert any(f"rank{rank}] rank {rank}/4" in line for line in lines), rank
     node1 = (tmp_path / "out" / "logs" / "node1.log").read_text()
-    assert "--rdzv-backend=" + RDZV in node1 and f"--rdzv-id={launch.rdzv_id}" in node1
+    assert f"--rdzv-backend={RDZV}" in node1 and f"--rdzv-id={run_id}" in node1
     assert any(line.startswith("[node1 rank") for line in node1.splitlines())
-    _assert_nothing_left(launcher, launch.run_id)
+    _assert_nothing_left(LocalLauncher(state_root=state_root), run_id)
+    assert not state_root.exists()  # the etcd we started is stopped and its state removed
 
 
 @pytest.mark.slow
@@ -116,12 +126,26 @@ _SIGTERM_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_sigterm_stops_every_process_of_the_run(tmp_path: Path) -> None:
     launch = _launch(tmp_path, "hang")
-    spec = {k: getattr(launch, k) for k in ("run_id", "model", "data", "output", "nodes",
-                                             "nproc_per_node", "rdzv_backend", "max_steps")}
+    spec = {
+        k: getattr(launch, k)
+        for k in (
+            "run_id",
+            "model",
+            "data",
+            "output",
+            "nodes",
+            "nproc_per_node",
+            "rdzv_backend",
+            "max_steps",
+        )
+    }
     spec |= {"trainer_overrides": {"mode": "hang"}, "entrypoint": [WORKER]}
     proc = subprocess.Popen(
         [sys.executable, "-c", _SIGTERM_SCRIPT, json.dumps(spec), str(tmp_path / "state")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
     )
     ready: set[str] = set()
     try:
@@ -150,11 +174,11 @@ def test_cleanup_from_another_launcher_kills_the_run(tmp_path: Path) -> None:
     state_root = tmp_path / "state"
     ready: list[str] = []
     owner = LocalLauncher(log=ready.append, state_root=state_root, grace_s=5)
-    launch = _launch(tmp_path, "hang", rdzv="c10d", nodes=1)
+    launch = _launch(tmp_path, "hang", rdzv="c10d", nodes=1, nproc=1)
     owner.start(launch)
     try:
         deadline = time.monotonic() + 120
-        while sum("] ready " in line for line in ready) < 2 and time.monotonic() < deadline:
+        while not any("] ready " in line for line in ready) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert (state_root / launch.rdzv_id / "launcher.json").exists()
         removed = get_launcher("local", state_root=state_root, grace_s=5).cleanup(launch.run_id)
@@ -168,12 +192,28 @@ def test_cleanup_from_another_launcher_kills_the_run(tmp_path: Path) -> None:
 
 
 def test_invalid_launch_lists_every_problem(tmp_path: Path) -> None:
-    bad = TrainLaunch(run_id=" ", model="", data="d", output="o", nodes=0, rdzv_backend="zk",
-                      rdzv_endpoint="nohost", max_steps=0, trainer_overrides={"output": "x"})
+    bad = TrainLaunch(
+        run_id=" ",
+        model="",
+        data="d",
+        output="o",
+        nodes=0,
+        rdzv_backend="zk",
+        rdzv_endpoint="nohost",
+        max_steps=0,
+        trainer_overrides={"output": "x"},
+    )
     with pytest.raises(ValueError) as err:
         LocalLauncher(state_root=tmp_path).start(bad)
     text = str(err.value)
-    for expected in ("run id is empty", "model is empty", "nodes=0", "rdzv_backend='zk'",
-                     "expected host:port", "max_steps=0", "trainer override 'output'"):
+    for expected in (
+        "run id is empty",
+        "model is empty",
+        "nodes=0",
+        "rdzv_backend='zk'",
+        "expected host:port",
+        "max_steps=0",
+        "trainer override 'output'",
+    ):
         assert expected in text
     assert not os.listdir(tmp_path)

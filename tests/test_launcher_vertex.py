@@ -30,23 +30,40 @@ WORKER = str(Path(__file__).parent / "launcher_workers" / "dist_worker.py")
 
 
 def launch(**kw: Any) -> TrainLaunch:
-    args = dict(run_id=RUN, model="gs://b/models/llama-7b", data="gs://b/data", output="gs://b/out",
-                nodes=4, nproc_per_node=8, rdzv_backend="c10d", max_steps=100)
+    args = dict(
+        run_id=RUN,
+        model="gs://b/models/llama-7b",
+        data="gs://b/data",
+        output="gs://b/out",
+        nodes=4,
+        nproc_per_node=8,
+        rdzv_backend="c10d",
+        max_steps=100,
+    )
     return TrainLaunch(**(args | kw))
 
 
 def vertex(router: Router, **kw: Any) -> tuple[VertexLauncher, list[str]]:
     client = aiplatform_v1.JobServiceClient(
-        credentials=AnonymousCredentials(), transport="rest",
+        credentials=AnonymousCredentials(),
+        transport="rest",
         client_options={"api_endpoint": "us-central1-aiplatform.googleapis.com"},
     )
     client._transport._session.mount("https://", FakeHttp(router))
     lines: list[str] = []
-    kw.setdefault("job_options", {"machine_type": "a3-highgpu-8g", "service_account": "trainer@p.iam.gserviceaccount.com",
-                                  "network": "projects/42/global/networks/vpc",
-                                  "reserved_ip_ranges": ["training-range"], "timeout_s": 3600})
-    return VertexLauncher(project="p", location="us-central1", client=client, poll_s=0.01,
-                          log=lines.append, **kw), lines
+    kw.setdefault(
+        "job_options",
+        {
+            "machine_type": "a3-highgpu-8g",
+            "service_account": "trainer@p.iam.gserviceaccount.com",
+            "network": "projects/42/global/networks/vpc",
+            "reserved_ip_ranges": ["training-range"],
+            "timeout_s": 3600,
+        },
+    )
+    return VertexLauncher(
+        project="p", location="us-central1", client=client, poll_s=0.01, log=lines.append, **kw
+    ), lines
 
 
 def job_json(state: str, message: str = "") -> dict[str, Any]:
@@ -61,15 +78,22 @@ def test_custom_job_proto_has_two_pools_and_the_rendezvous_at_the_primary() -> N
     primary, workers = job.job_spec.worker_pool_specs
     assert (primary.replica_count, workers.replica_count) == (1, 3)
     assert primary.machine_spec == aiplatform_v1.MachineSpec(
-        machine_type="a3-highgpu-8g", accelerator_type=aiplatform_v1.AcceleratorType.NVIDIA_H100_80GB,
-        accelerator_count=8)
-    assert primary.disk_spec == aiplatform_v1.DiskSpec(boot_disk_type="pd-ssd", boot_disk_size_gb=1000)
+        machine_type="a3-highgpu-8g",
+        accelerator_type=aiplatform_v1.AcceleratorType.NVIDIA_H100_80GB,
+        accelerator_count=8,
+    )
+    assert primary.disk_spec == aiplatform_v1.DiskSpec(
+        boot_disk_type="pd-ssd", boot_disk_size_gb=1000
+    )
     script = primary.container_spec.command[2]
     assert "--rdzv-conf=is_host=1" in script and "is_host=0" in workers.container_spec.command[2]
-    assert f"--rdzv-backend=c10d --rdzv-endpoint=\"$RDZV\" --rdzv-id={RUN}" in script
+    assert f'--rdzv-backend=c10d --rdzv-endpoint="$RDZV" --rdzv-id={RUN}' in script
     assert "-m trainer --model gs://b/models/llama-7b" in script
     assert {e.name: e.value for e in primary.container_spec.env} == {
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "WANDB_MODE": "offline",
+    }
     assert job.labels == {"managed-by": "llmft", "llmft-run-id": RUN}
     assert len(build_custom_job(launch=launch(nodes=1)).job_spec.worker_pool_specs) == 1
     with pytest.raises(ValueError) as err:
@@ -79,39 +103,67 @@ def test_custom_job_proto_has_two_pools_and_the_rendezvous_at_the_primary() -> N
 
 def test_create_request_gcp_resources_and_success(tmp_path: Path) -> None:
     router = Router()
-    router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB, "state": "JOB_STATE_QUEUED"}))
-    router.on("GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_PENDING")),
-              (200, job_json("JOB_STATE_RUNNING")), (200, job_json("JOB_STATE_SUCCEEDED")))
+    router.on(
+        "POST", JOBS, lambda req: (200, {**req.body, "name": JOB, "state": "JOB_STATE_QUEUED"})
+    )
+    router.on(
+        "GET",
+        f"/v1/{JOB}",
+        (200, job_json("JOB_STATE_PENDING")),
+        (200, job_json("JOB_STATE_RUNNING")),
+        (200, job_json("JOB_STATE_SUCCEEDED")),
+    )
     gcp_resources = tmp_path / "gcp_resources"
     launcher, lines = vertex(router, gcp_resources_path=str(gcp_resources))
     result = launcher.run(launch(), timeout=30)
 
     assert result.ok and result.details["job"] == JOB
     [create] = router.sent("POST", JOBS)
-    expected = build_custom_job(launch=launch(), machine_type="a3-highgpu-8g",
-                                service_account="trainer@p.iam.gserviceaccount.com",
-                                network="projects/42/global/networks/vpc",
-                                reserved_ip_ranges=["training-range"], timeout_s=3600)
+    expected = build_custom_job(
+        launch=launch(),
+        machine_type="a3-highgpu-8g",
+        service_account="trainer@p.iam.gserviceaccount.com",
+        network="projects/42/global/networks/vpc",
+        reserved_ip_ranges=["training-range"],
+        timeout_s=3600,
+    )
     # The wire body, parsed back with the SDK's own type, is exactly the job we built.
     assert aiplatform_v1.CustomJob.from_json(json.dumps(create.body)) == expected
     assert create.body["jobSpec"]["reservedIpRanges"] == ["training-range"]
     assert create.body["jobSpec"]["scheduling"]["timeout"] == "3600s"
-    assert json.loads(gcp_resources.read_text()) == {"resources": [{
-        "resourceType": "CustomJob",
-        "resourceUri": f"https://us-central1-aiplatform.googleapis.com/v1/{JOB}"}]}
+    assert json.loads(gcp_resources.read_text()) == {
+        "resources": [
+            {
+                "resourceType": "CustomJob",
+                "resourceUri": f"https://us-central1-aiplatform.googleapis.com/v1/{JOB}",
+            }
+        ]
+    }
     assert [line.split(": ")[-1] for line in lines if line.startswith(f"[vertex] {JOB}")] == [
-        "JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"]
+        "JOB_STATE_PENDING",
+        "JOB_STATE_RUNNING",
+        "JOB_STATE_SUCCEEDED",
+    ]
 
 
 @pytest.mark.parametrize(
     ("state", "error", "status"),
-    [("JOB_STATE_FAILED", "The replica workerpool1-0 exited with a non-zero status of 1.", "failed"),
-     ("JOB_STATE_CANCELLED", "", "cancelled"), ("JOB_STATE_EXPIRED", "", "failed")],
+    [
+        (
+            "JOB_STATE_FAILED",
+            "The replica workerpool1-0 exited with a non-zero status of 1.",
+            "failed",
+        ),
+        ("JOB_STATE_CANCELLED", "", "cancelled"),
+        ("JOB_STATE_EXPIRED", "", "failed"),
+    ],
 )
 def test_terminal_states(state: str, error: str, status: str) -> None:
     router = Router()
     router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
-    router.on("GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_RUNNING")), (200, job_json(state, error)))
+    router.on(
+        "GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_RUNNING")), (200, job_json(state, error))
+    )
     launcher, _ = vertex(router)
     result = launcher.run(launch(), timeout=30)
     assert result.status == status and state in result.message and error in result.message
@@ -134,13 +186,35 @@ def test_sigterm_cancels_the_job() -> None:
 
 def test_cleanup_cancels_active_jobs_with_the_run_label() -> None:
     router = Router()
-    router.on("GET", JOBS, (200, {"customJobs": [
-        {"name": f"{PARENT}/customJobs/1", "state": "JOB_STATE_RUNNING"},
-        {"name": f"{PARENT}/customJobs/2", "state": "JOB_STATE_SUCCEEDED"},
-        {"name": f"{PARENT}/customJobs/3", "state": "JOB_STATE_PENDING"}]}))
+    router.on(
+        "GET",
+        JOBS,
+        (
+            200,
+            {
+                "customJobs": [
+                    {"name": f"{PARENT}/customJobs/1", "state": "JOB_STATE_RUNNING"},
+                    {"name": f"{PARENT}/customJobs/2", "state": "JOB_STATE_SUCCEEDED"},
+                    {"name": f"{PARENT}/customJobs/3", "state": "JOB_STATE_PENDING"},
+                ]
+            },
+        ),
+    )
     router.on("POST", f"/v1/{PARENT}/customJobs/1:cancel", (200, {}))
-    router.on("POST", f"/v1/{PARENT}/customJobs/3:cancel",
-              (400, {"error": {"code": 400, "message": "already finished", "status": "FAILED_PRECONDITION"}}))
+    router.on(
+        "POST",
+        f"/v1/{PARENT}/customJobs/3:cancel",
+        (
+            400,
+            {
+                "error": {
+                    "code": 400,
+                    "message": "already finished",
+                    "status": "FAILED_PRECONDITION",
+                }
+            },
+        ),
+    )
     launcher, _ = vertex(router)
     assert launcher.cleanup(RUN) == [f"CustomJob {PARENT}/customJobs/1"]
     [listing] = router.sent("GET", JOBS)
@@ -152,15 +226,30 @@ def test_cleanup_cancels_active_jobs_with_the_run_label() -> None:
 def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
     """Run the primary's and the worker pool's command as two local processes with the
     CLUSTER_SPEC Vertex would set: they must form one 2-process group."""
-    job = build_custom_job(launch=launch(nodes=2, nproc_per_node=1, model="m", output=str(tmp_path),
-                                         entrypoint=(WORKER,)), accelerator_type=None)
+    job = build_custom_job(
+        launch=launch(
+            nodes=2, nproc_per_node=1, model="m", output=str(tmp_path), entrypoint=(WORKER,)
+        ),
+        accelerator_type=None,
+    )
     port = free_port()
     spec = {"cluster": {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": ["127.0.0.1:1"]}}
-    env = {**os.environ, "CLUSTER_SPEC": json.dumps(spec), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "CLUSTER_SPEC": json.dumps(spec),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     env.pop("MASTER_ADDR", None)
-    procs = [subprocess.Popen(list(pool.container_spec.command), env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for pool in job.job_spec.worker_pool_specs]
+    procs = [
+        subprocess.Popen(
+            list(pool.container_spec.command),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pool in job.job_spec.worker_pool_specs
+    ]
     outputs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert json.loads((tmp_path / "summary.json").read_text())["world_size"] == 2

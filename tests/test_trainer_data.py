@@ -173,3 +173,71 @@ def test_dataset_that_does_not_match_is_refused(
     assert "seq_len=64 but seq_len=128" in line and "tokenizer mismatch on fingerprint" in line
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_remote_model_is_downloaded_once_into_the_node_cache(tmp_path, monkeypatch) -> None:
+    import fsspec
+
+    from trainer.model import resolve_model_dir
+
+    monkeypatch.setenv("LLMFT_CACHE_DIR", str(tmp_path / "cache"))
+    fs = fsspec.filesystem("memory")
+    fs.pipe({"/bucket/m/config.json": b"{}", "/bucket/m/sub/tokenizer.json": b"[]"})
+    try:
+        local = Path(resolve_model_dir("memory://bucket/m", local_rank=0))
+        assert (local / "config.json").read_bytes() == b"{}"
+        assert (local / "sub" / "tokenizer.json").read_bytes() == b"[]"
+        fs.rm("/bucket/m", recursive=True)  # a second call must not download again
+        assert Path(resolve_model_dir("memory://bucket/m", local_rank=0)) == local
+    finally:
+        if fs.exists("/bucket"):
+            fs.rm("/bucket", recursive=True)
+    with pytest.raises(ValueError, match="not a directory"):
+        resolve_model_dir(str(tmp_path / "missing" / "model"), local_rank=0)
+
+
+@pytest.mark.parametrize("long_document", [False, True])
+def test_document_attention_matches_masked_sdpa(
+    tiny_model_dir: Path, tokenizer, sample_data_dir: Path, long_document: bool
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trainer import attention
+    from trainer.model import CausalLMLoss
+
+    attention.register()
+    docs = _docs(tokenizer, sample_data_dir, 12)
+    if long_document:  # one document fills most of a row: the dense fallback path
+        ids = [t for d, _ in docs for t in d][:100]
+        docs = [(ids, [0] * 10 + [1] * 90)]
+    # Rows of documents only (the last one cut off), as a best-fit packer leaves them.
+    (row,) = pack(docs, seq_len=10_000, pad_id=tokenizer.pad_token_id)
+    keys = ("input_ids", "position_ids", "loss_mask")
+    batch = [torch.tensor([row[k][:96]]) for k in keys]
+    assert (attention.document_layout(batch[1]).slots is None) == long_document
+    results = []
+    for impl in ("sdpa", attention.NAME):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=impl)
+        loss = CausalLMLoss(model)(*batch)
+        loss.backward()
+        results.append((loss.item(), model.model.layers[1].self_attn.k_proj.weight.grad))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-4)
+
+
+def test_metrics_to_an_object_store_are_staged_and_uploaded() -> None:
+    import fsspec
+
+    from trainer.metrics import MetricsWriter
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/run/metrics.jsonl", b'{"step": 1, "loss": 3.0}\n')  # an earlier attempt's lines
+    try:
+        writer = MetricsWriter("memory://run", enabled=True, tensorboard=True)
+        writer.write(2, {"loss": 2.5, "mfu": None})
+        lines = fs.cat("/run/metrics.jsonl").decode().splitlines()
+        assert [json.loads(x)["step"] for x in lines] == [1, 2]
+        writer.close()
+        assert any("tfevents" in p for p in fs.find("/run/tensorboard"))
+    finally:
+        fs.rm("/run", recursive=True)

@@ -25,7 +25,7 @@ import pytest
 from packed_fixtures import read_jsonl, write_packed_dataset
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = 12
+STEPS = 8
 ARGS = [
     "--max-steps", str(STEPS), "--micro-batch-size", "2", "--grad-accum-steps", "2",
     "--lr", "2e-3", "--warmup-steps", "2", "--log-every", "1", "--checkpoint-every", "3",
@@ -121,11 +121,11 @@ def test_two_nodes_train_checkpoint_export(uninterrupted: Path, packed_dir: Path
     assert sum(run[s] for s in range(STEPS - 2, STEPS + 1)) / 3 < run[1] - 0.5, run
 
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert kept == ["step-00000009", "step-00000012"]  # keep_checkpoints=2 pruned 3 and 6
+    assert kept == ["step-00000006", "step-00000008"]  # keep_checkpoints=2 pruned step 3
     for name in kept:
         assert (out / "checkpoints" / name / "COMPLETE").exists()
         assert (out / "checkpoints" / name / ".metadata").exists()
-    state = json.loads((out / "checkpoints" / "step-00000012" / "trainer_state.json").read_text())
+    state = json.loads((out / "checkpoints" / "step-00000008" / "trainer_state.json").read_text())
     assert state["step"] == STEPS and state["world_size"] == 4
 
     summary = json.loads((out / "summary.json").read_text())

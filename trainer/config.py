@@ -75,9 +75,16 @@ class TrainConfig:
     Turn on for large models or long sequences."""
     compile: bool = False
     """torch.compile each decoder block (per-block keeps compile time flat in depth)."""
+    shard_blocks: bool = True
+    """FSDP2 unit per decoder block (memory stays bounded for large models). False makes the
+    whole model one unit: 2 collectives per step instead of 2 per block, which wins for small
+    models and slow interconnects, at the cost of gathering all parameters at once."""
     reshard_after_forward: bool = True
     """FSDP2: free gathered block weights after forward (ZeRO-3). False keeps them until backward
     (ZeRO-2-like): one all-gather fewer per block, more memory. Good for small models."""
+    attention: str = "document"
+    """"document": per-document causal attention that skips the scores a packed row masks out
+    (trainer/attention.py); "sdpa": transformers' SDPA with a block-diagonal L x L mask."""
     backend: str = "auto"
     """Process-group backend: "auto" (nccl on GPU, gloo on CPU), "nccl" or "gloo"."""
 
@@ -163,6 +170,8 @@ class TrainConfig:
                 errors.append(f"{name} must be in [0, 1) (got {getattr(self, name)})")
         if self.dtype not in ("auto", "bf16", "fp32"):
             errors.append(f"dtype must be auto, bf16 or fp32 (got {self.dtype!r})")
+        if self.attention not in ("document", "sdpa"):
+            errors.append(f"attention must be document or sdpa (got {self.attention!r})")
         if self.backend not in ("auto", "nccl", "gloo"):
             errors.append(f"backend must be auto, nccl or gloo (got {self.backend!r})")
         if self.lora_rank and not self.lora_target_modules:

@@ -14,7 +14,10 @@ import json
 import logging
 import os
 import resource
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,45 +65,83 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
 class MetricsWriter:
-    """Rank 0 writes; other ranks get a writer whose methods do nothing."""
+    """Rank 0 writes; other ranks get a writer whose methods do nothing.
+
+    Object stores (gs://) cannot append, so for a remote output the JSONL file and the
+    TensorBoard events are written to a local staging directory and copied up after every write.
+    """
 
     def __init__(self, output: str, *, enabled: bool, tensorboard: bool) -> None:
         self.enabled = enabled
-        self._jsonl = None
+        self._jsonl: Any = None
         self._tb: Any = None
+        self._uploads: list[tuple[str, str]] = []  # (local path, remote URI)
+        self._staging = ""
         if not enabled:
             return
-        import fsspec
+        jsonl = output.rstrip("/") + "/metrics.jsonl"
+        # Vertex AI sets AIP_TENSORBOARD_LOG_DIR when a TensorBoard instance is attached.
+        logdir = os.environ.get("AIP_TENSORBOARD_LOG_DIR") or output.rstrip("/") + "/tensorboard"
+        if not _is_local(jsonl) or (tensorboard and not _is_local(logdir)):
+            self._staging = tempfile.mkdtemp(prefix="llmft-metrics-")
+        if not _is_local(jsonl):
+            import fsspec
 
-        self._jsonl = fsspec.open(output.rstrip("/") + "/metrics.jsonl", "a").open()
+            local = os.path.join(self._staging, "metrics.jsonl")
+            fs, remote = fsspec.core.url_to_fs(jsonl)
+            if fs.exists(remote):  # a resumed run continues the same file
+                fs.get(remote, local)
+            self._uploads.append((local, jsonl))
+            jsonl = local
+        Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(jsonl, "a")  # noqa: SIM115 -- closed in close()
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            # Vertex AI sets AIP_TENSORBOARD_LOG_DIR when a TensorBoard instance is attached.
-            logdir = (
-                os.environ.get("AIP_TENSORBOARD_LOG_DIR") or output.rstrip("/") + "/tensorboard"
-            )
+            if not _is_local(logdir):
+                local = os.path.join(self._staging, "tensorboard")
+                self._uploads.append((local, logdir))
+                logdir = local
             self._tb = SummaryWriter(logdir)
 
     def write(self, step: int, values: dict[str, float | int | None]) -> None:
         if not self.enabled:
             return
         record = {"step": step, "time": time.time(), **values}
-        assert self._jsonl is not None
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         if self._tb is not None:
             for key, value in values.items():
                 if value is not None:
                     self._tb.add_scalar(f"train/{key}", value, step)
+            self._tb.flush()
+        self._sync()
         shown = " ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
         )
         log.info("step %d %s", step, shown)
+
+    def _sync(self) -> None:
+        import fsspec
+
+        for local, remote in self._uploads:
+            fs, path = fsspec.core.url_to_fs(remote)
+            if os.path.isdir(local):
+                fs.put(local.rstrip("/") + "/", path, recursive=True)
+            elif os.path.exists(local):
+                fs.put(local, path)
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self._uploads:
+            self._sync()
+        if self._staging:
+            shutil.rmtree(self._staging, ignore_errors=True)

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainer import attention
 from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ def resolve_model_dir(spec: str, *, local_rank: int) -> str:
 
             fs, root = fsspec.core.url_to_fs(spec)
             partial = target.with_suffix(".partial")
+            shutil.rmtree(partial, ignore_errors=True)  # a download that died half-way
             log.info("downloading %s to %s", spec, target)
             fs.get(root.rstrip("/") + "/", str(partial), recursive=True)
             partial.rename(target)
@@ -129,8 +132,11 @@ class CausalLMLoss(nn.Module):
     ) -> torch.Tensor:
         """Sum over target tokens of -log p(token | its document prefix)."""
         causal_lm = self.causal_lm()
+        extra = {}
+        if causal_lm.config._attn_implementation == attention.NAME:
+            extra["document_layout"] = attention.document_layout(position_ids)
         hidden = causal_lm.get_decoder()(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
         ).last_hidden_state
         # Position t predicts token t + 1; keep only the positions whose next token is a target.
         select = loss_mask[:, 1:].bool()
@@ -140,6 +146,13 @@ class CausalLMLoss(nn.Module):
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         return nn.functional.cross_entropy(logits, input_ids[:, 1:][select], reduction="sum")
+
+
+def attn_implementation(config: TrainConfig) -> str:
+    if config.attention == "document":
+        attention.register()
+        return attention.NAME
+    return "sdpa"
 
 
 def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
@@ -171,7 +184,7 @@ def build_model(
     hf_config = AutoConfig.from_pretrained(model_dir)
     with parameters_on_meta():
         lm = AutoModelForCausalLM.from_config(
-            hf_config, dtype=torch.float32, attn_implementation="sdpa"
+            hf_config, dtype=torch.float32, attn_implementation=attn_implementation(config)
         )
         if config.lora_rank:
             from peft import get_peft_model
@@ -195,7 +208,7 @@ def build_model(
     mp = MixedPrecisionPolicy(
         param_dtype=dtype if dtype != torch.float32 else None, reduce_dtype=torch.float32
     )
-    for block in blocks:
+    for block in blocks if config.shard_blocks else []:
         fully_shard(
             block, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward
         )

@@ -298,8 +298,10 @@ def train(r: Run) -> None:
             )
             window = {"time": time.perf_counter(), "tokens": 0, "targets": 0}
         if config.checkpoint_every and r.state.step % config.checkpoint_every == 0:
+            saving = time.perf_counter()
             _save_checkpoint(r)
             last_saved = r.state.step
+            window["time"] += time.perf_counter() - saving  # throughput measures training only
         if r.stop_agreed:
             if r.state.step != last_saved:
                 _save_checkpoint(r)

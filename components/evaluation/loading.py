@@ -10,6 +10,8 @@ and lossy for little gain.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,12 +53,31 @@ def _is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_id(path: str) -> bool:
+    """`org/name` that is not a local path: a Hugging Face Hub model id (the pipeline accepts
+    them as base models; from_pretrained downloads them, with HF_TOKEN from the environment)."""
+    return bool(_HUB_ID.match(path)) and not os.path.exists(path)
+
+
+def _hub_error(path: str, what: str, exc: Exception) -> ValueError:
+    return ValueError(
+        f"{what} {path!r} is neither a local directory nor loadable from the Hugging Face Hub "
+        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): pass a model "
+        "directory (local or gs://) or a Hub id this machine can reach"
+    )
+
+
 def check_model_path(path: str, what: str = "model") -> None:
     """Raise ValueError unless `path` is a directory written by `save_pretrained`."""
     import fsspec
 
     if not path:
         raise ValueError(f"{what} path is empty: pass a model directory (local or gs://)")
+    if is_hub_id(path):
+        return
     fs, root = fsspec.core.url_to_fs(path)
     if not fs.exists(root):
         raise ValueError(
@@ -107,6 +128,11 @@ def read_tokenizer(path: str, what: str = "model") -> Any | None:
     from transformers import AutoTokenizer
 
     check_model_path(path, what)
+    if is_hub_id(path):
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            raise _hub_error(path, what, exc) from None
     if not _is_remote(path):
         local = path.removeprefix("file://")
         return AutoTokenizer.from_pretrained(local) if _has_tokenizer(local) else None
@@ -144,7 +170,7 @@ def loaded_model(
     dev, dtype = pick_device(device)
     with local_copy(path) as local_dir:
         if tokenizer is None:
-            if not _has_tokenizer(local_dir):
+            if not is_hub_id(local_dir) and not _has_tokenizer(local_dir):
                 raise ValueError(
                     f"{what} {path!r} has no tokenizer files (tokenizer.json / "
                     "tokenizer_config.json): save the tokenizer next to the model"
@@ -152,7 +178,12 @@ def loaded_model(
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(local_dir)
-        model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
+        except OSError as exc:
+            if is_hub_id(local_dir):
+                raise _hub_error(path, what, exc) from None
+            raise
         model.to(dev)
         model.eval()
         log.info("loaded %s from %s on %s (%s)", what, path, dev, dtype)

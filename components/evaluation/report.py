@@ -159,7 +159,8 @@ body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
 table { border-collapse: collapse; margin: 8px 0 24px; }
 th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
-td { font-family: ui-monospace, monospace; white-space: pre-wrap; }
+td { font-family: ui-monospace, monospace; white-space: pre-wrap; overflow-wrap: anywhere; }
+#samples td { max-width: 22em; }
 .better { color: #0a7a2f; font-weight: bold; } .worse { color: #b3261e; font-weight: bold; }
 .match { color: #0a7a2f; } .miss { color: #b3261e; }
 #gate.pass h2 { color: #0a7a2f; } #gate.fail h2 { color: #b3261e; }

@@ -285,7 +285,9 @@ class Launcher(ABC):
                 self.start(launch)
                 return self.wait(timeout=timeout)
         except _Interrupted as interrupt:
-            self.log(f"[launcher] signal {signal.Signals(interrupt.signum).name}: cancelling the run")
+            self.log(
+                f"[launcher] signal {signal.Signals(interrupt.signum).name}: cancelling the run"
+            )
             self.cancel()
             return LaunchResult(
                 run_id=launch.run_id,

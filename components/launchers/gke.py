@@ -134,7 +134,11 @@ def build_pytorchjob(
     min_nodes = launch.nodes if min_nodes is None else min_nodes
     if not 1 <= min_nodes <= launch.nodes:
         errors.append(f"min_nodes={min_nodes}: must be between 1 and nodes={launch.nodes}")
-    gpus = gpus_per_node if gpus_per_node is not None else (launch.nproc_per_node if accelerator else 0)
+    gpus = (
+        gpus_per_node
+        if gpus_per_node is not None
+        else (launch.nproc_per_node if accelerator else 0)
+    )
     if gpus and not accelerator:
         errors.append("gpus_per_node is set but accelerator is not: name the GKE accelerator")
     if accelerator and gpus and gpus < launch.nproc_per_node:
@@ -143,8 +147,10 @@ def build_pytorchjob(
         )
     if (scheduling_queue or priority_class) and not gang_scheduling:
         errors.append("scheduling_queue/priority_class need gang_scheduling=True")
-    for name, ref in {**({"HF_TOKEN": hf_token_secret} if hf_token_secret else {}),
-                      **(secret_env or {})}.items():
+    for name, ref in {
+        **({"HF_TOKEN": hf_token_secret} if hf_token_secret else {}),
+        **(secret_env or {}),
+    }.items():
         if not parse_secret_ref(ref)[0]:
             errors.append(f"secret for {name} has no Secret name: use name or name:key")
     if errors:
@@ -217,7 +223,11 @@ def build_pytorchjob(
         "rdzvId": launch.rdzv_id,
     }
     if launch.rdzv_backend in OPERATOR_RDZV_BACKENDS:
-        elastic |= {"rdzvBackend": launch.rdzv_backend, "rdzvHost": host, "rdzvPort": int(port_text)}
+        elastic |= {
+            "rdzvBackend": launch.rdzv_backend,
+            "rdzvHost": host,
+            "rdzvPort": int(port_text),
+        }
 
     run_policy: dict[str, Any] = {"cleanPodPolicy": clean_pod_policy}
     if ttl_seconds_after_finished is not None:
@@ -260,7 +270,9 @@ def to_yaml(manifest: Mapping[str, Any]) -> str:
 
     import yaml
 
-    number = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|0x[0-9a-fA-F]+|0o[0-7]+")
+    number = re.compile(
+        r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|0x[0-9a-fA-F]+|0o[0-7]+"
+    )
 
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:
@@ -276,7 +288,9 @@ def to_yaml(manifest: Mapping[str, Any]) -> str:
 
 def _condition(job: Mapping[str, Any]) -> tuple[str, str, str]:
     """The latest true condition: (type, reason, message); ("", "", "") before the first."""
-    conditions = [c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"]
+    conditions = [
+        c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"
+    ]
     if not conditions:
         return "", "", ""
     last = conditions[-1]
@@ -346,7 +360,9 @@ class GkeLauncher(Launcher):
 
     def start(self, launch: TrainLaunch) -> None:
         self.launch = launch
-        self.manifest = build_pytorchjob(launch=launch, namespace=self.namespace, **self.job_options)
+        self.manifest = build_pytorchjob(
+            launch=launch, namespace=self.namespace, **self.job_options
+        )
         self.name = self.manifest["metadata"]["name"]
         self.create(self.manifest)
 
@@ -366,8 +382,10 @@ class GkeLauncher(Launcher):
         existing = self._get(name)
         kind, reason, _ = _condition(existing)
         if kind != "Failed":
-            self.log(f"[gke] PyTorchJob {self.namespace}/{name} already exists ({kind or 'new'}): "
-                     "following it")
+            self.log(
+                f"[gke] PyTorchJob {self.namespace}/{name} already exists ({kind or 'new'}): "
+                "following it"
+            )
             return existing
         self.log(f"[gke] PyTorchJob {name} exists and failed ({reason}): replacing it")
         self._delete(name)
@@ -445,7 +463,10 @@ class GkeLauncher(Launcher):
                 job = self._get(self.name)
                 phase, reason, text = _condition(job)
                 if phase != last_phase:
-                    self.log(f"[gke] {self.name}: {phase or 'Pending'}" + (f" ({reason})" if reason else ""))
+                    self.log(
+                        f"[gke] {self.name}: {phase or 'Pending'}"
+                        + (f" ({reason})" if reason else "")
+                    )
                     last_phase = phase
                 pods = self._pods()
                 self._maybe_follow(pods)
@@ -462,12 +483,16 @@ class GkeLauncher(Launcher):
                     status, message = SUCCEEDED, f"all {launch.nodes} workers succeeded"
                     break
                 if phase == "Succeeded":
-                    failed_pods = [p.metadata.name for p in pods if p.status and p.status.phase == "Failed"]
+                    failed_pods = [
+                        p.metadata.name for p in pods if p.status and p.status.phase == "Failed"
+                    ]
                     if failed_pods:
                         # A Worker-only elastic job is "Succeeded" once any worker succeeds.
                         problems = self.diagnose(pods)
-                        message = (f"PyTorchJob {self.name} is marked Succeeded but worker pod(s) "
-                                   f"{', '.join(failed_pods)} failed; {summarize(problems)}")
+                        message = (
+                            f"PyTorchJob {self.name} is marked Succeeded but worker pod(s) "
+                            f"{', '.join(failed_pods)} failed; {summarize(problems)}"
+                        )
                         break
                 problems = [p for pod in pods for p in pod_problems(pod)]
                 fatal = [p for p in problems if p.fatal]
@@ -480,8 +505,10 @@ class GkeLauncher(Launcher):
                     pending_since = pending_since or time.monotonic()
                     if time.monotonic() - pending_since > self.pending_timeout_s:
                         events = event_problems(self._events(pods))
-                        message = (f"PyTorchJob {self.name} unschedulable for over "
-                                   f"{self.pending_timeout_s:.0f}s: {summarize(unschedulable + events)}")
+                        message = (
+                            f"PyTorchJob {self.name} unschedulable for over "
+                            f"{self.pending_timeout_s:.0f}s: {summarize(unschedulable + events)}"
+                        )
                         self._delete(self.name)
                         break
                 else:
@@ -517,7 +544,11 @@ class GkeLauncher(Launcher):
         if not self.follow_logs:
             return
         first = [p for p in pods if (p.metadata.labels or {}).get(REPLICA_INDEX_LABEL) == "0"]
-        if not first or first[0].status is None or first[0].status.phase not in ("Running", "Succeeded", "Failed"):
+        if (
+            not first
+            or first[0].status is None
+            or first[0].status.phase not in ("Running", "Succeeded", "Failed")
+        ):
             return
         pod = first[0]
         restarts = sum(c.restart_count or 0 for c in pod.status.container_statuses or [])
@@ -560,9 +591,8 @@ class GkeLauncher(Launcher):
 
     def cancel(self) -> None:
         self._cancelled = True
-        if self.name:
-            if self._delete(self.name):
-                self.log(f"[gke] deleted PyTorchJob {self.namespace}/{self.name}")
+        if self.name and self._delete(self.name):
+            self.log(f"[gke] deleted PyTorchJob {self.namespace}/{self.name}")
 
     def cleanup(self, run_id: str) -> list[str]:
         """Delete the run's PyTorchJobs (by label) and its etcd objects; 404s are ignored."""

@@ -430,6 +430,7 @@ def _remove_state(state_dir: Path) -> bool:
     path.with_suffix(".tmp").unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         state_dir.rmdir()
+        state_dir.parent.rmdir()  # the shared root too, once no run uses it
     return existed
 
 

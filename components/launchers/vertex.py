@@ -116,22 +116,28 @@ def build_custom_job(
         )
     if launch.rdzv_endpoint:
         errors.append("rdzv_endpoint must be empty on Vertex (the primary replica hosts it)")
-    count = accelerator_count if accelerator_count is not None else (
-        launch.nproc_per_node if accelerator_type else 0
+    count = (
+        accelerator_count
+        if accelerator_count is not None
+        else (launch.nproc_per_node if accelerator_type else 0)
     )
     if count and not accelerator_type:
         errors.append("accelerator_count is set but accelerator_type is not")
     if accelerator_type and accelerator_type not in aiplatform_v1.AcceleratorType.__members__:
-        errors.append(f"accelerator_type={accelerator_type!r} is not a Vertex accelerator name "
-                      "(e.g. NVIDIA_H100_80GB, NVIDIA_L4)")
+        errors.append(
+            f"accelerator_type={accelerator_type!r} is not a Vertex accelerator name "
+            "(e.g. NVIDIA_H100_80GB, NVIDIA_L4)"
+        )
     if errors:
         raise ValueError("invalid Vertex CustomJob options:\n  - " + "\n  - ".join(errors))
 
     machine = aiplatform_v1.MachineSpec(machine_type=machine_type)
     if accelerator_type and count:
-        machine.accelerator_type = aiplatform_v1.AcceleratorType[accelerator_type]
+        machine.accelerator_type = getattr(aiplatform_v1.AcceleratorType, accelerator_type)
         machine.accelerator_count = count
-    disk = aiplatform_v1.DiskSpec(boot_disk_type=boot_disk_type, boot_disk_size_gb=boot_disk_size_gb)
+    disk = aiplatform_v1.DiskSpec(
+        boot_disk_type=boot_disk_type, boot_disk_size_gb=boot_disk_size_gb
+    )
     env_vars = [
         aiplatform_v1.EnvVar(name=k, value=v) for k, v in {**TORCHRUN_ENV, **(env or {})}.items()
     ]
@@ -149,9 +155,7 @@ def build_custom_job(
     pools = [pool(True, 1)]
     if launch.nodes > 1:
         pools.append(pool(False, launch.nodes - 1))
-    spec = aiplatform_v1.CustomJobSpec(
-        worker_pool_specs=pools, enable_web_access=enable_web_access
-    )
+    spec = aiplatform_v1.CustomJobSpec(worker_pool_specs=pools, enable_web_access=enable_web_access)
     if service_account:
         spec.service_account = service_account
     if network:
@@ -177,8 +181,9 @@ def build_custom_job(
 
 def write_gcp_resources(path: str, location: str, job_name: str) -> None:
     """GCPC's `gcp_resources` JSON for one CustomJob (Vertex Pipelines cancels it with the run)."""
-    payload = {"resources": [{"resourceType": "CustomJob",
-                              "resourceUri": job_uri(location, job_name)}]}
+    payload = {
+        "resources": [{"resourceType": "CustomJob", "resourceUri": job_uri(location, job_name)}]
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload))
 
@@ -190,8 +195,14 @@ TERMINAL = {
     "JOB_STATE_EXPIRED": FAILED,
     "JOB_STATE_PARTIALLY_SUCCEEDED": FAILED,
 }
-ACTIVE = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_UPDATING",
-          "JOB_STATE_PAUSED", "JOB_STATE_CANCELLING")
+ACTIVE = (
+    "JOB_STATE_QUEUED",
+    "JOB_STATE_PENDING",
+    "JOB_STATE_RUNNING",
+    "JOB_STATE_UPDATING",
+    "JOB_STATE_PAUSED",
+    "JOB_STATE_CANCELLING",
+)
 
 
 class VertexLauncher(Launcher):
@@ -281,7 +292,10 @@ class VertexLauncher(Launcher):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 self.cancel()
-                status, message = FAILED, f"timed out after {timeout:.0f}s; cancelled {self.job_name}"
+                status, message = (
+                    FAILED,
+                    f"timed out after {timeout:.0f}s; cancelled {self.job_name}",
+                )
                 break
             time.sleep(self.poll_s)
         return LaunchResult(
@@ -316,7 +330,7 @@ class VertexLauncher(Launcher):
         )
         cancelled = []
         for job in self.client.list_custom_jobs(request=request):
-            if job.state.name in ACTIVE and job.state.name != "JOB_STATE_CANCELLING":
-                if self._cancel(job.name):
-                    cancelled.append(f"CustomJob {job.name}")
+            cancellable = job.state.name in ACTIVE and job.state.name != "JOB_STATE_CANCELLING"
+            if cancellable and self._cancel(job.name):
+                cancelled.append(f"CustomJob {job.name}")
         return cancelled

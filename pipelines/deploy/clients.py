@@ -146,12 +146,14 @@ def kfp_client(settings: KfpSettings) -> kfp.client.Client:
             f"cannot reach KFP at {host} ({type(exc).__name__}): check --host, and that "
             "`kubectl port-forward` (or the gateway) is running"
         ) from None
-    if probe.status_code in (401, 403):
+    if settings.iap_client_id:
+        pass  # behind IAP the probe is redirected to a login page; kfp.Client brings the token
+    elif probe.status_code in (401, 403):
         raise ValueError(
             f"KFP at {host} refused the request ({probe.status_code}): set {KFP_TOKEN_ENV} to a "
             "bearer token, or --iap-client-id for an IAP-protected endpoint"
         )
-    if probe.status_code >= 400:
+    elif probe.status_code >= 400:
         raise ValueError(
             f"{host} answered {probe.status_code} to /apis/v2beta1/healthz: is it a KFP API endpoint?"
         )

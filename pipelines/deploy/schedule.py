@@ -32,7 +32,7 @@ from pipelines.deploy.clients import (
 )
 from pipelines.deploy.config import DeployConfig, validate
 from pipelines.deploy.cron import parse_cron
-from pipelines.deploy.submit import prepare_parameters, vertex_job
+from pipelines.deploy.submit import prepare_parameters, remote_template, vertex_job
 from pipelines.deploy.template import read_template
 
 if TYPE_CHECKING:
@@ -84,8 +84,9 @@ def create_vertex_schedule(
     from google.cloud import aiplatform
 
     validate(config, "vertex", "schedule")
-    params = prepare_parameters(config, "vertex", schedule_time=None, recurring=True)
     credentials = google_credentials(credentials)
+    remote = remote_template(config, credentials)
+    params = prepare_parameters(config, "vertex", schedule_time=None, recurring=True, info=remote)
     v, s = config.vertex, config.schedule
     assert s.cron and v.project
     cron = parse_cron(s.cron).to_vertex()
@@ -153,9 +154,8 @@ def update_vertex_schedules(
     if not config.template:
         raise ValueError("--update needs the new template (--template URI or path)")
     credentials = google_credentials(credentials)
-    known = None
-    if not config.template.startswith(("http://", "https://")):
-        known = set(read_template(config.template).parameters)
+    info = remote_template(config, credentials) or read_template(config.template)
+    known = set(info.parameters)
     svc = schedule_service(config.vertex.project or "", config.vertex.location, credentials)
     display_name = config.schedule.display_name
     updated = []
@@ -170,20 +170,21 @@ def update_vertex_schedules(
             old_job = old.create_pipeline_job_request.pipeline_job
             runtime = json_format.MessageToDict(type(old_job).pb(old_job).runtime_config)
             params = {**runtime.get("parameterValues", {}), **config.parameters}
-            if known is not None:
-                dropped = sorted(set(params) - known)
-                if dropped:
-                    report(
-                        f"warning: {old.name}: dropping parameters the new template lacks: {dropped}"
-                    )
-                params = {k: v for k, v in params.items() if k in known}
+            dropped = sorted(set(params) - known)
+            if dropped:
+                report(
+                    f"warning: {old.name}: dropping parameters the new template lacks: {dropped}"
+                )
+            params = {k: v for k, v in params.items() if k in known}
             root = config.vertex.pipeline_root or runtime.get("gcsOutputDirectory")
             retargeted = dataclasses.replace(
                 config,
                 parameters=params,
                 vertex=dataclasses.replace(config.vertex, pipeline_root=root),
             )
-            params = prepare_parameters(retargeted, "vertex", schedule_time=None, recurring=True)
+            params = prepare_parameters(
+                retargeted, "vertex", schedule_time=None, recurring=True, info=info
+            )
             new = vertex_job(retargeted, params, credentials)._gca_resource
             job = type(old_job)(old_job)
             job.pipeline_spec = new.pipeline_spec

@@ -27,10 +27,12 @@ from pipelines.deploy.clients import (
 )
 from pipelines.deploy.config import DeployConfig, validate
 from pipelines.deploy.template import (
+    TemplateInfo,
     check_for_backend,
     fill_schedule_time,
     parameter_errors,
     read_template,
+    template_info,
     uses_schedule_time,
 )
 
@@ -56,10 +58,32 @@ class Submitted:
     """Final state when waited for, else None."""
 
 
+def remote_template(config: DeployConfig, credentials: Credentials) -> TemplateInfo | None:
+    """Fetch a registry-URI template (Vertex) so its parameters are checked like a local one's."""
+    if not config.template or not config.template.startswith(("http://", "https://")):
+        return None
+    import json
+    from pathlib import Path
+
+    from google.cloud.aiplatform.utils import yaml_utils
+
+    with cloud_errors(f"fetching {config.template}"):
+        spec = yaml_utils.load_yaml(config.template, config.vertex.project, credentials)
+    return template_info([spec], Path(config.template), json.dumps(spec, sort_keys=True).encode())
+
+
 def prepare_parameters(
-    config: DeployConfig, backend: str, *, schedule_time: dt.datetime | None, recurring: bool
+    config: DeployConfig,
+    backend: str,
+    *,
+    schedule_time: dt.datetime | None,
+    recurring: bool,
+    info: TemplateInfo | None = None,
 ) -> dict[str, Any]:
-    """Check the parameters against a local template and settle the schedule-time placeholder.
+    """Check the parameters against the template and settle the schedule-time placeholder.
+
+    `info` is the template when already loaded (a registry URI, see `remote_template`);
+    otherwise a local template path is read here.
 
     Raises:
         ValueError: every parameter problem at once; or a one-off run left the schedule-time
@@ -85,13 +109,60 @@ def prepare_parameters(
             "use `llmft schedule`"
         )
     template = config.template
-    if template and not template.startswith(("http://", "https://")):
+    if info is None and template and not template.startswith(("http://", "https://")):
         info = read_template(template)
+    if info is not None:
         check_for_backend(info, backend)
-        errors = parameter_errors(info, params)
+        params = _derived_defaults(info, config, backend, params)
+        errors = parameter_errors(info, params) or _run_parameter_errors(info, params)
         if errors:
             raise ValueError(f"{len(errors)} parameter problem(s):\n  - " + "\n  - ".join(errors))
     return params
+
+
+def _derived_defaults(
+    info: TemplateInfo, config: DeployConfig, backend: str, params: dict[str, Any]
+) -> dict[str, Any]:
+    """Fill pipeline parameters that the deploy settings already answer, unless given.
+
+    On Vertex the run's project and region are the trainer's; `work_uri` (shared run files)
+    defaults to a folder under the pipeline root, which is gs:// on Vertex.
+    """
+    derived: dict[str, Any] = {}
+    root = config.vertex.pipeline_root if backend == "vertex" else config.kfp.pipeline_root
+    if backend == "vertex":
+        derived = {"project": config.vertex.project, "region": config.vertex.location}
+    if root and root.startswith("gs://"):
+        derived["work_uri"] = f"{root.rstrip('/')}/llmft-work"
+    filled = dict(params)
+    for name, value in derived.items():
+        if name in info.parameters and value and not filled.get(name):
+            filled[name] = value
+    return filled
+
+
+def _run_parameter_errors(info: TemplateInfo, params: dict[str, Any]) -> list[str]:
+    """The pipeline's own first-step checks (components/validation.py), run here first.
+
+    Applies to templates of our pipeline, recognised by declaring every required argument of the
+    check; for any other template only the generic name/type checks above apply.
+    """
+    import inspect
+
+    from components.validation import run_parameter_errors
+
+    required = [
+        p.name
+        for p in inspect.signature(run_parameter_errors).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    if not all(name in info.parameters for name in required):
+        return []
+    values = {n: p.default for n, p in info.parameters.items() if p.default is not None}
+    values.update(params)
+    if not all(name in values for name in required):
+        return []  # a required pipeline input is missing: parameter_errors said so
+    return run_parameter_errors(**values)
 
 
 def vertex_job(config: DeployConfig, params: dict[str, Any], credentials: Credentials) -> Any:
@@ -126,8 +197,14 @@ def submit_vertex(
 ) -> Submitted:
     """Submit one run to Vertex AI Pipelines."""
     validate(config, "vertex", "run")
-    params = prepare_parameters(config, "vertex", schedule_time=schedule_time, recurring=False)
     credentials = google_credentials(credentials)
+    params = prepare_parameters(
+        config,
+        "vertex",
+        schedule_time=schedule_time,
+        recurring=False,
+        info=remote_template(config, credentials),
+    )
     v = config.vertex
     with cloud_errors("submitting to Vertex AI Pipelines"):
         job = vertex_job(config, params, credentials)

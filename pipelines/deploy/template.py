@@ -78,6 +78,11 @@ def read_template(path: str | Path) -> TemplateInfo:
         docs = [doc for doc in yaml.safe_load_all(raw) if doc is not None]
     except yaml.YAMLError as exc:
         raise ValueError(f"{path} is not YAML: {exc}") from None
+    return template_info(docs, path, raw)
+
+
+def template_info(docs: list[Any], path: Path, raw: bytes) -> TemplateInfo:
+    """Facts from the YAML documents of a template (a local file or one fetched from a registry)."""
     if not docs or not isinstance(docs[0], dict) or "pipelineInfo" not in docs[0]:
         raise ValueError(
             f"{path} is not a compiled KFP pipeline (no pipelineInfo); run `llmft compile`"

@@ -26,7 +26,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
-    print(f"rank {rank}/{world} group {os.environ['GROUP_RANK']} sum {total.item():.0f}", flush=True)
+    print(
+        f"rank {rank}/{world} group {os.environ['GROUP_RANK']} sum {total.item():.0f}", flush=True
+    )
     if args.mode == "fail" and rank == world - 1:
         print("boom: simulated worker failure", file=sys.stderr, flush=True)
         sys.exit(3)
@@ -34,13 +36,20 @@ def main() -> None:
         print(f"ready {rank}", flush=True)
         time.sleep(3600)
     if args.mode == "fail":
-        time.sleep(3600)  # the survivors would block in the next collective; just wait to be stopped
+        time.sleep(
+            3600
+        )  # the survivors would block in the next collective; just wait to be stopped
     dist.barrier()
     if rank == 0:
         out = Path(args.output)
         out.mkdir(parents=True, exist_ok=True)
-        summary = {"base_model": args.model, "steps": int(args.max_steps or 0), "world_size": world,
-                   "sum": total.item(), "model_dir": str(out / "model")}
+        summary = {
+            "base_model": args.model,
+            "steps": int(args.max_steps or 0),
+            "world_size": world,
+            "sum": total.item(),
+            "model_dir": str(out / "model"),
+        }
         (out / "summary.json").write_text(json.dumps(summary))
     dist.destroy_process_group()
 

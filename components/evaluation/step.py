@@ -1,0 +1,64 @@
+"""The `evaluate` KFP component's parameters mapped onto `run_evaluation`.
+
+The tuned Model artifact is the trainer's run directory: the Hugging Face files are at its
+`model_uri` metadata (`<run dir>/model`) and the training curve at `<run dir>/metrics.jsonl`.
+The component writes the report to its HTML artifact and logs the scalars to its Metrics
+artifact; metrics.json and generations.jsonl go to a temporary directory that is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+from typing import Any
+
+from components.evaluation.evaluate import run_evaluation
+
+log = logging.getLogger(__name__)
+
+
+def _exists(path: str) -> bool:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    return bool(fs.exists(root))
+
+
+def run_evaluate_component(
+    *,
+    base_model: str,
+    tuned_model_uri: str,
+    tuned_metadata: dict[str, Any],
+    dataset_uri: str,
+    max_examples: int,
+    min_loss_improvement: float,
+    min_exact_match: float,
+    champion_model: str,
+    report_path: str,
+) -> tuple[dict[str, float], bool]:
+    """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    run_dir = tuned_model_uri.removeprefix("file://").rstrip("/")
+    tuned = str(tuned_metadata.get("model_uri") or f"{run_dir}/model").removeprefix("file://")
+    train_metrics = f"{run_dir}/metrics.jsonl"
+    with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
+        result = run_evaluation(
+            base=base_model,
+            tuned=tuned,
+            data_dir=dataset_uri.removeprefix("file://"),
+            output_dir=out,
+            max_examples=max_examples,
+            train_metrics=train_metrics if _exists(train_metrics) else None,
+            champion=champion_model or None,
+            min_loss_improvement=min_loss_improvement,
+            min_exact_match=min_exact_match,
+        )
+        shutil.copyfile(result.report_path, report_path)
+    # KFP Metrics (and the Vertex console) take finite numbers only; a diverged perplexity is
+    # left out rather than failing the step.
+    scalars = {k: float(v) for k, v in result.metrics.items() if math.isfinite(v)}
+    scalars["passed"] = 1.0 if result.passed else 0.0
+    return scalars, result.passed

@@ -1,0 +1,306 @@
+"""The whole preprocessing pipeline: DirectRunner runs on the sample and dirty data, the CLI, the
+component runtime, and the Dataflow path checked offline (options and the job request Beam builds).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+
+def _identity(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    from beam_preprocess.schema import TokenizerIdentity
+
+    return TokenizerIdentity.of(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def _rows(dataset: Path, shards: list[str]):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa.concat_tables([pq.read_table(dataset / s) for s in shards])
+
+
+@pytest.mark.slow
+def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
+    sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path
+):
+    import numpy as np
+
+    from beam_preprocess.schema import COLUMNS, compatibility_errors, read_manifest
+    from components.preprocess_step import run_preprocess_step
+
+    out = tmp_path / "dataset"
+    result = run_preprocess_step(
+        input_uri=str(sample_data_dir / "train.jsonl"),
+        output_uri=str(out),
+        tokenizer=str(tiny_model_dir),
+        seq_len=512,
+        eval_fraction=0.1,
+        num_workers=1,  # in-process: the multi-process engine is exercised by the benchmark
+    )
+    manifest = read_manifest(str(out))
+    assert compatibility_errors(manifest, _identity(tiny_model_dir), 512) == []
+    assert compatibility_errors(
+        manifest, _identity(tiny_model_dir), 256
+    )  # seq_len mismatch refused
+    stats = manifest.stats
+    assert stats["records_read"] == stats["kept"] == 4000
+    meta = result["metadata"]
+    assert meta["rows"] == sum(s.rows for s in manifest.splits.values())
+    # Documents are never split, so each split's last row is partial: the small eval split (~40
+    # rows) pays for it; the train split packs to >= 0.98 of seq_len.
+    assert meta["fill_ratio"] >= 0.97
+    train = manifest.splits["train"]
+    assert train.tokens / (train.rows * 512) >= 0.98
+    assert "| kept | 4,000 |" in result["summary_markdown"]
+    for _name, info in manifest.splits.items():
+        table = _rows(out, info.shards)
+        assert table.column_names == list(COLUMNS)
+        ids = np.array(table.column("input_ids").to_pylist())
+        mask = np.array(table.column("loss_mask").to_pylist())
+        pos = np.array(table.column("position_ids").to_pylist())
+        assert ids.shape == (info.rows, 512)
+        assert (
+            int((pos == 0).sum() - (ids[:, -1] == manifest.tokenizer.pad_token_id).sum())
+            == info.documents
+        )
+        assert int(mask.sum()) == info.target_tokens
+    assert 300 < manifest.splits["eval"].documents < 500
+    # The evaluator's records are exactly the eval split's documents.
+    eval_lines = [
+        json.loads(line)
+        for path in manifest.eval_records
+        for line in (out / path).read_text().splitlines()
+    ]
+    assert len(eval_lines) == manifest.splits["eval"].documents
+    train_prompts = {
+        json.loads(x)["prompt"] for x in (sample_data_dir / "train.jsonl").read_text().splitlines()
+    }
+    assert {r["prompt"] for r in eval_lines} <= train_prompts
+
+
+@pytest.mark.slow
+def test_dirty_data_every_injected_record_is_accounted_for(
+    sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path
+):
+    from beam_preprocess.options import PreprocessConfig
+    from beam_preprocess.pipeline import STATS_FILE, run, write_manifest
+
+    report = json.loads((sample_data_dir / "dirty_report.json").read_text())
+    out = tmp_path / "dirty"
+    argv = [
+        f"--input={sample_data_dir}/dirty.jsonl",
+        f"--output={out}",
+        f"--tokenizer={tiny_model_dir}",
+        "--seq-len=512",
+        "--direct_num_workers=1",
+        "--max-rejected-fraction=0.01",  # the dirty data has ~3% bad records: must fail
+    ]
+    with pytest.raises(ValueError, match=r"were rejected .* above --max-rejected-fraction 0.01"):
+        run(argv)
+    assert not (out / "manifest.json").exists()
+    stats = json.loads((out / STATS_FILE).read_text())
+    injected = report["injected"]
+    assert stats["records_read"] == report["total_lines"]
+    assert stats["rejected_by_reason"] == {
+        "invalid_json": injected["invalid_json"],
+        "missing_field": injected["missing_field"],
+        "empty_field": injected["empty_text"],
+    }
+    assert stats["duplicates"] == injected["duplicate"]
+    assert stats["kept"] == report["clean_records"]
+    # The dead letters name each injected bad record (file:line) with its reason.
+    letters = [
+        json.loads(line)
+        for f in sorted((out / "rejected").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+    by_reason: dict[str, list[int]] = {}
+    for letter in letters:
+        assert letter["error"]
+        by_reason.setdefault(letter["reason"], []).append(int(letter["source"].rsplit(":", 1)[1]))
+    assert sorted(by_reason["invalid_json"]) == report["lines"]["invalid_json"]
+    assert sorted(by_reason["missing_field"]) == report["lines"]["missing_field"]
+    assert sorted(by_reason["empty_field"]) == report["lines"]["empty_text"]
+
+    # With a tolerant threshold the same outputs make a valid manifest whose stats add up.
+    config = PreprocessConfig(
+        inputs=("x",), output=str(out), tokenizer=str(tiny_model_dir), seq_len=512
+    )
+    manifest = write_manifest(replace(config, max_rejected_fraction=0.1), _identity(tiny_model_dir))
+    s = manifest.stats
+    assert s["records_read"] == s["kept"] + s["filtered"] + s["duplicates"] + s["rejected"]
+
+
+def test_cli_help_and_user_errors(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["preprocess", "--help"])
+    assert result.exit_code == 0
+    assert "--seq-len" in result.output and "--max-rejected-fraction" in result.output
+    result = runner.invoke(
+        app, ["preprocess", "--input", str(tmp_path / "none*.jsonl"), "--output", str(tmp_path / "o"),
+              "--tokenizer", "t", "--seq-len", "64"],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "matches no files" in result.output
+    result = runner.invoke(app, ["preprocess", "--input", "x", "--seq-lenn", "3"])
+    assert result.exit_code == 2 and "unknown flag(s): --seq-lenn" in result.output
+
+
+def test_options_report_every_mistake_at_once():
+    from beam_preprocess.pipeline import parse_options
+
+    with pytest.raises(ValueError) as info:
+        parse_options(["--seq-len=4", "--eval-fraction=1.5", "--pack-groups=0"])
+    message = str(info.value)
+    for expected in ("--input is required", "--output is required", "--tokenizer is required",
+                     "--seq-len must be", "--eval-fraction must be", "--pack-groups must be"):  # fmt: skip
+        assert expected in message
+
+
+DATAFLOW_ARGS = [
+    "--input=gs://llmft-bucket/raw/*.jsonl",
+    "--output=gs://llmft-bucket/packed",
+    "--tokenizer=gs://llmft-bucket/tokenizer",
+    "--seq-len=512",
+    "--runner=DataflowRunner",
+    "--project=llmft-project",
+    "--region=us-central1",
+    "--temp_location=gs://llmft-bucket/tmp",
+    "--service_account_email=preprocess@llmft-project.iam.gserviceaccount.com",
+    "--network=llmft-net",
+    "--subnetwork=regions/us-central1/subnetworks/llmft-subnet",
+    "--machine_type=n2-standard-8",
+    "--max_num_workers=20",
+    "--sdk_container_image=us-docker.pkg.dev/llmft-project/llmft/llmft:0.1.0",
+    "--dry_run=True",  # Beam's own switch: no GCS calls while validating options
+]
+
+
+def test_dataflow_options_are_validated_with_clear_errors():
+    from beam_preprocess.pipeline import parse_options
+
+    bad = [
+        "--input=data/*.jsonl", "--output=out", "--tokenizer=./tok", "--seq-len=512",
+        "--runner=DataflowRunner", "--region=us-central1", "--temp_location=/tmp/x",
+        "--subnetwork=my-subnet", "--service_account_email=someone@gmail.com",
+    ]  # fmt: skip
+    with pytest.raises(ValueError) as info:
+        parse_options(bad)
+    message = str(info.value)
+    for expected in ("--project is required", "--temp_location must be a gs:// path",
+                     "--subnetwork 'my-subnet' must be", "is not a service account",
+                     "workers need this package", "--input 'data/*.jsonl' must be a gs:// path",
+                     "--output 'out' must be", "--tokenizer './tok' is a local path"):  # fmt: skip
+        assert expected in message
+
+
+def test_dataflow_job_request_is_built_offline():
+    import apache_beam as beam
+
+    from beam_preprocess.dataflow import build_job_request
+    from beam_preprocess.pipeline import build_pipeline, parse_options
+
+    options, config = parse_options(DATAFLOW_ARGS)
+    pipeline = beam.Pipeline(options=options)
+    build_pipeline(pipeline, config, pad_id=0)
+    job, environment = build_job_request(pipeline, options)
+    assert job.proto.type_.name == "JOB_TYPE_BATCH"
+    env = environment.proto
+    assert env.service_account_email == "preprocess@llmft-project.iam.gserviceaccount.com"
+    pool = env.worker_pools[0]
+    assert pool.machine_type == "n2-standard-8"
+    assert pool.network == "llmft-net"
+    assert pool.subnetwork == "regions/us-central1/subnetworks/llmft-subnet"
+    assert pool.autoscaling_settings.max_num_workers == 20
+    assert pool.sdk_harness_container_images[0].container_image.endswith("llmft:0.1.0")
+    # The named steps of the graph are in the pipeline proto that would be submitted.
+    names = {t.unique_name for t in environment._proto_pipeline.components.transforms.values()}
+    for step in (
+        "Read",
+        "Validate",
+        "Clean",
+        "Deduplicate",
+        "Split",
+        "Tokenize",
+        "Pack",
+        "WriteTrain",
+        "WriteRejected",
+    ):
+        assert step in names
+
+
+def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, monkeypatch):
+    """Submission is the cloud boundary: a fake result stands in for DataflowPipelineResult."""
+    import beam_preprocess.pipeline as pipeline_module
+    from beam_preprocess.options import PreprocessConfig
+    from beam_preprocess.schema import Manifest, SplitInfo, TokenizerIdentity
+    from components.preprocess_step import run_preprocess_step
+
+    class FakeDataflowResult:
+        def job_id(self) -> str:
+            return "2026-12-02_10_00_00-123"
+
+        def wait_until_finish(self) -> str:
+            return "JOB_STATE_DONE"
+
+    seen = {}
+
+    def fake_launch(argv):
+        _options, config = pipeline_module.parse_options(argv)  # the real validation
+        seen["argv"] = argv
+        identity = TokenizerIdentity("tok", 10, 1, 0, None, "f")
+        return pipeline_module.LaunchedRun(FakeDataflowResult(), config, identity, "DataflowRunner")
+
+    def fake_finish(launched):
+        stats = {"records_read": 1, "kept": 1, "filtered": 0, "duplicates": 0, "rejected": 0,
+                 "filtered_by_reason": {}, "rejected_by_reason": {}}  # fmt: skip
+        return Manifest(
+            512, launched.tokenizer, "instruction", {"train": SplitInfo(1, 1, 500, 400)}, stats
+        )
+
+    monkeypatch.setattr(pipeline_module, "launch", fake_launch)
+    monkeypatch.setattr(pipeline_module, "finish", fake_finish)
+    path = tmp_path / "outputs" / "gcp_resources"
+    result = run_preprocess_step(
+        input_uri="gs://llmft-bucket/raw/*.jsonl", output_uri="gs://llmft-bucket/packed",
+        tokenizer="gs://llmft-bucket/tokenizer", seq_len=512, runner="DataflowRunner",
+        project="llmft-project", region="us-central1", temp_location="gs://llmft-bucket/tmp",
+        sdk_container_image="us-docker.pkg.dev/llmft-project/llmft/llmft:0.1.0",
+        gcp_resources_path=str(path), extra_args=["--dry_run=True"],
+    )  # fmt: skip
+    resources = json.loads(path.read_text())
+    assert resources == {
+        "resources": [
+            {
+                "resourceType": "DataflowJob",
+                "resourceUri": "https://dataflow.googleapis.com/v1b3/projects/llmft-project/"
+                "locations/us-central1/jobs/2026-12-02_10_00_00-123",
+            }
+        ]
+    }
+    assert result["metadata"]["rows"] == 1
+    assert "--project=llmft-project" in seen["argv"]
+    assert isinstance(PreprocessConfig, type)
+
+
+def test_beam_side_never_imports_torch_or_trainer():
+    """Dataflow workers stay light: the pipeline modules import neither torch nor the trainer."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, beam_preprocess.pipeline, beam_preprocess.transforms, beam_preprocess.cli; "
+        "bad = [m for m in ('torch', 'trainer', 'components', 'pipelines') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

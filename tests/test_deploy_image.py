@@ -1,0 +1,155 @@
+"""The image, its build and the RBAC manifest: pins agree with the project, nothing floats,
+and the Kubernetes objects validate against Kubernetes' own schemas."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+
+
+def _constraint(name: str) -> str:
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.lower().startswith(f"{name}=="):
+            return line.split("==", 1)[1].strip()
+    raise AssertionError(f"{name} is not pinned in constraints.txt")
+
+
+def test_dockerfile_pins_match_the_project() -> None:
+    from packaging.specifiers import SpecifierSet
+
+    (base,) = re.findall(r"^FROM\s+(\S+)", DOCKERFILE, flags=re.M)
+    match = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-[a-z]+", base)
+    assert match, f"base image {base} is not pinned to an exact python:X.Y.Z-slim-<debian> tag"
+    major, minor, patch = map(int, match.groups())
+    assert (major, minor) == sys.version_info[:2], "the image runs the Python the tests run on"
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert f"{major}.{minor}.{patch}" in SpecifierSet(requires)
+
+    (torch_version,) = re.findall(r"^ARG TORCH_VERSION=(\S+)", DOCKERFILE, flags=re.M)
+    assert torch_version == _constraint("torch")
+    from importlib.metadata import version
+
+    assert version("torch").split("+")[0] == torch_version  # the build the tests run on
+    (index,) = re.findall(r"^ARG TORCH_INDEX_URL=(\S+)", DOCKERFILE, flags=re.M)
+    assert re.fullmatch(r"https://download\.pytorch\.org/whl/cu\d+", index), "CUDA build of torch"
+    assert "pip install -c constraints.txt ." in DOCKERFILE
+    (user,) = re.findall(r"^USER\s+(\S+)", DOCKERFILE, flags=re.M)
+    assert user.split(":")[0] not in ("0", "root")
+
+
+def _repo_text_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return [REPO / p for p in listed if (REPO / p).is_file()]
+
+
+def test_no_image_reference_floats_on_latest() -> None:
+    """Nothing shipped (code, compiled YAML, manifests, docs, Dockerfile) names a moving tag.
+
+    An image reference ending in the moving tag; quoted checks such as endswith(":latest") are not
+    references (a quote precedes the colon). tests/ is exempt: tests feed such references to
+    the code to check that it refuses them.
+    """
+    floating = re.compile(r"[A-Za-z0-9][\w.\-/]*:" + "latest" + r"\b")
+    offenders = []
+    for path in _repo_text_files():
+        if path.relative_to(REPO).parts[0] == "tests":
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        offenders += [f"{path.relative_to(REPO)}: {m.group(0)}" for m in floating.finditer(text)]
+    assert offenders == []
+
+
+def test_cloudbuild_pushes_the_image_the_components_use() -> None:
+    from components.image import DEFAULT_IMAGE, VERSION
+    from pipelines.cli import app
+
+    build = yaml.safe_load((REPO / "docs/deploy/cloudbuild.yaml").read_text())
+    assert build["images"] == ["${_IMAGE}"]
+    assert build["substitutions"] == {"_IMAGE": ""}  # filled by the command below, never defaulted
+    for step in build["steps"]:
+        name, _, tag = step["name"].rpartition(":")
+        assert name and re.fullmatch(r"\d+(\.\d+)+", tag), f"builder {step['name']} is not pinned"
+    guide = (REPO / "docs/deploy/README.md").read_text()
+    assert "--substitutions=_IMAGE=$(llmft image-tag --full)" in guide
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert version == VERSION
+    runner = CliRunner()
+    assert runner.invoke(app, ["image-tag"]).output.strip() == version
+    assert runner.invoke(app, ["image-tag", "--full"]).output.strip() == DEFAULT_IMAGE
+    assert DEFAULT_IMAGE.endswith(f":{version}")
+
+
+RBAC = list(yaml.safe_load_all((REPO / "docs/deploy/rbac.yaml").read_text()))
+NEEDED = {
+    ("apps", "statefulsets"): {"create", "get", "list", "delete"},
+    ("apps", "statefulsets/status"): {"get"},
+    ("", "services"): {"create", "get", "list", "delete"},
+    ("", "persistentvolumeclaims"): {"list", "delete"},
+    ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "delete"},
+    ("", "pods"): {"get", "list"},
+    ("", "pods/log"): {"get"},
+    ("", "events"): {"get", "list"},
+    ("", "configmaps"): {"get"},
+    ("", "secrets"): {"get"},
+    ("argoproj.io", "workflowtaskresults"): {"create", "patch"},
+}
+
+
+@pytest.mark.parametrize("doc", RBAC, ids=[d["kind"] for d in RBAC])
+def test_rbac_objects_validate_against_kubernetes_schemas(doc: dict) -> None:
+    import kubernetes_validate
+
+    kubernetes_validate.validate(doc, "1.30", strict=True)
+
+
+def test_rbac_validation_is_not_a_rubber_stamp() -> None:
+    import kubernetes_validate
+
+    role = next(d for d in RBAC if d["kind"] == "Role")
+    broken = {**role, "rules": [{**role["rules"][0], "verb": ["get"]}]}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, "1.30", strict=True)
+
+
+def test_rbac_grants_only_what_the_components_need() -> None:
+    kinds = [d["kind"] for d in RBAC]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding"]  # namespaced only, no ClusterRole
+    account, role, binding = RBAC
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+        if "secrets" in rule["resources"] or "configmaps" in rule["resources"]:
+            assert rule["resourceNames"], "secrets/configmaps only by name"
+    assert granted == NEEDED
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    sa_subject = next(s for s in binding["subjects"] if s["kind"] == "ServiceAccount")
+    assert sa_subject["name"] == account["metadata"]["name"] == "llmft-pipeline"
+    assert {d["metadata"]["namespace"] for d in RBAC} == {sa_subject["namespace"]}
+    example = yaml.safe_load((REPO / "docs/deploy/example.yaml").read_text())
+    assert example["kfp"]["service_account"] == "llmft-pipeline"

@@ -1,0 +1,167 @@
+"""Evaluation building blocks that need no model: metrics, gate, report, input readers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from components.evaluation import data as data_io
+from components.evaluation.gate import GateThresholds, decide
+from components.evaluation.report import plot_curves_png, read_training_curve, render_report
+from components.evaluation.text_metrics import chrf, exact_match, normalize_answer
+
+METRICS = {
+    "base_eval_loss": 3.0,
+    "tuned_eval_loss": 2.0,
+    "base_exact_match": 0.1,
+    "tuned_exact_match": 0.5,
+}
+
+
+def test_normalize_answer_keeps_meaningful_punctuation() -> None:
+    assert normalize_answer("  1 235 m.\n") == "1 235 m"
+    assert normalize_answer("ＡBC") == "abc"  # NFKC folds full-width letters
+    assert normalize_answer("-5") != normalize_answer("5")
+    assert exact_match(["Kitolu.", "12", "3 cm"], ["kitolu", " 12 ", "3 m"]) == pytest.approx(2 / 3)
+    assert exact_match([], []) == 0.0
+    with pytest.raises(ValueError, match="2 predictions for 1 references"):
+        exact_match(["a", "b"], ["a"])
+
+
+def test_chrf_bounds_and_hand_computed_value() -> None:
+    assert chrf(["same answer"], ["same answer"]) == pytest.approx(100.0)
+    assert chrf(["xyz"], ["abc"]) == 0.0
+    assert chrf([""], ["abc"]) == 0.0
+    # hyp "ab", ref "abc": 1-grams P=2/2 R=2/3, 2-grams P=1/1 R=1/2 (3-grams: hyp has none).
+    p, r = (1 + 1) / 2, (2 / 3 + 1 / 2) / 2
+    assert chrf(["ab"], ["abc"]) == pytest.approx(100 * 5 * p * r / (4 * p + r))
+    # Corpus level: statistics are summed before the F-score, not averaged per sentence.
+    corpus = chrf(["ab", "abc"], ["abc", "abc"])
+    assert chrf(["ab"], ["abc"]) < corpus < 100
+    # Whitespace is ignored, as in sacrebleu's default chrF.
+    assert chrf(["1 2 3"], ["123"]) == pytest.approx(100.0)
+
+
+def test_gate_passes_and_fails_on_thresholds() -> None:
+    assert decide(METRICS, GateThresholds()).passed
+    assert decide(METRICS, GateThresholds(min_loss_improvement=1.0, min_exact_match=0.5)).passed
+    strict = decide(METRICS, GateThresholds(min_loss_improvement=1.5, min_exact_match=0.6))
+    assert not strict.passed
+    assert [c["name"] for c in strict.checks if not c["passed"]] == [
+        "loss_improvement",
+        "exact_match",
+    ]
+    assert "required >= 1.5000" in strict.failures[0]
+    worse = decide({**METRICS, "tuned_eval_loss": 3.2}, GateThresholds())
+    assert not worse.passed
+
+
+def test_gate_exact_match_without_generation_fails() -> None:
+    metrics = {"base_eval_loss": 3.0, "tuned_eval_loss": 2.0}
+    decision = decide(metrics, GateThresholds(min_exact_match=0.2))
+    assert not decision.passed
+    assert "no generation examples" in decision.failures[0]
+
+
+def test_gate_champion_comparison() -> None:
+    champion = {**METRICS, "champion_eval_loss": 1.9, "champion_exact_match": 0.55}
+    decision = decide(champion, GateThresholds())
+    assert not decision.passed
+    assert {c["name"] for c in decision.checks if not c["passed"]} == {
+        "champion_loss",
+        "champion_exact_match",
+    }
+    assert decide(champion, GateThresholds(champion_tolerance=0.1)).passed
+    assert decide(champion, GateThresholds(compare_to_champion=False)).passed
+
+
+def test_gate_threshold_errors_are_collected() -> None:
+    with pytest.raises(ValueError) as info:
+        decide(
+            METRICS,
+            GateThresholds(
+                min_exact_match=1.5, champion_tolerance=-1, min_loss_improvement=math.nan
+            ),
+        )
+    text = str(info.value)
+    assert (
+        "min_exact_match" in text
+        and "champion_tolerance" in text
+        and "min_loss_improvement" in text
+    )
+
+
+def test_training_curve_reader_skips_noise(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        json.dumps({"config": {"lr": 1e-3}})
+        + "\n"
+        + "".join(json.dumps({"step": s, "loss": 5.0 / s, "lr": 1e-3}) + "\n" for s in range(1, 6))
+        + json.dumps({"step": 5, "eval_loss": 1.5})
+        + "\n"
+        + '{"step": 6, "lo'  # a partly written last line
+    )
+    curves = read_training_curve(str(path))
+    assert curves["train loss"] == [(float(s), 5.0 / s) for s in range(1, 6)]
+    assert curves["eval loss"] == [(5.0, 1.5)]
+    png = plot_curves_png(curves)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_report_escapes_untrusted_text() -> None:
+    decision = decide(METRICS, GateThresholds())
+    page = render_report(
+        metrics=METRICS,
+        decision=decision,
+        models={"base": "/m/base", "tuned": "/m/<tuned>"},
+        samples=[
+            {
+                "prompt": "<script>alert(1)</script>",
+                "reference": "a & b",
+                "base": "<img src=x onerror=alert(1)>",
+                "tuned": "a & b",
+                "base_match": False,
+                "tuned_match": True,
+            }
+        ],
+        curves=None,
+    )
+    assert "<script>" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "/m/&lt;tuned&gt;" in page
+    assert "No training metrics were given." in page
+    assert 'data-metric="eval_loss"' in page and 'class="better"' in page
+
+
+def test_examples_from_prompt_response_and_messages(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "What is 1 + 1?", "response": "2", "task": "add"})
+        + "\n\n"
+        + json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Reverse the word: abc"},
+                    {"role": "assistant", "content": "cba"},
+                ]
+            }
+        )
+        + "\n"
+        + json.dumps({"prompt": "never read"})
+        + "\n"
+    )
+    examples = data_io.read_examples([str(path)], max_examples=2)
+    assert [(e.prompt_text, e.reference) for e in examples] == [
+        ("What is 1 + 1?", "2"),
+        ("Reverse the word: abc", "cba"),
+    ]
+    assert examples[1].messages[0] == {"role": "system", "content": "Be brief."}
+    with pytest.raises(
+        ValueError, match=r"records.jsonl:4: a record needs 'prompt' and 'response'"
+    ):
+        data_io.read_examples([str(path)], max_examples=10)

@@ -1,0 +1,101 @@
+"""One-process runs of `python -m trainer` (env:// rendezvous, gloo): LoRA export and NaN stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from packed_fixtures import read_jsonl, write_packed_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def packed_dir(tmp_path_factory, tiny_model_dir: Path, sample_data_dir: Path) -> Path:
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("packed_single")
+    records = read_jsonl(sample_data_dir / "train.jsonl", 200)
+    write_packed_dataset(
+        out,
+        AutoTokenizer.from_pretrained(tiny_model_dir),
+        {"train": records, "eval": records[:30]},
+        seq_len=128,
+    )
+    return out
+
+
+def run_trainer(model: Path, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+    }  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", "--model", str(model), "--data", str(data),
+         "--output", str(out), "--micro-batch-size", "2", "--log-every", "1",
+         "--tensorboard", "false", *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_lora_exports_adapter_and_merged_model(
+    tmp_path: Path, tiny_model_dir: Path, packed_dir: Path
+) -> None:
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora"
+    proc = run_trainer(
+        tiny_model_dir, packed_dir, out, "--max-steps", "4", "--lr", "1e-2", "--lora-rank", "8",
+        "--lora-target-modules", "q_proj,v_proj", "--checkpoint-every", "2",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["eval_loss"] is not None
+    assert (out / "model" / "adapter" / "adapter_config.json").exists()
+
+    base = load_file(tiny_model_dir / "model.safetensors")
+    merged = load_file(out / "model" / "model.safetensors")
+    assert set(merged) == set(base)  # a plain model: no lora_ keys, same names as the base
+    changed = {k for k in base if not torch.equal(base[k], merged[k])}
+    assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed), changed
+
+    ids = torch.tensor([[5, 17, 99, 300, 42, 7]])
+    merged_model = AutoModelForCausalLM.from_pretrained(out / "model").eval()
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "model" / "adapter"
+    ).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            merged_model(ids).logits, adapted(ids).logits, atol=1e-4, rtol=1e-4
+        )
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
+    tmp_path: Path, tiny_model_dir: Path, packed_dir: Path
+) -> None:
+    out = tmp_path / "nan"
+    # lr=1e30: step 1 is finite, its update blows the weights up, step 2's loss is not finite.
+    proc = run_trainer(
+        tiny_model_dir, packed_dir, out, "--max-steps", "5", "--lr", "1e30",
+        "--max-grad-norm", "0", "--checkpoint-every", "1", "--keep-checkpoints", "3",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "is not finite" in line and "last complete checkpoint" in line
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000001"]
+    assert (out / "checkpoints" / "step-00000001" / "COMPLETE").exists()
+    assert not (out / "summary.json").exists()
