@@ -354,7 +354,8 @@ def _prepare_output(out: str, overwrite: bool) -> None:
         # --overwrite deletes the directory: never do that to something that is not a dataset.
         raise ValueError(
             f"--output {out!r} holds files but no {MANIFEST_FILE} or {STATS_FILE}: it does not "
-            "look like a dataset written by this pipeline, so --overwrite will not delete it"
+            "look like a dataset written by this pipeline, so --overwrite will not delete it "
+            "(delete it yourself or choose another directory)"
         )
     if existing and remote:
         FileSystems.delete(existing)

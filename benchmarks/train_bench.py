@@ -111,6 +111,8 @@ def run_ours(model: Path, data: Path, out: Path, args) -> dict:
             "true",
             "--reshard-after-forward",
             "false",
+            "--shard-blocks",
+            "false",
             "--export",
             "false",
             "--eval-at-end",

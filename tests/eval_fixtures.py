@@ -40,6 +40,27 @@ def finetune_briefly(
     seed: int = 0,
 ) -> list[float]:
     """Fine-tune for `steps` AdamW steps; save model, tokenizer and metrics.jsonl; return losses."""
+    import torch
+
+    # One intra-op thread: on a CPU shared with other test processes, more threads than free
+    # cores make every step wait on the slowest thread (measured 4-7x slower per step).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(model_dir, dataset_dir, out_dir, steps, batch_size, lr, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    model_dir: Path,
+    dataset_dir: Path,
+    out_dir: Path,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> list[float]:
     import pyarrow.parquet as pq
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

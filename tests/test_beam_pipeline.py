@@ -304,3 +304,21 @@ def test_beam_side_never_imports_torch_or_trainer():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_overwrite_only_replaces_a_dataset(tmp_path: Path):
+    from beam_preprocess.pipeline import _prepare_output
+
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="not empty"):
+        _prepare_output(str(precious), overwrite=False)
+    with pytest.raises(ValueError, match="will not delete it"):
+        _prepare_output(str(precious), overwrite=True)
+    assert (precious / "notes.txt").exists()
+    dataset = tmp_path / "dataset"
+    (dataset / "train").mkdir(parents=True)
+    (dataset / "manifest.json").write_text("{}")
+    _prepare_output(str(dataset), overwrite=True)
+    assert dataset.is_dir() and not any(dataset.iterdir())

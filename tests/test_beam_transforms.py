@@ -319,3 +319,22 @@ def test_packers_never_split_and_position_ids_restart():
         assert rows.input_ids.shape == (len(bins), 32)
         assert rows.tokens == sum(len(d[0]) for d in docs)
         assert (rows.loss_mask[:, 0] == 0).all() and (rows.position_ids[:, 0] == 0).all()
+
+
+def test_chat_fast_path_only_when_it_matches_jinja(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    from beam_preprocess.tokenize import ChatRenderer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    renderer = ChatRenderer(tok)
+    assert renderer._pattern is not None  # the quickstart template is a plain pattern
+    # A template that transforms content (trim) must fall back to Jinja for every record.
+    tok.chat_template = tok.chat_template.replace(
+        "message['content'] }}", "message['content'] | trim }}"
+    )
+    renderer = ChatRenderer(tok)
+    assert renderer._pattern is None
+    text, spans = renderer.pair("  padded  ", " 42 ")
+    assert text == "<|user|>padded<|end|><|assistant|>42<|end|>"
+    assert text[spans[0][0] : spans[0][1]] == "42<|end|>"

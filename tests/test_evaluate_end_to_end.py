@@ -26,7 +26,7 @@ from components.evaluation.evaluate import EvaluationResult, run_evaluation
 
 CHROMIUM = "/usr/bin/chromium"
 SEQ_LEN = 256
-FINETUNE_STEPS = 60
+FINETUNE_STEPS = 40
 MEMORY_CHAMPION = "memory://llmft-eval-test/champion"
 
 
@@ -211,7 +211,9 @@ def _weightless_copy(model_dir: Path, out: Path) -> Path:
     return out
 
 
-def test_missing_model_paths_are_reported_together(env: Env, tmp_path: Path) -> None:
+def test_missing_model_paths_are_reported_together(
+    tiny_model_dir: Path, dataset: Path, tmp_path: Path
+) -> None:
     from typer.testing import CliRunner
 
     from pipelines.cli import app
@@ -220,7 +222,7 @@ def test_missing_model_paths_are_reported_together(env: Env, tmp_path: Path) -> 
         app,
         [
             "evaluate", "--base", str(tmp_path / "nope"), "--tuned", str(tmp_path),
-            "--data", str(env.data), "--output", str(tmp_path / "out"),
+            "--data", str(dataset), "--output", str(tmp_path / "out"),
         ],
     )  # fmt: skip
     assert result.exit_code == 2
@@ -229,9 +231,9 @@ def test_missing_model_paths_are_reported_together(env: Env, tmp_path: Path) -> 
     assert "Traceback" not in result.output
 
 
-def test_empty_eval_split_is_refused(env: Env, tmp_path: Path) -> None:
+def test_empty_eval_split_is_refused(tiny_model_dir: Path, dataset: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"
-    shutil.copytree(env.data, data)
+    shutil.copytree(dataset, data)
     manifest = json.loads((data / "manifest.json").read_text())
     manifest["splits"]["eval"] = {
         "rows": 0,
@@ -244,23 +246,25 @@ def test_empty_eval_split_is_refused(env: Env, tmp_path: Path) -> None:
     shutil.rmtree(data / "eval")
     with pytest.raises(ValueError, match=r"the eval split of .* is empty"):
         run_evaluation(
-            base=str(env.base), tuned=str(env.tuned), data_dir=str(data),
+            base=str(tiny_model_dir), tuned=str(tiny_model_dir), data_dir=str(data),
             output_dir=str(tmp_path / "out"), max_examples=4,
         )  # fmt: skip
     assert not (tmp_path / "out").exists()
 
 
-def test_tokenizer_mismatch_is_refused_before_loading(env: Env, tmp_path: Path) -> None:
+def test_tokenizer_mismatch_is_refused_before_loading(
+    tiny_model_dir: Path, dataset: Path, tmp_path: Path
+) -> None:
     from transformers import AutoTokenizer
 
-    other = _weightless_copy(env.tuned, tmp_path / "other")
+    other = _weightless_copy(tiny_model_dir, tmp_path / "other")
     tokenizer = AutoTokenizer.from_pretrained(other)
     tokenizer.add_tokens(["<|tool|>"], special_tokens=True)
     tokenizer.save_pretrained(other)
     # No weights in `other`: reaching from_pretrained would fail differently.
     with pytest.raises(ValueError) as info:
         run_evaluation(
-            base=str(env.base), tuned=str(other), data_dir=str(env.data),
+            base=str(tiny_model_dir), tuned=str(other), data_dir=str(dataset),
             output_dir=str(tmp_path / "out"), max_examples=4,
         )  # fmt: skip
     text = str(info.value)
@@ -269,10 +273,12 @@ def test_tokenizer_mismatch_is_refused_before_loading(env: Env, tmp_path: Path) 
     assert "preprocess with the model's tokenizer" in text
 
 
-def test_bad_options_are_reported_together(env: Env, tmp_path: Path) -> None:
+def test_bad_options_are_reported_together(
+    tiny_model_dir: Path, dataset: Path, tmp_path: Path
+) -> None:
     with pytest.raises(ValueError) as info:
         run_evaluation(
-            base=str(env.base), tuned=str(env.tuned), data_dir=str(env.data),
+            base=str(tiny_model_dir), tuned=str(tiny_model_dir), data_dir=str(dataset),
             output_dir=str(tmp_path / "out"), max_examples=-1, batch_size=0,
             heldout=str(tmp_path / "missing.jsonl"), min_exact_match=2.0,
         )  # fmt: skip

@@ -165,3 +165,15 @@ def test_examples_from_prompt_response_and_messages(tmp_path: Path) -> None:
         ValueError, match=r"records.jsonl:4: a record needs 'prompt' and 'response'"
     ):
         data_io.read_examples([str(path)], max_examples=10)
+
+
+def test_unreachable_hub_id_is_a_clear_error() -> None:
+    """conftest keeps the suite offline, so a Hub id that is not cached cannot load."""
+    from components.evaluation.loading import is_hub_id, read_tokenizer
+
+    assert is_hub_id("someorg/some-model")
+    assert not is_hub_id("/abs/path") and not is_hub_id("gs://b/m") and not is_hub_id("a/b/c")
+    with pytest.raises(
+        ValueError, match="neither a local directory nor loadable from the Hugging Face Hub"
+    ):
+        read_tokenizer("someorg/some-model", "base model")

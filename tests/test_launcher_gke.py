@@ -20,10 +20,8 @@ from components.launchers.gke import GkeLauncher, build_pytorchjob, job_name
 from components.run_identity import K8S_RUN_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD_CANDIDATES = [
-    ROOT / "schemas" / "kubeflow.org_pytorchjobs.yaml",
-    ROOT.parent / "shared" / "schemas" / "kubeflow.org_pytorchjobs.yaml",
-]
+# Vendored from kubeflow/training-operator release-1.9 (the copy in the project's shared/schemas).
+CRD_PATH = ROOT / "tests" / "schemas" / "kubeflow.org_pytorchjobs.yaml"
 RUN = "fine-tune-20261202-abc"
 JOBS = "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs"
 NAME = job_name(RUN)
@@ -31,10 +29,7 @@ NAME = job_name(RUN)
 
 @pytest.fixture(scope="module")
 def pytorchjob_schema() -> dict[str, Any]:
-    crd_path = next((p for p in CRD_CANDIDATES if p.exists()), None)
-    if crd_path is None:
-        pytest.skip("PyTorchJob CRD not found")
-    crd = yaml.safe_load(crd_path.read_text())
+    crd = yaml.safe_load(CRD_PATH.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     return version["schema"]["openAPIV3Schema"]
 

@@ -217,3 +217,20 @@ def test_invalid_launch_lists_every_problem(tmp_path: Path) -> None:
     ):
         assert expected in text
     assert not os.listdir(tmp_path)
+
+
+def test_cleanup_local_state_clears_stale_runs(tmp_path: Path) -> None:
+    """A run whose launcher died hard: its state file points at processes that are gone."""
+    from components.cleanup_step import cleanup_local_state
+
+    state_root = tmp_path / "state"
+    stale = state_root / "stale-run"
+    stale.mkdir(parents=True)
+    (stale / "launcher.json").write_text(
+        json.dumps({"run_id": "stale-run", "pgids": [2**22 + 7], "etcd_started": False,
+                    "state_dir": str(stale), "log_dir": str(tmp_path)})
+    )  # fmt: skip
+    removed = cleanup_local_state(state_root)
+    assert any("stale-run" in item for item in removed)
+    assert not state_root.exists()
+    assert cleanup_local_state(state_root) == []

@@ -240,6 +240,9 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     env.pop("MASTER_ADDR", None)
+    # torchrun without --log-dir makes a temp dir (fine in a Vertex container); keep it in tmp_path.
+    (tmp_path / "tmp").mkdir()
+    env["TMPDIR"] = str(tmp_path / "tmp")
     procs = [
         subprocess.Popen(
             list(pool.container_spec.command),

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import sys
 
-from trainer.config import load_config
+from trainer.config import describe_fields, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(__doc__)
+        for name, text in describe_fields().items():
+            print(f"  --{name.replace('_', '-')}\n      {text}")
+        return 0
     try:
-        config = load_config(sys.argv[1:] if argv is None else argv)
+        config = load_config(argv)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

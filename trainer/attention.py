@@ -8,8 +8,9 @@ packs dozens of short documents per row, so almost all of those scores are maske
 This module regroups the tokens of a batch by document into a [documents, max_len] layout (each
 document left-aligned, zero-padded at its end) and runs SDPA with `is_causal=True` there: a query
 never sees the padding that follows it, so the result is exact, and the cost is
-documents x max_len^2 instead of B x L^2. When that would not be cheaper (one long document, a long
-padding segment), it falls back to SDPA with the block-diagonal mask, computed once per forward.
+documents x max_len^2 / 2 instead of B x L^2. When that would not be cheaper (one long document, a
+long padding segment), it falls back to SDPA with the block-diagonal mask, computed once per
+forward.
 
 Registered with transformers as attention implementation "llmft_document"; the layout is computed
 once per forward in `CausalLMLoss` and reaches every layer through the model's **kwargs.
@@ -55,7 +56,9 @@ def document_layout(position_ids: torch.Tensor, multiple: int = 8) -> DocumentLa
     # Shapes are rounded up so that torch.compile sees few distinct sizes.
     documents = _round_up(int(doc[-1]) + 1, multiple)
     max_len = _round_up(int(offset.max()) + 1, multiple)
-    if documents * max_len * max_len < batch * length * length:
+    # Causal SDPA skips the upper triangle, the masked kernel computes every score: the regrouped
+    # layout wins while it holds less than twice the dense score count.
+    if documents * max_len * max_len < 2 * batch * length * length:
         return DocumentLayout(doc * max_len + offset, documents, max_len, None)
     same_doc = doc.view(batch, length, 1) == doc.view(batch, 1, length)
     causal = torch.ones(length, length, dtype=torch.bool, device=flat.device).tril()
@@ -72,6 +75,9 @@ def _to_documents(x: torch.Tensor, layout: DocumentLayout) -> torch.Tensor:
     return out.view(layout.documents, layout.max_len, heads, dim).transpose(1, 2)
 
 
+# Kept out of torch.compile graphs: the layout's sizes change from batch to batch, and compiling
+# them would recompile the decoder blocks; the blocks' other ops keep static shapes.
+@torch.compiler.disable
 def document_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

@@ -2,10 +2,11 @@
 
 Initialisation never materialises the full model on every rank: every rank builds the module tree
 with parameters on the meta device (buffers such as RoPE frequencies are real, they are tiny),
-applies FSDP2 `fully_shard` per decoder block and at the root, allocates only its own shards, and
-then rank 0 alone loads the checkpoint with `from_pretrained` and broadcasts it shard by shard
-(`set_model_state_dict(..., broadcast_from_rank0=True)`). Host memory per node is therefore one
-full copy (on the node of rank 0) plus 1/world of the model per process, not processes x model.
+applies FSDP2 `fully_shard` per decoder block (unless shard_blocks=false) and at the root,
+allocates only its own shards, and then rank 0 alone loads the checkpoint with `from_pretrained`
+and broadcasts it shard by shard (`set_model_state_dict(..., broadcast_from_rank0=True)`). Host
+memory per node is therefore one full copy (on the node of rank 0) plus 1/world of the model per
+process, not processes x model.
 
 The loss is computed inside the FSDP root module (`CausalLMLoss`): the LM head runs only on
 positions whose next token is a target. Prompt tokens and padding never reach the vocabulary

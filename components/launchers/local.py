@@ -101,7 +101,9 @@ def terminate_run_processes(run_id: str, pgids: Iterable[int], *, grace_s: float
     """SIGTERM the agents' process groups (torchrun then stops its workers cleanly), wait up to
     `grace_s`, then SIGKILL every process still carrying the run's marker. Returns how many
     processes had to be killed."""
-    pgids = list(pgids)
+    # Only groups whose leader still carries the marker: a recorded pid may have been reused.
+    live = set(marked_pids(run_id))
+    pgids = [pgid for pgid in pgids if pgid in live]
     for pgid in pgids:
         _kill_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -222,19 +224,19 @@ class LocalLauncher(Launcher):
         self._state.write()
         self._started_at = time.monotonic()
 
-        endpoint = launch.rdzv_endpoint
-        if not endpoint:
-            endpoint = self._start_rendezvous(launch)
-        self.log(
-            f"[launcher] run {launch.run_id}: {launch.nodes} node(s) x {launch.nproc_per_node} "
-            f"process(es), rendezvous {launch.rdzv_backend} at {endpoint}, logs in {log_dir}"
-        )
         try:
+            endpoint = launch.rdzv_endpoint or self._start_rendezvous(launch)
+            self.log(
+                f"[launcher] run {launch.run_id}: {launch.nodes} node(s) x "
+                f"{launch.nproc_per_node} process(es), rendezvous {launch.rdzv_backend} at "
+                f"{endpoint}, logs in {log_dir}"
+            )
             for index in range(launch.nodes):
                 self._nodes.append(self._start_node(launch, index, endpoint, log_dir))
                 self._state.pgids.append(self._nodes[-1].proc.pid)
                 self._state.write()
         except BaseException:
+            # Whatever failed (no etcd binary, a signal), leave nothing behind.
             self._stop_all()
             self._finish()
             raise
