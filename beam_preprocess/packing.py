@@ -4,14 +4,13 @@ A document is a pair of numpy arrays (token ids int32, loss mask uint8) no longe
 row holds whole documents back to back, then padding. Documents are never split here: splitting is
 a length *policy* decided before packing (see `tokenize.OVERLONG_POLICIES`).
 
-Why best fit with many open bins: the run_clm-style greedy packer that closes a row as soon as the
-next document does not fit wastes the tail of most rows (~0.94 fill on the sample data at seq_len
-512). Keeping up to `max_open_bins` partial rows and putting each document in the partial row it
-fills most tightly (best fit) reaches >= 0.98 on the same data while memory stays bounded
-(max_open_bins * seq_len tokens), so it streams over arbitrarily large groups on Dataflow.
-The rows each group leaves underfull are repacked together by `pack_exact`, which closes rows
-exactly with a small subset-sum search; `pack_offline` (best-fit decreasing) is the textbook
-baseline it is compared with in the tests.
+Why not the run_clm-style greedy packer (close a row as soon as the next document does not fit):
+it wastes the tail of most rows (~0.94 fill on the sample data at seq_len 512). `pack_exact`
+fills each row mostly in arrival order and closes it exactly with a small subset-sum search over
+the documents left, which reaches >= 0.99 on the sample and benchmark data; `WindowPacker` runs it
+over bounded windows (max_open_rows * seq_len tokens) so it streams over arbitrarily large groups
+on Dataflow. `BestFitPacker`/`pack_streaming` (best fit with bounded open rows) and `pack_offline`
+(best-fit decreasing) are the textbook baselines the tests compare with.
 """
 
 from __future__ import annotations
@@ -172,49 +171,68 @@ def rows_from_bins(bins: list[list[Document]], seq_len: int, pad_id: int) -> Pac
     )
 
 
-def pack_exact(docs: Iterable[Document], seq_len: int) -> list[list[Document]]:
-    """Fill rows one at a time: an exact fit for the remaining room if one exists, else one of
-    two documents that complete it exactly, else the longest document that still leaves room for
-    the shortest one, else the longest that fits.
+def pack_exact(docs: Iterable[Document], seq_len: int, lookahead: int = 64) -> list[list[Document]]:
+    """Fill rows one at a time, mostly in arrival order, and close each row exactly.
 
-    With documents bucketed by length this is a few bisects per document, and because small
-    documents are kept back to close gaps exactly, rows end up full whenever enough of them
-    exist (best-fit decreasing leaves a dead gap shorter than the shortest document in most rows).
+    For each row: take the next documents in arrival order (looking `lookahead` ahead) that
+    leave room for at least the shortest document; once the room is small, close it with an
+    exact fit or a small subset-sum combination of the documents left. Taking documents in
+    arrival order keeps the mix of lengths left over stable, so exact completions stay possible
+    until the end (best-fit decreasing spends the long documents first and ends with a dead gap,
+    shorter than the shortest document, in most rows).
     """
-    buckets: dict[int, list[Document]] = {}
-    for doc in docs:
-        buckets.setdefault(len(doc[0]), []).append(doc)
-    lengths = sorted(buckets)  # lengths with documents left, ascending
+    order = list(docs)
+    stacks: dict[int, list[int]] = {}  # length -> indices of documents (lazily cleaned)
+    for index, doc in enumerate(order):
+        stacks.setdefault(len(doc[0]), []).append(index)
+    counts = {length: len(stack) for length, stack in stacks.items()}
+    lengths = sorted(counts)  # lengths with documents left, ascending
+    taken = [False] * len(order)
+    cursor = 0
     bins: list[list[Document]] = []
 
-    def take(length: int) -> Document:
-        stack = buckets[length]
-        doc = stack.pop()
-        if not stack:
-            del buckets[length]
+    def take(index: int) -> Document:
+        taken[index] = True
+        length = len(order[index][0])
+        counts[length] -= 1
+        if not counts[length]:
+            del counts[length]
             lengths.pop(bisect.bisect_left(lengths, length))
-        return doc
+        return order[index]
+
+    def take_length(length: int) -> Document:
+        stack = stacks[length]
+        while taken[stack[-1]]:
+            stack.pop()
+        return take(stack.pop())
 
     while lengths:
         room, row = seq_len, []
         while lengths and room >= lengths[0]:
-            if room in buckets:
-                row.append(take(room))
+            if room in counts:
+                row.append(take_length(room))
                 room = 0
                 break
             if room <= _EXACT_ROOM:
-                combo = _exact_combination(buckets, lengths, room)
+                combo = _exact_combination(counts, lengths, room)
                 if combo:
-                    row.extend(take(length) for length in combo)
+                    row.extend(take_length(length) for length in combo)
                     room = 0
                     break
-            pick = _completing_pair(buckets, lengths, room) if room <= 2 * lengths[-1] else None
-            if pick is None:
-                keep_gap = bisect.bisect_right(lengths, room - lengths[0]) - 1
-                fits = bisect.bisect_right(lengths, room) - 1
-                pick = lengths[keep_gap] if keep_gap >= 0 else lengths[fits]
-            row.append(take(pick))
-            room -= pick
+            while cursor < len(order) and taken[cursor]:
+                cursor += 1
+            pick = None
+            for index in range(cursor, min(len(order), cursor + lookahead)):
+                n = len(order[index][0])
+                if not taken[index] and (n == room or room - n >= lengths[0]):
+                    pick = index
+                    break
+            if pick is None:  # nothing keeps a fillable gap: the longest document that fits
+                doc = take_length(lengths[bisect.bisect_right(lengths, room) - 1])
+            else:
+                doc = take(pick)
+            row.append(doc)
+            room -= len(doc[0])
         bins.append(row)
     return bins
 
@@ -223,15 +241,13 @@ _EXACT_ROOM = 96
 """Rooms up to this size are closed exactly by a small subset-sum search when possible."""
 
 
-def _exact_combination(
-    buckets: dict[int, list[Document]], lengths: list[int], room: int
-) -> list[int] | None:
+def _exact_combination(counts: dict[int, int], lengths: list[int], room: int) -> list[int] | None:
     """Lengths of available documents summing exactly to `room` (small rooms only), or None."""
     usable = lengths[: bisect.bisect_right(lengths, room)]
     last: list[int] = [0] * (room + 1)  # last[s]: a length whose addition first reached sum s
     reached = [True] + [False] * room
     for length in usable:
-        copies = min(len(buckets[length]), room // length)
+        copies = min(counts[length], room // length)
         for _ in range(copies):
             for total in range(room, length - 1, -1):
                 if not reached[total] and reached[total - length]:
@@ -247,14 +263,44 @@ def _exact_combination(
     return combo
 
 
-def _completing_pair(
-    buckets: dict[int, list[Document]], lengths: list[int], room: int
-) -> int | None:
-    """The longer length `a` of two available documents with a + b == room, if any."""
-    for a in reversed(lengths[: bisect.bisect_left(lengths, room)]):
-        b = room - a
-        if b > a:
-            return None
-        if b in buckets and (b != a or len(buckets[a]) >= 2):
-            return a
-    return None
+class WindowPacker:
+    """Streaming `pack_exact`: buffers about `window_tokens` tokens, packs them, and releases the
+    full rows; documents of underfull rows wait for the next window. Memory stays bounded: when
+    the waiting rows would hold more than half a window, the fullest of them are released."""
+
+    def __init__(self, seq_len: int, window_tokens: int, slack: int | None = None) -> None:
+        self.seq_len = seq_len
+        self.window_tokens = max(window_tokens, 8 * seq_len)
+        self.slack = seq_len // 500 if slack is None else slack
+        """A row with at most this many padding tokens counts as full."""
+        self._buffer: list[Document] = []
+        self._tokens = 0
+
+    def add(self, doc: Document) -> list[list[Document]]:
+        """Buffer one document; returns the rows a full window released."""
+        self._buffer.append(doc)
+        self._tokens += len(doc[0])
+        if self._tokens < self.window_tokens:
+            return []
+        full, partial = self._pack()
+        partial.sort(key=bin_tokens)
+        waiting = sum(bin_tokens(b) for b in partial)
+        while partial and waiting > self.window_tokens // 2:
+            row = partial.pop()  # the fullest
+            waiting -= bin_tokens(row)
+            full.append(row)
+        self._buffer = [doc for row in partial for doc in row]
+        self._tokens = waiting
+        return full
+
+    def flush(self) -> tuple[list[list[Document]], list[list[Document]]]:
+        """(full rows, underfull rows) of everything still buffered."""
+        full, partial = self._pack()
+        self._buffer, self._tokens = [], 0
+        return full, partial
+
+    def _pack(self) -> tuple[list[list[Document]], list[list[Document]]]:
+        full, partial = [], []
+        for row in pack_exact(self._buffer, self.seq_len):
+            (full if self.seq_len - bin_tokens(row) <= self.slack else partial).append(row)
+        return full, partial

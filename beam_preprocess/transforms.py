@@ -19,10 +19,9 @@ from apache_beam.metrics import Metrics
 
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.packing import (
-    BestFitPacker,
     Document,
     PackedRows,
-    bin_tokens,
+    WindowPacker,
     pack_exact,
     rows_from_bins,
 )
@@ -418,7 +417,8 @@ class _RowEmitter:
 
 
 class PackGroupFn(beam.DoFn):
-    """Stage 1: streaming best fit per (split, group); underfull rows go to the leftover stage."""
+    """Stage 1: windowed exact-fill packing per (split, group); the documents of rows left
+    underfull at the end go to the leftover stage, where all groups' leftovers meet."""
 
     TAIL = "tail"
 
@@ -429,20 +429,14 @@ class PackGroupFn(beam.DoFn):
         key, values = element
         split = key.split("/", 1)[0]
         out = _RowEmitter(split, self.seq_len, self.pad_id)
-        packer = BestFitPacker(self.seq_len, self.max_open_rows)
-        shortest = self.seq_len
+        packer = WindowPacker(self.seq_len, window_tokens=self.max_open_rows * self.seq_len)
         for value in values:
-            doc = _document(value)
-            shortest = min(shortest, len(doc[0]))
-            yield from out.add(packer.add(doc))
-        for bin_docs in packer.flush():
-            # A row that no document seen could still fill is final; others get a second chance
-            # together with the leftovers of every other group.
-            if self.seq_len - bin_tokens(bin_docs) < shortest:
-                yield from out.add([bin_docs])
-            else:
-                for ids, mask in bin_docs:
-                    yield pvalue.TaggedOutput(self.TAIL, (split, (ids.tobytes(), mask.tobytes())))
+            yield from out.add(packer.add(_document(value)))
+        full, underfull = packer.flush()
+        yield from out.add(full)
+        for row in underfull:
+            for ids, mask in row:
+                yield pvalue.TaggedOutput(self.TAIL, (split, (ids.tobytes(), mask.tobytes())))
         yield from out.flush()
 
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+LOG_EVERY = 5  # our metrics window, in steps (logging is a collective: not every step)
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -106,7 +107,7 @@ def run_ours(model: Path, data: Path, out: Path, args) -> dict:
             "--warmup-steps",
             "5",
             "--log-every",
-            "1",
+            str(LOG_EVERY),
             "--compile",
             "true",
             "--reshard-after-forward",
@@ -129,10 +130,14 @@ def run_ours(model: Path, data: Path, out: Path, args) -> dict:
 
 def ours_result(out: Path, args) -> dict:
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steady = [x for x in lines if "loss" in x and x["step"] > args.warmup_steps]
-    # With log_every=1 each record is one step: its seconds = tokens / tokens_per_s.
+    logged = [x for x in lines if "loss" in x]
+    # Each record covers the steps since the previous one: seconds = tokens / tokens_per_s.
     tokens_per_step = json.loads((out / "summary.json").read_text())["tokens"] / args.steps
-    seconds = [tokens_per_step / x["tokens_per_s"] for x in steady]
+    previous = {b["step"]: a["step"] for a, b in zip([{"step": 0}, *logged], logged, strict=False)}
+    steady = [x for x in logged if previous[x["step"]] >= args.warmup_steps]
+    seconds = [
+        (x["step"] - previous[x["step"]]) * tokens_per_step / x["tokens_per_s"] for x in steady
+    ]
     targets = [x["target_tokens_per_s"] * t for x, t in zip(steady, seconds, strict=True)]
     return {
         **summarize(targets, seconds),

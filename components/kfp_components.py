@@ -45,12 +45,16 @@ def validate_inputs(
     serving_image: str,
     max_eval_examples: int,
     schedule_time: str,
-) -> NamedTuple("ValidatedInputs", [("base_model", str), ("train_data_uri", str)]):  # type: ignore[valid-type]
+    champion_model: str,
+) -> NamedTuple(  # type: ignore[valid-type]
+    "ValidatedInputs", [("base_model", str), ("train_data_uri", str), ("champion_model", str)]
+):
     """Check every run parameter before anything costly starts; resolve what a run reads.
 
     Returns:
         base_model: the model to start from (`latest-registered` resolved to a model URI).
         train_data_uri: the data URI with the schedule-time placeholder filled in.
+        champion_model: the model to beat besides the base ("" for none).
     """
     from components.validation import validate_and_resolve
 

@@ -112,8 +112,11 @@ def run_preprocess_step(
         log.info("submitted Dataflow job %s", job_id)
         if gcp_resources_path:
             os.makedirs(os.path.dirname(gcp_resources_path) or ".", exist_ok=True)
+            from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+            gcp = PipelineOptions(argv).view_as(GoogleCloudOptions)
             with open(gcp_resources_path, "w") as f:
-                f.write(gcp_resources_json(params["project"], params["region"], job_id))
+                f.write(gcp_resources_json(gcp.project, gcp.region, job_id))
         _cancel_on_sigterm(launched.result)
     manifest = finish(launched)
     data = asdict(manifest)
@@ -189,3 +192,85 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
         for reason, count in sorted(stats[f"{kind}_by_reason"].items()):
             lines.append(f"| {kind}: {reason} | {count:,} |")
     return "\n".join(lines) + "\n"
+
+
+_DATAFLOW_PARAMS = {
+    "temp_location": "temp_location",
+    "staging_location": "staging_location",
+    "service_account": "service_account",
+    "service_account_email": "service_account",
+    "network": "network",
+    "subnetwork": "subnetwork",
+    "machine_type": "machine_type",
+    "max_num_workers": "max_num_workers",
+    "sdk_container_image": "sdk_container_image",
+    "job_name": "job_name",
+}
+"""dataflow_options keys that map onto build_argv parameters; other keys pass through as flags."""
+
+
+def run_preprocess_component(
+    *,
+    input_uri: str,
+    tokenizer: str,
+    data_kind: str,
+    seq_len: int,
+    eval_fraction: float,
+    runner: str,
+    project: str,
+    region: str,
+    work_uri: str,
+    run_id: str,
+    dataflow_options: dict[str, Any],
+    output_path: str,
+    output_uri: str,
+    summary_path: str,
+    gcp_resources_path: str,
+) -> dict[str, Any]:
+    """What the `preprocess` KFP component calls: returns the Dataset artifact's metadata.
+
+    Locally the dataset is written to the artifact's local path; on Dataflow to its gs:// URI
+    (workers cannot see the launcher's disk). `dataflow_options` holds Beam runner flags by name
+    (e.g. machine_type, max_num_workers, subnetwork); locally only `direct_*` ones apply. The Markdown summary goes to `summary_path`, and
+    `gcp_resources_path` always gets a document (empty for local runs) so the output exists.
+    """
+    from components.run_identity import resource_name
+
+    params: dict[str, Any] = {}
+    extra: list[str] = []
+    for key, value in (dataflow_options or {}).items():
+        if key in _DATAFLOW_PARAMS:
+            params[_DATAFLOW_PARAMS[key]] = value
+        elif isinstance(value, bool):
+            extra.append(f"--{key}" if value else f"--no_{key}")
+        else:
+            extra.append(f"--{key}={value}")
+    dataflow = runner in ("DataflowRunner", "dataflow")
+    if dataflow:
+        if not params.get("temp_location") and work_uri.startswith("gs://"):
+            params["temp_location"] = f"{work_uri.rstrip('/')}/dataflow/tmp"
+        params.setdefault("job_name", resource_name("preprocess", run_id))
+    else:
+        # Dataflow settings mean nothing to the local runner; its own (direct_*) still apply.
+        params = {}
+        extra = [flag for flag in extra if flag.startswith("--direct_")]
+    with open(gcp_resources_path, "w") as f:
+        f.write(json.dumps({"resources": []}))
+    result = run_preprocess_step(
+        input_uri=input_uri,
+        output_uri=output_uri if dataflow else output_path,
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        runner=runner,
+        eval_fraction=eval_fraction,
+        data_kind=data_kind,
+        project=project if dataflow else "",
+        region=region if dataflow else "",
+        gcp_resources_path=gcp_resources_path if dataflow else None,
+        extra_args=extra,
+        **params,
+    )
+    os.makedirs(os.path.dirname(summary_path) or ".", exist_ok=True)
+    with open(summary_path, "w") as f:
+        f.write(result["summary_markdown"])
+    return result["metadata"]

@@ -123,11 +123,14 @@ def check_run_parameters(**params: Any) -> None:
         )
 
 
-def validate_and_resolve(*, schedule_time: str, **params: Any) -> tuple[str, str]:
-    """The validate_inputs step: fill in the schedule time, check everything, resolve the model.
+def validate_and_resolve(
+    *, schedule_time: str, champion_model: str = "", **params: Any
+) -> tuple[str, str, str]:
+    """The validate_inputs step: fill in the schedule time, check everything, resolve the models.
 
     Returns:
-        (base_model, train_data_uri) to use for this run.
+        (base_model, train_data_uri, champion_model) for this run; `latest-registered` resolves to
+        the newest registered version's URI (no champion yet on a first run gives "").
     """
     uri = str(params["train_data_uri"])
     if SCHEDULE_TIME_PLACEHOLDER in uri:
@@ -138,12 +141,30 @@ def validate_and_resolve(*, schedule_time: str, **params: Any) -> tuple[str, str
             )
         uri = uri.replace(SCHEDULE_TIME_PLACEHOLDER, schedule_time)
         params["train_data_uri"] = uri
-    check_run_parameters(**params)
+    errors = run_parameter_errors(**params)
+    if champion_model == LATEST_REGISTERED and not params.get("registered_model"):
+        errors.append(
+            "champion_model is 'latest-registered' but registered_model is empty: name the model"
+        )
+    if errors:
+        raise ValueError(
+            f"{len(errors)} invalid run parameter(s):\n" + "\n".join(f"  - {e}" for e in errors)
+        )
+    from_registry = {
+        "model": params["registered_model"],
+        "project": params["project"],
+        "location": params["region"],
+    }
     base_model = str(params["base_model"])
     if base_model == LATEST_REGISTERED:
         from components.registry import latest_registered_model_uri
 
-        base_model = latest_registered_model_uri(
-            model=params["registered_model"], project=params["project"], location=params["region"]
-        )
-    return base_model, uri
+        base_model = latest_registered_model_uri(**from_registry)
+    if champion_model == LATEST_REGISTERED:
+        from components.registry import latest_registered_model_uri
+
+        try:
+            champion_model = latest_registered_model_uri(**from_registry)
+        except ValueError:
+            champion_model = ""  # nothing registered yet: the first run has no champion
+    return base_model, uri, champion_model

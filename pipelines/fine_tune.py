@@ -79,7 +79,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
         register_model: bool = False,
         registered_model: str = "",
         champion_model: str = "",
-        serving_image: str = "us-docker.pkg.dev/deeplearning-platform-release/gcr.io/huggingface-text-generation-inference-cu124.2-4.ubuntu2204.py311",
+        serving_image: str = "",
     ) -> None:
         """Fine-tune a causal language model and evaluate it against its base.
 
@@ -113,8 +113,8 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             min_exact_match: Quality gate: the tuned model's exact-match rate on held-out prompts must be at least this.
             register_model: Upload the tuned model to Vertex AI Model Registry when it passes the gate.
             registered_model: Vertex AI model (resource name or display name) to add versions to or take "latest-registered" from.
-            champion_model: Optional model to beat as well (e.g. the current production model URI); empty skips the comparison.
-            serving_image: Serving container image for the registered model (pinned tag).
+            champion_model: Optional model the tuned one must also beat: a model URI, or "latest-registered" for the newest version of registered_model (recurring fine-tunes); empty skips the comparison.
+            serving_image: Serving container image (pinned tag) for the registered model, e.g. a vLLM or TGI image from Vertex AI Model Garden; required when register_model is true.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup_task = c.cleanup(
@@ -151,6 +151,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
                 if schedule_time
                 else "",
+                champion_model=champion_model,
             ).set_caching_options(False)  # "latest-registered" must be looked up on every run
             prep = c.preprocess(
                 train_data_uri=validated.outputs["train_data_uri"],
@@ -208,7 +209,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 max_eval_examples=max_eval_examples,
                 min_loss_improvement=min_loss_improvement,
                 min_exact_match=min_exact_match,
-                champion_model=champion_model,
+                champion_model=validated.outputs["champion_model"],
             )
             with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
                 with dsl.If(register_model == True, name="register-enabled"):  # noqa: E712

@@ -338,3 +338,28 @@ def test_chat_fast_path_only_when_it_matches_jinja(tiny_model_dir: Path):
     text, spans = renderer.pair("  padded  ", " 42 ")
     assert text == "<|user|>padded<|end|><|assistant|>42<|end|>"
     assert text[spans[0][0] : spans[0][1]] == "42<|end|>"
+
+
+def test_tokenize_plain_text_appends_eos_and_splits_overlong(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    text = "Sort ascending: 3 1 2 " * 8
+    ids = [*tok(text).input_ids, tok.eos_token_id]
+    assert len(ids) > 32
+    examples = [{"source": "t:1", "hash": "0" * 64, "split": "train", "text": text}]
+    config = _config(tokenizer=str(tiny_model_dir), seq_len=32, data_kind="text", overlong="split")
+    expected = []
+    for start in range(0, len(ids), 32):
+        chunk = ids[start : start + 32]
+        if len(chunk) > 1:
+            expected.append((chunk, [0] + [1] * (len(chunk) - 1)))
+    with _pipeline() as p:
+        out = p | beam.Create(examples) | Tokenize(config)
+        docs = out.documents | beam.Map(
+            lambda kv: (
+                np.frombuffer(kv[1][0], np.int32).tolist(),
+                np.frombuffer(kv[1][1], np.uint8).tolist(),
+            )
+        )
+        assert_that(docs, equal_to(expected))

@@ -49,9 +49,14 @@ def test_register_needs_a_pinned_serving_image_and_a_model_name():
 
 def test_schedule_time_fills_the_data_window():
     params = {**GOOD, "train_data_uri": f"gs://b/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl"}
-    base, uri = validate_and_resolve(
+    base, uri, champion = validate_and_resolve(
         schedule_time="2026-12-01T00:00:00Z", **{**params, "backend": "local"}
     )
-    assert (base, uri) == ("m", "gs://b/2026-12-01T00:00:00Z/*.jsonl")
+    assert (base, uri, champion) == ("m", "gs://b/2026-12-01T00:00:00Z/*.jsonl", "")
     with pytest.raises(ValueError, match="not started by a schedule"):
         validate_and_resolve(schedule_time="", **params)
+
+
+def test_champion_latest_registered_needs_a_model_name():
+    with pytest.raises(ValueError, match="champion_model is 'latest-registered'"):
+        validate_and_resolve(schedule_time="", champion_model="latest-registered", **GOOD)

@@ -312,14 +312,16 @@ def train(r: Run) -> None:
 
 
 def _step(r: Run, micro: list[MicroBatch]) -> tuple[float, float, int]:
-    """One optimizer step. Returns (global mean loss, grad norm, global target tokens)."""
+    """One optimizer step. Returns (global mean loss, grad norm, global target tokens).
+
+    One all-reduce per step besides FSDP's own collectives: backward runs on the summed loss, and
+    the division by the global target count, the gradient norm and the clipping are applied to
+    the local gradient shards afterwards, from a single reduced vector
+    [loss sum, target count, stop flag, squared gradient norm]. Synchronisation points are what
+    a step loses most time on when processes share busy CPUs or a slow network.
+    """
     model, device = r.model, r.device
     local_targets = sum(mb.target_tokens for mb in micro)
-    count = torch.tensor([local_targets, int(r.stop_requested)], dtype=torch.float64, device=device)
-    dist.all_reduce(count)
-    targets = int(count[0].item())
-    r.stop_agreed = count[1].item() > 0
-    scale = r.world_size / max(targets, 1)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for k, mb in enumerate(micro):
         # Reduce-scatter gradients once per step, on the last micro-batch.
@@ -329,21 +331,41 @@ def _step(r: Run, micro: list[MicroBatch]) -> tuple[float, float, int]:
             mb.position_ids.to(device, non_blocking=True),
             mb.loss_mask.to(device, non_blocking=True),
         )
-        (loss * scale).backward()
+        # FSDP averages gradients over ranks: x world_size turns that into the sum.
+        (loss * r.world_size).backward()
         loss_sum += loss.detach().double()
-    dist.all_reduce(loss_sum)
-    params = [p for p in model.parameters() if p.grad is not None]
-    if r.config.max_grad_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, r.config.max_grad_norm, foreach=True)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    loss_value, norm_value = loss_sum.item() / max(targets, 1), float(norm.item())
+    # Each rank holds a distinct shard of every gradient: squared norms add up across ranks.
+    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    squared = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum() if grads else 0.0
+    stats = torch.stack(
+        [
+            loss_sum,
+            torch.tensor(float(local_targets), dtype=torch.float64, device=device),
+            torch.tensor(float(r.stop_requested), dtype=torch.float64, device=device),
+            torch.as_tensor(squared, dtype=torch.float64, device=device),
+        ]
+    )
+    dist.all_reduce(stats)
+    loss_total, target_count, stop, squared_total = stats.tolist()
+    r.stop_agreed = stop > 0
+    targets = int(target_count)
+    norm_value = math.sqrt(squared_total) / max(targets, 1)
+    loss_value = loss_total / max(targets, 1)
     if math.isfinite(loss_value) and math.isfinite(norm_value):
+        coefficient = 1.0 / max(targets, 1)
+        if r.config.max_grad_norm > 0 and norm_value > r.config.max_grad_norm:
+            coefficient *= r.config.max_grad_norm / (norm_value + 1e-6)
+        torch._foreach_mul_(grads, coefficient)
         r.optimizer.step()
         r.scheduler.step()
     r.optimizer.zero_grad(set_to_none=True)
     return loss_value, norm_value, targets
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (a view: in-place ops change the DTensor)."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
 
 
 def _save_checkpoint(r: Run) -> None:

@@ -12,4 +12,7 @@ Modules, one job each:
     gate        the pass/fail decision from configurable thresholds
     report      the self-contained HTML report
     evaluate    the orchestration: everything above, writing metrics.json + report.html
+    step        the KFP `evaluate` component's parameters mapped onto run_evaluation
+
+The registry side (upload a passing model, find the champion) is components/registry.py.
 """

@@ -105,9 +105,15 @@ def _example(record: dict[str, Any], where: str) -> Example:
     raise ValueError(f"{where}: a record needs 'prompt' and 'response', or 'messages'")
 
 
-def eval_record_files(dataset_dir: str) -> list[str]:
-    """The eval_records JSONL parts preprocessing wrote (may be none, e.g. for text data)."""
+def eval_record_files(dataset_dir: str, manifest: Manifest | None = None) -> list[str]:
+    """The eval_records JSONL parts preprocessing wrote (may be none, e.g. for text data).
+
+    The manifest's list wins; datasets from before it had one are globbed.
+    """
     import fsspec
+
+    if manifest is not None and manifest.eval_records:
+        return [_join(dataset_dir, rel) for rel in manifest.eval_records]
 
     fs, root = fsspec.core.url_to_fs(dataset_dir)
     pattern = _join(root, f"{EVAL_RECORDS_DIR}/part-*.jsonl")

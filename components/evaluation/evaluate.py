@@ -128,7 +128,10 @@ def _write_text(path: str, text: str) -> None:
 def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> list[str]:
     if heldout:
         return [heldout]
-    paths = data_io.eval_record_files(data_dir)
+    if manifest.data_kind != "instruction":
+        log.info("data kind %r has no reference answers: skipping generation", manifest.data_kind)
+        return []
+    paths = data_io.eval_record_files(data_dir, manifest)
     if not paths and manifest.data_kind == "instruction":
         log.warning(
             "no %s/part-*.jsonl in %s and no held-out file given: skipping generation metrics",
