@@ -146,7 +146,7 @@ def add_preprocess_arguments(parser: Any) -> None:
         dest="max_open_rows",
         type=int,
         default=2048,
-        help="Partial rows each packing group keeps open for best fit (memory: this x seq-len).",
+        help="Packing window per group, in rows (memory: this x seq-len tokens per worker).",
     )
     add(
         "--tokenize-batch-size",

@@ -300,7 +300,22 @@ class WindowPacker:
         return full, partial
 
     def _pack(self) -> tuple[list[list[Document]], list[list[Document]]]:
-        full, partial = [], []
-        for row in pack_exact(self._buffer, self.seq_len):
-            (full if self.seq_len - bin_tokens(row) <= self.slack else partial).append(row)
+        full: list[list[Document]] = []
+        partial: list[list[Document]] = []
+        if not self._buffer:
+            return full, partial
+        shortest = min(len(doc[0]) for doc in self._buffer)
+        for row in pack_best(self._buffer, self.seq_len):
+            room = self.seq_len - bin_tokens(row)
+            # Final when nothing could still fill it: within slack, or below the shortest document.
+            (full if room <= self.slack or room < shortest else partial).append(row)
         return full, partial
+
+
+def pack_best(docs: list[Document], seq_len: int) -> list[list[Document]]:
+    """The fewer rows of `pack_exact` and best fit: each wins on different length mixes (exact
+    fill on many short documents, best fit on long, spread-out ones), and packing costs little
+    next to tokenization."""
+    exact = pack_exact(docs, seq_len)
+    best_fit = list(pack_streaming(docs, seq_len, max_open_bins=len(docs) + 1))
+    return exact if len(exact) <= len(best_fit) else best_fit

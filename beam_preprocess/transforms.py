@@ -22,7 +22,7 @@ from beam_preprocess.packing import (
     Document,
     PackedRows,
     WindowPacker,
-    pack_exact,
+    pack_best,
     rows_from_bins,
 )
 from beam_preprocess.records import (
@@ -441,7 +441,7 @@ class PackGroupFn(beam.DoFn):
 
 
 class PackLeftoversFn(beam.DoFn):
-    """Stage 2: exact-fill packing of all leftovers of a split (small: bounded by groups)."""
+    """Stage 2: all leftovers of a split packed together (small: bounded by groups x window)."""
 
     def __init__(self, seq_len: int, pad_id: int) -> None:
         self.seq_len, self.pad_id = seq_len, pad_id
@@ -449,7 +449,7 @@ class PackLeftoversFn(beam.DoFn):
     def process(self, element: tuple[str, Iterable[tuple[bytes, bytes]]]) -> Iterator[Any]:
         split, values = element
         out = _RowEmitter(split, self.seq_len, self.pad_id)
-        yield from out.add(pack_exact((_document(v) for v in values), self.seq_len))
+        yield from out.add(pack_best([_document(v) for v in values], self.seq_len))
         yield from out.flush()
 
 

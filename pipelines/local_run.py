@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "rdzv_backend": "etcd-v3",
     "max_steps": 120,
     "learning_rate": 2e-3,
-    "max_eval_examples": 100,
+    "max_eval_examples": 64,
     "trainer_overrides": {},
 }
 STEP_NAMES = (
@@ -54,18 +55,20 @@ _EXECUTING = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
 
 
-def pipeline_parameter_names() -> list[str]:
+def pipeline_defaults() -> dict[str, Any]:
+    """The pipeline's parameters and their defaults, from the one pipeline source."""
     from pipelines.fine_tune import build_fine_tune
 
     func = build_fine_tune("vertex").pipeline_func  # type: ignore[attr-defined]
-    return list(inspect.signature(func).parameters)
+    return {name: p.default for name, p in inspect.signature(func).parameters.items()}
 
 
 def resolve_parameters(
     params: dict[str, Any], config_file: Path | None
 ) -> tuple[dict[str, Any], Path]:
     """Merge config file < --param flags over the demo defaults; split off local-only keys."""
-    merged: dict[str, Any] = dict(DEMO_DEFAULTS)
+    defaults = pipeline_defaults()
+    merged: dict[str, Any] = {**defaults, **DEMO_DEFAULTS}
     if config_file is not None:
         if not config_file.exists():
             raise FileNotFoundError(f"config file {config_file} does not exist")
@@ -77,7 +80,7 @@ def resolve_parameters(
         merged.update(loaded.get("parameters", loaded))
     merged.update(params)
     workdir = Path(str(merged.pop("workdir", "runs/demo"))).resolve()
-    known = set(pipeline_parameter_names())
+    known = set(defaults)
     unknown = sorted(set(merged) - known)
     if unknown:
         raise ValueError(
@@ -185,6 +188,9 @@ class LocalRunResult:
     run_dir: Path | None
     log_file: Path
     metrics: dict[str, Any]
+    """Evaluation scalars (base_*, tuned_*, *_delta, passed)."""
+    model: dict[str, Any]
+    """The Model artifact's metadata (model_uri, steps, tokens, final_loss, ...)."""
 
     def output(self, task: str, name: str) -> Path | None:
         if self.run_dir is None:
@@ -193,19 +199,15 @@ class LocalRunResult:
         return path if path.exists() else None
 
 
-def _read_metrics(run_dir: Path | None) -> dict[str, Any]:
-    """Scalars from the evaluate task's Metrics artifact (kfp.local stores them in executor output)."""
-    if run_dir is None:
+def _artifact_metadata(run_dir: Path | None, task: str, output: str) -> dict[str, Any]:
+    """An output artifact's metadata, as kfp.local recorded it in the task's executor output."""
+    path = run_dir / task / "executor_output.json" if run_dir else None
+    if path is None or not path.exists():
         return {}
-    for candidate in sorted(run_dir.glob("evaluate/**/executor_output.json")):
-        data = json.loads(candidate.read_text())
-        for artifact_list in data.get("artifacts", {}).values():
-            for artifact in artifact_list.get("artifacts", []):
-                if "metadata" in artifact and artifact.get("metadata"):
-                    meta = artifact["metadata"]
-                    if any(isinstance(v, (int, float)) for v in meta.values()):
-                        return meta
-    return {}
+    artifacts = (
+        json.loads(path.read_text()).get("artifacts", {}).get(output, {}).get("artifacts", [])
+    )
+    return dict(artifacts[0].get("metadata", {})) if artifacts else {}
 
 
 def run_local(
@@ -235,6 +237,11 @@ def run_local(
     from rich.live import Live
 
     console = Console(file=sys.__stdout__)
+    # kfp.local warns for any image without "python" in its name; ours has the package and runs
+    # here in this very environment, which is the point of the local backend.
+    warnings.filterwarnings(
+        "ignore", message="You may be attemping to run a task", category=RuntimeWarning
+    )
     console.print(f"[bold]llmft[/] local run in {workdir}")
     for key in sorted(resolved):
         console.print(f"  {key} = {resolved[key]!r}", highlight=False)
@@ -274,7 +281,8 @@ def run_local(
         failed_steps=progress.failed + (["interrupted"] if interrupted else []),
         run_dir=run_dir,
         log_file=log_file,
-        metrics=_read_metrics(run_dir),
+        metrics=_artifact_metadata(run_dir, "evaluate", "metrics"),
+        model=_artifact_metadata(run_dir, "train", "model"),
     )
     _print_summary(console, result)
     return result
@@ -301,23 +309,44 @@ def _refresh_thread(display: Any, progress: StepProgress):  # type: ignore[no-un
 
 
 def _print_summary(console: Any, result: LocalRunResult) -> None:
+    from rich.table import Table
+
+    console.print()
     if result.succeeded:
         console.print("[bold green]fine-tune succeeded[/]")
     else:
         console.print(
             f"[bold red]fine-tune failed[/]: {', '.join(result.failed_steps) or 'see log'}"
         )
-    for label, task, name in (
-        ("packed dataset", "preprocess", "dataset"),
-        ("model", "train", "model"),
-        ("metrics", "evaluate", "metrics"),
-        ("report", "evaluate", "report"),
-    ):
-        path = result.output(task, name)
-        if path is not None:
-            console.print(f"  {label:15s} {path}")
-    console.print(f"  {'log':15s} {result.log_file}")
+    where = {
+        "packed dataset": result.output("preprocess", "dataset"),
+        "model": result.model.get("model_uri"),
+        "training run": result.model.get("run_uri"),
+        "report": result.output("evaluate", "report"),
+        "log": result.log_file,
+    }
+    for label, path in where.items():
+        if path:
+            console.print(f"  {label:15s} {path}", soft_wrap=True, highlight=False)
+    if result.model:
+        m = result.model
+        console.print(
+            f"  trained {m.get('steps')} steps on {m.get('tokens')} tokens "
+            f"({m.get('target_tokens')} targets), final loss {m.get('final_loss', float('nan')):.3f}",
+            highlight=False,
+        )
     if result.metrics:
-        console.print("  before / after:")
-        for key in sorted(result.metrics):
-            console.print(f"    {key:28s} {result.metrics[key]}", highlight=False)
+        table = Table(title="before / after (eval split)")
+        for column in ("metric", "base", "tuned", "delta"):
+            table.add_column(column, justify="left" if column == "metric" else "right")
+        for name in ("eval_loss", "perplexity", "exact_match", "chrf"):
+            if f"tuned_{name}" in result.metrics:
+                table.add_row(
+                    name,
+                    f"{result.metrics.get(f'base_{name}', float('nan')):.4g}",
+                    f"{result.metrics[f'tuned_{name}']:.4g}",
+                    f"{result.metrics.get(f'{name}_delta', float('nan')):+.4g}",
+                )
+        console.print(table)
+        gate = "passed" if result.metrics.get("passed") else "did not pass"
+        console.print(f"  quality gate: {gate}")

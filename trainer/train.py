@@ -3,10 +3,9 @@
 Run under torchrun on every node (see trainer/__main__.py). `cleanup` always runs and always
 destroys the process group, whatever happened before.
 
-Per optimizer step: every rank counts its target tokens, one all-reduce gives the global count T,
-each micro-batch's summed loss is scaled by world_size / T before backward (FSDP averages
-gradients over ranks), so the gradient is exactly that of the mean loss over all target tokens of
-the global batch, independent of how tokens fall on ranks and micro-batches.
+Per optimizer step the gradient is exactly that of the mean loss over all target tokens of the
+global batch, independent of how tokens fall on ranks and micro-batches: backward runs on summed
+losses and the gradients are divided by the global target count afterwards (see `_step`).
 """
 
 from __future__ import annotations
