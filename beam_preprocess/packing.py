@@ -171,7 +171,9 @@ def rows_from_bins(bins: list[list[Document]], seq_len: int, pad_id: int) -> Pac
     )
 
 
-def pack_exact(docs: Iterable[Document], seq_len: int, lookahead: int = 64) -> list[list[Document]]:
+def pack_exact(
+    docs: Iterable[Document], seq_len: int, lookahead: int = 64, longest_first: bool = False
+) -> list[list[Document]]:
     """Fill rows one at a time, mostly in arrival order, and close each row exactly.
 
     For each row: take the next documents in arrival order (looking `lookahead` ahead) that
@@ -179,7 +181,9 @@ def pack_exact(docs: Iterable[Document], seq_len: int, lookahead: int = 64) -> l
     exact fit or a small subset-sum combination of the documents left. Taking documents in
     arrival order keeps the mix of lengths left over stable, so exact completions stay possible
     until the end (best-fit decreasing spends the long documents first and ends with a dead gap,
-    shorter than the shortest document, in most rows).
+    shorter than the shortest document, in most rows). With `longest_first`, rows are instead
+    opened with the longest document that keeps a fillable gap (better on long, spread-out
+    lengths).
     """
     order = list(docs)
     stacks: dict[int, list[int]] = {}  # length -> indices of documents (lazily cleaned)
@@ -222,7 +226,16 @@ def pack_exact(docs: Iterable[Document], seq_len: int, lookahead: int = 64) -> l
             while cursor < len(order) and taken[cursor]:
                 cursor += 1
             pick = None
-            for index in range(cursor, min(len(order), cursor + lookahead)):
+            if longest_first:
+                keep_gap = bisect.bisect_right(lengths, room - lengths[0]) - 1
+                if keep_gap >= 0:
+                    doc = take_length(lengths[keep_gap])
+                    row.append(doc)
+                    room -= len(doc[0])
+                    continue
+            for index in range(
+                cursor, min(len(order), cursor + (0 if longest_first else lookahead))
+            ):
                 n = len(order[index][0])
                 if not taken[index] and (n == room or room - n >= lengths[0]):
                     pick = index
@@ -313,9 +326,12 @@ class WindowPacker:
 
 
 def pack_best(docs: list[Document], seq_len: int) -> list[list[Document]]:
-    """The fewer rows of `pack_exact` and best fit: each wins on different length mixes (exact
-    fill on many short documents, best fit on long, spread-out ones), and packing costs little
-    next to tokenization."""
-    exact = pack_exact(docs, seq_len)
-    best_fit = list(pack_streaming(docs, seq_len, max_open_bins=len(docs) + 1))
-    return exact if len(exact) <= len(best_fit) else best_fit
+    """The fewest rows of three packers (exact fill in arrival order, exact fill longest first,
+    best fit): each wins on different length mixes, and packing costs little next to
+    tokenization (~0.5 s per 50k documents each)."""
+    candidates = [
+        pack_exact(docs, seq_len),
+        pack_exact(docs, seq_len, longest_first=True),
+        list(pack_streaming(docs, seq_len, max_open_bins=len(docs) + 1)),
+    ]
+    return min(candidates, key=len)

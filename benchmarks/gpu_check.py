@@ -24,20 +24,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def make_model(out: Path, vocab_size: int) -> int:
+def make_model(out: Path, vocab_size: int, dry_run: bool = False) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pipelines.quickstart.tiny_model import train_tokenizer
 
     tokenizer = train_tokenizer(None, vocab_size=4096)
+    shape = (
+        {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+        if dry_run
+        else {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22}
+    )
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=22,
-        num_attention_heads=32,
-        num_key_value_heads=4,
+        **shape,
+        num_attention_heads=32 if not dry_run else 4,
+        num_key_value_heads=4 if not dry_run else 2,
         max_position_embeddings=4096,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -105,11 +108,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument("--extra", nargs="*", default=[], help="more trainer flags")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="a tiny model on CPU: checks this script only"
+    )
     args = parser.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    params = make_model(work / "model", vocab_size=32000)
+    params = make_model(work / "model", vocab_size=32000, dry_run=args.dry_run)
     print(f"model: {params / 1e9:.2f}B parameters ({time.time() - started:.0f}s)", flush=True)
     make_data(work / "data", work / "model", args.seq_len, rows=args.micro_batch_size * args.steps)
     out = work / "out"
@@ -128,7 +134,8 @@ def main() -> None:
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steady = [x for x in lines if "loss" in x and x["step"] > args.warmup_steps]
     tokens_per_s = len(steady) / sum(1 / x["tokens_per_s"] for x in steady)  # harmonic: per step
-    mfu = sum(x["mfu"] for x in steady) / len(steady) if steady[0]["mfu"] is not None else None
+    mfus = [x["mfu"] for x in steady if x["mfu"] is not None]
+    mfu = sum(mfus) / len(mfus) if mfus else None
     result = {
         "parameters": params,
         "tokens_per_s": tokens_per_s,
