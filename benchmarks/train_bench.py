@@ -184,7 +184,7 @@ def hf_result(out: Path, args) -> dict:
     return {
         **summarize([by_step[s["step"]] for s in steady], [s["seconds"] for s in steady]),
         "peak_host_memory_gb": max(r["peak_rss_gb"] for r in records),
-        "final_loss": records[0]["final_loss"],
+        "mean_training_loss": records[0]["final_loss"],  # HF reports the run average
         "examples_per_batch": records[0]["batch_size"],
     }
 

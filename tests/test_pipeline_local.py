@@ -84,7 +84,9 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path]):
         assert f"Task '{step}' finished with status SUCCESS" in log.replace("\x1b[0m", "").replace(
             "\x1b[96m", ""
         ).replace("\x1b[92m", ""), step
-    run_dir = max((workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime)
+    run_dir = max(
+        (workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime
+    )
     model_dirs = list((run_dir / "train").rglob("config.json"))
     assert model_dirs, "no exported model"
     from transformers import AutoModelForCausalLM
@@ -100,7 +102,10 @@ def test_failure_in_train_still_runs_cleanup(tmp_path: Path, assets: tuple[Path,
     workdir = tmp_path / "run"
     out = subprocess.run(
         [
-            *LLMFT, "run", "--backend", "local",
+            *LLMFT,
+            "run",
+            "--backend",
+            "local",
             *_params(workdir, assets, trainer_overrides={"micro_batch_size": -1}),
         ],
         capture_output=True,

@@ -393,10 +393,19 @@ def evaluate(r: Run) -> float | None:
         micro_batch_size=r.config.micro_batch_size,
         max_rows=r.config.eval_max_rows,
     )
-    has_eval = torch.tensor([len(batches)], dtype=torch.float64, device=r.device)
-    dist.all_reduce(has_eval)
-    if has_eval.item() == 0:
+    # Every rank must run the same number of forward passes (each one all-gathers FSDP shards),
+    # even when the eval split has fewer rows than there are ranks: pad with target-free rows.
+    most = torch.tensor([len(batches)], dtype=torch.int64, device=r.device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    if most.item() == 0:
         return None
+    seq_len = r.manifest.seq_len
+    filler = MicroBatch(
+        input_ids=torch.zeros(1, seq_len, dtype=torch.int64),
+        position_ids=torch.arange(seq_len, dtype=torch.int64).unsqueeze(0),
+        loss_mask=torch.zeros(1, seq_len, dtype=torch.int64),
+    )
+    batches = batches + [filler] * (int(most.item()) - len(batches))
     r.model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=r.device)
     for mb in batches:
