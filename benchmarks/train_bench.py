@@ -6,8 +6,10 @@ Run from a clean checkout (after `make install`):
 
 Four runs, each `torchrun --standalone --nproc-per-node 2`, fp32, AdamW, same lr schedule:
   ours        `python -m trainer` on packed rows, with every speed-up it has: per-block
-              torch.compile, per-document attention, one FSDP unit without reshard, LM head on
-              target positions only, one all-reduce per step;
+              torch.compile, per-document attention, weights replicated rather than sharded
+              (`data_parallel` auto picks that for a model this small: no all-gathers, one
+              gradient all-reduce per step, as DDP), one FSDP unit, LM head on target positions
+              only, one extra all-reduce per step for loss, target count and grad norm;
   ours_eager  the same without torch.compile (on CPU, with the graph break at attention,
               compiling has not paid off in our measurements: both are reported);
   hf_padded   HF Trainer's standard instruction recipe: one example per conversation, labels -100
@@ -16,6 +18,8 @@ Four runs, each `torchrun --standalone --nproc-per-node 2`, fp32, AdamW, same lr
               micro-batch holds;
   hf_packed   HF Trainer on exactly our packed rows (position_ids, no attention mask): a pure
               engine comparison.
+Both sides get the same thread policy: each process runs cores / processes intra-op threads
+(OMP_NUM_THREADS, which torch reads at start), so neither oversubscribes the CPU.
 The figure of merit is target (loss-bearing) tokens per second in steady state: the first
 `--warmup-steps` steps (compilation, allocator warm-up) are excluded on every side. Peak host memory
 is the max RSS over the two processes of each run. The last line is `RESULT {json}`.
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PROCESSES = 2
 LOG_EVERY = 5  # our metrics window, in steps (logging is a collective: not every step)
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
@@ -64,8 +69,15 @@ def prepare(work: Path, seq_len: int, records: int) -> tuple[Path, Path]:
 
 
 def torchrun(args: list[str], log: Path, env_extra: dict[str, str] | None = None) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={PROCESSES}",
+    ]
+    threads = str(max(1, (os.cpu_count() or 2) // PROCESSES))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
     env.update(env_extra or {})
     with open(log, "w") as f:
         code = subprocess.call(cmd + args, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -91,6 +103,7 @@ def summarize(step_targets: list[float], step_seconds: list[float]) -> dict:
 
 
 def run_ours(model: Path, data: Path, out: Path, args, compile_blocks: bool = True) -> dict:
+    load = os.getloadavg()[0]  # the machine may be shared: each side's load is reported
     torchrun(
         [
             "-m",
@@ -128,7 +141,7 @@ def run_ours(model: Path, data: Path, out: Path, args, compile_blocks: bool = Tr
         ],
         out.with_suffix(".log"),
     )
-    return ours_result(out, args)
+    return {**ours_result(out, args), "load_average_1m_at_start": load}
 
 
 def ours_result(out: Path, args) -> dict:
@@ -151,6 +164,7 @@ def ours_result(out: Path, args) -> dict:
 
 def run_hf(mode: str, model: Path, data: Path, out: Path, args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]
     torchrun(
         [
             __file__,
@@ -170,7 +184,7 @@ def run_hf(mode: str, model: Path, data: Path, out: Path, args) -> dict:
         ],
         out.with_suffix(".log"),
     )
-    return hf_result(out, args)
+    return {**hf_result(out, args), "load_average_1m_at_start": load}
 
 
 def hf_result(out: Path, args) -> dict:
@@ -334,6 +348,7 @@ def main() -> None:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         started = time.time()
+        load_at_start = os.getloadavg()[0]
         model, data = prepare(work, args.seq_len, args.records)
         ours = run_ours(model, data, work / "ours", args)
         print(f"ours:       {ours['target_tokens_per_s']:8.0f} target tokens/s", flush=True)
@@ -359,7 +374,9 @@ def main() -> None:
             "steps": args.steps,
             "warmup_steps_excluded": args.warmup_steps,
             "seq_len": args.seq_len,
-            "processes": 2,
+            "processes": PROCESSES,
+            "threads_per_process": max(1, (os.cpu_count() or 2) // PROCESSES),
+            "load_average_1m_at_start": load_at_start,
             "hf_group_by_length": args.hf_group_by_length,
             "load_average_1m": os.getloadavg()[0],
             "wall_s": time.time() - started,

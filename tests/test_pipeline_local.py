@@ -92,9 +92,13 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path]):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(model_dirs[0].parent)
-    assert list((run_dir / "evaluate").rglob("*.html")), "no HTML report"
-    # the before/after metrics are printed and the tuned model beats its base
-    assert "before / after" in out.stdout
+    report = (run_dir / "evaluate" / "report").read_text()
+    assert "<html" in report.lower() and "<img" in report.lower()
+    # the before/after metrics are printed, and the tuned model beats its base
+    assert "before / after" in out.stdout and "quality gate: passed" in out.stdout
+    executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
+    metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    assert metrics["tuned_eval_loss"] < metrics["base_eval_loss"] - 1.0, metrics
     _assert_nothing_left(workdir)
 
 

@@ -3,7 +3,7 @@
 Three runs of `python -m trainer` on the tiny model:
   A  uninterrupted, checkpoint every 3 steps: the loss falls, checkpoints and export are written,
      the exported model loads with from_pretrained and reproduces the run's eval loss;
-  B  the same run, SIGTERM to both agents mid-run (a preempted job): a complete checkpoint is
+  B  the same run with sharded weights (A replicates them), SIGTERM to both agents mid-run (a preempted job): a complete checkpoint is
      saved and the workers exit 143;
   B' B rerun: resumes from B's checkpoint and reproduces A's losses step for step.
 """
@@ -31,6 +31,9 @@ ARGS = [
     "--lr", "2e-3", "--warmup-steps", "2", "--log-every", "1", "--checkpoint-every", "3",
     "--keep-checkpoints", "2", "--eval-max-rows", str(3), "--tensorboard", "false",
 ]  # fmt: skip
+# A runs the tiny model replicated (data_parallel auto), B and B' shard it (ZeRO-3): B' matching A
+# step for step checks both modes and that they compute the same update.
+SHARDED = ("--data-parallel", "shard")
 # 3 eval rows for 4 ranks: one rank has no eval batch and must still join every FSDP forward.
 EVAL_ROWS = 3
 
@@ -41,7 +44,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_run(model: Path, data: Path, out: Path, nodes: int = 2, nproc: int = 2):
+def start_run(
+    model: Path, data: Path, out: Path, nodes: int = 2, nproc: int = 2, extra: tuple[str, ...] = ()
+):
     """`nodes` torchrun agents (own sessions, like separate machines) running the trainer."""
     out.mkdir(parents=True, exist_ok=True)
     endpoint, rdzv_id = f"127.0.0.1:{_free_port()}", uuid.uuid4().hex[:12]
@@ -53,7 +58,7 @@ def start_run(model: Path, data: Path, out: Path, nodes: int = 2, nproc: int = 2
             f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={rdzv_id}", "--max-restarts=0", "--monitor-interval=0.2",
             "-m", "trainer", "--model", str(model), "--data", str(data), "--output", str(out),
-            *ARGS,
+            *ARGS, *extra,
         ]  # fmt: skip
         with open(out / f"agent{node}.log", "ab") as log:
             procs.append(
@@ -167,7 +172,7 @@ def test_sigterm_saves_and_rerun_resumes_matching_uninterrupted(
     uninterrupted: Path, tiny_model_dir: Path, packed_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run_b"
-    procs = start_run(tiny_model_dir, packed_dir, out)
+    procs = start_run(tiny_model_dir, packed_dir, out, extra=SHARDED)
     try:
         deadline = time.time() + 240
         while time.time() < deadline:  # preempt once a couple of steps are done
@@ -190,7 +195,7 @@ def test_sigterm_saves_and_rerun_resumes_matching_uninterrupted(
     assert 2 <= saved_step < STEPS
     assert not (out / "summary.json").exists()
 
-    codes = wait(start_run(tiny_model_dir, packed_dir, out))
+    codes = wait(start_run(tiny_model_dir, packed_dir, out, extra=SHARDED))
     assert codes == [0, 0], logs(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_step"] == saved_step

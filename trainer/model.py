@@ -6,7 +6,9 @@ applies FSDP2 `fully_shard` per decoder block (unless shard_blocks=false) and at
 allocates only its own shards, and then rank 0 alone loads the checkpoint with `from_pretrained`
 and broadcasts it shard by shard (`set_model_state_dict(..., broadcast_from_rank0=True)`). Host
 memory per node is therefore one full copy (on the node of rank 0) plus 1/world of the model per
-process, not processes x model.
+process, not processes x model. The exception is by choice: `data_parallel` "replicate" (the "auto"
+pick for models up to `replicate_max_params`) gives every process a whole copy, because for small
+models the all-gathers cost more time than the copies cost memory.
 
 The loss is computed inside the FSDP root module (`CausalLMLoss`): the LM head runs only on
 positions whose next token is a target. Prompt tokens and padding never reach the vocabulary
@@ -122,6 +124,8 @@ class CausalLMLoss(nn.Module):
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
         self.lm = lm
+        self.replicated = False
+        """Every rank holds whole gradients (data_parallel resolved to replicate)."""
 
     def causal_lm(self) -> Any:
         """The Hugging Face *ForCausalLM module (under the peft wrapper when LoRA is on)."""
@@ -174,9 +178,32 @@ def lora_config(config: TrainConfig) -> Any:
     )
 
 
-def build_model(
-    config: TrainConfig, model_dir: str, device: torch.device, mesh: Any
-) -> CausalLMLoss:
+def replicates(config: TrainConfig, parameters: int) -> bool:
+    """Whether `data_parallel` resolves to "replicate" for a model of this many parameters."""
+    if config.data_parallel == "auto":
+        return parameters <= config.replicate_max_params
+    return config.data_parallel == "replicate"
+
+
+def data_parallel_mesh(device: torch.device, replicate: bool) -> Any:
+    """1-D ("dp_shard",) mesh to shard; 2-D (world x 1) ("dp_replicate", "dp_shard") to replicate.
+
+    FSDP2 on a 2-D mesh is HSDP: shard within the last dimension, all-reduce across the first.
+    With shards of size 1 that is plain data parallelism with FSDP2's machinery (one gradient
+    all-reduce per unit per step, no parameter all-gather), so the checkpoint, export and LoRA
+    code paths stay the same for both modes.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if replicate:
+        return init_device_mesh(
+            device.type, (world, 1), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
+    return init_device_mesh(device.type, (world,), mesh_dim_names=("dp_shard",))
+
+
+def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> CausalLMLoss:
     """Meta init -> (LoRA) -> activation checkpointing -> compile -> fully_shard -> load weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -192,6 +219,8 @@ def build_model(
 
             lm = get_peft_model(lm, lora_config(config))
     root = CausalLMLoss(lm)
+    root.replicated = replicates(config, sum(p.numel() for p in root.parameters()))
+    mesh = data_parallel_mesh(device, root.replicated)
     blocks = decoder_blocks(root, hf_config.num_hidden_layers)
     if config.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (

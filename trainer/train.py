@@ -134,10 +134,7 @@ def setup(config: TrainConfig) -> Run:
             f"warmup_steps ({config.warmup_steps}) must be below the run's {r.total_steps} steps"
         )
 
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh(device.type, (r.world_size,), mesh_dim_names=("dp_shard",))
-    r.model = build_model(config, r.model_dir, device, mesh)
+    r.model = build_model(config, r.model_dir, device)
     r.optimizer = _optimizer(config, r.model, device)
     r.scheduler = torch.optim.lr_scheduler.LambdaLR(
         r.optimizer, _lr_lambda(config.warmup_steps, r.total_steps, config.min_lr_ratio)
@@ -333,19 +330,23 @@ def _step(r: Run, micro: list[MicroBatch]) -> tuple[float, float, int]:
         # FSDP averages gradients over ranks: x world_size turns that into the sum.
         (loss * r.world_size).backward()
         loss_sum += loss.detach().double()
-    # Each rank holds a distinct shard of every gradient: squared norms add up across ranks.
     grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
     squared = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum() if grads else 0.0
+    squared = torch.as_tensor(squared, dtype=torch.float64, device=device)
     stats = torch.stack(
         [
             loss_sum,
             torch.tensor(float(local_targets), dtype=torch.float64, device=device),
             torch.tensor(float(r.stop_requested), dtype=torch.float64, device=device),
-            torch.as_tensor(squared, dtype=torch.float64, device=device),
+            # Sharded: each rank holds a distinct shard of every gradient, squared norms add up.
+            # Replicated: every rank holds the whole reduced gradient, its norm is the global one.
+            torch.zeros_like(squared) if model.replicated else squared,
         ]
     )
     dist.all_reduce(stats)
     loss_total, target_count, stop, squared_total = stats.tolist()
+    if model.replicated:
+        squared_total = float(squared)
     r.stop_agreed = stop > 0
     targets = int(target_count)
     norm_value = math.sqrt(squared_total) / max(targets, 1)
