@@ -135,16 +135,14 @@ class ChatRenderer:
         probes = [("a", "b"), ("  lead\n\ntrail  ", "\n{{ x }} {% y %}\t"), ("é ñ", "")]
         for probe in probes:
             try:
-                if self._pattern_pair(pattern, *probe) != self._jinja_pair(*probe):
+                if self.pattern_pair(pattern, *probe) != self._jinja_pair(*probe):
                     return None
             except TemplateError:
                 return None
         return pattern
 
     @staticmethod
-    def _pattern_pair(
-        pattern: tuple[str, str, str], prompt: str, response: str
-    ) -> tuple[str, Span]:
+    def pattern_pair(pattern: tuple[str, str, str], prompt: str, response: str) -> tuple[str, Span]:
         before, after_prompt, end = pattern
         head = before + prompt + after_prompt
         full = head + response + end
@@ -153,7 +151,7 @@ class ChatRenderer:
     def pair(self, prompt: str, response: str) -> tuple[str, list[Span]]:
         """Rendered text of a prompt/response pair and the span the model is trained on."""
         if self._pattern is not None:
-            rendered = self._pattern_pair(self._pattern, prompt, response)
+            rendered = self.pattern_pair(self._pattern, prompt, response)
             if self._verified < self._VERIFY_FIRST:
                 self._verified += 1
                 if rendered != self._jinja_pair(prompt, response):
@@ -196,6 +194,56 @@ class Encoded:
     truncated: bool = False
 
 
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What a worker needs to tokenize, computed once where the full tokenizer is loaded.
+
+    Workers only need the Rust tokenizer and, for prompt/response pairs, the chat template's string
+    pattern. Loading `AutoTokenizer` there imports transformers and torch: ~2.5 s of CPU per
+    worker process on an idle core (over 10 s on a busy 2-core machine), more than tokenizing
+    50k records. So workers read tokenizer.json with `tokenizers` directly when that file alone
+    reproduces the backend (checked here), and load the full tokenizer only on first need:
+    multi-turn conversations or templates that are not a plain pattern.
+    """
+
+    name_or_path: str
+    eos_id: int | None
+    chat_pattern: tuple[str, str, str] | None
+    """(before prompt, between prompt and response, after response); None: render with Jinja."""
+    backend_file_matches: bool
+    """tokenizer.json loaded by `tokenizers` equals the backend transformers builds."""
+
+    @classmethod
+    def of(cls, tokenizer: Any, name_or_path: str, chat_fast_path: bool = True) -> TokenizerSpec:
+        pattern = None
+        if chat_fast_path and getattr(tokenizer, "chat_template", None):
+            pattern = ChatRenderer(tokenizer)._pattern
+        local = _tokenizer_file(name_or_path)
+        matches = False
+        if local is not None:
+            from tokenizers import Tokenizer
+
+            matches = Tokenizer.from_file(local).to_str() == tokenizer.backend_tokenizer.to_str()
+        return cls(name_or_path, tokenizer.eos_token_id, pattern, matches)
+
+    def backend(self) -> Any:
+        """The Rust tokenizer (without importing transformers when tokenizer.json suffices)."""
+        local = _tokenizer_file(self.name_or_path) if self.backend_file_matches else None
+        if local is None:
+            return load_tokenizer(self.name_or_path).backend_tokenizer
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(local)
+
+
+def _tokenizer_file(name_or_path: str) -> str | None:
+    """tokenizer.json of a local or remote (copied locally) tokenizer directory, else None."""
+    if "://" in name_or_path and not name_or_path.startswith("file://"):
+        name_or_path = _copy_dir_locally(name_or_path)
+    path = os.path.join(name_or_path.removeprefix("file://"), "tokenizer.json")
+    return path if os.path.isfile(path) else None
+
+
 @dataclass
 class EncoderConfig:
     data_kind: str
@@ -203,49 +251,67 @@ class EncoderConfig:
     overlong: str
     train_on_prompt: bool = False
     min_tokens: int = 2
-    chat_fast_path: bool = True
 
 
 class DocumentEncoder:
     """Batched tokenization of examples into documents (ids + loss mask)."""
 
-    def __init__(self, tokenizer: Any, config: EncoderConfig) -> None:
+    def __init__(self, spec: TokenizerSpec, config: EncoderConfig) -> None:
         self.config = config
-        self.backend = tokenizer.backend_tokenizer
-        self.eos = tokenizer.eos_token_id
-        if config.data_kind == "text" and self.eos is None:
+        self.spec = spec
+        self.backend = spec.backend()
+        if config.data_kind == "text" and spec.eos_id is None:
             raise ValueError("plain-text data needs a tokenizer with an eos token")
-        self.renderer = (
-            ChatRenderer(tokenizer, config.chat_fast_path)
-            if config.data_kind == "instruction"
-            else None
-        )
+        self.eos = np.int32(spec.eos_id if spec.eos_id is not None else 0)
+        self._renderer: ChatRenderer | None = None
         self.straddles = 0
         """Target spans whose first token also covers prompt characters (counted as prompt)."""
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        """Jinja rendering with the full tokenizer, loaded on first need (see TokenizerSpec)."""
+        if self._renderer is None:
+            self._renderer = ChatRenderer(load_tokenizer(self.spec.name_or_path), fast_path=False)
+        return self._renderer
+
+    def _pattern_fits(self, messages: list[dict]) -> bool:
+        return (
+            self.spec.chat_pattern is not None
+            and len(messages) == 2
+            and messages[0]["role"] == "user"
+            and messages[1]["role"] == "assistant"
+        )
+
+    def _render(
+        self, messages: list[dict], renderer: ChatRenderer | None
+    ) -> tuple[str, list[Span]]:
+        if renderer is None:
+            assert self.spec.chat_pattern is not None
+            text, span = ChatRenderer.pattern_pair(
+                self.spec.chat_pattern, messages[0]["content"], messages[1]["content"]
+            )
+            return text, [span]
+        if len(messages) == 2 and messages[0]["role"] == "user":
+            return renderer.pair(messages[0]["content"], messages[1]["content"])
+        return renderer.conversation(messages)
 
     def encode(self, examples: Sequence[dict]) -> list[Encoded]:
         results: list[Encoded] = [Encoded() for _ in examples]
         texts: list[str] = []
         spans: list[list[Span]] = []
         index: list[int] = []
+        is_text = self.config.data_kind == "text"
         for i, example in enumerate(examples):
-            if self.renderer is None:
+            if is_text:
                 texts.append(example["text"])
                 spans.append([])
                 index.append(i)
                 continue
+            messages = example["messages"]
+            # Loading the Jinja renderer stays outside the try: its failure is not a record's.
+            renderer = None if self._pattern_fits(messages) else self.renderer
             try:
-                messages = example["messages"]
-                if (
-                    len(messages) == 2
-                    and messages[0]["role"] == "user"
-                    and messages[1]["role"] == "assistant"
-                ):
-                    text, target = self.renderer.pair(
-                        messages[0]["content"], messages[1]["content"]
-                    )
-                else:
-                    text, target = self.renderer.conversation(messages)
+                text, target = self._render(messages, renderer)
             except TemplateError as exc:
                 results[i] = Encoded(
                     outcome="rejected", reason="chat_template_error", error=str(exc)
@@ -261,12 +327,11 @@ class DocumentEncoder:
             texts.append(text)
             spans.append(target)
             index.append(i)
-        is_text = self.renderer is None
         encodings = self.backend.encode_batch(texts, add_special_tokens=is_text) if texts else []
         for i, enc, text, target in zip(index, encodings, texts, spans, strict=True):
             ids = np.asarray(enc.ids, dtype=np.int32)
             if is_text:
-                ids = np.append(ids, np.int32(self.eos))
+                ids = np.append(ids, self.eos)
                 mask = np.ones(len(ids), dtype=np.uint8)
             elif self.config.train_on_prompt:
                 mask = np.ones(len(ids), dtype=np.uint8)

@@ -10,7 +10,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 import numpy as np
@@ -34,6 +34,9 @@ from beam_preprocess.records import (
     dead_letter,
     outcome,
 )
+
+if TYPE_CHECKING:
+    from beam_preprocess.tokenize import TokenizerSpec
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -291,22 +294,22 @@ class Split(beam.PTransform):
 class TokenizeFn(beam.DoFn):
     """Batches of examples -> (pack key, document); the tokenizer is loaded once per worker."""
 
-    def __init__(self, config: PreprocessConfig) -> None:
+    def __init__(self, config: PreprocessConfig, spec: TokenizerSpec) -> None:
         self.config = config
+        self.spec = spec
 
     def setup(self) -> None:
-        from beam_preprocess.tokenize import DocumentEncoder, EncoderConfig, load_tokenizer
+        from beam_preprocess.tokenize import DocumentEncoder, EncoderConfig
 
         cfg = self.config
         self.encoder = DocumentEncoder(
-            load_tokenizer(cfg.tokenizer),
+            self.spec,
             EncoderConfig(
                 data_kind=cfg.data_kind,
                 seq_len=cfg.seq_len,
                 overlong=cfg.overlong,
                 train_on_prompt=cfg.train_on_prompt,
                 min_tokens=cfg.min_tokens,
-                chat_fast_path=cfg.chat_fast_path,
             ),
         )
         self.kept = _counter("kept")
@@ -342,19 +345,27 @@ class TokenizeFn(beam.DoFn):
 
 
 class Tokenize(beam.PTransform):
-    """Examples -> keyed documents; tagged DEAD, FILTERED, OUTCOME, EVAL_RECORDS."""
+    """Examples -> keyed documents; tagged DEAD, FILTERED, OUTCOME, EVAL_RECORDS.
+
+    The full tokenizer is loaded here, where the graph is built, to derive the light
+    `TokenizerSpec` the workers use.
+    """
 
     def __init__(self, config: PreprocessConfig) -> None:
         super().__init__()
         self.config = config
 
     def expand(self, examples: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        size = self.config.tokenize_batch_size
+        from beam_preprocess.tokenize import TokenizerSpec, load_tokenizer
+
+        cfg = self.config
+        spec = TokenizerSpec.of(load_tokenizer(cfg.tokenizer), cfg.tokenizer, cfg.chat_fast_path)
+        size = cfg.tokenize_batch_size
         return (
             examples
             | "Batch" >> beam.BatchElements(min_batch_size=min(size, 64), max_batch_size=size)
             | "Encode"
-            >> beam.ParDo(TokenizeFn(self.config)).with_outputs(
+            >> beam.ParDo(TokenizeFn(cfg, spec)).with_outputs(
                 DEAD, FILTERED, OUTCOME, EVAL_RECORDS, main="documents"
             )
         )
