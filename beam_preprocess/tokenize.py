@@ -87,8 +87,9 @@ class ChatRenderer:
 
     For the common single-turn case it can skip Jinja: the template is rendered once with
     sentinel contents and the result is used as a string pattern. This is only enabled when the
-    pattern reproduces Jinja exactly on probe contents (whitespace, newlines, braces) and is
-    re-checked against Jinja on the first records; any mismatch turns it off for good.
+    pattern reproduces Jinja exactly on probe contents (whitespace, newlines, braces, special
+    tokens) and, in `pair`, is re-checked against Jinja on the first records; any mismatch turns
+    it off for good. Pipeline workers use the probe-checked pattern without Jinja (TokenizerSpec).
     """
 
     _VERIFY_FIRST = 16
@@ -132,7 +133,12 @@ class ChatRenderer:
         if mid:  # text between the generation prompt and the content: not a plain pattern
             return None
         pattern = (before, after_prompt, end)
-        probes = [("a", "b"), ("  lead\n\ntrail  ", "\n{{ x }} {% y %}\t"), ("é ñ", "")]
+        probes = [
+            ("a", "b"),
+            ("  lead\n\ntrail  ", "\n{{ x }} {% y %}\t"),
+            ("é ñ", ""),
+            ("<|user|> <s> </s> [INST]", "'\"\\ \r\n done\n"),
+        ]
         for probe in probes:
             try:
                 if self.pattern_pair(pattern, *probe) != self._jinja_pair(*probe):

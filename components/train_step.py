@@ -11,9 +11,16 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from components.launchers.base import BACKENDS, LogSink, TrainLaunch, get_launcher
+from components.launchers.base import (
+    BACKENDS,
+    TRAINER_ENTRYPOINT,
+    LogSink,
+    TrainLaunch,
+    get_launcher,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +150,8 @@ def run_train_step(
         max_restarts=max_restarts, **({"entrypoint": tuple(entrypoint)} if entrypoint else {}),
     )  # fmt: skip
     launch.validate()
+    if backend == "local" and launch.entrypoint == TRAINER_ENTRYPOINT:
+        preflight_local(launch)
     options: dict[str, Any] = dict({"local": local, "gke": gke, "vertex": vertex}[backend] or {})
     if log is not None:
         options["log"] = log
@@ -153,6 +162,20 @@ def run_train_step(
     launcher.log(f"[launcher] {result.describe()}")
     result.raise_for_status()
     return model_metadata(read_summary(output), output=output, launch=launch, backend=backend)
+
+
+def preflight_local(launch: TrainLaunch) -> None:
+    """Check the trainer's config and inputs here, before any node starts, so a typo is one clear
+    line instead of N torchrun agents failing (the trainer checks again on every rank)."""
+    from beam_preprocess.schema import read_manifest
+    from trainer.config import load_config
+
+    load_config(launch.trainer_args())  # ValueError listing every config problem
+    model = launch.model
+    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
+        raise ValueError(f"model {model!r} is not a directory: pass a Hugging Face model directory")
+    if "://" not in launch.data:
+        read_manifest(launch.data)  # ValueError when it is not a packed dataset
 
 
 def run_train_component(
