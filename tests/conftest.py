@@ -31,3 +31,22 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, sample_data_dir: Pa
     out = tmp_path_factory.mktemp("tiny_model")
     build_tiny_model(out, data_dir=sample_data_dir, vocab_size=4096, hidden_size=256, num_layers=4)
     return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def subprocess_tmpdir(tmp_path_factory: pytest.TempPathFactory):
+    """Give every child process (torchrun agents keep /tmp/torchelastic_* dirs, kfp.local its
+    workspaces) a temp dir of the session's own, removed at the end, so tests leave no temp dirs."""
+    import shutil
+    import tempfile
+
+    tempfile.gettempdir()  # pin this process's own temp dir before TMPDIR changes
+    path = tmp_path_factory.mktemp("child_tmp")
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous
+    shutil.rmtree(path, ignore_errors=True)
