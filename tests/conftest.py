@@ -42,11 +42,15 @@ def subprocess_tmpdir(tmp_path_factory: pytest.TempPathFactory):
 
     tempfile.gettempdir()  # pin this process's own temp dir before TMPDIR changes
     path = tmp_path_factory.mktemp("child_tmp")
-    previous = os.environ.get("TMPDIR")
+    # The local etcd/launcher state root defaults to <tmp>/llmft-runs: pin it so this process and
+    # its children (which now see another TMPDIR) agree on where a run's state lives.
+    saved = {key: os.environ.get(key) for key in ("TMPDIR", "LLMFT_STATE_DIR")}
+    os.environ["LLMFT_STATE_DIR"] = str(path / "llmft-runs")
     os.environ["TMPDIR"] = str(path)
     yield path
-    if previous is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = previous
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     shutil.rmtree(path, ignore_errors=True)
