@@ -284,6 +284,10 @@ def run_local(
         metrics=_artifact_metadata(run_dir, "evaluate", "metrics"),
         model=_artifact_metadata(run_dir, "train", "model"),
     )
+    if run_dir is not None and result.metrics:
+        # One file with the run's outcome: the Metrics artifact lives only in kfp.local's records.
+        summary = {"succeeded": result.succeeded, "metrics": result.metrics, "model": result.model}
+        (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     _print_summary(console, result)
     return result
 
@@ -322,6 +326,7 @@ def _print_summary(console: Any, result: LocalRunResult) -> None:
         "packed dataset": result.output("preprocess", "dataset"),
         "model": result.model.get("model_uri"),
         "training run": result.model.get("run_uri"),
+        "metrics": result.run_dir / "metrics.json" if result.metrics and result.run_dir else None,
         "report": result.output("evaluate", "report"),
         "log": result.log_file,
     }

@@ -99,6 +99,8 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path]):
     executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
     metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
     assert metrics["tuned_eval_loss"] < metrics["base_eval_loss"] - 1.0, metrics
+    summary = json.loads((run_dir / "metrics.json").read_text())
+    assert summary["succeeded"] and summary["metrics"] == metrics
     _assert_nothing_left(workdir)
 
 
