@@ -18,7 +18,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -40,6 +40,8 @@ from beam_preprocess.schema import (
     TokenizerIdentity,
 )
 from beam_preprocess.transforms import (
+    TABLES,
+    TAIL_TABLES,
     Clean,
     Deduplicate,
     Pack,
@@ -49,6 +51,9 @@ from beam_preprocess.transforms import (
     table_schema,
 )
 
+if TYPE_CHECKING:
+    from beam_preprocess.tokenize import TokenizerSpec
+
 log = logging.getLogger(__name__)
 
 STATS_FILE = "stats.json"
@@ -57,22 +62,35 @@ EVAL_RECORDS_DIR = "eval_records"
 DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
 
 
-def build_pipeline(pipeline: beam.Pipeline, config: PreprocessConfig, pad_id: int) -> None:
-    """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run())."""
+def build_pipeline(
+    pipeline: beam.Pipeline,
+    config: PreprocessConfig,
+    pad_id: int,
+    tokenizer_spec: TokenizerSpec | None = None,
+) -> None:
+    """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run()).
+
+    Pass `tokenizer_spec` when the full tokenizer is at hand (see TokenizerSpec): the workers then
+    start without importing transformers.
+    """
     out = config.output
     read = pipeline | "Read" >> ReadRecords(list(config.inputs), config.input_format)
     valid = read.records | "Validate" >> Validate(config)
     clean = valid.examples | "Clean" >> Clean(config)
     unique = clean.examples | "Deduplicate" >> Deduplicate()
     split = unique.examples | "Split" >> Split(config.eval_fraction, config.split_seed)
-    tokens = split | "Tokenize" >> Tokenize(config)
+    tokens = split | "Tokenize" >> Tokenize(config, tokenizer_spec)
     packed = tokens.documents | "Pack" >> Pack(config.seq_len, pad_id, config.max_open_rows)
 
-    tables = packed["tables"] | "BySplit" >> beam.ParDo(_BySplit()).with_outputs(*SPLITS)
-    for name in SPLITS:
-        _ = tables[name] | f"Write{name.title()}" >> beam.io.WriteToParquetBatched(
-            f"{out}/{name}/part", schema=table_schema(), file_name_suffix=".parquet"
-        )
+    # Each packing stage writes its own shards (part-* and part-tail-*): a Flatten in front of one
+    # writer would end the fused packing stage and ship every table through the runner again.
+    for stage, suffix in ((TABLES, ""), (TAIL_TABLES, "-tail")):
+        label = suffix.replace("-", "").title()
+        tables = packed[stage] | f"BySplit{label}" >> beam.ParDo(_BySplit()).with_outputs(*SPLITS)
+        for name in SPLITS:
+            _ = tables[name] | f"Write{name.title()}{label}" >> beam.io.WriteToParquetBatched(
+                f"{out}/{name}/part{suffix}", schema=table_schema(), file_name_suffix=".parquet"
+            )
     rejected = (read[DEAD], valid[DEAD], tokens[DEAD]) | "AllRejected" >> beam.Flatten()
     _ = rejected | "WriteRejected" >> WriteJsonLines(f"{out}/{REJECTED_DIR}/part")
     filtered = (clean[FILTERED], tokens[FILTERED]) | "AllFiltered" >> beam.Flatten()
@@ -249,7 +267,7 @@ def _reject_unknown_flags(argv: list[str]) -> None:
 
 def launch(argv: list[str]) -> LaunchedRun:
     """Validate, prepare the output and start the pipeline (waits only on the DirectRunner)."""
-    from beam_preprocess.tokenize import ChatRenderer, load_tokenizer, pad_id_of
+    from beam_preprocess.tokenize import ChatRenderer, TokenizerSpec, load_tokenizer, pad_id_of
 
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
@@ -262,7 +280,8 @@ def launch(argv: list[str]) -> LaunchedRun:
     _prepare_output(config.output, config.overwrite)
     log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
     pipeline = beam.Pipeline(options=options)
-    build_pipeline(pipeline, config, pad_id_of(tokenizer))
+    spec = TokenizerSpec.of(tokenizer, config.tokenizer, config.chat_fast_path)
+    build_pipeline(pipeline, config, pad_id_of(tokenizer), spec)
     result = pipeline.run()
     return LaunchedRun(result=result, config=config, tokenizer=identity, runner=runner)
 

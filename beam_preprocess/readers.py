@@ -4,9 +4,10 @@ Every record leaves here as `{"source": "<path>:<line>", "record": {...}}`, or a
 when it cannot be parsed, so that each input record can be traced back to its file and line. Each
 file also reports how many records it held (the "read" side of the accounting).
 
-Files are read whole by one worker (no splitting inside a file): lines keep exact numbers, JSON
-arrays and Parquet footers need the whole file anyway, and the dedup shuffle right after spreads the
-records over all workers.
+Uncompressed JSONL files larger than `SPLIT_BYTES` are read in ranges cut at line starts, so that
+every worker parses (one sequential pass of `bytes.count` finds the cuts and each range's first line
+number, so lines keep exact numbers). Other files are read whole by one worker: JSON arrays and
+Parquet footers need the whole file, CSV quotes may span lines, and compressed streams cannot seek.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_preprocess.records import DEAD, OUTCOME, READ, dead_letter, outcome
@@ -34,6 +36,9 @@ _SUFFIXES = {
     ".parquet": "parquet",
 }
 _COMPRESSIONS = (".gz", ".bz2", ".zst", ".deflate", ".lzma")
+SPLIT_BYTES = 4 << 20
+"""JSONL range size: small enough that a 30 MB file keeps two workers busy, large enough that the
+per-range cost (one open and seek) is nothing."""
 _MAX_RAW_CHARS = 10_000
 """Raw text kept in a dead letter: enough to see the problem, bounded for huge broken lines."""
 
@@ -54,30 +59,87 @@ def format_of(path: str, requested: str = "auto") -> str:
     )
 
 
+FileRange = tuple[str, int, int, int]
+"""(path, start byte, end byte or -1 for the end of the file, number of the first line)."""
+WHOLE_FILE = -1
+
+
+def _splittable(path: str, input_format: str) -> bool:
+    name = path.lower()
+    return format_of(path, input_format) == "jsonl" and not name.endswith(_COMPRESSIONS)
+
+
+def line_ranges(stream: Any, path: str, split_bytes: int) -> Iterator[FileRange]:
+    """Cut an uncompressed line-oriented file into ranges of about `split_bytes`, each starting at
+    a line start, with the number of its first line."""
+    start, first_line = 0, 1
+    offset = lines = 0  # bytes and newlines before the current block
+    target = split_bytes
+    while block := stream.read(max(split_bytes, 1 << 22)):
+        pos = 0
+        while target < offset + len(block):
+            cut = block.find(b"\n", max(target - offset, pos))
+            if cut < 0:
+                break  # the line goes on in the next block
+            cut += 1
+            lines += block.count(b"\n", pos, cut)
+            pos = cut
+            yield path, start, offset + cut, first_line
+            start, first_line = offset + cut, lines + 1
+            target = start + split_bytes
+        lines += block.count(b"\n", pos)
+        offset += len(block)
+    if start < offset or start == 0:
+        yield path, start, WHOLE_FILE, first_line
+
+
+class PlanRanges(beam.DoFn):
+    """Matched file -> the ranges to read (one range for files that are not split)."""
+
+    def __init__(self, input_format: str, split_bytes: int) -> None:
+        self.input_format, self.split_bytes = input_format, split_bytes
+
+    def process(self, metadata: Any) -> Iterator[FileRange]:
+        path = metadata.path
+        if metadata.size_in_bytes <= self.split_bytes or not _splittable(path, self.input_format):
+            yield path, 0, WHOLE_FILE, 1
+            return
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            yield from line_ranges(stream, path, self.split_bytes)
+
+
 class ReadFileRecords(beam.DoFn):
-    """One matched file -> its records (main output), dead letters, and its record count."""
+    """One file range -> its records (main output), dead letters, and its record count."""
 
     def __init__(self, input_format: str) -> None:
         self.input_format = input_format
         self.read_counter = Metrics.counter("llmft", "records_read")
         self.unparseable = Metrics.counter("llmft", "rejected_at_parse")
 
-    def process(self, readable: fileio.ReadableFile) -> Iterator[Any]:
-        path = readable.metadata.path
-        fmt = format_of(path, self.input_format)
+    def process(self, file_range: FileRange) -> Iterator[Any]:
+        path, start, end, first_line = file_range
         count = 0
-        with readable.open(compression_type=CompressionTypes.AUTO) as stream:
-            for source, record, error in _PARSERS[fmt](stream, path):
-                count += 1
-                if error is None:
-                    yield {"source": source, "record": record}
-                else:
-                    reason, message = error
-                    self.unparseable.inc()
-                    yield pvalue.TaggedOutput(DEAD, dead_letter(source, record, reason, message))
-                    yield pvalue.TaggedOutput(OUTCOME, outcome("rejected", reason))
+        for source, record, error in self._parse(path, start, end, first_line):
+            count += 1
+            if error is None:
+                yield {"source": source, "record": record}
+            else:
+                reason, message = error
+                self.unparseable.inc()
+                yield pvalue.TaggedOutput(DEAD, dead_letter(source, record, reason, message))
+                yield pvalue.TaggedOutput(OUTCOME, outcome("rejected", reason))
         self.read_counter.inc(count)
         yield pvalue.TaggedOutput(READ, count)
+
+    def _parse(self, path: str, start: int, end: int, first_line: int) -> Iterator[Parsed]:
+        if start == 0 and end == WHOLE_FILE:
+            with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as stream:
+                yield from _PARSERS[format_of(path, self.input_format)](stream, path)
+            return
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+            stream.seek(start)
+            data = stream.read() if end == WHOLE_FILE else stream.read(end - start)
+        yield from _parse_jsonl(io.BytesIO(data), path, first_line)
 
 
 Parsed = tuple[str, Any, "tuple[str, str] | None"]
@@ -89,8 +151,8 @@ def _object_or_error(source: str, value: Any, raw: Any) -> Parsed:
     return source, raw, ("not_an_object", f"expected a JSON object, got {type(value).__name__}")
 
 
-def _parse_jsonl(stream: Any, path: str) -> Iterator[Parsed]:
-    for number, line in enumerate(stream, start=1):
+def _parse_jsonl(stream: Any, path: str, first_line: int = 1) -> Iterator[Parsed]:
+    for number, line in enumerate(stream, start=first_line):
         source = f"{path}:{number}"
         try:
             text = line.decode("utf-8")
@@ -186,17 +248,22 @@ _PARSERS = {
 class ReadRecords(beam.PTransform):
     """File patterns (local, globs, gs://) -> records; tagged outputs DEAD, READ and OUTCOME."""
 
-    def __init__(self, patterns: list[str], input_format: str = "auto") -> None:
+    def __init__(
+        self, patterns: list[str], input_format: str = "auto", split_bytes: int = SPLIT_BYTES
+    ) -> None:
         super().__init__()
         self.patterns = patterns
         self.input_format = input_format
+        self.split_bytes = split_bytes
 
     def expand(self, pbegin: pvalue.PBegin) -> pvalue.DoOutputsTuple:
         return (
             pbegin
             | "Patterns" >> beam.Create(self.patterns)
             | "Match" >> fileio.MatchAll()
-            | "Open" >> fileio.ReadMatches()
+            | "PlanRanges" >> beam.ParDo(PlanRanges(self.input_format, self.split_bytes))
+            # Spreads the ranges over the workers (only these small tuples are shuffled).
+            | "SpreadRanges" >> beam.Reshuffle()
             | "Parse"
             >> beam.ParDo(ReadFileRecords(self.input_format)).with_outputs(
                 DEAD, READ, OUTCOME, main="records"

@@ -7,7 +7,8 @@ without pickling (it matters at tens of thousands of records per second).
     example  {"source": ..., "messages": [{"role", "content"}, ...]}  (instruction data)
              {"source": ..., "text": "..."}                           (plain text)
              plus "hash" (content hash, after dedup) and "split" ("train" | "eval")
-    document (ids int32 bytes, loss mask uint8 bytes), keyed by pack group
+    document (ids int32 bytes, loss mask uint8 bytes); Tokenize emits (pack key, [documents])
+             per batch and key (Beam's cost is per element, so documents travel in lists)
 """
 
 from __future__ import annotations

@@ -292,18 +292,28 @@ class Split(beam.PTransform):
 
 
 class TokenizeFn(beam.DoFn):
-    """Batches of examples -> (pack key, document); the tokenizer is loaded once per worker."""
+    """Batches of examples -> (pack key, [documents]); the tokenizer is loaded once per worker."""
 
-    def __init__(self, config: PreprocessConfig, spec: TokenizerSpec) -> None:
+    def __init__(self, config: PreprocessConfig, spec: TokenizerSpec | None) -> None:
         self.config = config
         self.spec = spec
 
     def setup(self) -> None:
-        from beam_preprocess.tokenize import DocumentEncoder, EncoderConfig
+        from beam_preprocess.tokenize import (
+            DocumentEncoder,
+            EncoderConfig,
+            TokenizerSpec,
+            load_tokenizer,
+        )
 
         cfg = self.config
+        spec = self.spec
+        if spec is None:  # no launcher prepared one: derive it here from the full tokenizer
+            spec = TokenizerSpec.of(
+                load_tokenizer(cfg.tokenizer), cfg.tokenizer, cfg.chat_fast_path
+            )
         self.encoder = DocumentEncoder(
-            self.spec,
+            spec,
             EncoderConfig(
                 data_kind=cfg.data_kind,
                 seq_len=cfg.seq_len,
@@ -320,6 +330,9 @@ class TokenizeFn(beam.DoFn):
     def process(self, batch: list[dict[str, Any]]) -> Iterator[Any]:
         straddles = self.encoder.straddles
         groups = self.config.pack_groups
+        # One element per pack key and batch, not per document: the pack shuffle then moves a few
+        # hundred elements instead of one per record (Beam's cost is mostly per element).
+        documents: dict[str, list[tuple[bytes, bytes]]] = {}
         for example, result in zip(batch, self.encoder.encode(batch), strict=True):
             if result.outcome != "kept":
                 tag = DEAD if result.outcome == "rejected" else FILTERED
@@ -337,29 +350,28 @@ class TokenizeFn(beam.DoFn):
             key = f"{split}/{int(example['hash'][:8], 16) % groups}"
             for ids, mask in result.docs:
                 self.tokens.inc(len(ids))
-                yield key, (ids.tobytes(), mask.tobytes())
+                documents.setdefault(key, []).append((ids.tobytes(), mask.tobytes()))
             yield pvalue.TaggedOutput(OUTCOME, outcome("kept"))
             if split == "eval":
                 yield pvalue.TaggedOutput(EVAL_RECORDS, _record_of(example))
         self.straddles.inc(self.encoder.straddles - straddles)
+        yield from documents.items()
 
 
 class Tokenize(beam.PTransform):
-    """Examples -> keyed documents; tagged DEAD, FILTERED, OUTCOME, EVAL_RECORDS.
+    """Examples -> (pack key, [documents]); tagged DEAD, FILTERED, OUTCOME, EVAL_RECORDS.
 
-    The full tokenizer is loaded here, where the graph is built, to derive the light
-    `TokenizerSpec` the workers use.
+    `spec` (from the launcher, which loads the full tokenizer anyway) spares each worker the
+    transformers import; without it every worker derives it at setup.
     """
 
-    def __init__(self, config: PreprocessConfig) -> None:
+    def __init__(self, config: PreprocessConfig, spec: TokenizerSpec | None = None) -> None:
         super().__init__()
         self.config = config
+        self.spec = spec
 
     def expand(self, examples: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        from beam_preprocess.tokenize import TokenizerSpec, load_tokenizer
-
-        cfg = self.config
-        spec = TokenizerSpec.of(load_tokenizer(cfg.tokenizer), cfg.tokenizer, cfg.chat_fast_path)
+        cfg, spec = self.config, self.spec
         size = cfg.tokenize_batch_size
         return (
             examples
@@ -436,13 +448,14 @@ class PackGroupFn(beam.DoFn):
     def __init__(self, seq_len: int, pad_id: int, max_open_rows: int) -> None:
         self.seq_len, self.pad_id, self.max_open_rows = seq_len, pad_id, max_open_rows
 
-    def process(self, element: tuple[str, Iterable[tuple[bytes, bytes]]]) -> Iterator[Any]:
-        key, values = element
+    def process(self, element: tuple[str, Iterable[list[tuple[bytes, bytes]]]]) -> Iterator[Any]:
+        key, batches = element
         split = key.split("/", 1)[0]
         out = _RowEmitter(split, self.seq_len, self.pad_id)
         packer = WindowPacker(self.seq_len, window_tokens=self.max_open_rows * self.seq_len)
-        for value in values:
-            yield from out.add(packer.add(_document(value)))
+        for batch in batches:
+            for value in batch:
+                yield from out.add(packer.add(_document(value)))
         full, underfull = packer.flush()
         yield from out.add(full)
         for row in underfull:
@@ -464,8 +477,15 @@ class PackLeftoversFn(beam.DoFn):
         yield from out.flush()
 
 
+TABLES = "tables"
+"""Pack output: (split, pyarrow Table) of the per-group packing stage."""
+TAIL_TABLES = "tail_tables"
+"""Pack output: (split, pyarrow Table) of the leftovers stage (the underfull rows' documents)."""
+
+
 class Pack(beam.PTransform):
-    """Keyed documents -> (split, pyarrow Table) rows of exactly seq_len; tagged STATS."""
+    """(pack key, [documents]) -> (split, pyarrow Table) rows of exactly seq_len in two outputs, TABLES
+    and TAIL_TABLES (kept apart so each is written inside its own fused stage); tagged STATS."""
 
     def __init__(self, seq_len: int, pad_id: int, max_open_rows: int) -> None:
         super().__init__()
@@ -489,6 +509,7 @@ class Pack(beam.PTransform):
             )
         )
         return {
-            "tables": (first.tables, second.tables) | "AllTables" >> beam.Flatten(),
+            TABLES: first.tables,
+            TAIL_TABLES: second.tables,
             STATS: (first[STATS], second[STATS]) | "AllStats" >> beam.Flatten(),
         }

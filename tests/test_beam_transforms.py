@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 from pathlib import Path
@@ -16,6 +17,8 @@ from beam_preprocess.packing import pack_exact, pack_offline, pack_streaming, ro
 from beam_preprocess.readers import ReadRecords
 from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS
 from beam_preprocess.transforms import (
+    TABLES,
+    TAIL_TABLES,
     Clean,
     Deduplicate,
     Pack,
@@ -216,11 +219,11 @@ def test_tokenize_masks_exactly_the_response(tiny_model_dir: Path):
     config = _config(tokenizer=str(tiny_model_dir), seq_len=64, pack_groups=1)
     with _pipeline() as p:
         out = p | beam.Create(examples) | Tokenize(config)
-        docs = out.documents | beam.Map(
-            lambda kv: (
-                np.frombuffer(kv[1][0], np.int32).tolist(),
-                np.frombuffer(kv[1][1], np.uint8).tolist(),
-            )
+        docs = out.documents | beam.FlatMap(
+            lambda kv: [
+                (np.frombuffer(ids, np.int32).tolist(), np.frombuffer(mask, np.uint8).tolist())
+                for ids, mask in kv[1]
+            ]
         )
         assert_that(docs, equal_to(expected), label="docs")
         assert_that(
@@ -286,11 +289,16 @@ def _check_rows(tables, docs, seq_len: int, pad_id: int) -> None:
 def test_pack_invariants_and_fill():
     seq_len, pad_id = 128, -1
     docs = _random_docs(1500, seq_len)
-    keyed = [(f"train/{i % 4}", d) for i, d in enumerate(docs)]
+    # Tokenize's shape: (pack key, [documents]) per batch and key.
+    keyed = [
+        (f"train/{k}", docs[start + k : start + 40 : 4])
+        for start in range(0, len(docs), 40)
+        for k in range(4)
+    ]
     with _pipeline() as p:
         out = p | beam.Create(keyed) | Pack(seq_len, pad_id, max_open_rows=256)
         assert_that(
-            out["tables"] | beam.combiners.ToList(),
+            (out[TABLES], out[TAIL_TABLES]) | beam.Flatten() | beam.combiners.ToList(),
             lambda all_tables: [_check_rows(all_tables[0], docs, seq_len, pad_id)],
             label="rows",
         )
@@ -356,10 +364,48 @@ def test_tokenize_plain_text_appends_eos_and_splits_overlong(tiny_model_dir: Pat
             expected.append((chunk, [0] + [1] * (len(chunk) - 1)))
     with _pipeline() as p:
         out = p | beam.Create(examples) | Tokenize(config)
-        docs = out.documents | beam.Map(
-            lambda kv: (
-                np.frombuffer(kv[1][0], np.int32).tolist(),
-                np.frombuffer(kv[1][1], np.uint8).tolist(),
-            )
+        docs = out.documents | beam.FlatMap(
+            lambda kv: [
+                (np.frombuffer(ids, np.int32).tolist(), np.frombuffer(mask, np.uint8).tolist())
+                for ids, mask in kv[1]
+            ]
         )
         assert_that(docs, equal_to(expected))
+
+
+def test_jsonl_read_in_ranges_keeps_exact_line_numbers(tmp_path: Path):
+    from beam_preprocess.readers import WHOLE_FILE, line_ranges
+
+    lines = []
+    for i in range(1, 41):
+        if i % 7 == 0:
+            lines.append("")  # blank: not a record, but it still counts as a line
+        elif i % 11 == 0:
+            lines.append('{"prompt": broken')
+        else:
+            lines.append(json.dumps({"prompt": f"p{i}" * (i % 5 + 1), "response": "r"}))
+    data = ("\n".join(lines) + "\n").encode()
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(data)
+
+    ranges = list(line_ranges(io.BytesIO(data), "big.jsonl", split_bytes=100))
+    assert len(ranges) > 5
+    ends = [end if end != WHOLE_FILE else len(data) for _, _, end, _ in ranges]
+    assert [start for _, start, _, _ in ranges] == [0, *ends[:-1]]  # contiguous, nothing lost
+    for _, start, _, first_line in ranges:
+        assert start == 0 or data[start - 1 : start] == b"\n"
+        assert first_line == data[:start].count(b"\n") + 1
+
+    def check_read(split_bytes: int) -> None:
+        with _pipeline() as p:
+            out = p | ReadRecords([str(path)], split_bytes=split_bytes)
+            records = out.records | "R" >> beam.Map(lambda r: r["source"].rsplit(":", 1)[1])
+            dead = out[DEAD] | "D" >> beam.Map(lambda r: r["source"].rsplit(":", 1)[1])
+            expected_records = [str(i) for i in range(1, 41) if i % 7 and i % 11]
+            assert_that(records, equal_to(expected_records), label="records")
+            assert_that(dead, equal_to(["11", "22", "33"]), label="dead")
+            total = out[READ] | beam.CombineGlobally(sum)
+            assert_that(total, equal_to([len(expected_records) + 3]), label="read")
+
+    check_read(split_bytes=100)  # many ranges
+    check_read(split_bytes=1 << 30)  # one whole-file range
