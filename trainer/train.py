@@ -184,7 +184,9 @@ def _optimizer(config: TrainConfig, model: torch.nn.Module, device: torch.device
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    fused = device.type == "cuda"
+    # The fused kernel exists on CPU and CUDA (and works on DTensor shards); on CPU it steps a
+    # 7M-parameter model ~3.5x faster than foreach. HF Trainer defaults to it too.
+    fused = device.type in ("cuda", "cpu")
     return torch.optim.AdamW(
         [g for g in groups if g["params"]],
         lr=config.lr,
@@ -320,7 +322,8 @@ def _step(r: Run, micro: list[MicroBatch]) -> tuple[float, float, int]:
     local_targets = sum(mb.target_tokens for mb in micro)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for k, mb in enumerate(micro):
-        # Reduce-scatter gradients once per step, on the last micro-batch.
+        # Reduce (scatter, or all-reduce when replicated) gradients once per step, on the last
+        # micro-batch: accumulation micro-steps need no collective.
         model.set_requires_gradient_sync(k == len(micro) - 1)
         loss = model(
             mb.input_ids.to(device, non_blocking=True),
