@@ -118,6 +118,8 @@ class StepProgress:
 
     started: dict[str, float] = field(default_factory=dict)
     finished: dict[str, tuple[str, float]] = field(default_factory=dict)
+    done: bool = False
+    """Set when the pipeline returned: steps that never started were skipped."""
 
     def feed(self, line: str) -> None:
         line = _ANSI.sub("", line)
@@ -151,7 +153,7 @@ class StepProgress:
                     name, "[yellow]running[/]", f"{time.monotonic() - self.started[name]:.0f}s"
                 )
             else:
-                table.add_row(name, "[dim]pending[/]", "")
+                table.add_row(name, "[dim]skipped[/]" if self.done else "[dim]pending[/]", "")
         return table
 
 
@@ -255,7 +257,11 @@ def run_local(
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     interrupted = False
     try:
-        with open(log_file, "w") as log, contextlib.redirect_stdout(_LogTee(log, progress)):
+        with (
+            open(log_file, "w") as log,
+            contextlib.redirect_stdout(_LogTee(log, progress)),
+            _root_logging_to(log),
+        ):
             live = (
                 Live(progress.table(), console=console, refresh_per_second=2, transient=False)
                 if show_progress
@@ -266,6 +272,7 @@ def run_local(
                 try:
                     build_fine_tune("vertex", schedule_time=False)(**resolved)
                 finally:
+                    progress.done = True
                     if stop_refresh:
                         stop_refresh()
     except KeyboardInterrupt:
@@ -290,6 +297,20 @@ def run_local(
         (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     _print_summary(console, result)
     return result
+
+
+@contextlib.contextmanager
+def _root_logging_to(stream: Any):  # type: ignore[no-untyped-def]
+    """Send root-logger records (kfp.local's orchestrator warnings) to the run log, not stderr."""
+    import logging
+
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
 
 
 def _refresh_thread(display: Any, progress: StepProgress):  # type: ignore[no-untyped-def]
