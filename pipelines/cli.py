@@ -561,7 +561,7 @@ def render_pytorchjob(
     ] = "llmft-trainer",
     hf_token_secret: Annotated[
         str | None, typer.Option(help="Secret with the HF token (name[:key]).")
-    ] = "hf-token",
+    ] = "llmft-hf-token",
     gang_scheduling: Annotated[
         bool, typer.Option(help="All pods or none (needs a gang scheduler).")
     ] = False,
