@@ -103,9 +103,6 @@ def run_parameter_errors(
             "serving_image is empty: registering a model needs a serving container image",
         )
         need(":latest" not in serving_image, "serving_image uses :latest: pin a version tag")
-    if backend == "vertex" and rdzv_backend != "c10d":
-        # Not an error: the Vertex launcher always uses c10d at the primary replica.
-        pass
     if project:
         need(
             re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", project) is not None,
@@ -114,13 +111,16 @@ def run_parameter_errors(
     return errors
 
 
-def check_run_parameters(**params: Any) -> None:
-    """Raise ValueError listing every problem with the run parameters."""
-    errors = run_parameter_errors(**params)
+def _raise_if_any(errors: list[str]) -> None:
     if errors:
         raise ValueError(
             f"{len(errors)} invalid run parameter(s):\n" + "\n".join(f"  - {e}" for e in errors)
         )
+
+
+def check_run_parameters(**params: Any) -> None:
+    """Raise ValueError listing every problem with the run parameters."""
+    _raise_if_any(run_parameter_errors(**params))
 
 
 def validate_and_resolve(
@@ -146,10 +146,7 @@ def validate_and_resolve(
         errors.append(
             "champion_model is 'latest-registered' but registered_model is empty: name the model"
         )
-    if errors:
-        raise ValueError(
-            f"{len(errors)} invalid run parameter(s):\n" + "\n".join(f"  - {e}" for e in errors)
-        )
+    _raise_if_any(errors)
     from_registry = {
         "model": params["registered_model"],
         "project": params["project"],
