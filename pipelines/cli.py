@@ -283,6 +283,9 @@ def run_cmd(
     wait: Annotated[
         bool, typer.Option(help="Follow the run and exit non-zero if it fails.")
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option(help="Local: also stream the tasks' logs to the terminal.")
+    ] = False,
 ) -> None:
     """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP."""
     import datetime as dt
@@ -304,7 +307,7 @@ def run_cmd(
         if ignored:
             typer.secho(f"warning: --backend local ignores {', '.join(ignored)}", err=True)
 
-        result = run_local(params, config)
+        result = run_local(params, config, verbose=verbose)
         if not result.succeeded:
             raise typer.Exit(1)
         return

@@ -5,27 +5,29 @@ Beam DirectRunner preprocessing, a local etcd, torchrun agents training through 
 evaluator and the exit-handler cleanup. With no data or model given, it first writes the quickstart
 assets (`llmft sample-data`, `llmft tiny-model`) into the work directory.
 
-kfp.local prints every task's log to stdout; we send that to `<workdir>/logs/pipeline.log` and show
-a compact progress table instead, then the before/after metrics and where the outputs are.
+Every task's output (kfp.local's, Beam's, the ranks') goes to `<workdir>/logs/pipeline-*.log`; the
+terminal shows a live step table with the trainer's progress (pipelines/local_progress.py), then
+the before/after metrics and where the outputs are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import json
 import os
-import re
 import signal
 import sys
+import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from pipelines.local_progress import RunWatcher, follow_file, watching
 
 LOCAL_ONLY_KEYS = ("workdir",)
 DEMO_DEFAULTS: dict[str, Any] = {
@@ -41,18 +43,6 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "max_eval_examples": 64,
     "trainer_overrides": {},
 }
-STEP_NAMES = (
-    "validate-inputs",
-    "preprocess",
-    "etcd-up",
-    "train",
-    "evaluate",
-    "register",
-    "cleanup",
-)
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_EXECUTING = re.compile(r"Executing task '([^']+)'")
-_FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
 
 
 def pipeline_defaults() -> dict[str, Any]:
@@ -113,77 +103,6 @@ def prepare_quickstart_assets(params: dict[str, Any], workdir: Path) -> None:
 
 
 @dataclass
-class StepProgress:
-    """Task states parsed from kfp.local's log lines."""
-
-    started: dict[str, float] = field(default_factory=dict)
-    finished: dict[str, tuple[str, float]] = field(default_factory=dict)
-    done: bool = False
-    """Set when the pipeline returned: steps that never started were skipped."""
-
-    def feed(self, line: str) -> None:
-        line = _ANSI.sub("", line)
-        if m := _EXECUTING.search(line):
-            self.started[m.group(1)] = time.monotonic()
-        elif m := _FINISHED.search(line):
-            name, status = m.group(1), m.group(2)
-            self.finished[name] = (
-                status,
-                time.monotonic() - self.started.get(name, time.monotonic()),
-            )
-
-    @property
-    def failed(self) -> list[str]:
-        return [name for name, (status, _) in self.finished.items() if status != "SUCCESS"]
-
-    def table(self):  # type: ignore[no-untyped-def]
-        from rich.table import Table
-
-        table = Table(title="llmft fine-tune (local)", expand=False)
-        table.add_column("step")
-        table.add_column("status")
-        table.add_column("time", justify="right")
-        for name in STEP_NAMES:
-            if name in self.finished:
-                status, seconds = self.finished[name]
-                style = "green" if status == "SUCCESS" else "red"
-                table.add_row(name, f"[{style}]{status.lower()}[/]", f"{seconds:.0f}s")
-            elif name in self.started:
-                table.add_row(
-                    name, "[yellow]running[/]", f"{time.monotonic() - self.started[name]:.0f}s"
-                )
-            else:
-                table.add_row(name, "[dim]skipped[/]" if self.done else "[dim]pending[/]", "")
-        return table
-
-
-class _LogTee(io.TextIOBase):
-    """stdout replacement: everything to the log file, each line to the progress parser."""
-
-    def __init__(self, log_file: io.TextIOBase, progress: StepProgress) -> None:
-        self._log, self._progress, self._partial = log_file, progress, ""
-
-    def write(self, text: str) -> int:
-        self._log.write(text)
-        self._log.flush()
-        lines = (self._partial + text).split("\n")
-        self._partial = lines.pop()
-        for line in lines:
-            self._progress.feed(line)
-        return len(text)
-
-    def flush(self) -> None:
-        self._log.flush()
-
-
-def _latest_run_dir(pipeline_root: Path) -> Path | None:
-    from pipelines.fine_tune import PIPELINE_NAME
-
-    runs = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*"), key=lambda p: p.stat().st_mtime)
-    return runs[-1] if runs else None
-
-
-@dataclass
 class LocalRunResult:
     succeeded: bool
     failed_steps: list[str]
@@ -213,9 +132,15 @@ def _artifact_metadata(run_dir: Path | None, task: str, output: str) -> dict[str
 
 
 def run_local(
-    params: dict[str, Any], config_file: Path | None = None, show_progress: bool = True
+    params: dict[str, Any], config_file: Path | None = None, verbose: bool = False
 ) -> LocalRunResult:
-    """Run `fine_tune` through kfp.local; returns what happened. Never leaves a process behind."""
+    """Run `fine_tune` through kfp.local; returns what happened. Never leaves a process behind.
+
+    Everything the tasks print (kfp.local, Beam, the torchrun ranks) goes to
+    `<workdir>/logs/pipeline-*.log` at the file-descriptor level, so nothing scrolls through the
+    live step table; `verbose` also streams that log to the terminal. Step states and the verdict
+    come from `pipelines.local_progress`, which never reads the log.
+    """
     from kfp import local
 
     from components.validation import check_run_parameters
@@ -227,9 +152,8 @@ def run_local(
     check_run_parameters(**resolved)
 
     state_dir = workdir / "state"
-    os.environ["LLMFT_STATE_DIR"] = str(
-        state_dir
-    )  # the tasks' local etcd/launcher state lives here
+    # The tasks' local etcd/launcher state lives here.
+    os.environ["LLMFT_STATE_DIR"] = str(state_dir)
     pipeline_root = workdir / "pipeline_root"
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +162,10 @@ def run_local(
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(file=sys.__stdout__)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    terminal_fd = os.dup(1)
+    console = Console(file=open(terminal_fd, "w", buffering=1, closefd=False))  # noqa: SIM115
     # kfp.local warns for any image without "python" in its name; ours has the package and runs
     # here in this very environment, which is the point of the local backend.
     warnings.filterwarnings(
@@ -247,34 +174,40 @@ def run_local(
     console.print(f"[bold]llmft[/] local run in {workdir}")
     for key in sorted(resolved):
         console.print(f"  {key} = {resolved[key]!r}", highlight=False)
+    console.print(f"  log: {log_file}", highlight=False)
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=str(pipeline_root),
         raise_on_error=False,
     )
-    progress = StepProgress()
+    watcher = RunWatcher(
+        pipeline_root=pipeline_root,
+        workdir=workdir,
+        total_steps=int(resolved.get("max_steps") or 0) or None,
+    )
     # SIGTERM (e.g. from a scheduler) is handled like Ctrl-C so the cleanup below always runs.
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     interrupted = False
+    follow_stop = threading.Event()
+    follower: threading.Thread | None = None
     try:
-        with (
-            open(log_file, "w") as log,
-            contextlib.redirect_stdout(_LogTee(log, progress)),
-            _root_logging_to(log),
-        ):
+        with _output_to(log_file), _root_logging_to(sys.stdout):
+            follower = follow_file(log_file, terminal_fd, follow_stop) if verbose else None
+            live_table = console.is_terminal and not verbose
             live = (
-                Live(progress.table(), console=console, refresh_per_second=2, transient=False)
-                if show_progress
+                Live(
+                    watcher.renderable(),
+                    console=console,
+                    refresh_per_second=4,
+                    transient=True,
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                )
+                if live_table
                 else contextlib.nullcontext()
             )
-            with live as display:
-                stop_refresh = _refresh_thread(display, progress) if show_progress else None
-                try:
-                    build_fine_tune("vertex", schedule_time=False)(**resolved)
-                finally:
-                    progress.done = True
-                    if stop_refresh:
-                        stop_refresh()
+            with live as display, watching(watcher, display if live_table else None):
+                build_fine_tune("vertex", schedule_time=False)(**resolved)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -282,10 +215,14 @@ def run_local(
         from components.cleanup_step import cleanup_local_state
 
         cleanup_local_state(state_dir)  # whatever the exit handler could not reach
-    run_dir = _latest_run_dir(pipeline_root)
+        follow_stop.set()
+        if follower is not None:
+            follower.join()
+    watcher.finish()
+    run_dir = watcher.run_dir
     result = LocalRunResult(
-        succeeded=not interrupted and not progress.failed and "evaluate" in progress.finished,
-        failed_steps=progress.failed + (["interrupted"] if interrupted else []),
+        succeeded=not interrupted and watcher.succeeded,
+        failed_steps=watcher.failed + (["interrupted"] if interrupted else []),
         run_dir=run_dir,
         log_file=log_file,
         metrics=_artifact_metadata(run_dir, "evaluate", "metrics"),
@@ -295,8 +232,31 @@ def run_local(
         # One file with the run's outcome: the Metrics artifact lives only in kfp.local's records.
         summary = {"succeeded": result.succeeded, "metrics": result.metrics, "model": result.model}
         (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    console.print(watcher.renderable())
     _print_summary(console, result)
+    console.file.flush()
+    os.close(terminal_fd)
     return result
+
+
+@contextlib.contextmanager
+def _output_to(log_file: Path):  # type: ignore[no-untyped-def]
+    """Point file descriptors 1 and 2 (this process and every child it starts) at the run log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for each in (fd, *saved):
+            os.close(each)
 
 
 @contextlib.contextmanager
@@ -311,26 +271,6 @@ def _root_logging_to(stream: Any):  # type: ignore[no-untyped-def]
         yield
     finally:
         root.removeHandler(handler)
-
-
-def _refresh_thread(display: Any, progress: StepProgress):  # type: ignore[no-untyped-def]
-    import threading
-
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(0.5):
-            display.update(progress.table())
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-
-    def stop_and_join() -> None:
-        stop.set()
-        thread.join()
-        display.update(progress.table())
-
-    return stop_and_join
 
 
 def _print_summary(console: Any, result: LocalRunResult) -> None:

@@ -1,14 +1,22 @@
 """The whole fine-tune pipeline through kfp.local, as `llmft run --backend local` runs it:
 Beam DirectRunner, a real local etcd, 2 torchrun agents x 2 processes over etcd-v3, evaluate, and
-the exit-handler cleanup; plus the failure and interrupt paths."""
+the exit-handler cleanup; plus the failure and interrupt paths.
+
+Each path runs the command the way a person does, in a terminal (a pseudo-terminal: live table,
+Ctrl-C typed into the terminal) and piped, and both must report the same step table, verdict and
+exit code: step states never depend on how the output is rendered."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,21 +77,118 @@ def assets(sample_data_dir: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
     return sample_data_dir, tiny_model_dir
 
 
-def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path]):
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+_ROW = re.compile(r"^[│|] (\S+)\s+[│|] (\w+)\s+[│|]", re.M)
+
+
+class CliRun:
+    """`llmft ...` in a pseudo-terminal (mode "tty") or with stdout piped (mode "pipe")."""
+
+    def __init__(self, args: list[str], mode: str) -> None:
+        self.mode, self._chunks, self._lock = mode, [], threading.Lock()
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100"}
+        if mode == "tty":
+            self.pid, self._fd = pty.fork()
+            if self.pid == 0:  # the child: a new session whose controlling terminal is the pty
+                os.execvpe(LLMFT[0], [*LLMFT, *args], env)
+            reader = self._read_pty
+        else:
+            self._proc = subprocess.Popen(
+                [*LLMFT, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
+            self.pid = self._proc.pid
+            reader = self._read_pipe
+        self._reader = threading.Thread(target=reader, daemon=True)
+        self._reader.start()
+
+    def _read_pty(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except OSError:  # EIO: the terminal's last writer is gone
+                return
+            if not chunk:
+                return
+            with self._lock:
+                self._chunks.append(chunk)
+
+    def _read_pipe(self) -> None:
+        assert self._proc.stdout is not None
+        for chunk in iter(lambda: self._proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            with self._lock:
+                self._chunks.append(chunk)
+
+    @property
+    def text(self) -> str:
+        with self._lock:
+            return _ANSI.sub("", b"".join(self._chunks).decode(errors="replace"))
+
+    def interrupt(self) -> None:
+        """Ctrl-C: typed into the terminal, or SIGINT to the process group as a shell sends it."""
+        if self.mode == "tty":
+            os.write(self._fd, b"\x03")
+        else:
+            os.killpg(self.pid, signal.SIGINT)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            if self.mode == "tty":
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                    if pid:
+                        self._reader.join(timeout=30)
+                        os.close(self._fd)
+                        return os.waitstatus_to_exitcode(status)
+                    time.sleep(0.2)
+                raise TimeoutError
+            code = self._proc.wait(timeout=timeout)
+            self._reader.join(timeout=30)
+            return code
+        except (TimeoutError, subprocess.TimeoutExpired):
+            os.killpg(self.pid, signal.SIGKILL)
+            raise AssertionError(f"llmft did not finish in {timeout}s:\n{self.text[-3000:]}")
+
+    def final_steps(self) -> dict[str, str]:
+        """The step table printed last (the terminal's live frames come before it)."""
+        text = self.text
+        table = text[text.rindex("llmft fine-tune (local)") :]
+        return dict(_ROW.findall(table))
+
+
+MODES = ("tty", "pipe")
+ALL_SUCCEEDED = {
+    "validate-inputs": "succeeded",
+    "preprocess": "succeeded",
+    "etcd-up": "succeeded",
+    "train": "succeeded",
+    "evaluate": "succeeded",
+    "register": "skipped",
+    "cleanup": "succeeded",
+}
+
+
+def _log(workdir: Path) -> str:
+    return "".join(p.read_text() for p in (workdir / "logs").glob("*.log"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path], mode: str):
     workdir = tmp_path / "run"
-    out = subprocess.run(
-        [*LLMFT, "run", "--backend", "local", *_params(workdir, assets)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    log = "".join(p.read_text() for p in (workdir / "logs").glob("*.log"))
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + log[-5000:]
-    assert "fine-tune succeeded" in out.stdout
-    for step in ("validate-inputs", "preprocess", "etcd-up", "train", "evaluate", "cleanup"):
-        assert f"Task '{step}' finished with status SUCCESS" in log.replace("\x1b[0m", "").replace(
-            "\x1b[96m", ""
-        ).replace("\x1b[92m", ""), step
+    run = CliRun(["run", "--backend", "local", *_params(workdir, assets, max_steps=20)], mode)
+    code = run.wait(timeout=900)
+    out = run.text
+    assert code == 0, out[-3000:] + _log(workdir)[-5000:]
+    assert run.final_steps() == ALL_SUCCEEDED, out[-3000:]
+    assert "fine-tune succeeded" in out
+    if mode == "tty":  # the live line showed the trainer's progress
+        assert re.search(r"train step \d+/20\s+loss \d", out), out[-3000:]
+    # the tasks' own output went to the log, not through the table
+    assert "Executing task" in _log(workdir) and "Executing task" not in out
     run_dir = max(
         (workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime
     )
@@ -95,7 +200,7 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path]):
     report = (run_dir / "evaluate" / "report").read_text()
     assert "<html" in report.lower() and "<img" in report.lower()
     # the before/after metrics are printed, and the tuned model beats its base
-    assert "before / after" in out.stdout and "quality gate: passed" in out.stdout
+    assert "before / after" in out and "quality gate: passed" in out
     executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
     metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
     assert metrics["tuned_eval_loss"] < metrics["base_eval_loss"] - 1.0, metrics
@@ -104,53 +209,51 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path]):
     _assert_nothing_left(workdir)
 
 
-def test_failure_in_train_still_runs_cleanup(tmp_path: Path, assets: tuple[Path, Path]):
+@pytest.mark.parametrize("mode", MODES)
+def test_failure_in_train_still_runs_cleanup(
+    tmp_path: Path, assets: tuple[Path, Path], mode: str
+):
     workdir = tmp_path / "run"
-    out = subprocess.run(
-        [
-            *LLMFT,
-            "run",
-            "--backend",
-            "local",
-            *_params(workdir, assets, trainer_overrides={"micro_batch_size": -1}),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode != 0
-    assert "fine-tune failed" in out.stdout and "train" in out.stdout
-    log = "".join(p.read_text() for p in (workdir / "logs").glob("*.log"))
-    assert "micro_batch_size" in log  # the trainer's own message reaches the log
-    assert "Executing task \x1b[96m'cleanup'" in log or "Executing task 'cleanup'" in log
+    params = _params(workdir, assets, trainer_overrides={"micro_batch_size": -1})
+    run = CliRun(["run", "--backend", "local", *params], mode)
+    code = run.wait(timeout=600)
+    out = run.text
+    assert code == 1, out[-3000:]
+    assert run.final_steps() == {
+        **ALL_SUCCEEDED,
+        "train": "failed",
+        "evaluate": "skipped",
+        "register": "skipped",
+    }, out[-3000:]
+    assert "fine-tune failed: train" in out
+    assert "micro_batch_size" in _log(workdir)  # the trainer's own message reaches the log
     _assert_nothing_left(workdir)
 
 
-def test_sigint_stops_everything(tmp_path: Path, assets: tuple[Path, Path]):
+def _training_started(workdir: Path) -> bool:
+    """The trainer logged a step: its metrics.jsonl under the run's work directory has a record."""
+    return any(p.stat().st_size > 0 for p in workdir.rglob("metrics.jsonl"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_stops_everything(tmp_path: Path, assets: tuple[Path, Path], mode: str):
     workdir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [*LLMFT, "run", "--backend", "local", *_params(workdir, assets, max_steps=100000)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    params = _params(workdir, assets, max_steps=100000, trainer_overrides={"log_every": 1})
+    run = CliRun(["run", "--backend", "local", *params], mode)
     try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:
-            logs = list((workdir / "logs").glob("*.log")) if (workdir / "logs").exists() else []
-            if logs and "'train'" in logs[0].read_text():
-                break
-            time.sleep(1)
-        else:
-            pytest.fail("train never started")
-        time.sleep(8)  # let the torchrun agents and workers come up
-        assert any("torch" in " ".join(p.cmdline()) for p in _run_processes(workdir))
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        output, _ = proc.communicate(timeout=120)
+        deadline = time.monotonic() + 600
+        while not _training_started(workdir):
+            assert time.monotonic() < deadline, "training never started:\n" + run.text[-3000:]
+            time.sleep(0.5)
+        run.interrupt()
+        code = run.wait(timeout=180)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
-    assert "fine-tune failed" in output
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+    out = run.text
+    assert code == 1, out[-3000:]
+    steps = run.final_steps()
+    assert steps["train"] == "failed" and steps["preprocess"] == "succeeded", out[-3000:]
+    assert steps["evaluate"] == "skipped" and steps["register"] == "skipped", out[-3000:]
+    assert "fine-tune failed" in out and "interrupted" in out
     _assert_nothing_left(workdir)
