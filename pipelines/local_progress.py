@@ -173,7 +173,9 @@ class RunWatcher:
             return
         if self._metrics_file is None:
             found = [
-                p for p in self.workdir.rglob("metrics.jsonl") if p.stat().st_mtime >= self.started_at
+                p
+                for p in self.workdir.rglob("metrics.jsonl")
+                if p.stat().st_mtime >= self.started_at
             ]
             self._metrics_file = max(found, key=lambda p: p.stat().st_mtime) if found else None
         if self._metrics_file is not None:
@@ -239,7 +241,7 @@ def latest_run_dir(pipeline_root: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
-class watching:  # noqa: N801 -- used as a context manager
+class watching:
     """Poll `watcher` from a background thread (and refresh `display`) until the block ends."""
 
     def __init__(self, watcher: RunWatcher, display: Any | None, interval: float = 0.25) -> None:

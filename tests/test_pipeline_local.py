@@ -151,7 +151,9 @@ class CliRun:
             return code
         except (TimeoutError, subprocess.TimeoutExpired):
             os.killpg(self.pid, signal.SIGKILL)
-            raise AssertionError(f"llmft did not finish in {timeout}s:\n{self.text[-3000:]}")
+            raise AssertionError(
+                f"llmft did not finish in {timeout}s:\n{self.text[-3000:]}"
+            ) from None
 
     def final_steps(self) -> dict[str, str]:
         """The step table printed last (the terminal's live frames come before it)."""
@@ -210,9 +212,7 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path], mo
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_failure_in_train_still_runs_cleanup(
-    tmp_path: Path, assets: tuple[Path, Path], mode: str
-):
+def test_failure_in_train_still_runs_cleanup(tmp_path: Path, assets: tuple[Path, Path], mode: str):
     workdir = tmp_path / "run"
     params = _params(workdir, assets, trainer_overrides={"micro_batch_size": -1})
     run = CliRun(["run", "--backend", "local", *params], mode)
