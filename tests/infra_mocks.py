@@ -81,6 +81,37 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return match
 
 
+VERTEX_CONFIG: dict[str, Any] = {"project": "my-project", "region": "us-central1"}
+"""The smallest stack: Vertex AI only."""
+GKE_CONFIG: dict[str, Any] = {
+    "project": "my-project",
+    "region": "us-central1",
+    "deployers": ["user:alice@example.com"],
+    "labels": {"team": "ml"},
+    "gke": {
+        "gpu_node_locations": ["us-central1-a"],
+        "accelerator_type": "nvidia-l4",
+        "accelerator_count": 2,
+        "gpu_machine_type": "g2-standard-24",
+    },
+}
+"""Everything: GKE with the Training Operator, a deployer."""
+
+_RUNS: dict[str, tuple[RecordingMocks, dict[str, Any]]] = {}
+
+
+def stack(config: dict[str, Any]) -> tuple[RecordingMocks, dict[str, Any]]:
+    """run_stack for a config, once per test session (the Training Operator CRD takes seconds)."""
+    import json
+
+    from llmft_infra.settings import parse_settings
+
+    key = json.dumps(config, sort_keys=True)
+    if key not in _RUNS:
+        _RUNS[key] = run_stack(parse_settings(config))
+    return _RUNS[key]
+
+
 def run_stack(settings: Any, extra: Any = None) -> tuple[RecordingMocks, dict[str, Any]]:
     """Run build_stack(settings) (then `extra()`, e.g. to add a resource) under mocks."""
     from llmft_infra.program import build_stack

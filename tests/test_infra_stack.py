@@ -13,37 +13,21 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.infra_mocks import INFRA_DIR, RecordingMocks, run_stack
+from tests.infra_mocks import GKE_CONFIG, INFRA_DIR, VERTEX_CONFIG, RecordingMocks, run_stack, stack
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "my-project"
 EMAIL = "{}@my-project.iam.gserviceaccount.com"
-GKE_CONFIG: dict[str, Any] = {
-    "project": PROJECT,
-    "region": "us-central1",
-    "deployers": ["user:alice@example.com"],
-    "labels": {"team": "ml"},
-    "gke": {
-        "gpu_node_locations": ["us-central1-a"],
-        "accelerator_type": "nvidia-l4",
-        "accelerator_count": 2,
-        "gpu_machine_type": "g2-standard-24",
-    },
-}
 
 
 @pytest.fixture(scope="module")
 def vertex_stack() -> tuple[RecordingMocks, dict[str, Any]]:
-    from llmft_infra.settings import parse_settings
-
-    return run_stack(parse_settings({"project": PROJECT, "region": "us-central1"}))
+    return stack(VERTEX_CONFIG)
 
 
 @pytest.fixture(scope="module")
 def gke_stack() -> tuple[RecordingMocks, dict[str, Any]]:
-    from llmft_infra.settings import parse_settings
-
-    return run_stack(parse_settings(GKE_CONFIG))
+    return stack(GKE_CONFIG)
 
 
 def _grants(mocks: RecordingMocks) -> set[tuple[str, str, str, str]]:

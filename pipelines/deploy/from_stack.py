@@ -109,8 +109,8 @@ def write_config(outputs: dict[str, Any], path: Path) -> dict[str, Any]:
     staged.write_text(header + text)
     try:
         load_config(staged)  # the user's file is replaced only by a config llmft accepts
-    except ValueError:
+    except ValueError as exc:
         staged.unlink()
-        raise
+        raise ValueError(str(exc).replace(str(staged), str(path))) from None
     staged.replace(path)
     return config
