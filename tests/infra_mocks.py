@@ -52,7 +52,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.resources: list[Recorded] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.resources.append(Recorded(args.typ, args.name, unwrap_secrets(args.inputs), args.provider))
+        self.resources.append(
+            Recorded(args.typ, args.name, unwrap_secrets(args.inputs), args.provider)
+        )
         outputs = dict(args.inputs)
         inputs = args.inputs
         project = inputs.get("project", "my-project")

@@ -20,7 +20,12 @@ def test_every_pipeline_flag_is_a_template_parameter():
     params = {p["name"]: p for p in flex_template.parameters()}
     flags = {a.dest for a in help_parser()._actions if a.option_strings and a.dest != "help"}
     assert len(params) == len(flags)
-    assert {n for n, p in params.items() if not p["isOptional"]} == {"input", "output", "tokenizer", "seq_len"}
+    assert {n for n, p in params.items() if not p["isOptional"]} == {
+        "input",
+        "output",
+        "tokenizer",
+        "seq_len",
+    }
     assert params["data_kind"]["regexes"] == ["^(instruction|text)$"]
     assert params["train_on_prompt"]["regexes"] == ["^(true|false)$"]
     assert "no_chat_template_fast_path" in params

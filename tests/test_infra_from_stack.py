@@ -27,7 +27,15 @@ def test_vertex_stack_to_a_runnable_config(tmp_path, monkeypatch):
 
     out = tmp_path / "deploy.yaml"
     result = CliRunner().invoke(
-        app, ["config", "from-stack", "--stack-output", str(_outputs_file(tmp_path, VERTEX_CONFIG)), "--output", str(out)]
+        app,
+        [
+            "config",
+            "from-stack",
+            "--stack-output",
+            str(_outputs_file(tmp_path, VERTEX_CONFIG)),
+            "--output",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert f"wrote {out}" in result.output
@@ -43,7 +51,9 @@ def test_vertex_stack_to_a_runnable_config(tmp_path, monkeypatch):
         "region": "us-central1",
         "work_uri": "gs://my-project-llmft/work",
         "service_account": "llmft-trainer@my-project.iam.gserviceaccount.com",
-        "dataflow_options": {"service_account_email": "llmft-dataflow@my-project.iam.gserviceaccount.com"},
+        "dataflow_options": {
+            "service_account_email": "llmft-dataflow@my-project.iam.gserviceaccount.com"
+        },
     }
     monkeypatch.chdir(REPO)  # the default template is compiled/fine_tune.vertex.yaml
     config.template = "compiled/fine_tune.vertex.yaml"
@@ -77,9 +87,15 @@ def test_gke_stack_from_stdin_updates_an_existing_config(tmp_path):
     }
     assert written["vertex"]["labels"] == {"team": "ml"}
     assert written["vertex"]["project"] == "my-project"
-    assert written["parameters"]["gke_cluster"] == "projects/my-project/locations/us-central1/clusters/llmft"
+    assert (
+        written["parameters"]["gke_cluster"]
+        == "projects/my-project/locations/us-central1/clusters/llmft"
+    )
     assert written["parameters"]["namespace"] == "kubeflow"
-    assert written["kfp"] == {"pipeline_root": "gs://my-project-llmft/kfp-root", "service_account": "llmft-pipeline"}
+    assert written["kfp"] == {
+        "pipeline_root": "gs://my-project-llmft/kfp-root",
+        "service_account": "llmft-pipeline",
+    }
 
 
 @pytest.mark.parametrize(
@@ -94,7 +110,9 @@ def test_bad_stack_output_is_one_error_line_and_exit_2(tmp_path, content, messag
     source = tmp_path / "stack.json"
     source.write_text(content)
     out = tmp_path / "deploy.yaml"
-    result = CliRunner().invoke(app, ["config", "from-stack", "--stack-output", str(source), "--output", str(out)])
+    result = CliRunner().invoke(
+        app, ["config", "from-stack", "--stack-output", str(source), "--output", str(out)]
+    )
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
@@ -106,7 +124,15 @@ def test_an_existing_config_is_never_replaced_by_an_invalid_one(tmp_path):
     original = "vertex:\n  colour: red\n"
     out.write_text(original)
     result = CliRunner().invoke(
-        app, ["config", "from-stack", "--stack-output", str(_outputs_file(tmp_path, VERTEX_CONFIG)), "--output", str(out)]
+        app,
+        [
+            "config",
+            "from-stack",
+            "--stack-output",
+            str(_outputs_file(tmp_path, VERTEX_CONFIG)),
+            "--output",
+            str(out),
+        ],
     )
     assert result.exit_code == 2 and "vertex.colour: unknown key" in result.output
     assert out.read_text() == original

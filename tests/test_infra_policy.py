@@ -13,6 +13,7 @@ import pytest
 
 from tests.infra_mocks import GKE_CONFIG, VERTEX_CONFIG, RecordingMocks, run_stack, stack
 
+
 def _pairs(mocks: RecordingMocks) -> list[tuple[str, dict[str, Any]]]:
     return [(r.typ, r.inputs) for r in mocks.resources]
 
@@ -50,7 +51,9 @@ def test_the_policy_fails_when_a_primitive_role_is_added():
             member="serviceAccount:llmft-pipelines@my-project.iam.gserviceaccount.com",
         )
 
-    mocks, _ = run_stack(parse_settings({"project": "my-project", "region": "us-central1"}), add_editor)
+    mocks, _ = run_stack(
+        parse_settings({"project": "my-project", "region": "us-central1"}), add_editor
+    )
     found = violations(_pairs(mocks))
     assert found == [
         "gcp:projects/iAMMember:IAMMember roles/editor for "
@@ -97,10 +100,19 @@ def test_each_rule_catches_its_violation(resource, expected):
 def test_allowed_grants_pass():
     from llmft_infra.policy import violations
 
-    assert violations(
-        [
-            ("gcp:projects/iAMMember:IAMMember", {"role": "roles/dataflow.worker", "member": "user:a@b.c"}),
-            ("gcp:storage/bucketIAMMember:BucketIAMMember", {"role": "roles/storage.objectAdmin", "member": "user:a@b.c"}),
-            ("gcp:storage/bucket:Bucket", BUCKET_OK),
-        ]
-    ) == []
+    assert (
+        violations(
+            [
+                (
+                    "gcp:projects/iAMMember:IAMMember",
+                    {"role": "roles/dataflow.worker", "member": "user:a@b.c"},
+                ),
+                (
+                    "gcp:storage/bucketIAMMember:BucketIAMMember",
+                    {"role": "roles/storage.objectAdmin", "member": "user:a@b.c"},
+                ),
+                ("gcp:storage/bucket:Bucket", BUCKET_OK),
+            ]
+        )
+        == []
+    )

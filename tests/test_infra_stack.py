@@ -35,7 +35,10 @@ def _grants(mocks: RecordingMocks) -> set[tuple[str, str, str, str]]:
     where = {
         "gcp:projects/iAMMember:IAMMember": ("project", "project"),
         "gcp:storage/bucketIAMMember:BucketIAMMember": ("bucket", "bucket"),
-        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": ("repository", "repository"),
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (
+            "repository",
+            "repository",
+        ),
         "gcp:secretmanager/secretIamMember:SecretIamMember": ("secret", "secretId"),
         "gcp:serviceaccount/iAMMember:IAMMember": ("account", "serviceAccountId"),
     }
@@ -94,8 +97,18 @@ GKE_GRANTS = {
     ("project", PROJECT, "roles/container.defaultNodeServiceAccount", NODES),
     ("repository", "llmft", "roles/artifactregistry.reader", NODES),
     ("project", PROJECT, "roles/container.clusterViewer", PIPELINE),
-    ("account", EMAIL.format("llmft-pipelines"), "roles/iam.workloadIdentityUser", WI.format("llmft-pipeline")),
-    ("account", EMAIL.format("llmft-trainer"), "roles/iam.workloadIdentityUser", WI.format("llmft-trainer")),
+    (
+        "account",
+        EMAIL.format("llmft-pipelines"),
+        "roles/iam.workloadIdentityUser",
+        WI.format("llmft-pipeline"),
+    ),
+    (
+        "account",
+        EMAIL.format("llmft-trainer"),
+        "roles/iam.workloadIdentityUser",
+        WI.format("llmft-trainer"),
+    ),
 }
 
 
@@ -142,7 +155,10 @@ def test_repositories_and_image_names_match_the_code(vertex_stack):
     from components.image import IMAGE_REPOSITORY, VERSION
 
     mocks, outputs = vertex_stack
-    repos = {r.inputs["format"]: r.inputs for r in mocks.of_type("gcp:artifactregistry/repository:Repository")}
+    repos = {
+        r.inputs["format"]: r.inputs
+        for r in mocks.of_type("gcp:artifactregistry/repository:Repository")
+    }
     assert set(repos) == {"DOCKER", "KFP"}
     assert repos["DOCKER"]["repositoryId"] == IMAGE_REPOSITORY.split("/")[-2] == "llmft"
     assert repos["DOCKER"]["dockerConfig"] == {"immutableTags": True}
@@ -163,9 +179,13 @@ def test_secret_is_created_without_a_value(vertex_stack):
 
 
 def test_service_accounts(vertex_stack, gke_stack):
-    ids = {r.inputs["accountId"] for r in vertex_stack[0].of_type("gcp:serviceaccount/account:Account")}
+    ids = {
+        r.inputs["accountId"] for r in vertex_stack[0].of_type("gcp:serviceaccount/account:Account")
+    }
     assert ids == {"llmft-pipelines", "llmft-trainer", "llmft-dataflow", "llmft-builder"}
-    ids = {r.inputs["accountId"] for r in gke_stack[0].of_type("gcp:serviceaccount/account:Account")}
+    ids = {
+        r.inputs["accountId"] for r in gke_stack[0].of_type("gcp:serviceaccount/account:Account")
+    }
     assert "llmft-gke-nodes" in ids
 
 
@@ -191,24 +211,36 @@ def test_cluster_and_pools(gke_stack):
     assert gpu["nodeLocations"] == ["us-central1-a"]
     assert gpu["nodeConfig"]["machineType"] == "g2-standard-24"
     assert gpu["nodeConfig"]["guestAccelerators"] == [
-        {"type": "nvidia-l4", "count": 2, "gpuDriverInstallationConfig": {"gpuDriverVersion": "LATEST"}}
+        {
+            "type": "nvidia-l4",
+            "count": 2,
+            "gpuDriverInstallationConfig": {"gpuDriverVersion": "LATEST"},
+        }
     ]
 
 
 def test_kubernetes_objects_use_the_cluster_provider(gke_stack):
     mocks, _ = gke_stack
-    k8s = [r for r in mocks.resources if r.typ.startswith("kubernetes:") and r.typ != "kubernetes:yaml:ConfigFile"]
+    k8s = [
+        r
+        for r in mocks.resources
+        if r.typ.startswith("kubernetes:") and r.typ != "kubernetes:yaml:ConfigFile"
+    ]
     assert k8s and all(r.provider and "::gke-cluster::" in r.provider for r in k8s)
     (namespace,) = mocks.of_type("kubernetes:core/v1:Namespace")
     assert namespace.inputs["metadata"]["name"] == "kubeflow"
     trainer = mocks.named("ksa-trainer").inputs["metadata"]
     assert (trainer["name"], trainer["namespace"]) == ("llmft-trainer", "kubeflow")
-    assert trainer["annotations"] == {"iam.gke.io/gcp-service-account": EMAIL.format("llmft-trainer")}
+    assert trainer["annotations"] == {
+        "iam.gke.io/gcp-service-account": EMAIL.format("llmft-trainer")
+    }
 
 
 def test_rbac_is_applied_from_docs_deploy_rbac_yaml(gke_stack):
     mocks, _ = gke_stack
-    docs = {d["kind"]: d for d in yaml.safe_load_all((REPO / "docs/deploy/rbac.yaml").read_text()) if d}
+    docs = {
+        d["kind"]: d for d in yaml.safe_load_all((REPO / "docs/deploy/rbac.yaml").read_text()) if d
+    }
     (role,) = mocks.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
     assert role.inputs["rules"] == docs["Role"]["rules"]
     assert role.inputs["metadata"]["namespace"] == "kubeflow"
@@ -234,7 +266,9 @@ def test_rbac_follows_a_custom_namespace():
     (binding,) = mocks.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
     assert binding.inputs["metadata"]["namespace"] == "ml-team"
     assert binding.inputs["subjects"][0]["namespace"] == "ml-team"
-    assert {n.inputs["metadata"]["name"] for n in mocks.of_type("kubernetes:core/v1:Namespace")} == {
+    assert {
+        n.inputs["metadata"]["name"] for n in mocks.of_type("kubernetes:core/v1:Namespace")
+    } == {
         "ml-team",
         "kubeflow",
     }
@@ -255,9 +289,13 @@ def test_training_operator_is_the_vendored_pinned_release(gke_stack):
     assert container["image"] == "kubeflow/training-operator:v1-5170a36"
     assert container["args"] == ["--enable-scheme=pytorchjob"]
     (crd,) = mocks.of_type("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
-    schema = yaml.load((REPO / "tests/schemas/kubeflow.org_pytorchjobs.yaml").read_text(), Loader=yaml.CSafeLoader)
+    schema = yaml.load(
+        (REPO / "tests/schemas/kubeflow.org_pytorchjobs.yaml").read_text(), Loader=yaml.CSafeLoader
+    )
     assert crd.inputs["spec"]["versions"] == schema["spec"]["versions"]
-    (webhook,) = mocks.of_type("kubernetes:admissionregistration.k8s.io/v1:ValidatingWebhookConfiguration")
+    (webhook,) = mocks.of_type(
+        "kubernetes:admissionregistration.k8s.io/v1:ValidatingWebhookConfiguration"
+    )
     assert [w["name"] for w in webhook.inputs["webhooks"]] == [
         "validator.pytorchjob.training-operator.kubeflow.org"
     ]
@@ -274,7 +312,9 @@ def test_flex_template_spec_in_the_bucket(vertex_stack):
     assert spec_object["name"] == "dataflow/templates/preprocess.json"
     spec = json.loads(spec_object["content"])
     docker = "us-central1-docker.pkg.dev/my-project/llmft"
-    assert spec["image"] == f"{docker}/llmft-flex-launcher:{VERSION}" == outputs["flex_template_image"]
+    assert (
+        spec["image"] == f"{docker}/llmft-flex-launcher:{VERSION}" == outputs["flex_template_image"]
+    )
     assert spec["sdkInfo"] == {"language": "PYTHON"}
     assert spec["metadata"] == metadata()
     assert spec["defaultEnvironment"] == {
@@ -290,8 +330,17 @@ def test_flex_template_spec_in_the_bucket(vertex_stack):
 def test_flex_template_job_example_when_configured():
     from llmft_infra.settings import parse_settings
 
-    job_config = {"input": "gs://b/raw/*.jsonl", "output": "gs://b/ds", "tokenizer": "gs://b/tok", "seq_len": 1024}
-    mocks, _ = run_stack(parse_settings({"project": PROJECT, "region": "us-central1", "flex_template_job": job_config}))
+    job_config = {
+        "input": "gs://b/raw/*.jsonl",
+        "output": "gs://b/ds",
+        "tokenizer": "gs://b/tok",
+        "seq_len": 1024,
+    }
+    mocks, _ = run_stack(
+        parse_settings(
+            {"project": PROJECT, "region": "us-central1", "flex_template_job": job_config}
+        )
+    )
     (job,) = mocks.of_type("gcp:dataflow/flexTemplateJob:FlexTemplateJob")
     assert job.inputs["containerSpecGcsPath"] == f"gs://{BUCKET}/dataflow/templates/preprocess.json"
     assert job.inputs["parameters"] == {
@@ -332,7 +381,14 @@ def test_settings_errors_are_reported_together():
             }
         )
     message = str(info.value)
-    for fragment in ("project:", "region:", "deployers:", "gke.accelerator_type", "gke.gpu_max_nodes", "gke.colour: unknown"):
+    for fragment in (
+        "project:",
+        "region:",
+        "deployers:",
+        "gke.accelerator_type",
+        "gke.gpu_max_nodes",
+        "gke.colour: unknown",
+    ):
         assert fragment in message
 
 

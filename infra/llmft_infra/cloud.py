@@ -76,7 +76,9 @@ class Grants:
             )
         )
 
-    def bucket(self, bucket: gcp.storage.Bucket, role: str, who: str, member: pulumi.Input[str]) -> None:
+    def bucket(
+        self, bucket: gcp.storage.Bucket, role: str, who: str, member: pulumi.Input[str]
+    ) -> None:
         self.created.append(
             gcp.storage.BucketIAMMember(
                 self._name("bucket", role, who), bucket=bucket.name, role=role, member=member
@@ -101,7 +103,9 @@ class Grants:
             )
         )
 
-    def secret(self, secret: gcp.secretmanager.Secret, role: str, who: str, member: pulumi.Input[str]) -> None:
+    def secret(
+        self, secret: gcp.secretmanager.Secret, role: str, who: str, member: pulumi.Input[str]
+    ) -> None:
         self.created.append(
             gcp.secretmanager.SecretIamMember(
                 self._name("secret", role, who),
@@ -218,9 +222,13 @@ def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
 
     accounts = {
         "pipeline": account(
-            "pipeline", names.pipeline_account, "Runs llmft pipelines (Vertex AI Pipelines, KFP pods)"
+            "pipeline",
+            names.pipeline_account,
+            "Runs llmft pipelines (Vertex AI Pipelines, KFP pods)",
         ),
-        "trainer": account("trainer", TRAINER_ACCOUNT, "llmft training replicas (CustomJob, PyTorchJob)"),
+        "trainer": account(
+            "trainer", TRAINER_ACCOUNT, "llmft training replicas (CustomJob, PyTorchJob)"
+        ),
         "dataflow": account("dataflow", DATAFLOW_ACCOUNT, "llmft Dataflow preprocessing workers"),
         "builder": account("builder", BUILDER_ACCOUNT, "Cloud Build of the llmft image"),
     }

@@ -25,12 +25,12 @@ from llmft_infra.settings import (
     RBAC_FILE,
     TRAINER_ACCOUNT,
     TRAINING_OPERATOR_FILE,
-    GkeSettings,
     Names,
     Settings,
 )
 
 CLUSTER_NAME = "llmft"
+gpu_driver = gcp.container.NodePoolNodeConfigGuestAcceleratorGpuDriverInstallationConfigArgs
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 """Access is decided by IAM, not by legacy scopes."""
 PROJECT_PLACEHOLDER = "PROJECT_ID"
@@ -123,7 +123,8 @@ def kubeconfig(cluster: gcp.container.Cluster) -> pulumi.Output[str]:
     ).apply(render)
 
 
-def _node_config(gke: GkeSettings, account: gcp.serviceaccount.Account, pool: str) -> dict[str, Any]:
+def _node_config(account: gcp.serviceaccount.Account, pool: str) -> dict[str, Any]:
+    """What every pool's nodes share: their account, Workload Identity metadata, secure boot."""
     return {
         "service_account": account.email,
         "oauth_scopes": SCOPES,
@@ -139,7 +140,10 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
     assert gke is not None
     project = settings.project
     api = gcp.projects.Service(
-        "api-container", project=project, service="container.googleapis.com", disable_on_destroy=False
+        "api-container",
+        project=project,
+        service="container.googleapis.com",
+        disable_on_destroy=False,
     )
     cloud.apis["container.googleapis.com"] = api
     nodes = gcp.serviceaccount.Account(
@@ -164,7 +168,7 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
         # runs as the node account meanwhile, never as the Compute Engine default account.
         remove_default_node_pool=True,
         initial_node_count=1,
-        node_config=_node_config(gke, nodes, "default"),
+        node_config=gcp.container.ClusterNodeConfigArgs(**_node_config(nodes, "default")),
         workload_identity_config={"workload_pool": f"{project}.svc.id.goog"},
         release_channel={"channel": "REGULAR"},
         deletion_protection=gke.deletion_protection,
@@ -179,8 +183,10 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
         cluster=cluster.name,
         initial_node_count=gke.cpu_min_nodes,
         autoscaling={"min_node_count": gke.cpu_min_nodes, "max_node_count": gke.cpu_max_nodes},
-        management={"auto_repair": True, "auto_upgrade": True},
-        node_config={**_node_config(gke, nodes, "cpu"), "machine_type": gke.cpu_machine_type},
+        management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+        node_config=gcp.container.NodePoolNodeConfigArgs(
+            **_node_config(nodes, "cpu"), machine_type=gke.cpu_machine_type
+        ),
     )
     gpu_pool = gcp.container.NodePool(
         "gpu-pool",
@@ -192,21 +198,23 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
         # Zero GPU nodes while nothing trains: the autoscaler adds them for a pending PyTorchJob
         # and removes them ~10 minutes after the pods are gone.
         initial_node_count=0,
-        autoscaling={"min_node_count": 0, "max_node_count": gke.gpu_max_nodes, "location_policy": "ANY"},
-        management={"auto_repair": True, "auto_upgrade": True},
-        node_config={
-            **_node_config(gke, nodes, "gpu"),
-            "machine_type": gke.gpu_machine_type,
-            "spot": gke.gpu_spot,
-            "guest_accelerators": [
-                {
-                    "type": gke.accelerator_type,
-                    "count": gke.accelerator_count,
+        autoscaling=gcp.container.NodePoolAutoscalingArgs(
+            min_node_count=0, max_node_count=gke.gpu_max_nodes, location_policy="ANY"
+        ),
+        management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+        node_config=gcp.container.NodePoolNodeConfigArgs(
+            **_node_config(nodes, "gpu"),
+            machine_type=gke.gpu_machine_type,
+            spot=gke.gpu_spot,
+            guest_accelerators=[
+                gcp.container.NodePoolNodeConfigGuestAcceleratorArgs(
+                    type=gke.accelerator_type,
+                    count=gke.accelerator_count,
                     # GKE installs and upgrades the NVIDIA driver (no driver DaemonSet to manage).
-                    "gpu_driver_installation_config": {"gpu_driver_version": "LATEST"},
-                }
+                    gpu_driver_installation_config=gpu_driver(gpu_driver_version="LATEST"),
+                )
             ],
-        },
+        ),
     )
 
     provider = k8s.Provider(
@@ -240,7 +248,9 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
         )
     # Vertex AI Pipelines driving this cluster (backend=gke) fetch its credentials as the pipeline
     # account; what it may do inside is rbac.yaml's Role. GKE has no per-cluster IAM.
-    grants.project("roles/container.clusterViewer", "pipeline", member_of(cloud.accounts["pipeline"]))
+    grants.project(
+        "roles/container.clusterViewer", "pipeline", member_of(cloud.accounts["pipeline"])
+    )
 
     trainer_ksa = k8s.core.v1.ServiceAccount(
         "ksa-trainer",

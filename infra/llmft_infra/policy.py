@@ -76,7 +76,11 @@ def violations(resources: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
         for member in members:
             if member in PUBLIC_MEMBERS:
                 found.append(f"{typ} {role}: grants {member} (public)")
-        if IAM_MEMBER_TYPES.get(typ) == "project" and role not in PROJECT_ONLY_ROLES and role not in PRIMITIVE_ROLES:
+        if (
+            IAM_MEMBER_TYPES.get(typ) == "project"
+            and role not in PROJECT_ONLY_ROLES
+            and role not in PRIMITIVE_ROLES
+        ):
             found.append(
                 f"project-wide {role} for {', '.join(map(str, members))}: grant it on the "
                 "resource (bucket, repository, secret, service account) instead"

@@ -37,7 +37,12 @@ def build_stack(settings: Settings) -> dict[str, Any]:
         "kfp_pipeline_root": f"{bucket}/kfp-root",
         "work_uri": f"{bucket}/work",
         "kfp_registry": pulumi.Output.concat(
-            "https://", settings.region, "-kfp.pkg.dev/", settings.project, "/", cloud.kfp_repo.repository_id
+            "https://",
+            settings.region,
+            "-kfp.pkg.dev/",
+            settings.project,
+            "/",
+            cloud.kfp_repo.repository_id,
         ),
         "docker_repository": docker,
         "image": image,
@@ -53,7 +58,12 @@ def build_stack(settings: Settings) -> dict[str, Any]:
         outputs.update(
             {
                 "gke_cluster": pulumi.Output.concat(
-                    "projects/", settings.project, "/locations/", settings.gke.location, "/clusters/", gke.cluster.name
+                    "projects/",
+                    settings.project,
+                    "/locations/",
+                    settings.gke.location,
+                    "/clusters/",
+                    gke.cluster.name,
                 ),
                 "gke_cluster_name": CLUSTER_NAME,
                 "gke_location": settings.gke.location,

@@ -18,7 +18,9 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO_ROOT / "docs" / "deploy" / "rbac.yaml"
-TRAINING_OPERATOR_FILE = Path(__file__).resolve().parents[1] / "vendor" / "training-operator-v1.9.0.yaml"
+TRAINING_OPERATOR_FILE = (
+    Path(__file__).resolve().parents[1] / "vendor" / "training-operator-v1.9.0.yaml"
+)
 
 TRAINER_ACCOUNT = "llmft-trainer"
 """Training replicas' Google service account id, and their Kubernetes service account (GKE):
@@ -198,7 +200,9 @@ def parse_settings(raw: dict[str, Any]) -> Settings:
     project = values.get("project") or ""
     region = values.get("region") or ""
     if not _PROJECT.match(project):
-        errors.append(f"project: {project!r} is not a project id (pulumi config set llmft:project ID)")
+        errors.append(
+            f"project: {project!r} is not a project id (pulumi config set llmft:project ID)"
+        )
     if not _REGION.match(region):
         errors.append(f"region: {region!r} is not a region like us-central1")
     values.setdefault("bucket", f"{project}-llmft")
@@ -206,7 +210,9 @@ def parse_settings(raw: dict[str, Any]) -> Settings:
         errors.append(f"bucket: {values['bucket']!r} is not a bucket name")
     for member in values.get("deployers", ()):
         if not _MEMBER.match(member) or member.startswith(("allUsers", "allAuthenticatedUsers")):
-            errors.append(f"deployers: {member!r} must be user:EMAIL, group:EMAIL or serviceAccount:EMAIL")
+            errors.append(
+                f"deployers: {member!r} must be user:EMAIL, group:EMAIL or serviceAccount:EMAIL"
+            )
     for key in ("scratch_retention_days", "noncurrent_version_days"):
         if values.get(key, 1) < 1:
             errors.append(f"{key}: must be at least 1 day")
@@ -215,7 +221,9 @@ def parse_settings(raw: dict[str, Any]) -> Settings:
             errors.append(f"labels: {key}={value} is not a valid Google Cloud label")
     gke = None
     if gke_raw not in (None, False):
-        gke_values = _typed(GkeSettings, dict(gke_raw) if gke_raw is not True else {}, "gke.", errors)
+        gke_values = _typed(
+            GkeSettings, dict(gke_raw) if gke_raw is not True else {}, "gke.", errors
+        )
         gke_values.setdefault("location", region)
         gke = GkeSettings(**gke_values)
         _gke_errors(gke, region, errors)
@@ -234,12 +242,16 @@ def parse_settings(raw: dict[str, Any]) -> Settings:
 
 
 def _gke_errors(gke: GkeSettings, region: str, errors: list[str]) -> None:
-    if not (gke.location == region or (_ZONE.match(gke.location) and gke.location.startswith(region))):
+    if not (
+        gke.location == region or (_ZONE.match(gke.location) and gke.location.startswith(region))
+    ):
         errors.append(f"gke.location: {gke.location!r} must be {region} or one of its zones")
     for zone in gke.gpu_node_locations:
         if not (_ZONE.match(zone) and zone.startswith(region)):
             errors.append(f"gke.gpu_node_locations: {zone!r} is not a zone of {region}")
-    if gke.accelerator_type != gke.accelerator_type.lower() or not gke.accelerator_type.startswith("nvidia-"):
+    if gke.accelerator_type != gke.accelerator_type.lower() or not gke.accelerator_type.startswith(
+        "nvidia-"
+    ):
         errors.append(
             f"gke.accelerator_type: {gke.accelerator_type!r} is not a GKE accelerator like nvidia-l4"
         )
