@@ -407,3 +407,28 @@ def test_example_stack_config_and_pulumi_config_load():
     assert settings.project == "my-project" and settings.deployers == ("user:alice@example.com",)
     assert settings.gke is not None and settings.gke.accelerator_type == "nvidia-l4"
     assert settings.gke.gpu_node_locations == ("us-central1-a", "us-central1-c")
+
+
+def test_the_entry_point_runs_the_program_with_the_stack_config():
+    """infra/__main__.py as `pulumi up` runs it: config in, resources registered, outputs out."""
+    import runpy
+
+    import pulumi
+
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="llmft-infra", stack="dev", preview=False)
+    pulumi.runtime.set_all_config({"llmft:region": "europe-west4", "gcp:project": "other-project"})
+
+    @pulumi.runtime.test
+    def up() -> None:
+        runpy.run_path(str(INFRA_DIR / "__main__.py"))
+
+    try:
+        up()
+    finally:
+        pulumi.runtime.set_all_config({})
+    (bucket,) = mocks.of_type("gcp:storage/bucket:Bucket")
+    assert (bucket.inputs["name"], bucket.inputs["location"]) == (
+        "other-project-llmft",
+        "europe-west4",
+    )
