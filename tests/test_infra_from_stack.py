@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from infra_mocks import GKE_CONFIG, VERTEX_CONFIG, stack
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from tests.infra_mocks import GKE_CONFIG, VERTEX_CONFIG, stack
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from tests.infra_mocks import GKE_CONFIG, VERTEX_CONFIG, RecordingMocks, run_stack, stack
+from infra_mocks import GKE_CONFIG, VERTEX_CONFIG, RecordingMocks, run_stack, stack
 
 
 def _pairs(mocks: RecordingMocks) -> list[tuple[str, dict[str, Any]]]:

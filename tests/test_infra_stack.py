@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.infra_mocks import GKE_CONFIG, INFRA_DIR, VERTEX_CONFIG, RecordingMocks, run_stack, stack
+from infra_mocks import GKE_CONFIG, INFRA_DIR, VERTEX_CONFIG, RecordingMocks, run_stack, stack
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "my-project"
