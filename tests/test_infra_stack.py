@@ -376,6 +376,7 @@ def test_settings_errors_are_reported_together():
                 "project": "X",
                 "region": "uscentral",
                 "deployers": ["allUsers"],
+                "labels": "team=ml",
                 "gke": {"accelerator_type": "NVIDIA_L4", "gpu_max_nodes": 0, "colour": "red"},
             }
         )
@@ -384,6 +385,7 @@ def test_settings_errors_are_reported_together():
         "project:",
         "region:",
         "deployers:",
+        "labels: expected",
         "gke.accelerator_type",
         "gke.gpu_max_nodes",
         "gke.colour: unknown",

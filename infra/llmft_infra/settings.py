@@ -178,7 +178,11 @@ def _typed(cls: type, data: dict[str, Any], prefix: str, errors: list[str]) -> d
             elif kind == "bool":
                 values[key] = value if isinstance(value, bool) else str(value).lower() == "true"
             elif kind.startswith("tuple"):
+                if not isinstance(value, list | tuple):
+                    raise TypeError
                 values[key] = tuple(value)
+            elif kind.startswith("dict") and not isinstance(value, dict):
+                raise TypeError
             else:
                 values[key] = value
         except (TypeError, ValueError):
