@@ -33,13 +33,13 @@ test-fast: install  ## tests without the slow end-to-end ones
 	$(VENV)/bin/pytest -q -m 'not slow and not gpu and not cloud'
 
 lint: install  ## ruff lint + format check, mypy
-	$(VENV)/bin/ruff check components pipelines trainer beam_preprocess tests benchmarks
-	$(VENV)/bin/ruff format --check components pipelines trainer beam_preprocess tests benchmarks
-	$(VENV)/bin/mypy components pipelines trainer beam_preprocess
+	$(VENV)/bin/ruff check components pipelines trainer beam_preprocess infra tests benchmarks
+	$(VENV)/bin/ruff format --check components pipelines trainer beam_preprocess infra tests benchmarks
+	$(VENV)/bin/mypy components pipelines trainer beam_preprocess infra/llmft_infra
 
 format: install  ## apply ruff fixes and formatting
-	$(VENV)/bin/ruff check --fix components pipelines trainer beam_preprocess tests benchmarks
-	$(VENV)/bin/ruff format components pipelines trainer beam_preprocess tests benchmarks
+	$(VENV)/bin/ruff check --fix components pipelines trainer beam_preprocess infra tests benchmarks
+	$(VENV)/bin/ruff format components pipelines trainer beam_preprocess infra tests benchmarks
 
 compile: install  ## regenerate compiled/ from the pipeline source
 	$(VENV)/bin/llmft compile --target all --output-dir compiled

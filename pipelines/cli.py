@@ -677,6 +677,37 @@ def evaluate_cmd(
         raise typer.Exit(1)
 
 
+config_app = typer.Typer(help="Write deploy configs.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("from-stack")
+@user_errors
+def config_from_stack_cmd(
+    stack_output: Annotated[
+        str,
+        typer.Option(help="`pulumi stack output --json` of infra/: a JSON file, or - for stdin."),
+    ],
+    output: Annotated[
+        Path, typer.Option(help="Deploy config to write (updated in place if it exists).")
+    ] = Path("deploy.yaml"),
+) -> None:
+    """Write the deploy config's project, region, bucket, registry and service accounts from the
+    infra stack, e.g. `pulumi -C infra stack output --json | llmft config from-stack --stack-output -`."""
+    import sys
+
+    from pipelines.deploy.from_stack import parse_stack_output, write_config
+
+    if stack_output == "-":
+        outputs = parse_stack_output(sys.stdin.read(), "stdin")
+    else:
+        outputs = parse_stack_output(Path(stack_output).read_text(), stack_output)
+    write_config(outputs, output)
+    typer.echo(f"wrote {output} (project {outputs['project']}, region {outputs['region']})")
+    if outputs.get("image"):
+        typer.echo(f"image: {outputs['image']}", err=True)
+
+
 def main() -> None:
     app()
 

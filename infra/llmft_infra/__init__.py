@@ -1,0 +1,1 @@
+"""The llmft infrastructure as a Pulumi program (infra/README.md)."""

@@ -1,0 +1,281 @@
+"""The optional GKE part: cluster, node pools, Workload Identity, namespace, RBAC, Training Operator.
+
+- Workload Identity on the cluster and every pool (pods never see the node's credentials); the
+  nodes run as their own account with only the node role and image pulls.
+- A CPU pool for KFP, the per-run etcd and component pods; a GPU pool that autoscales from zero
+  (no GPU node while nothing trains) with GKE-managed NVIDIA drivers.
+- Kubernetes objects go through a provider bound to this cluster: the namespace, the trainer's
+  service account, docs/deploy/rbac.yaml (read from that file, placeholders filled in) and the
+  vendored Training Operator v1.9 manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from llmft_infra.cloud import Cloud, Grants, member_of
+from llmft_infra.settings import (
+    NODE_ACCOUNT,
+    RBAC_FILE,
+    TRAINER_ACCOUNT,
+    TRAINING_OPERATOR_FILE,
+    Names,
+    Settings,
+)
+
+CLUSTER_NAME = "llmft"
+gpu_driver = gcp.container.NodePoolNodeConfigGuestAcceleratorGpuDriverInstallationConfigArgs
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+"""Access is decided by IAM, not by legacy scopes."""
+PROJECT_PLACEHOLDER = "PROJECT_ID"
+"""What docs/deploy/rbac.yaml writes in place of the project id."""
+TRAINING_OPERATOR_NAMESPACE = "kubeflow"
+"""The vendored manifest's namespace (kustomize set it; its webhook and bindings name it)."""
+
+
+@dataclass
+class Gke:
+    cluster: gcp.container.Cluster
+    cpu_pool: gcp.container.NodePool
+    gpu_pool: gcp.container.NodePool
+    provider: k8s.Provider
+    namespaces: dict[str, k8s.core.v1.Namespace]
+    trainer_ksa: k8s.core.v1.ServiceAccount
+    rbac: k8s.yaml.ConfigFile
+    training_operator: k8s.yaml.ConfigFile | None
+
+
+def rbac_transformation(project: str, names: Names, namespace: str) -> Any:
+    """Fill rbac.yaml's placeholders: the project id, and the namespace if it is not KFP's default."""
+
+    def fill(obj: dict[str, Any], _opts: pulumi.ResourceOptions) -> None:
+        text = json.dumps(obj).replace(PROJECT_PLACEHOLDER, project)
+        filled = json.loads(text)
+        if filled.get("metadata", {}).get("namespace") == names.rbac_namespace:
+            filled["metadata"]["namespace"] = namespace
+        for subject in filled.get("subjects", []):
+            if subject.get("namespace") == names.rbac_namespace:
+                subject["namespace"] = namespace
+        obj.clear()
+        obj.update(filled)
+
+    return fill
+
+
+def operator_transformation(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
+    """Adapt the vendored Training Operator objects to this stack without editing the file.
+
+    - Its Namespace object is created by the stack (shared with KFP), so it is dropped here.
+    - The webhook certificate Secret is filled by the operator at run time: Pulumi creates it
+      empty and must not reset it on the next `pulumi up`.
+    """
+    if obj.get("kind") == "Namespace":
+        obj.clear()
+        obj.update({"apiVersion": "v1", "kind": "List", "items": []})
+    elif obj.get("kind") == "Secret":
+        opts.ignore_changes = [*(opts.ignore_changes or []), "data", "stringData"]
+
+
+def kubeconfig(cluster: gcp.container.Cluster) -> pulumi.Output[str]:
+    """A kubeconfig that authenticates with gke-gcloud-auth-plugin (no static credentials)."""
+
+    def render(args: list[Any]) -> str:
+        name, endpoint, ca = args
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": name,
+                        "cluster": {
+                            "server": f"https://{endpoint}",
+                            "certificate-authority-data": ca,
+                        },
+                    }
+                ],
+                "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+                "current-context": name,
+                "users": [
+                    {
+                        "name": name,
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                                "command": "gke-gcloud-auth-plugin",
+                                "provideClusterInfo": True,
+                                "installHint": "gcloud components install gke-gcloud-auth-plugin",
+                            }
+                        },
+                    }
+                ],
+            }
+        )
+
+    return pulumi.Output.all(
+        cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate
+    ).apply(render)
+
+
+def _node_config(account: gcp.serviceaccount.Account, pool: str) -> dict[str, Any]:
+    """What every pool's nodes share: their account, Workload Identity metadata, secure boot."""
+    return {
+        "service_account": account.email,
+        "oauth_scopes": SCOPES,
+        "workload_metadata_config": {"mode": "GKE_METADATA"},
+        "shielded_instance_config": {"enable_secure_boot": True},
+        "labels": {"llmft.dev/pool": pool},
+    }
+
+
+def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) -> Gke:
+    """Create the cluster and everything in it; IAM for its accounts goes through `grants`."""
+    gke = settings.gke
+    assert gke is not None
+    project = settings.project
+    api = gcp.projects.Service(
+        "api-container",
+        project=project,
+        service="container.googleapis.com",
+        disable_on_destroy=False,
+    )
+    cloud.apis["container.googleapis.com"] = api
+    nodes = gcp.serviceaccount.Account(
+        "sa-nodes",
+        project=project,
+        account_id=NODE_ACCOUNT,
+        display_name="llmft nodes",
+        description="GKE nodes of the llmft cluster: logs, metrics, image pulls",
+        opts=pulumi.ResourceOptions(depends_on=[api]),
+    )
+    cloud.accounts["nodes"] = nodes
+    node_member = member_of(nodes)
+    grants.project("roles/container.defaultNodeServiceAccount", "nodes", node_member)
+    grants.repository(cloud.docker_repo, "roles/artifactregistry.reader", "nodes", node_member)
+
+    cluster = gcp.container.Cluster(
+        "gke",
+        name=CLUSTER_NAME,
+        project=project,
+        location=gke.location,
+        # Pools are managed below; the default one (created by the API) is removed at once and
+        # runs as the node account meanwhile, never as the Compute Engine default account.
+        remove_default_node_pool=True,
+        initial_node_count=1,
+        node_config=gcp.container.ClusterNodeConfigArgs(**_node_config(nodes, "default")),
+        workload_identity_config={"workload_pool": f"{project}.svc.id.goog"},
+        release_channel={"channel": "REGULAR"},
+        deletion_protection=gke.deletion_protection,
+        resource_labels=settings.labels,
+        opts=pulumi.ResourceOptions(depends_on=[api, cloud.apis["compute.googleapis.com"]]),
+    )
+    cpu_pool = gcp.container.NodePool(
+        "cpu-pool",
+        name="cpu",
+        project=project,
+        location=gke.location,
+        cluster=cluster.name,
+        initial_node_count=gke.cpu_min_nodes,
+        autoscaling={"min_node_count": gke.cpu_min_nodes, "max_node_count": gke.cpu_max_nodes},
+        management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+        node_config=gcp.container.NodePoolNodeConfigArgs(
+            **_node_config(nodes, "cpu"), machine_type=gke.cpu_machine_type
+        ),
+    )
+    gpu_pool = gcp.container.NodePool(
+        "gpu-pool",
+        name="gpu",
+        project=project,
+        location=gke.location,
+        cluster=cluster.name,
+        node_locations=list(gke.gpu_node_locations) or None,
+        # Zero GPU nodes while nothing trains: the autoscaler adds them for a pending PyTorchJob
+        # and removes them ~10 minutes after the pods are gone.
+        initial_node_count=0,
+        autoscaling=gcp.container.NodePoolAutoscalingArgs(
+            min_node_count=0, max_node_count=gke.gpu_max_nodes, location_policy="ANY"
+        ),
+        management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+        node_config=gcp.container.NodePoolNodeConfigArgs(
+            **_node_config(nodes, "gpu"),
+            machine_type=gke.gpu_machine_type,
+            spot=gke.gpu_spot,
+            guest_accelerators=[
+                gcp.container.NodePoolNodeConfigGuestAcceleratorArgs(
+                    type=gke.accelerator_type,
+                    count=gke.accelerator_count,
+                    # GKE installs and upgrades the NVIDIA driver (no driver DaemonSet to manage).
+                    gpu_driver_installation_config=gpu_driver(gpu_driver_version="LATEST"),
+                )
+            ],
+        ),
+    )
+
+    provider = k8s.Provider(
+        "gke-cluster",
+        kubeconfig=kubeconfig(cluster),
+        enable_server_side_apply=True,
+        opts=pulumi.ResourceOptions(depends_on=[cpu_pool]),
+    )
+    on_cluster = pulumi.ResourceOptions(provider=provider)
+    namespaces = {
+        ns: k8s.core.v1.Namespace(
+            f"ns-{ns}",
+            metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": "llmft"}},
+            opts=on_cluster,
+        )
+        for ns in sorted({gke.namespace, TRAINING_OPERATOR_NAMESPACE})
+    }
+    in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespaces[gke.namespace]])
+
+    # Workload Identity: the pipeline's pods (rbac.yaml's service account) act as the pipeline
+    # account, the PyTorchJob pods as the trainer account.
+    pool = f"serviceAccount:{project}.svc.id.goog"
+    after_cluster = {"depends_on": [cluster]}
+    for key, ksa in (("pipeline", names.pipeline_ksa), ("trainer", TRAINER_ACCOUNT)):
+        grants.account(
+            cloud.accounts[key],
+            "roles/iam.workloadIdentityUser",
+            f"ksa-{ksa}",
+            f"{pool}[{gke.namespace}/{ksa}]",
+            **after_cluster,
+        )
+    # Vertex AI Pipelines driving this cluster (backend=gke) fetch its credentials as the pipeline
+    # account; what it may do inside is rbac.yaml's Role. GKE has no per-cluster IAM.
+    grants.project(
+        "roles/container.clusterViewer", "pipeline", member_of(cloud.accounts["pipeline"])
+    )
+
+    trainer_ksa = k8s.core.v1.ServiceAccount(
+        "ksa-trainer",
+        metadata={
+            "name": TRAINER_ACCOUNT,
+            "namespace": gke.namespace,
+            "labels": {"app.kubernetes.io/part-of": "llmft"},
+            "annotations": {"iam.gke.io/gcp-service-account": cloud.accounts["trainer"].email},
+        },
+        opts=in_namespace,
+    )
+    rbac = k8s.yaml.ConfigFile(
+        "rbac",
+        file=str(RBAC_FILE),
+        transformations=[rbac_transformation(project, names, gke.namespace)],
+        opts=in_namespace,
+    )
+    operator = None
+    if gke.training_operator:
+        operator = k8s.yaml.ConfigFile(
+            "training-operator",
+            file=str(TRAINING_OPERATOR_FILE),
+            transformations=[operator_transformation],
+            opts=pulumi.ResourceOptions(
+                provider=provider, depends_on=[namespaces[TRAINING_OPERATOR_NAMESPACE]]
+            ),
+        )
+    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, trainer_ksa, rbac, operator)

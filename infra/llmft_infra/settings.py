@@ -1,0 +1,289 @@
+"""Stack settings of the llmft infrastructure, read once from Pulumi config and validated.
+
+Set them with `pulumi config set llmft:<key> <value>` (or copy `Pulumi.example.yaml` to
+`Pulumi.<stack>.yaml`). Every problem is reported in one ValueError, before anything is created.
+
+The names of what the stack creates are not settings: they come from the code that uses them
+(`names()` below reads docs/deploy/rbac.yaml, components/image.py and pipelines/fine_tune.py),
+so a name is never typed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RBAC_FILE = REPO_ROOT / "docs" / "deploy" / "rbac.yaml"
+TRAINING_OPERATOR_FILE = (
+    Path(__file__).resolve().parents[1] / "vendor" / "training-operator-v1.9.0.yaml"
+)
+
+TRAINER_ACCOUNT = "llmft-trainer"
+"""Training replicas' Google service account id, and their Kubernetes service account (GKE):
+the same name `llmft render pytorchjob --service-account` defaults to."""
+DATAFLOW_ACCOUNT = "llmft-dataflow"
+"""Dataflow workers' service account id (the pipeline passes it as `service_account_email`)."""
+NODE_ACCOUNT = "llmft-gke-nodes"
+"""GKE nodes' service account id: logs, metrics and image pulls only (never the Compute default)."""
+KFP_REPOSITORY = "llmft-pipelines"
+"""Artifact Registry KFP repository for compiled templates (`llmft upload --target vertex`)."""
+TEMPLATE_PREFIX = "dataflow/templates"
+"""Where in the bucket the Dataflow Flex Template spec lives."""
+SCRATCH_PREFIXES = ("work/",)
+"""Bucket prefixes of run scratch (Dataflow temp, checkpoints) the lifecycle rule expires.
+Not pipeline-root/: registered models point at their artifacts there."""
+
+
+@dataclass(frozen=True)
+class Names:
+    """Names the code already uses; the stack creates exactly these."""
+
+    pipeline_account: str
+    """Google service account of the pipeline (rbac.yaml's Workload Identity annotation)."""
+    pipeline_ksa: str
+    """Kubernetes service account of KFP's pods (rbac.yaml's ServiceAccount)."""
+    rbac_namespace: str
+    """Namespace rbac.yaml is written for (KFP's, `kubeflow`)."""
+    docker_repository: str
+    """Artifact Registry Docker repository id (components/image.py's IMAGE_REPOSITORY)."""
+    image_name: str
+    """Image name inside that repository."""
+    hf_token_secret: str
+    """Secret Manager secret id for the Hugging Face token (= the Kubernetes Secret's name)."""
+
+
+def names() -> Names:
+    """Read the names from the files that define them."""
+    import yaml
+
+    from components.image import IMAGE_REPOSITORY
+    from pipelines.fine_tune import HF_TOKEN_SECRET
+
+    docs = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d]
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")
+    gsa = account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
+    repository, image = IMAGE_REPOSITORY.split("/")[-2:]
+    return Names(
+        pipeline_account=gsa.split("@")[0],
+        pipeline_ksa=account["metadata"]["name"],
+        rbac_namespace=account["metadata"]["namespace"],
+        docker_repository=repository,
+        image_name=image,
+        hf_token_secret=HF_TOKEN_SECRET,
+    )
+
+
+@dataclass(frozen=True)
+class GkeSettings:
+    """The optional GKE part: a cluster for KFP and PyTorchJob training."""
+
+    location: str
+    """Cluster location: a region (regional control plane) or a zone."""
+    gpu_node_locations: tuple[str, ...] = ()
+    """Zones of the GPU pool (where the accelerator exists); empty: the cluster's zones."""
+    cpu_machine_type: str = "e2-standard-8"
+    """Machines of the CPU pool (KFP, the per-run etcd, component pods)."""
+    cpu_min_nodes: int = 1
+    """Per zone; KFP's own services need at least one node at all times."""
+    cpu_max_nodes: int = 3
+    """Per zone."""
+    gpu_machine_type: str = "a3-highgpu-8g"
+    """Machines of the GPU pool; must fit accelerator_type x accelerator_count."""
+    accelerator_type: str = "nvidia-h100-80gb"
+    """GKE accelerator (`cloud.google.com/gke-accelerator` value), e.g. nvidia-l4, nvidia-a100-80gb."""
+    accelerator_count: int = 8
+    """Accelerators per GPU node (the pipeline's nproc_per_node)."""
+    gpu_max_nodes: int = 2
+    """Per zone; the pool scales from zero to this while a PyTorchJob waits for GPUs."""
+    gpu_spot: bool = False
+    """Spot VMs for the GPU pool (cheaper, preemptible; torchrun restarts from checkpoints)."""
+    namespace: str = "kubeflow"
+    """Namespace of KFP's pods, the per-run etcd and the PyTorchJobs."""
+    training_operator: bool = True
+    """Install the vendored Kubeflow Training Operator v1.9 (skip if the cluster has one)."""
+    deletion_protection: bool = True
+    """GKE deletion protection: `pulumi destroy` refuses until this is set to false."""
+
+
+@dataclass(frozen=True)
+class FlexTemplateJobSettings:
+    """An example Dataflow job from the preprocessing Flex Template (optional)."""
+
+    input: str
+    """Raw records, gs:// file or glob."""
+    output: str
+    """Dataset directory to write, gs://."""
+    tokenizer: str
+    """Tokenizer directory (gs://) or hub name."""
+    seq_len: int = 512
+    """Tokens per packed row."""
+    max_workers: int = 10
+    """Upper bound of Dataflow autoscaling."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the stack is parameterised by."""
+
+    project: str
+    """Google Cloud project id."""
+    region: str
+    """Region of the bucket, the repositories, Vertex AI and Dataflow."""
+    bucket: str
+    """Pipeline-root and data bucket (created; never deleted by `pulumi destroy` while not empty)."""
+    gke: GkeSettings | None = None
+    """The GKE part, or None for Vertex AI only."""
+    deployers: tuple[str, ...] = ()
+    """Members (user:..., group:...) who build images, upload templates and launch runs."""
+    scratch_retention_days: int = 14
+    """Days before run scratch under work/ is deleted."""
+    noncurrent_version_days: int = 7
+    """Days an overwritten or deleted object version is kept (bucket versioning)."""
+    flex_template_job: FlexTemplateJobSettings | None = None
+    """Launch one preprocessing job from the Flex Template (a working example); None: don't."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Labels on everything that takes labels (billing, ownership)."""
+
+    @property
+    def image_registry(self) -> str:
+        """Host of the region's Docker registry."""
+        return f"{self.region}-docker.pkg.dev"
+
+
+_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+_MEMBER = re.compile(r"^(user|group|serviceAccount|domain):[^\s]+$")
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+
+
+def _typed(cls: type, data: dict[str, Any], prefix: str, errors: list[str]) -> dict[str, Any]:
+    """Keep the keys `cls` knows, coerced to their annotated scalar types; record the rest."""
+    known = {f.name: f for f in fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            errors.append(f"{prefix}{key}: unknown key (known: {', '.join(sorted(known))})")
+            continue
+        kind = str(known[key].type)
+        try:
+            if kind == "int":
+                values[key] = int(value)
+            elif kind == "bool":
+                values[key] = value if isinstance(value, bool) else str(value).lower() == "true"
+            elif kind.startswith("tuple"):
+                if not isinstance(value, list | tuple):
+                    raise TypeError
+                values[key] = tuple(value)
+            elif kind.startswith("dict") and not isinstance(value, dict):
+                raise TypeError
+            else:
+                values[key] = value
+        except (TypeError, ValueError):
+            errors.append(f"{prefix}{key}: expected {kind}, got {value!r}")
+    return values
+
+
+def parse_settings(raw: dict[str, Any]) -> Settings:
+    """Build Settings from plain config values (keys as in Pulumi.example.yaml, without `llmft:`).
+
+    Raises:
+        ValueError: listing every missing or invalid value, with what to set instead.
+    """
+    errors: list[str] = []
+    raw = dict(raw)
+    gke_raw = raw.pop("gke", None)
+    job_raw = raw.pop("flex_template_job", None)
+    values = _typed(Settings, raw, "", errors)
+    project = values.get("project") or ""
+    region = values.get("region") or ""
+    if not _PROJECT.match(project):
+        errors.append(
+            f"project: {project!r} is not a project id (pulumi config set llmft:project ID)"
+        )
+    if not _REGION.match(region):
+        errors.append(f"region: {region!r} is not a region like us-central1")
+    values.setdefault("bucket", f"{project}-llmft")
+    if not _BUCKET.match(values["bucket"]):
+        errors.append(f"bucket: {values['bucket']!r} is not a bucket name")
+    for member in values.get("deployers", ()):
+        if not _MEMBER.match(member) or member.startswith(("allUsers", "allAuthenticatedUsers")):
+            errors.append(
+                f"deployers: {member!r} must be user:EMAIL, group:EMAIL or serviceAccount:EMAIL"
+            )
+    for key in ("scratch_retention_days", "noncurrent_version_days"):
+        if values.get(key, 1) < 1:
+            errors.append(f"{key}: must be at least 1 day")
+    for key, value in (values.get("labels") or {}).items():
+        if not _LABEL.match(str(key)) or not re.match(r"^[a-z0-9_-]{0,63}$", str(value)):
+            errors.append(f"labels: {key}={value} is not a valid Google Cloud label")
+    gke = None
+    if gke_raw not in (None, False):
+        gke_values = _typed(
+            GkeSettings, dict(gke_raw) if gke_raw is not True else {}, "gke.", errors
+        )
+        gke_values.setdefault("location", region)
+        gke = GkeSettings(**gke_values)
+        _gke_errors(gke, region, errors)
+    job = None
+    if job_raw:
+        job_values = _typed(FlexTemplateJobSettings, dict(job_raw), "flex_template_job.", errors)
+        for key in ("input", "output", "tokenizer"):
+            if not job_values.get(key):
+                errors.append(f"flex_template_job.{key}: required for the example job")
+        if not str(job_values.get("output", "gs://")).startswith("gs://"):
+            errors.append("flex_template_job.output: Dataflow writes to gs:// only")
+        job = FlexTemplateJobSettings(**job_values) if not errors else None
+    if errors:
+        raise ValueError(f"{len(errors)} stack setting problem(s):\n  - " + "\n  - ".join(errors))
+    return Settings(gke=gke, flex_template_job=job, **values)
+
+
+def _gke_errors(gke: GkeSettings, region: str, errors: list[str]) -> None:
+    if not (
+        gke.location == region or (_ZONE.match(gke.location) and gke.location.startswith(region))
+    ):
+        errors.append(f"gke.location: {gke.location!r} must be {region} or one of its zones")
+    for zone in gke.gpu_node_locations:
+        if not (_ZONE.match(zone) and zone.startswith(region)):
+            errors.append(f"gke.gpu_node_locations: {zone!r} is not a zone of {region}")
+    if gke.accelerator_type != gke.accelerator_type.lower() or not gke.accelerator_type.startswith(
+        "nvidia-"
+    ):
+        errors.append(
+            f"gke.accelerator_type: {gke.accelerator_type!r} is not a GKE accelerator like nvidia-l4"
+        )
+    if gke.accelerator_count < 1:
+        errors.append("gke.accelerator_count: at least 1 (a CPU-only cluster needs no GPU pool)")
+    if gke.cpu_min_nodes < 1 or gke.cpu_max_nodes < gke.cpu_min_nodes:
+        errors.append("gke.cpu_min_nodes/cpu_max_nodes: need 1 <= min <= max")
+    if gke.gpu_max_nodes < 1:
+        errors.append("gke.gpu_max_nodes: at least 1 (the pool scales between 0 and this)")
+    if not _K8S_NAME.match(gke.namespace):
+        errors.append(f"gke.namespace: {gke.namespace!r} is not a Kubernetes namespace name")
+
+
+def load_settings() -> Settings:
+    """Read the `llmft` config namespace of the current stack (inside a Pulumi program)."""
+    import pulumi
+
+    config = pulumi.Config("llmft")
+    gcp = pulumi.Config("gcp")
+    raw: dict[str, Any] = {}
+    for f in fields(Settings):
+        text = config.get(f.name)
+        if text is None:
+            continue
+        try:  # structured values (gke, labels, deployers) are stored as JSON
+            raw[f.name] = json.loads(text)
+        except json.JSONDecodeError:
+            raw[f.name] = text
+    raw.setdefault("project", gcp.get("project") or "")
+    raw.setdefault("region", gcp.get("region") or "")
+    return parse_settings(raw)

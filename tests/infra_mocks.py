@@ -1,0 +1,133 @@
+"""Run the Pulumi program of infra/ under Pulumi's own unit-test mocks (no engine, no cloud).
+
+`run_stack(settings)` executes `build_stack` with `pulumi.runtime.set_mocks`: every resource the
+program registers is recorded with its inputs (as the engine would receive them, camelCase), the
+providers' computed outputs are filled the way the Google Cloud APIs fill them, and the
+`kubernetes:yaml:decode` function (what pulumi-kubernetes' provider does for `ConfigFile`) is
+answered by parsing the YAML. The stack outputs come back resolved.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+
+INFRA_DIR = Path(__file__).resolve().parents[1] / "infra"
+if str(INFRA_DIR) not in sys.path:
+    sys.path.insert(0, str(INFRA_DIR))
+
+PROJECT_NUMBER = "123456789012"
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+"""Pulumi's marker of a secret value in serialized properties (pulumi.runtime.rpc)."""
+
+
+def unwrap_secrets(value: Any) -> Any:
+    """Inputs with secret values replaced by the values (tests compare plain data)."""
+    if isinstance(value, dict):
+        if SECRET_SIG in value:
+            return unwrap_secrets(value["value"])
+        return {k: unwrap_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap_secrets(v) for v in value]
+    return value
+
+
+@dataclass
+class Recorded:
+    typ: str
+    name: str
+    inputs: dict[str, Any]
+    provider: str | None
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Records registrations; computes what the real providers would return."""
+
+    def __init__(self) -> None:
+        self.resources: list[Recorded] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources.append(
+            Recorded(args.typ, args.name, unwrap_secrets(args.inputs), args.provider)
+        )
+        outputs = dict(args.inputs)
+        inputs = args.inputs
+        project = inputs.get("project", "my-project")
+        if args.typ == "gcp:serviceaccount/account:Account":
+            email = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
+            outputs.update(email=email, name=f"projects/{project}/serviceAccounts/{email}")
+        elif args.typ == "gcp:artifactregistry/repository:Repository":
+            outputs["name"] = inputs["repositoryId"]
+        elif args.typ == "gcp:secretmanager/secret:Secret":
+            outputs["name"] = f"projects/{PROJECT_NUMBER}/secrets/{inputs['secretId']}"
+        elif args.typ == "gcp:container/cluster:Cluster":
+            outputs.update(endpoint="203.0.113.10", masterAuth={"clusterCaCertificate": "Q0E="})
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        if args.token == "kubernetes:yaml:decode":
+            text = args.args["text"]
+            return {"result": [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d]}
+        raise AssertionError(f"the program called {args.token}, which these mocks do not model")
+
+    def of_type(self, typ: str) -> list[Recorded]:
+        return [r for r in self.resources if r.typ == typ]
+
+    def named(self, name: str) -> Recorded:
+        (match,) = [r for r in self.resources if r.name == name]
+        return match
+
+
+VERTEX_CONFIG: dict[str, Any] = {"project": "my-project", "region": "us-central1"}
+"""The smallest stack: Vertex AI only."""
+GKE_CONFIG: dict[str, Any] = {
+    "project": "my-project",
+    "region": "us-central1",
+    "deployers": ["user:alice@example.com"],
+    "labels": {"team": "ml"},
+    "gke": {
+        "gpu_node_locations": ["us-central1-a"],
+        "accelerator_type": "nvidia-l4",
+        "accelerator_count": 2,
+        "gpu_machine_type": "g2-standard-24",
+    },
+}
+"""Everything: GKE with the Training Operator, a deployer."""
+
+_RUNS: dict[str, tuple[RecordingMocks, dict[str, Any]]] = {}
+
+
+def stack(config: dict[str, Any]) -> tuple[RecordingMocks, dict[str, Any]]:
+    """run_stack for a config, once per test session (the Training Operator CRD takes seconds)."""
+    import json
+
+    from llmft_infra.settings import parse_settings
+
+    key = json.dumps(config, sort_keys=True)
+    if key not in _RUNS:
+        _RUNS[key] = run_stack(parse_settings(config))
+    return _RUNS[key]
+
+
+def run_stack(settings: Any, extra: Any = None) -> tuple[RecordingMocks, dict[str, Any]]:
+    """Run build_stack(settings) (then `extra()`, e.g. to add a resource) under mocks."""
+    from llmft_infra.program import build_stack
+
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="llmft-infra", stack="test", preview=False)
+    outputs: dict[str, Any] = {}
+
+    @pulumi.runtime.test
+    def program() -> Any:
+        result = build_stack(settings)
+        if extra is not None:
+            extra()
+        return pulumi.Output.all(**result).apply(outputs.update)
+
+    program()
+    return mocks, outputs

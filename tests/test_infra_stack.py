@@ -1,0 +1,435 @@
+"""The Pulumi program in infra/, run under Pulumi's unit-test mocks: every resource and grant.
+
+No Pulumi service, CLI or cloud: `tests/infra_mocks.py` records what the program registers.
+The expected grants below are the review copy of docs/deploy/README.md's IAM section.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from infra_mocks import GKE_CONFIG, INFRA_DIR, VERTEX_CONFIG, RecordingMocks, run_stack, stack
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = "my-project"
+EMAIL = "{}@my-project.iam.gserviceaccount.com"
+
+
+@pytest.fixture(scope="module")
+def vertex_stack() -> tuple[RecordingMocks, dict[str, Any]]:
+    return stack(VERTEX_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def gke_stack() -> tuple[RecordingMocks, dict[str, Any]]:
+    return stack(GKE_CONFIG)
+
+
+def _grants(mocks: RecordingMocks) -> set[tuple[str, str, str, str]]:
+    """(scope type, scope, role, member) with scope = bucket/repository/secret/account name."""
+    where = {
+        "gcp:projects/iAMMember:IAMMember": ("project", "project"),
+        "gcp:storage/bucketIAMMember:BucketIAMMember": ("bucket", "bucket"),
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (
+            "repository",
+            "repository",
+        ),
+        "gcp:secretmanager/secretIamMember:SecretIamMember": ("secret", "secretId"),
+        "gcp:serviceaccount/iAMMember:IAMMember": ("account", "serviceAccountId"),
+    }
+    grants = set()
+    for r in mocks.resources:
+        if r.typ in where:
+            kind, key = where[r.typ]
+            scope = str(r.inputs[key]).rsplit("/", 1)[-1]
+            grants.add((kind, scope, r.inputs["role"], r.inputs["member"]))
+    return grants
+
+
+def sa(name: str) -> str:
+    return f"serviceAccount:{EMAIL.format(name)}"
+
+
+PIPELINE, TRAINER, DATAFLOW, BUILDER, NODES = (
+    sa("llmft-pipelines"),
+    sa("llmft-trainer"),
+    sa("llmft-dataflow"),
+    sa("llmft-builder"),
+    sa("llmft-gke-nodes"),
+)
+BUCKET = "my-project-llmft"
+BASE_GRANTS = {
+    ("project", PROJECT, "roles/aiplatform.user", PIPELINE),
+    ("project", PROJECT, "roles/dataflow.developer", PIPELINE),
+    ("project", PROJECT, "roles/logging.logWriter", PIPELINE),
+    ("bucket", BUCKET, "roles/storage.objectAdmin", PIPELINE),
+    ("repository", "llmft", "roles/artifactregistry.reader", PIPELINE),
+    ("secret", "llmft-hf-token", "roles/secretmanager.secretAccessor", PIPELINE),
+    ("account", EMAIL.format("llmft-trainer"), "roles/iam.serviceAccountUser", PIPELINE),
+    ("account", EMAIL.format("llmft-dataflow"), "roles/iam.serviceAccountUser", PIPELINE),
+    ("bucket", BUCKET, "roles/storage.objectAdmin", TRAINER),
+    ("project", PROJECT, "roles/dataflow.worker", DATAFLOW),
+    ("bucket", BUCKET, "roles/storage.objectAdmin", DATAFLOW),
+    ("repository", "llmft", "roles/artifactregistry.reader", DATAFLOW),
+    ("bucket", BUCKET, "roles/storage.objectViewer", BUILDER),
+    ("repository", "llmft", "roles/artifactregistry.writer", BUILDER),
+    ("project", PROJECT, "roles/logging.logWriter", BUILDER),
+}
+ALICE = "user:alice@example.com"
+DEPLOYER_GRANTS = {
+    ("project", PROJECT, "roles/aiplatform.user", ALICE),
+    ("project", PROJECT, "roles/dataflow.developer", ALICE),
+    ("project", PROJECT, "roles/cloudbuild.builds.editor", ALICE),
+    ("bucket", BUCKET, "roles/storage.objectAdmin", ALICE),
+    ("repository", "llmft", "roles/artifactregistry.writer", ALICE),
+    ("repository", "llmft-pipelines", "roles/artifactregistry.writer", ALICE),
+    ("account", EMAIL.format("llmft-pipelines"), "roles/iam.serviceAccountUser", ALICE),
+    ("account", EMAIL.format("llmft-dataflow"), "roles/iam.serviceAccountUser", ALICE),
+    ("account", EMAIL.format("llmft-builder"), "roles/iam.serviceAccountUser", ALICE),
+}
+WI = "serviceAccount:my-project.svc.id.goog[kubeflow/{}]"
+GKE_GRANTS = {
+    ("project", PROJECT, "roles/container.defaultNodeServiceAccount", NODES),
+    ("repository", "llmft", "roles/artifactregistry.reader", NODES),
+    ("project", PROJECT, "roles/container.clusterViewer", PIPELINE),
+    (
+        "account",
+        EMAIL.format("llmft-pipelines"),
+        "roles/iam.workloadIdentityUser",
+        WI.format("llmft-pipeline"),
+    ),
+    (
+        "account",
+        EMAIL.format("llmft-trainer"),
+        "roles/iam.workloadIdentityUser",
+        WI.format("llmft-trainer"),
+    ),
+}
+
+
+def test_vertex_only_stack_grants_exactly_these_roles(vertex_stack):
+    mocks, _ = vertex_stack
+    assert _grants(mocks) == BASE_GRANTS
+    assert not [r for r in mocks.resources if r.typ.startswith(("kubernetes:", "gcp:container"))]
+
+
+def test_gke_stack_adds_node_workload_identity_and_deployer_grants(gke_stack):
+    mocks, _ = gke_stack
+    assert _grants(mocks) == BASE_GRANTS | DEPLOYER_GRANTS | GKE_GRANTS
+    # Workload Identity members exist only once the cluster (and so the identity pool) does.
+    for r in mocks.of_type("gcp:serviceaccount/iAMMember:IAMMember"):
+        if r.inputs["role"] == "roles/iam.workloadIdentityUser":
+            assert r.name.startswith("sa-")
+
+
+def test_apis(vertex_stack, gke_stack):
+    from llmft_infra.cloud import APIS
+
+    for (mocks, _), extra in ((vertex_stack, set()), (gke_stack, {"container.googleapis.com"})):
+        services = mocks.of_type("gcp:projects/service:Service")
+        assert {s.inputs["service"] for s in services} == set(APIS) | extra
+        assert all(s.inputs["disableOnDestroy"] is False for s in services)
+
+
+def test_bucket_is_private_versioned_and_expires_scratch_only(vertex_stack):
+    (bucket,) = vertex_stack[0].of_type("gcp:storage/bucket:Bucket")
+    assert bucket.inputs["name"] == BUCKET
+    assert bucket.inputs["location"] == "us-central1"
+    assert bucket.inputs["uniformBucketLevelAccess"] is True
+    assert bucket.inputs["publicAccessPrevention"] == "enforced"
+    assert bucket.inputs["versioning"] == {"enabled": True}
+    assert bucket.inputs["forceDestroy"] is False
+    rules = [(r["action"]["type"], r["condition"]) for r in bucket.inputs["lifecycleRules"]]
+    assert rules == [
+        ("Delete", {"daysSinceNoncurrentTime": 7, "withState": "ARCHIVED"}),
+        ("Delete", {"age": 14, "matchesPrefixes": ["work/"]}),
+    ]
+
+
+def test_repositories_and_image_names_match_the_code(vertex_stack):
+    from components.image import IMAGE_REPOSITORY, VERSION
+
+    mocks, outputs = vertex_stack
+    repos = {
+        r.inputs["format"]: r.inputs
+        for r in mocks.of_type("gcp:artifactregistry/repository:Repository")
+    }
+    assert set(repos) == {"DOCKER", "KFP"}
+    assert repos["DOCKER"]["repositoryId"] == IMAGE_REPOSITORY.split("/")[-2] == "llmft"
+    assert repos["DOCKER"]["dockerConfig"] == {"immutableTags": True}
+    assert repos["KFP"]["repositoryId"] == "llmft-pipelines"
+    assert {r["location"] for r in repos.values()} == {"us-central1"}
+    assert outputs["image"] == f"us-central1-docker.pkg.dev/my-project/llmft/llmft:{VERSION}"
+    assert outputs["kfp_registry"] == "https://us-central1-kfp.pkg.dev/my-project/llmft-pipelines"
+
+
+def test_secret_is_created_without_a_value(vertex_stack):
+    from pipelines.fine_tune import HF_TOKEN_SECRET
+
+    mocks, _ = vertex_stack
+    (secret,) = mocks.of_type("gcp:secretmanager/secret:Secret")
+    assert secret.inputs["secretId"] == HF_TOKEN_SECRET
+    assert secret.inputs["replication"] == {"auto": {}}
+    assert not [r for r in mocks.resources if "secretVersion" in r.typ]
+
+
+def test_service_accounts(vertex_stack, gke_stack):
+    ids = {
+        r.inputs["accountId"] for r in vertex_stack[0].of_type("gcp:serviceaccount/account:Account")
+    }
+    assert ids == {"llmft-pipelines", "llmft-trainer", "llmft-dataflow", "llmft-builder"}
+    ids = {
+        r.inputs["accountId"] for r in gke_stack[0].of_type("gcp:serviceaccount/account:Account")
+    }
+    assert "llmft-gke-nodes" in ids
+
+
+def test_cluster_and_pools(gke_stack):
+    mocks, _ = gke_stack
+    cluster = mocks.named("gke").inputs
+    assert cluster["workloadIdentityConfig"] == {"workloadPool": "my-project.svc.id.goog"}
+    assert cluster["removeDefaultNodePool"] is True
+    assert cluster["nodeConfig"]["serviceAccount"] == EMAIL.format("llmft-gke-nodes")
+    assert cluster["deletionProtection"] is True
+    assert cluster["location"] == "us-central1"
+    cpu, gpu = mocks.named("cpu-pool").inputs, mocks.named("gpu-pool").inputs
+    for pool in (cpu, gpu):
+        config = pool["nodeConfig"]
+        assert config["serviceAccount"] == EMAIL.format("llmft-gke-nodes")
+        assert config["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+        assert config["oauthScopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
+    assert cpu["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 3}
+    assert cpu["nodeConfig"]["machineType"] == "e2-standard-8"
+    # Idle cost: zero GPU nodes.
+    assert gpu["initialNodeCount"] == 0
+    assert gpu["autoscaling"] == {"minNodeCount": 0, "maxNodeCount": 2, "locationPolicy": "ANY"}
+    assert gpu["nodeLocations"] == ["us-central1-a"]
+    assert gpu["nodeConfig"]["machineType"] == "g2-standard-24"
+    assert gpu["nodeConfig"]["guestAccelerators"] == [
+        {
+            "type": "nvidia-l4",
+            "count": 2,
+            "gpuDriverInstallationConfig": {"gpuDriverVersion": "LATEST"},
+        }
+    ]
+
+
+def test_kubernetes_objects_use_the_cluster_provider(gke_stack):
+    mocks, _ = gke_stack
+    k8s = [
+        r
+        for r in mocks.resources
+        if r.typ.startswith("kubernetes:") and r.typ != "kubernetes:yaml:ConfigFile"
+    ]
+    assert k8s and all(r.provider and "::gke-cluster::" in r.provider for r in k8s)
+    (namespace,) = mocks.of_type("kubernetes:core/v1:Namespace")
+    assert namespace.inputs["metadata"]["name"] == "kubeflow"
+    trainer = mocks.named("ksa-trainer").inputs["metadata"]
+    assert (trainer["name"], trainer["namespace"]) == ("llmft-trainer", "kubeflow")
+    assert trainer["annotations"] == {
+        "iam.gke.io/gcp-service-account": EMAIL.format("llmft-trainer")
+    }
+
+
+def test_rbac_is_applied_from_docs_deploy_rbac_yaml(gke_stack):
+    mocks, _ = gke_stack
+    docs = {
+        d["kind"]: d for d in yaml.safe_load_all((REPO / "docs/deploy/rbac.yaml").read_text()) if d
+    }
+    (role,) = mocks.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    assert role.inputs["rules"] == docs["Role"]["rules"]
+    assert role.inputs["metadata"]["namespace"] == "kubeflow"
+    (binding,) = mocks.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    assert binding.inputs["subjects"][1]["name"] == EMAIL.format("llmft-pipelines")
+    (pipeline_ksa,) = [
+        r.inputs
+        for r in mocks.of_type("kubernetes:core/v1:ServiceAccount")
+        if r.inputs["metadata"]["name"] == "llmft-pipeline"
+    ]
+    assert pipeline_ksa["metadata"]["annotations"] == {
+        "iam.gke.io/gcp-service-account": EMAIL.format("llmft-pipelines")
+    }
+    assert "PROJECT_ID" not in json.dumps([r.inputs for r in mocks.resources])
+
+
+def test_rbac_follows_a_custom_namespace():
+    from llmft_infra.settings import parse_settings
+
+    mocks, outputs = run_stack(
+        parse_settings({**GKE_CONFIG, "gke": {"namespace": "ml-team", "training_operator": False}})
+    )
+    (binding,) = mocks.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    assert binding.inputs["metadata"]["namespace"] == "ml-team"
+    assert binding.inputs["subjects"][0]["namespace"] == "ml-team"
+    assert {
+        n.inputs["metadata"]["name"] for n in mocks.of_type("kubernetes:core/v1:Namespace")
+    } == {
+        "ml-team",
+        "kubeflow",
+    }
+    assert not mocks.of_type("kubernetes:apps/v1:Deployment")
+    assert ("account", EMAIL.format("llmft-trainer"), "roles/iam.workloadIdentityUser",
+            "serviceAccount:my-project.svc.id.goog[ml-team/llmft-trainer]") in _grants(mocks)  # fmt: skip
+    assert outputs["namespace"] == "ml-team"
+
+
+def test_training_operator_is_the_vendored_pinned_release(gke_stack):
+    from llmft_infra.settings import TRAINING_OPERATOR_FILE
+
+    mocks, _ = gke_stack
+    header = TRAINING_OPERATOR_FILE.read_text()[:1500]
+    assert "tag v1.9.0" in header and "6f74c7f6b2ed6c27aabd82d0a316b23f0646059c" in header
+    (deployment,) = mocks.of_type("kubernetes:apps/v1:Deployment")
+    (container,) = deployment.inputs["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "kubeflow/training-operator:v1-5170a36"
+    assert container["args"] == ["--enable-scheme=pytorchjob"]
+    (crd,) = mocks.of_type("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
+    schema = yaml.load(
+        (REPO / "tests/schemas/kubeflow.org_pytorchjobs.yaml").read_text(), Loader=yaml.CSafeLoader
+    )
+    assert crd.inputs["spec"]["versions"] == schema["spec"]["versions"]
+    (webhook,) = mocks.of_type(
+        "kubernetes:admissionregistration.k8s.io/v1:ValidatingWebhookConfiguration"
+    )
+    assert [w["name"] for w in webhook.inputs["webhooks"]] == [
+        "validator.pytorchjob.training-operator.kubeflow.org"
+    ]
+    # The stack owns the namespace: the manifest's own Namespace object is not applied twice.
+    assert len(mocks.of_type("kubernetes:core/v1:Namespace")) == 1
+
+
+def test_flex_template_spec_in_the_bucket(vertex_stack):
+    from beam_preprocess.flex_template import metadata
+    from components.image import VERSION
+
+    mocks, outputs = vertex_stack
+    spec_object = mocks.named("flex-template-spec").inputs
+    assert spec_object["name"] == "dataflow/templates/preprocess.json"
+    spec = json.loads(spec_object["content"])
+    docker = "us-central1-docker.pkg.dev/my-project/llmft"
+    assert (
+        spec["image"] == f"{docker}/llmft-flex-launcher:{VERSION}" == outputs["flex_template_image"]
+    )
+    assert spec["sdkInfo"] == {"language": "PYTHON"}
+    assert spec["metadata"] == metadata()
+    assert spec["defaultEnvironment"] == {
+        "serviceAccountEmail": EMAIL.format("llmft-dataflow"),
+        "sdkContainerImage": f"{docker}/llmft:{VERSION}",
+        "tempLocation": f"gs://{BUCKET}/work/dataflow/tmp",
+        "stagingLocation": f"gs://{BUCKET}/work/dataflow/staging",
+    }
+    assert outputs["flex_template_spec"] == f"gs://{BUCKET}/dataflow/templates/preprocess.json"
+    assert not mocks.of_type("gcp:dataflow/flexTemplateJob:FlexTemplateJob")
+
+
+def test_flex_template_job_example_when_configured():
+    from llmft_infra.settings import parse_settings
+
+    job_config = {
+        "input": "gs://b/raw/*.jsonl",
+        "output": "gs://b/ds",
+        "tokenizer": "gs://b/tok",
+        "seq_len": 1024,
+    }
+    mocks, _ = run_stack(
+        parse_settings(
+            {"project": PROJECT, "region": "us-central1", "flex_template_job": job_config}
+        )
+    )
+    (job,) = mocks.of_type("gcp:dataflow/flexTemplateJob:FlexTemplateJob")
+    assert job.inputs["containerSpecGcsPath"] == f"gs://{BUCKET}/dataflow/templates/preprocess.json"
+    assert job.inputs["parameters"] == {
+        "input": "gs://b/raw/*.jsonl", "output": "gs://b/ds", "tokenizer": "gs://b/tok", "seq_len": "1024",
+    }  # fmt: skip
+    assert job.inputs["serviceAccountEmail"] == EMAIL.format("llmft-dataflow")
+    assert job.inputs["onDelete"] == "cancel"
+
+
+def test_metadata_file_matches_the_pipeline_options():
+    """infra/dataflow/preprocess-metadata.json is generated: regenerate with
+    `python -m llmft_infra.flex_template` (from infra/) when the options change."""
+    from beam_preprocess.flex_template import metadata
+
+    committed = json.loads((INFRA_DIR / "dataflow" / "preprocess-metadata.json").read_text())
+    assert committed == metadata()
+
+
+def test_outputs(gke_stack):
+    _, outputs = gke_stack
+    assert outputs["gke_cluster"] == "projects/my-project/locations/us-central1/clusters/llmft"
+    assert outputs["pipeline_root"] == f"gs://{BUCKET}/pipeline-root"
+    assert outputs["pipeline_service_account"] == EMAIL.format("llmft-pipelines")
+    assert (outputs["pipeline_ksa"], outputs["trainer_ksa"]) == ("llmft-pipeline", "llmft-trainer")
+    assert (outputs["accelerator_type"], outputs["accelerator_count"]) == ("nvidia-l4", 2)
+
+
+def test_settings_errors_are_reported_together():
+    from llmft_infra.settings import parse_settings
+
+    with pytest.raises(ValueError) as info:
+        parse_settings(
+            {
+                "project": "X",
+                "region": "uscentral",
+                "deployers": ["allUsers"],
+                "labels": "team=ml",
+                "gke": {"accelerator_type": "NVIDIA_L4", "gpu_max_nodes": 0, "colour": "red"},
+            }
+        )
+    message = str(info.value)
+    for fragment in (
+        "project:",
+        "region:",
+        "deployers:",
+        "labels: expected",
+        "gke.accelerator_type",
+        "gke.gpu_max_nodes",
+        "gke.colour: unknown",
+    ):
+        assert fragment in message
+
+
+def test_example_stack_config_and_pulumi_config_load():
+    """Pulumi.example.yaml is valid, and load_settings reads it the way `pulumi up` passes config."""
+    import pulumi
+    from llmft_infra.settings import load_settings
+
+    example = yaml.safe_load((INFRA_DIR / "Pulumi.example.yaml").read_text())["config"]
+    flat = {k: v if isinstance(v, str) else json.dumps(v) for k, v in example.items()}
+    pulumi.runtime.set_all_config(flat)
+    try:
+        settings = load_settings()
+    finally:
+        pulumi.runtime.set_all_config({})
+    assert settings.project == "my-project" and settings.deployers == ("user:alice@example.com",)
+    assert settings.gke is not None and settings.gke.accelerator_type == "nvidia-l4"
+    assert settings.gke.gpu_node_locations == ("us-central1-a", "us-central1-c")
+
+
+def test_the_entry_point_runs_the_program_with_the_stack_config():
+    """infra/__main__.py as `pulumi up` runs it: config in, resources registered, outputs out."""
+    import runpy
+
+    import pulumi
+
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="llmft-infra", stack="dev", preview=False)
+    pulumi.runtime.set_all_config({"llmft:region": "europe-west4", "gcp:project": "other-project"})
+
+    @pulumi.runtime.test
+    def up() -> None:
+        runpy.run_path(str(INFRA_DIR / "__main__.py"))
+
+    try:
+        up()
+    finally:
+        pulumi.runtime.set_all_config({})
+    (bucket,) = mocks.of_type("gcp:storage/bucket:Bucket")
+    assert (bucket.inputs["name"], bucket.inputs["location"]) == (
+        "other-project-llmft",
+        "europe-west4",
+    )
