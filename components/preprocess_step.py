@@ -211,8 +211,8 @@ _DATAFLOW_PARAMS = {
 
 def run_preprocess_component(
     *,
-    input_uri: str,
-    tokenizer: str,
+    train_data_uri: str,
+    base_model: str,
     data_kind: str,
     seq_len: int,
     eval_fraction: float,
@@ -228,6 +228,8 @@ def run_preprocess_component(
     gcp_resources_path: str,
 ) -> dict[str, Any]:
     """What the `preprocess` KFP component calls: returns the Dataset artifact's metadata.
+
+    The base model's tokenizer tokenizes `train_data_uri` (the run parameters' names).
 
     Locally the dataset is written to the artifact's local path; on Dataflow to its gs:// URI
     (workers cannot see the launcher's disk). `dataflow_options` holds Beam runner flags by name
@@ -257,9 +259,9 @@ def run_preprocess_component(
     with open(gcp_resources_path, "w") as f:
         f.write(json.dumps({"resources": []}))
     result = run_preprocess_step(
-        input_uri=input_uri,
+        input_uri=train_data_uri,
         output_uri=output_uri if dataflow else output_path,
-        tokenizer=tokenizer,
+        tokenizer=base_model,
         seq_len=seq_len,
         runner=runner,
         eval_fraction=eval_fraction,

@@ -38,8 +38,8 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
     out = tmp_path / "dataset"
     summary, gcp_resources = tmp_path / "summary.md", tmp_path / "gcp_resources"
     meta = run_preprocess_component(
-        input_uri=str(sample_data_dir / "train.jsonl"),
-        tokenizer=str(tiny_model_dir),
+        train_data_uri=str(sample_data_dir / "train.jsonl"),
+        base_model=str(tiny_model_dir),
         data_kind="instruction",
         seq_len=512,
         eval_fraction=0.1,
