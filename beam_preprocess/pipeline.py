@@ -382,7 +382,9 @@ def _prepare_output(out: str, overwrite: bool) -> None:
         ours = _files_of_previous_run(out)
         foreign = sorted(set(existing) - ours)
         if foreign:
-            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            shown = ", ".join(foreign[:5]) + (
+                f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            )
             raise ValueError(
                 f"--output {out!r} holds files that no finished llmft preprocess run listed in "
                 f"its {MANIFEST_FILE} ({shown}), so --overwrite will not delete it: choose "

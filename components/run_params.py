@@ -24,7 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from beam_preprocess.schema import EVAL_FRACTION_DEFAULT, EVAL_FRACTION_MAX, SEQ_LEN_MAX, SEQ_LEN_MIN
+from beam_preprocess.schema import (
+    EVAL_FRACTION_DEFAULT,
+    EVAL_FRACTION_MAX,
+    SEQ_LEN_MAX,
+    SEQ_LEN_MIN,
+)
 from trainer.config import TrainConfig
 
 Backend = Literal["local", "gke", "vertex"]
@@ -151,7 +156,9 @@ class RunParams:
 
     # --- where it runs -------------------------------------------------------------------------
     project: str = param(
-        "", "Google Cloud project id (cloud backends, Dataflow, Model Registry).", pattern=PROJECT_ID
+        "",
+        "Google Cloud project id (cloud backends, Dataflow, Model Registry).",
+        pattern=PROJECT_ID,
     )
     region: str = param(
         "us-central1",
@@ -172,7 +179,10 @@ class RunParams:
         "",
         'GKE cluster "projects/P/locations/L/clusters/C" when Vertex AI Pipelines drives GKE; '
         "empty means the cluster the pipeline runs in.",
-        pattern=(r"projects/[^/]+/locations/[^/]+/clusters/[^/]+", "projects/P/locations/L/clusters/C"),
+        pattern=(
+            r"projects/[^/]+/locations/[^/]+/clusters/[^/]+",
+            "projects/P/locations/L/clusters/C",
+        ),
     )
     machine_type: str = param(
         "a3-highgpu-8g", "Machine type per node on Vertex AI (e.g. a3-highgpu-8g)."
@@ -182,9 +192,7 @@ class RunParams:
         "Accelerator per node: a Vertex name such as NVIDIA_H100_80GB; on GKE the matching "
         "gke-accelerator node selector is used. Empty for CPU-only training.",
     )
-    accelerator_count: int = param(
-        8, "Accelerators per node (0 for CPU-only training).", ge=0
-    )
+    accelerator_count: int = param(8, "Accelerators per node (0 for CPU-only training).", ge=0)
     service_account: str = param(
         "",
         "Service account for training jobs (Vertex) or Workload Identity KSA (GKE); empty uses "
@@ -235,7 +243,9 @@ class RunParams:
 
     def errors(self) -> list[str]:
         """Every problem with these parameters, each saying what to change; [] when valid."""
-        errors = [e for f in dataclasses.fields(self) if (e := _field_error(f, getattr(self, f.name)))]
+        errors = [
+            e for f in dataclasses.fields(self) if (e := _field_error(f, getattr(self, f.name)))
+        ]
         errors += _trainer_override_errors(self)
         cloud = self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner"
         if cloud:
@@ -404,9 +414,7 @@ def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = N
     errors = []
     unknown = sorted(set(values) - set(known))
     if unknown:
-        errors.append(
-            f"unknown parameter(s) {', '.join(unknown)}: valid are {', '.join(known)}"
-        )
+        errors.append(f"unknown parameter(s) {', '.join(unknown)}: valid are {', '.join(known)}")
     coerced = {}
     for name in known.keys() & values.keys():
         value, problem = _coerce(values[name], hints[name])
@@ -416,6 +424,20 @@ def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = N
             coerced[name] = value
     raise_errors(errors)
     return dataclasses.replace(base or RunParams(), **coerced)
+
+
+def field_errors(values: Mapping[str, Any]) -> list[str]:
+    """Type and single-field problems of the given values, names the schema does not know aside:
+    what can be checked of a partial set (e.g. `--param`s for a template not yet fetched)."""
+    known, hints, errors = fields(), _hints(), []
+    for name in known.keys() & values.keys():
+        value, problem = _coerce(values[name], hints[name])
+        error = f"{name}={values[name]!r}: {problem}" if problem else None
+        if not problem and not known[name].metadata["required"]:
+            error = _field_error(known[name], value)
+        if error:
+            errors.append(error)
+    return errors
 
 
 def _coerce(value: Any, hint: Any) -> tuple[Any, str]:
@@ -443,7 +465,10 @@ def pipeline_signature() -> inspect.Signature:
     default (KFP compiles the pipeline interface from it)."""
     params = [
         inspect.Parameter(
-            name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kfp_type(name)
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=default,
+            annotation=kfp_type(name),
         )
         for name, default in defaults().items()
     ]
@@ -455,4 +480,3 @@ def pipeline_docstring(summary: str) -> str:
     lines = [summary, "", "Args:"]
     lines += [f"    {name}: {describe(name)}" for name in fields()]
     return "\n".join(lines) + "\n"
-

@@ -64,7 +64,9 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
         with dsl.ExitHandler(cleanup_task, name="fine-tune"):
             validated = c.validate_inputs(
                 **p.as_dict(),
-                schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER if schedule_time else "",
+                schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
+                if schedule_time
+                else "",
             ).set_caching_options(False)  # "latest-registered" must be looked up on every run
             prep = c.preprocess(
                 train_data_uri=validated.outputs["train_data_uri"],

@@ -53,9 +53,7 @@ _EXECUTING = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
 
 
-def resolve_parameters(
-    params: dict[str, Any], config_file: Path | None
-) -> tuple[RunParams, Path]:
+def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tuple[RunParams, Path]:
     """Config file < `--param`s over the schema's defaults (and the quickstart preset when the
     tiny model is used), checked before anything is written: every problem in one ValueError.
 
@@ -97,7 +95,9 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ValueError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+        raise ValueError(
+            f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
+        ) from None
     if not isinstance(loaded, dict) or not isinstance(loaded.get("parameters", {}), dict):
         raise ValueError(f"config file {path} must be a YAML mapping of parameter: value")
     return dict(loaded.get("parameters", loaded))
@@ -107,9 +107,10 @@ def prepare_quickstart_assets(params: RunParams, workdir: Path) -> None:
     """Write the sample data and the tiny model where `resolve_parameters` pointed, if missing."""
     assets = workdir / "assets"
     data_dir = assets / "sample_data"
-    if params.train_data_uri == str(data_dir / "train.jsonl") and not (
-        data_dir / "train.jsonl"
-    ).exists():
+    if (
+        params.train_data_uri == str(data_dir / "train.jsonl")
+        and not (data_dir / "train.jsonl").exists()
+    ):
         from pipelines.quickstart.sample_data import write_sample_data
 
         write_sample_data(data_dir)
