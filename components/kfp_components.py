@@ -69,9 +69,10 @@ def validate_inputs(
         train_data_uri: the data URI with the schedule-time placeholder filled in.
         champion_model: the model to beat besides the base ("" for none).
     """
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.validation import validate_and_resolve
 
-    return validate_and_resolve(**locals())
+    return validate_and_resolve(**params)
 
 
 @llmft_component

@@ -26,7 +26,7 @@ from components.run_params import (
 def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
     """The input must match at least one file: a local path or glob always, a gs:// one when
     `remote` (inside the pipeline, which has the credentials to list it)."""
-    if not train_data_uri or SCHEDULE_TIME_PLACEHOLDER in train_data_uri:
+    if not train_data_uri.strip() or SCHEDULE_TIME_PLACEHOLDER in train_data_uri:
         return []
     if "://" not in train_data_uri:
         found = glob.glob(train_data_uri) or glob.glob(train_data_uri.removeprefix("file:"))
