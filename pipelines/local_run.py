@@ -61,6 +61,7 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     written (`prepare_quickstart_assets` writes them after this check passes).
     """
     from components.run_params import params_from_mapping, raise_errors
+    from components.validation import data_errors
 
     values: dict[str, Any] = {}
     if config_file is not None:
@@ -79,6 +80,8 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     given = {k: v for k, v in values.items() if not (k in quickstart and v == "")}
     resolved = params_from_mapping({**quickstart, **given})
     errors = resolved.errors()
+    if "train_data_uri" not in quickstart:
+        errors += data_errors(resolved.train_data_uri, remote=False)
     if resolved.backend != "local":
         errors.append(
             f"backend={resolved.backend!r}: `llmft run --backend local` trains on this machine; "
@@ -227,14 +230,11 @@ def run_local(
     """Run `fine_tune` through kfp.local; returns what happened. Never leaves a process behind."""
     from kfp import local
 
-    from components.run_params import raise_errors
-    from components.validation import data_errors
     from pipelines.fine_tune import build_fine_tune
 
-    params_, workdir = resolve_parameters(params, config_file)
+    params_, workdir = resolve_parameters(params, config_file)  # checked: nothing written yet
     workdir.mkdir(parents=True, exist_ok=True)
     prepare_quickstart_assets(params_, workdir)
-    raise_errors(data_errors(params_.train_data_uri, remote=False))
     resolved = params_.as_dict()
 
     state_dir = workdir / "state"

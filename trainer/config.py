@@ -170,7 +170,7 @@ class TrainConfig:
         for name in ("warmup_steps", "checkpoint_every", "lora_rank"):
             if getattr(self, name) < 0:
                 errors.append(f"{name} must be >= 0 (got {getattr(self, name)})")
-        if self.max_steps is not None and self.warmup_steps >= self.max_steps:
+        if self.max_steps is not None and 1 <= self.max_steps <= self.warmup_steps:
             errors.append(
                 f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps})"
             )
