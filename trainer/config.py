@@ -211,9 +211,13 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        """The whole config as one JSON object: how launchers hand it to every rank
-        (`python -m trainer --config-json '<json>'`), instead of re-encoding it flag by flag."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """The config as one JSON object: how launchers hand it to every rank
+        (`python -m trainer --config-json '<json>'`), instead of re-encoding it flag by flag.
+        Fields at their default are left out (the same image reads it), so a manifest shows
+        what this run sets."""
+        default = TrainConfig()
+        changed = {k: v for k, v in self.to_dict().items() if v != getattr(default, k)}
+        return json.dumps(changed, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
