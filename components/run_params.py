@@ -380,8 +380,8 @@ def _lower_first(text: str) -> str:
 
 def _trainer_override_errors(params: RunParams) -> list[str]:
     """Trainer overrides checked against the trainer's own config, before anything starts."""
-    reserved = {"model": None, "data": None, "output": None, "tokenizer": None}
-    reserved |= {"max_steps": "max_steps", "lr": "learning_rate"}
+    reserved: dict[str, str | None] = {"model": None, "data": None, "output": None}
+    reserved |= {"tokenizer": None, "max_steps": "max_steps", "lr": "learning_rate"}
     errors = []
     for key in params.trainer_overrides:
         if key in reserved:

@@ -78,7 +78,9 @@ def test_train_refuses_non_positive_max_steps(tmp_path: Path, steps: str) -> Non
 def test_train_refuses_a_model_that_is_neither_a_directory_nor_a_hub_id(
     tmp_path: Path, packed: Path
 ) -> None:
-    result = llmft("train", "--model", "tiny_model", "--data", str(packed), "--output", str(tmp_path))
+    result = llmft(
+        "train", "--model", "tiny_model", "--data", str(packed), "--output", str(tmp_path)
+    )
     assert_user_error(result, "model 'tiny_model' is not a directory here nor a hub id")
     assert not (tmp_path / "logs").exists()  # no torchrun agent was started
 
@@ -86,9 +88,17 @@ def test_train_refuses_a_model_that_is_neither_a_directory_nor_a_hub_id(
 def test_train_refuses_data_packed_with_another_tokenizer(
     tmp_path: Path, packed: Path, tiny_model_dir: Path
 ) -> None:
-    other = _edited_copy(packed, tmp_path / "data", "manifest.json", **{"tokenizer.fingerprint": "x"})
+    other = _edited_copy(
+        packed, tmp_path / "data", "manifest.json", **{"tokenizer.fingerprint": "x"}
+    )
     result = llmft(
-        "train", "--model", str(tiny_model_dir), "--data", str(other), "--output", str(tmp_path / "o")
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(other),
+        "--output",
+        str(tmp_path / "o"),
     )
     assert_user_error(result, "tokenizer mismatch on fingerprint")
 
@@ -96,15 +106,25 @@ def test_train_refuses_data_packed_with_another_tokenizer(
 def test_train_refuses_rows_longer_than_the_model_positions(
     tmp_path: Path, packed: Path, tiny_model_dir: Path
 ) -> None:
-    short = _edited_copy(tiny_model_dir, tmp_path / "model", "config.json", max_position_embeddings=32)
-    result = llmft("train", "--model", str(short), "--data", str(packed), "--output", str(tmp_path / "o"))
+    short = _edited_copy(
+        tiny_model_dir, tmp_path / "model", "config.json", max_position_embeddings=32
+    )
+    result = llmft(
+        "train", "--model", str(short), "--data", str(packed), "--output", str(tmp_path / "o")
+    )
     assert_user_error(result, "has 32 positions but the dataset's rows are 64 tokens")
 
 
 def test_train_refuses_an_empty_dataset(tmp_path: Path, packed: Path, tiny_model_dir: Path) -> None:
     empty = _edited_copy(packed, tmp_path / "data", "manifest.json", **{"splits.train.rows": 0})
     result = llmft(
-        "train", "--model", str(tiny_model_dir), "--data", str(empty), "--output", str(tmp_path / "o")
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(empty),
+        "--output",
+        str(tmp_path / "o"),
     )
     assert_user_error(result, "has no training rows")
 
@@ -178,9 +198,7 @@ def test_run_local_with_a_bad_parameter_writes_nothing(tmp_path: Path) -> None:
 
 def test_run_local_with_missing_data_writes_nothing(tmp_path: Path) -> None:
     workdir = tmp_path / "run"
-    result = llmft(
-        "run", "--param", f"workdir={workdir}", "--param", "train_data_uri=/nonexistent"
-    )
+    result = llmft("run", "--param", f"workdir={workdir}", "--param", "train_data_uri=/nonexistent")
     assert_user_error(result, "train_data_uri='/nonexistent' matches no file")
     assert not workdir.exists()
 

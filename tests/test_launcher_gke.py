@@ -681,7 +681,9 @@ def test_render_pytorchjob_cli_prints_a_valid_manifest(pytorchjob_schema: dict) 
         (["--max-steps", "-5"], "max_steps must be >= 1"),
     ],
 )
-def test_render_pytorchjob_refuses_what_the_api_server_would(flags: list[str], problem: str) -> None:
+def test_render_pytorchjob_refuses_what_the_api_server_would(
+    flags: list[str], problem: str
+) -> None:
     """One `error:` line (and its list), exit 2, nothing printed as a manifest."""
     from typer.testing import CliRunner
 

@@ -136,9 +136,7 @@ _SIGTERM_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_sigterm_stops_every_process_of_the_run(tmp_path: Path) -> None:
     launch = _launch(tmp_path, "hang")
-    spec = {
-        k: getattr(launch, k) for k in ("run_id", "nodes", "nproc_per_node", "rdzv_backend")
-    }
+    spec = {k: getattr(launch, k) for k in ("run_id", "nodes", "nproc_per_node", "rdzv_backend")}
     spec |= {"trainer": launch.trainer.to_json(), "entrypoint": [WORKER]}
     proc = subprocess.Popen(
         [sys.executable, "-c", _SIGTERM_SCRIPT, json.dumps(spec), str(tmp_path / "state")],

@@ -97,6 +97,8 @@ def test_config_json_reports_every_problem() -> None:
     text = str(err.value)
     assert "unknown field 'bogus'" in text and "lr must be a number" in text
     with pytest.raises(ValueError, match="max_steps must be >= 1"):
-        load_config(["--config-json", '{"model": "m", "data": "d", "output": "o", "max_steps": -5}'])
+        load_config(
+            ["--config-json", '{"model": "m", "data": "d", "output": "o", "max_steps": -5}']
+        )
     with pytest.raises(ValueError, match="takes no other arguments"):
         load_config(["--config-json", "{}", "--lr", "1"])

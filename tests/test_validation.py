@@ -39,7 +39,9 @@ def good(data_file: str, **changes: object) -> dict[str, object]:
 
 
 def test_valid_parameters_have_no_errors(data_file: str) -> None:
-    assert check_run_parameters(good(data_file)) == RunParams(train_data_uri=data_file, base_model="m")
+    assert check_run_parameters(good(data_file)) == RunParams(
+        train_data_uri=data_file, base_model="m"
+    )
 
 
 def test_all_errors_are_reported_together(data_file: str) -> None:
@@ -100,7 +102,9 @@ def test_kubernetes_names_and_trainer_overrides_are_checked_up_front(data_file: 
         good(data_file, trainer_overrides={"micro_batch_size": -1, "bogus": 1})
     ).errors()
     assert errors == ["trainer_overrides: invalid trainer config: unknown field 'bogus'"]
-    errors = params_from_mapping(good(data_file, trainer_overrides={"micro_batch_size": 0})).errors()
+    errors = params_from_mapping(
+        good(data_file, trainer_overrides={"micro_batch_size": 0})
+    ).errors()
     assert errors == ["trainer_overrides: micro_batch_size must be >= 1 (got 0)"]
 
 
