@@ -182,3 +182,28 @@ def test_each_default_is_written_once_in_the_code() -> None:
             text=True,
         ).stdout.split()
         assert found == ([owner] if owner else []), (needle, found)
+
+
+def test_run_and_schedule_help_list_every_parameter_with_its_default_once() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    for command in ("run", "schedule"):
+        result = CliRunner(env={"COLUMNS": "1000"}).invoke(app, [command, "--help"])
+        assert result.exit_code == 0, result.output
+        for name, default in defaults().items():
+            entry = f"{name} [default: {json.dumps(default)}]: {describe(name)}"
+            assert result.output.count(entry) == 1, (command, entry)
+
+
+def test_preprocess_is_not_retried_in_the_compiled_pipeline() -> None:
+    """Its failures (bad input, too many rejects, no training rows) are permanent."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "compiled" / "fine_tune.vertex.yaml").read_text())
+    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert "retryPolicy" not in tasks["preprocess"]
+    assert "retryPolicy" in tasks["train"]  # it resumes from its checkpoint
