@@ -258,8 +258,8 @@ def register(
         metadata=tuned_model.metadata,
         run_id=run_id,
         project=project,
-        location=region,
-        model=registered_model,
+        region=region,
+        registered_model=registered_model,
         serving_image=serving_image,
     )
 

@@ -67,9 +67,9 @@ def validate_and_resolve(*, schedule_time: str, **values: Any) -> tuple[str, str
     params = params_from_mapping({**values, "train_data_uri": uri})
     raise_errors(params.errors() + data_errors(uri, remote=True))
     from_registry = {
-        "model": params.registered_model,
+        "registered_model": params.registered_model,
         "project": params.project,
-        "location": params.region,
+        "region": params.region,
     }
     base_model, champion_model = params.base_model, params.champion_model
     if base_model == LATEST_REGISTERED:
