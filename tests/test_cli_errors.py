@@ -270,3 +270,10 @@ def test_evaluate_refuses_a_bogus_device_and_a_file_output(
     (tmp_path / "file").write_text("mine")
     result = llmft(*common, "--output", str(tmp_path / "file"))
     assert_user_error(result, "is a file")
+
+
+@pytest.mark.parametrize("backend", ["vertex", "kfp"])
+def test_cloud_run_with_a_malformed_config(tmp_path: Path, backend: str) -> None:
+    config = tmp_path / "deploy.yaml"
+    config.write_text("vertex: {project: [\n")
+    assert_user_error(llmft("run", "--backend", backend, "--config", str(config)), "not valid YAML")
