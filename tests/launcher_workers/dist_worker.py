@@ -21,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config-json", required=True)
     config = json.loads(parser.parse_args().config_json)
-    mode = config["model"].removeprefix("stand-in:")
+    mode = config["model"].removeprefix("stand-in:")  # to_json() leaves defaults out
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     total = torch.tensor([float(rank + 1)])
@@ -45,7 +45,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         summary = {
             "base_model": config["model"],
-            "steps": int(config["max_steps"] or 0),
+            "steps": int(config.get("max_steps") or 0),  # only changed fields are passed
             "world_size": world,
             "sum": total.item(),
             "model_dir": str(out / "model"),
