@@ -15,6 +15,8 @@ import signal
 from dataclasses import asdict
 from typing import Any
 
+from components.run_params import RunParams
+
 log = logging.getLogger(__name__)
 
 DATAFLOW_JOB_URI = (
@@ -34,9 +36,9 @@ def build_argv(
     output_uri: str,
     tokenizer: str,
     seq_len: int,
-    runner: str = "DirectRunner",
-    eval_fraction: float = 0.05,
-    data_kind: str = "instruction",
+    runner: str = RunParams.preprocess_runner,
+    eval_fraction: float = RunParams.eval_fraction,
+    data_kind: str = RunParams.data_kind,
     max_rejected_fraction: float = 0.1,
     train_on_prompt: bool = False,
     overwrite: bool = True,

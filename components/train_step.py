@@ -21,6 +21,7 @@ from components.launchers.base import (
     TrainLaunch,
     get_launcher,
 )
+from components.run_params import RunParams
 from trainer.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def run_train_step(
     trainer: TrainConfig,
     nodes: int = 1,
     nproc_per_node: int = 1,
-    rdzv_backend: str = "etcd-v3",
+    rdzv_backend: str = RunParams.rdzv_backend,
     rdzv_endpoint: str = "",
     max_restarts: int = 0,
     timeout_s: float | None = None,

@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any, ClassVar
 
 from components.run_identity import safe_run_id
+from components.run_params import RunParams
 from trainer.config import TrainConfig
 
 BACKENDS = ("local", "gke", "vertex")
@@ -59,7 +60,7 @@ class TrainLaunch:
     """Number of nodes (torchrun agents / pods / Vertex replicas)."""
     nproc_per_node: int = 1
     """Worker processes per node (usually one per GPU)."""
-    rdzv_backend: str = "etcd-v3"
+    rdzv_backend: str = RunParams.rdzv_backend
     """torchrun rendezvous backend: etcd-v3 (our plugin), etcd-v2 (etcd's v2 API) or c10d."""
     rdzv_endpoint: str = ""
     """`host:port` of the rendezvous; empty lets the backend choose (see each launcher)."""
