@@ -262,6 +262,13 @@ class RunParams:
                     f"train_data_uri={self.train_data_uri!r}: workers in the cloud cannot read "
                     "local files; upload the data to gs://"
                 )
+        if self.backend == "gke":
+            from components.train_step import gke_accelerator
+
+            try:
+                gke_accelerator(self.accelerator_type)
+            except ValueError as exc:
+                errors.append(f"accelerator_type: {exc}")
         uses_registry = LATEST_REGISTERED in (self.base_model, self.champion_model)
         if (uses_registry or self.register_model) and not self.registered_model:
             errors.append(

@@ -80,6 +80,8 @@ def test_cloud_runs_need_project_bucket_and_remote_data(data_file: str) -> None:
     joined = "\n".join(params_from_mapping(good(data_file, backend="vertex")).errors())
     assert "project is empty" in joined and "work_uri" in joined
     assert "upload the data to gs://" in joined
+    gke = params_from_mapping(good(data_file, backend="gke", accelerator_type="H100")).errors()
+    assert any(e.startswith("accelerator_type: accelerator 'H100'") for e in gke), gke
 
 
 def test_register_needs_a_pinned_serving_image_and_a_model_name(data_file: str) -> None:
