@@ -15,6 +15,12 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_preprocess.readers import FORMATS
+from beam_preprocess.schema import (
+    EVAL_FRACTION_DEFAULT,
+    EVAL_FRACTION_MAX,
+    SEQ_LEN_MAX,
+    SEQ_LEN_MIN,
+)
 from beam_preprocess.tokenize import OVERLONG_POLICIES
 
 DATA_KINDS = ("instruction", "text")
@@ -75,7 +81,7 @@ def add_preprocess_arguments(parser: Any) -> None:
         "--eval-fraction",
         dest="eval_fraction",
         type=float,
-        default=0.05,
+        default=EVAL_FRACTION_DEFAULT,
         help="Fraction of records held out for evaluation (by a hash of the prompt/text).",
     )
     add(
@@ -197,7 +203,7 @@ class PreprocessConfig:
     response_field: str = "response"
     messages_field: str = "messages"
     text_field: str = "text"
-    eval_fraction: float = 0.05
+    eval_fraction: float = EVAL_FRACTION_DEFAULT
     """Held-out fraction, decided by a salted hash of the prompt (text), so reruns agree."""
     split_seed: str = "llmft"
     train_on_prompt: bool = False
@@ -229,10 +235,14 @@ class PreprocessConfig:
             errors.append("--output is required (the dataset directory to write)")
         if not o.tokenizer:
             errors.append("--tokenizer is required (the model's tokenizer directory or name)")
-        if o.seq_len is None or o.seq_len < 8:
-            errors.append(f"--seq-len must be an integer >= 8 (got {o.seq_len})")
-        if not 0.0 <= o.eval_fraction < 1.0:
-            errors.append(f"--eval-fraction must be in [0, 1) (got {o.eval_fraction})")
+        if o.seq_len is None or not SEQ_LEN_MIN <= o.seq_len <= SEQ_LEN_MAX:
+            errors.append(
+                f"--seq-len must be an integer in [{SEQ_LEN_MIN}, {SEQ_LEN_MAX}] (got {o.seq_len})"
+            )
+        if not 0.0 <= o.eval_fraction < EVAL_FRACTION_MAX:
+            errors.append(
+                f"--eval-fraction must be in [0, {EVAL_FRACTION_MAX}) (got {o.eval_fraction})"
+            )
         if not 0.0 <= o.max_rejected_fraction <= 1.0:
             errors.append(
                 f"--max-rejected-fraction must be in [0, 1] (got {o.max_rejected_fraction})"

@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ from beam_preprocess.schema import (
     Manifest,
     SplitInfo,
     TokenizerIdentity,
+    read_manifest,
 )
 from beam_preprocess.transforms import (
     TABLES,
@@ -323,6 +323,13 @@ def write_manifest(config: PreprocessConfig, tokenizer: TokenizerIdentity) -> Ma
         info = SplitInfo(**stats["splits"].get(name, {}))
         info.shards = _relative(out, _list(f"{out}/{name}/*.parquet"))
         splits[name] = info
+    if splits["train"].rows == 0:
+        raise ValueError(
+            f"no training rows: all {read_total} records read from {', '.join(config.inputs)} were "
+            f"filtered ({stats.get('filtered', 0)}), rejected ({stats['rejected']}) or duplicates "
+            f"({stats.get('duplicates', 0)}); the reasons are in {out}/{REJECTED_DIR}/ and "
+            f"{out}/{FILTERED_DIR}/"
+        )
     manifest = Manifest(
         seq_len=config.seq_len,
         tokenizer=tokenizer,
@@ -330,6 +337,7 @@ def write_manifest(config: PreprocessConfig, tokenizer: TokenizerIdentity) -> Ma
         splits=splits,
         stats={k: v for k, v in stats.items() if k != "splits"},
         eval_records=_relative(out, _list(f"{out}/{EVAL_RECORDS_DIR}/*.jsonl")),
+        files=[p for p in _relative(out, _list(f"{out}/**")) if p != MANIFEST_FILE],
     )
     with FileSystems.create(f"{out}/{MANIFEST_FILE}") as f:
         f.write(manifest.to_json().encode())
@@ -359,26 +367,46 @@ def _check_inputs(patterns: tuple[str, ...]) -> None:
 
 
 def _prepare_output(out: str, overwrite: bool) -> None:
-    remote = "://" in out and not out.startswith("file://")
-    if remote:
-        existing = [m.path for m in FileSystems.match([f"{out}/**"])[0].metadata_list]
-    else:
-        existing = os.listdir(out) if os.path.isdir(out) else []
+    """Refuse a non-empty output; with `overwrite`, delete exactly the files a previous run listed
+    in its manifest, and refuse when anything else is there (nothing the user owns is deleted).
+
+    Works the same on local paths and gs:// (Beam's FileSystems)."""
+    if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--output {out!r} is a file: give a directory for the dataset")
+    existing = _relative(out, _list(f"{out}/**"))
     if existing and not overwrite:
         raise ValueError(
             f"--output {out!r} is not empty: choose a new directory or pass --overwrite"
         )
-    names = {path.rstrip("/").rsplit("/", 1)[-1] for path in existing}
-    if existing and not names & {MANIFEST_FILE, STATS_FILE}:
-        # --overwrite deletes the directory: never do that to something that is not a dataset.
-        raise ValueError(
-            f"--output {out!r} holds files but no {MANIFEST_FILE} or {STATS_FILE}: it does not "
-            "look like a dataset written by this pipeline, so --overwrite will not delete it "
-            "(delete it yourself or choose another directory)"
-        )
-    if existing and remote:
-        FileSystems.delete(existing)
-    elif existing:
-        shutil.rmtree(out)
-    if not remote:
+    if existing:
+        ours = _files_of_previous_run(out)
+        foreign = sorted(set(existing) - ours)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (
+                f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            )
+            raise ValueError(
+                f"--output {out!r} holds files that no finished llmft preprocess run listed in "
+                f"its {MANIFEST_FILE} ({shown}), so --overwrite will not delete it: choose "
+                "another directory or remove them yourself"
+            )
+        FileSystems.delete([f"{out}/{name}" for name in existing])
+        if "://" not in out:
+            _remove_empty_dirs(out)
+    if "://" not in out:
         os.makedirs(out, exist_ok=True)
+
+
+def _files_of_previous_run(out: str) -> set[str]:
+    """Relative paths a finished run wrote, read from its manifest (empty set when none)."""
+    try:
+        manifest = read_manifest(out)
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return set()
+    return {MANIFEST_FILE, *manifest.files}
+
+
+def _remove_empty_dirs(root: str) -> None:
+    for dirpath, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+        if dirpath != root and not os.listdir(dirpath):
+            os.rmdir(dirpath)

@@ -35,6 +35,13 @@ MANIFEST_FILE = "manifest.json"
 SPLITS = ("train", "eval")
 REJECTED_DIR = "rejected"
 COLUMNS = ("input_ids", "loss_mask", "position_ids")
+SEQ_LEN_MIN, SEQ_LEN_MAX = 16, 131072
+"""Packed row lengths preprocessing, the trainer and the pipeline accept (below 16 a row holds
+hardly a prompt; above 128k no supported model has the positions)."""
+EVAL_FRACTION_MAX = 0.5
+"""Held-out fractions are in [0, EVAL_FRACTION_MAX): more than half held out is a mistake."""
+EVAL_FRACTION_DEFAULT = 0.05
+"""The held-out fraction when none is given (preprocessing and the pipeline)."""
 
 
 @dataclass
@@ -92,6 +99,9 @@ class Manifest:
     version: int = FORMAT_VERSION
     eval_records: list[str] = field(default_factory=list)
     """JSONL files (relative paths) of the eval split's clean records; optional, may be empty."""
+    files: list[str] = field(default_factory=list)
+    """Every file the run wrote (relative paths, manifest.json aside): what `--overwrite` may
+    delete, and nothing else."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -117,6 +127,7 @@ class Manifest:
             format=data["format"],
             version=data["version"],
             eval_records=list(data.get("eval_records", [])),
+            files=list(data.get("files", [])),
         )
 
 

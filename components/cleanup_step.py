@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.launchers.base import BACKENDS, get_launcher
+from components.run_params import RunParams
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +27,10 @@ def cleanup_run(
     *,
     backend: str,
     run_id: str,
-    namespace: str = "default",
+    namespace: str = RunParams.namespace,
     gke_cluster: str = "",
     project: str = "",
-    region: str = "us-central1",
+    region: str = RunParams.region,
     api_client: Any = None,
     vertex_client: Any = None,
     state_root: str | None = None,
@@ -50,7 +51,7 @@ def cleanup_run(
         launcher = get_launcher("local", state_root=state_root)
     elif backend == "gke":
         launcher = get_launcher(
-            "gke", api_client=api_client, cluster=gke_cluster, namespace=namespace or "default"
+            "gke", api_client=api_client, cluster=gke_cluster, namespace=namespace
         )
     else:
         launcher = get_launcher("vertex", project=project, location=region, client=vertex_client)

@@ -16,6 +16,7 @@ from typing import Any
 
 from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
+from components.run_params import RunParams
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def etcd_up(
     *,
     backend: str,
     run_id: str,
-    rdzv_backend: str = "etcd-v3",
+    rdzv_backend: str = RunParams.rdzv_backend,
     namespace: str = "",
     gke_cluster: str = "",
     project: str = "",

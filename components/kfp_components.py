@@ -25,27 +25,40 @@ def llmft_component(func):  # type: ignore[no-untyped-def]
 
 @llmft_component
 def validate_inputs(
-    backend: str,
+    # Every run parameter (components/run_params.py; tests/test_run_params.py keeps this list
+    # equal to the schema's), plus the run's schedule time.
     train_data_uri: str,
-    data_kind: str,
     base_model: str,
+    backend: str,
+    data_kind: str,
     seq_len: int,
     eval_fraction: float,
     preprocess_runner: str,
+    dataflow_options: dict,
     nodes: int,
     nproc_per_node: int,
     rdzv_backend: str,
     max_steps: int,
     learning_rate: float,
+    trainer_overrides: dict,
     project: str,
     region: str,
     work_uri: str,
-    registered_model: str,
-    register_model: bool,
-    serving_image: str,
+    namespace: str,
+    gke_cluster: str,
+    machine_type: str,
+    accelerator_type: str,
+    accelerator_count: int,
+    service_account: str,
+    hf_token_secret: str,
     max_eval_examples: int,
-    schedule_time: str,
+    min_loss_improvement: float,
+    min_exact_match: float,
+    register_model: bool,
+    registered_model: str,
     champion_model: str,
+    serving_image: str,
+    schedule_time: str,
 ) -> NamedTuple(  # type: ignore[valid-type]
     "ValidatedInputs", [("base_model", str), ("train_data_uri", str), ("champion_model", str)]
 ):
@@ -56,15 +69,16 @@ def validate_inputs(
         train_data_uri: the data URI with the schedule-time placeholder filled in.
         champion_model: the model to beat besides the base ("" for none).
     """
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.validation import validate_and_resolve
 
-    return validate_and_resolve(**locals())
+    return validate_and_resolve(**params)
 
 
 @llmft_component
 def preprocess(
     train_data_uri: str,
-    tokenizer: str,
+    base_model: str,
     data_kind: str,
     seq_len: int,
     eval_fraction: float,
@@ -87,8 +101,8 @@ def preprocess(
 
     dataset.metadata.update(
         run_preprocess_component(
-            input_uri=train_data_uri,
-            tokenizer=tokenizer,
+            train_data_uri=train_data_uri,
+            base_model=base_model,
             data_kind=data_kind,
             seq_len=seq_len,
             eval_fraction=eval_fraction,
@@ -244,8 +258,8 @@ def register(
         metadata=tuned_model.metadata,
         run_id=run_id,
         project=project,
-        location=region,
-        model=registered_model,
+        region=region,
+        registered_model=registered_model,
         serving_image=serving_image,
     )
 

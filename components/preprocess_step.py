@@ -15,6 +15,8 @@ import signal
 from dataclasses import asdict
 from typing import Any
 
+from components.run_params import RunParams
+
 log = logging.getLogger(__name__)
 
 DATAFLOW_JOB_URI = (
@@ -34,9 +36,9 @@ def build_argv(
     output_uri: str,
     tokenizer: str,
     seq_len: int,
-    runner: str = "DirectRunner",
-    eval_fraction: float = 0.05,
-    data_kind: str = "instruction",
+    runner: str = RunParams.preprocess_runner,
+    eval_fraction: float = RunParams.eval_fraction,
+    data_kind: str = RunParams.data_kind,
     max_rejected_fraction: float = 0.1,
     train_on_prompt: bool = False,
     overwrite: bool = True,
@@ -211,8 +213,8 @@ _DATAFLOW_PARAMS = {
 
 def run_preprocess_component(
     *,
-    input_uri: str,
-    tokenizer: str,
+    train_data_uri: str,
+    base_model: str,
     data_kind: str,
     seq_len: int,
     eval_fraction: float,
@@ -228,6 +230,8 @@ def run_preprocess_component(
     gcp_resources_path: str,
 ) -> dict[str, Any]:
     """What the `preprocess` KFP component calls: returns the Dataset artifact's metadata.
+
+    The base model's tokenizer tokenizes `train_data_uri` (the run parameters' names).
 
     Locally the dataset is written to the artifact's local path; on Dataflow to its gs:// URI
     (workers cannot see the launcher's disk). `dataflow_options` holds Beam runner flags by name
@@ -257,9 +261,9 @@ def run_preprocess_component(
     with open(gcp_resources_path, "w") as f:
         f.write(json.dumps({"resources": []}))
     result = run_preprocess_step(
-        input_uri=input_uri,
+        input_uri=train_data_uri,
         output_uri=output_uri if dataflow else output_path,
-        tokenizer=tokenizer,
+        tokenizer=base_model,
         seq_len=seq_len,
         runner=runner,
         eval_fraction=eval_fraction,

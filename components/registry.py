@@ -275,15 +275,15 @@ def resolve_model(
 
 
 def latest_registered_model_uri(
-    *, model: str, project: str, location: str, credentials: Any = None
+    *, registered_model: str, project: str, region: str, credentials: Any = None
 ) -> str:
-    """The artifact URI of `model`'s latest version (for base_model="latest-registered")."""
+    """The artifact URI of `registered_model`'s latest version (for "latest-registered")."""
     name, display_name = resolve_model(
-        model=model, project=project, location=location, credentials=credentials
+        model=registered_model, project=project, location=region, credentials=credentials
     )
     version = (
         latest_registered_version(
-            project=project, location=location, parent_model=name, credentials=credentials
+            project=project, location=region, parent_model=name, credentials=credentials
         )
         if name
         else None
@@ -302,20 +302,20 @@ def register_model_artifact(
     metadata: dict[str, Any],
     run_id: str,
     project: str,
-    location: str,
-    model: str,
+    region: str,
+    registered_model: str,
     serving_image: str,
     credentials: Any = None,
 ) -> str:
     """The `register` component: upload the trainer's Model artifact; return the version's name.
 
     The HF files are at the artifact's `model_uri` metadata (the trainer writes its run directory
-    to the artifact and the model to `<run dir>/model`). `model` is the registry model to add a
-    version to (resource name, id, or display name; a new display name creates the model).
+    to the artifact and the model to `<run dir>/model`). `registered_model` is the registry model
+    to add a version to (resource name, id, or display name; a new display name creates the model).
     """
     artifact_uri = str(metadata.get("model_uri") or model_uri.rstrip("/") + "/model")
     parent, display_name = resolve_model(
-        model=model, project=project, location=location, credentials=credentials
+        model=registered_model, project=project, location=region, credentials=credentials
     )
     description = f"fine-tuned by llmft run {run_id}"
     if metadata.get("base_model"):
@@ -326,7 +326,7 @@ def register_model_artifact(
         serving_container_image_uri=serving_image,
         run_id=run_id,
         project=project,
-        location=location,
+        location=region,
         parent_model=parent,
         description=description,
         credentials=credentials,

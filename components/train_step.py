@@ -21,6 +21,8 @@ from components.launchers.base import (
     TrainLaunch,
     get_launcher,
 )
+from components.run_params import RunParams
+from trainer.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -90,16 +92,11 @@ def run_train_step(
     *,
     backend: str,
     run_id: str,
-    model: str,
-    data: str,
-    output: str,
+    trainer: TrainConfig,
     nodes: int = 1,
     nproc_per_node: int = 1,
-    rdzv_backend: str = "etcd-v3",
+    rdzv_backend: str = RunParams.rdzv_backend,
     rdzv_endpoint: str = "",
-    max_steps: int | None = None,
-    trainer_overrides: Mapping[str, Any] | None = None,
-    config_file: str | None = None,
     max_restarts: int = 0,
     timeout_s: float | None = None,
     gcp_resources_path: str | None = None,
@@ -114,16 +111,17 @@ def run_train_step(
     Args:
         backend: local, gke or vertex.
         run_id: the pipeline run id (names, labels, rendezvous id).
-        model, data, output: as the workers see them (gs:// on GKE and Vertex).
+        trainer: the trainer's config (model, data, output as the workers see them: gs:// on GKE
+            and Vertex); every rank receives it as one JSON argument.
         nodes, nproc_per_node: N nodes x P processes.
         rdzv_backend, rdzv_endpoint: torchrun rendezvous ("" endpoint: the backend's default; see
             each launcher). Vertex always uses c10d at the primary replica.
-        max_steps, trainer_overrides, config_file: what the trainer is told.
         max_restarts: torchrun restarts of the worker group.
         timeout_s: give up (and cancel) after this long.
         gcp_resources_path: the component's gcp_resources output (Vertex: cancel-with-pipeline).
         log: where progress and logs go (default stdout).
-        entrypoint: what torchrun runs (default `-m trainer`).
+        entrypoint: what torchrun runs (default `-m trainer`; tests run a stand-in script, and
+            then the trainer's data preflight is skipped).
         local: LocalLauncher options (log_dir, state_root, grace_s, ...).
         gke: GkeLauncher options (api_client, cluster, namespace, job_options, poll_s, ...).
         vertex: VertexLauncher options (project, location, job_options, client, poll_s, ...).
@@ -132,7 +130,7 @@ def run_train_step(
         base_model, steps, tokens, target_tokens, final_loss, model_uri (+ run facts).
 
     Raises:
-        ValueError: invalid options (all listed together).
+        ValueError: invalid options or inputs (all listed together), before anything starts.
         LaunchFailed: the run failed or was cancelled (with the reason and last log lines).
     """
     if backend not in BACKENDS:
@@ -143,15 +141,13 @@ def run_train_step(
         )
         rdzv_backend, rdzv_endpoint = "c10d", ""
     launch = TrainLaunch(
-        run_id=run_id, model=model, data=data, output=output, nodes=nodes,
-        nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-        max_steps=max_steps if max_steps and max_steps > 0 else None,
-        trainer_overrides=dict(trainer_overrides or {}), config_file=config_file or None,
-        max_restarts=max_restarts, **({"entrypoint": tuple(entrypoint)} if entrypoint else {}),
+        run_id=run_id, trainer=trainer, nodes=nodes, nproc_per_node=nproc_per_node,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts,
+        **({"entrypoint": tuple(entrypoint)} if entrypoint else {}),
     )  # fmt: skip
     launch.validate()
-    if backend == "local" and launch.entrypoint == TRAINER_ENTRYPOINT:
-        preflight_local(launch)
+    if launch.entrypoint == TRAINER_ENTRYPOINT:
+        preflight(launch.trainer, local=backend == "local")
     options: dict[str, Any] = dict({"local": local, "gke": gke, "vertex": vertex}[backend] or {})
     if log is not None:
         options["log"] = log
@@ -161,21 +157,87 @@ def run_train_step(
     result = launcher.run(launch, timeout=timeout_s)
     launcher.log(f"[launcher] {result.describe()}")
     result.raise_for_status()
+    output = trainer.output
     return model_metadata(read_summary(output), output=output, launch=launch, backend=backend)
 
 
-def preflight_local(launch: TrainLaunch) -> None:
-    """Check the trainer's config and inputs here, before any node starts, so a typo is one clear
-    line instead of N torchrun agents failing (the trainer checks again on every rank)."""
-    from beam_preprocess.schema import read_manifest
-    from trainer.config import load_config
+def preflight(config: TrainConfig, *, local: bool) -> None:
+    """What the trainer would find out on every rank, found here once, before torchrun or a
+    cloud job starts: each problem in one ValueError.
 
-    load_config(launch.trainer_args())  # ValueError listing every config problem
-    model = launch.model
-    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
-        raise ValueError(f"model {model!r} is not a directory: pass a Hugging Face model directory")
-    if "://" not in launch.data:
-        read_manifest(launch.data)  # ValueError when it is not a packed dataset
+    Checks that the dataset is a non-empty packed dataset, that the model exists (a name that is
+    neither a directory nor a hub id `owner/name` would go to the hub and fail on every rank),
+    and, for a local model directory, that its tokenizer is the one the data was packed with and
+    that it has positions for `seq_len` tokens. `local`: the model and data paths are on this
+    machine (the local backend); otherwise only what is readable here (gs:// via fsspec) is read.
+    """
+    from beam_preprocess.schema import read_manifest
+
+    config.validate()
+    errors: list[str] = []
+    model_dir = _local_model_dir(config.model, errors, local=local)
+    manifest = None
+    if local or "://" in config.data:
+        try:
+            manifest = read_manifest(config.data)
+        except (FileNotFoundError, ValueError) as exc:
+            errors.append(f"data {config.data!r}: {exc}")
+    if manifest is not None:
+        if manifest.splits["train"].rows == 0:
+            errors.append(f"data {config.data!r} has no training rows: see its stats.json")
+        if config.seq_len is not None and config.seq_len != manifest.seq_len:
+            errors.append(
+                f"seq_len={config.seq_len} but the dataset was packed with seq_len="
+                f"{manifest.seq_len}: drop seq_len or re-run preprocessing"
+            )
+        if model_dir is not None:
+            errors += _model_fits_errors(model_dir, config, manifest)
+    if errors:
+        raise ValueError("the training run cannot start:\n  - " + "\n  - ".join(errors))
+
+
+def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | None:
+    """The model's local directory, None for a URI or a hub id; records a missing model."""
+    if "://" in model:
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if not local:
+        return None  # a path inside the training image or on a shared volume
+    if model.count("/") == 1 and not model.startswith((".", "/", "~")):
+        return None  # a hub id (owner/name): downloaded by every node
+    errors.append(
+        f"model {model!r} is not a directory here nor a hub id like owner/name: pass a Hugging "
+        "Face model directory (llmft tiny-model writes one)"
+    )
+    return None
+
+
+def _model_fits_errors(model_dir: Path, config: TrainConfig, manifest: Any) -> list[str]:
+    """The tokenizer matches the dataset's, and the model has positions for its rows."""
+    from beam_preprocess.schema import TokenizerIdentity, compatibility_errors
+
+    errors = []
+    model_config = model_dir / "config.json"
+    if not model_config.is_file():
+        return [f"model {str(model_dir)!r} has no config.json: pass a Hugging Face model directory"]
+    positions = json.loads(model_config.read_text()).get("max_position_embeddings")
+    if isinstance(positions, int) and positions < manifest.seq_len:
+        errors.append(
+            f"model {str(model_dir)!r} has {positions} positions but the dataset's rows are "
+            f"{manifest.seq_len} tokens: re-run preprocessing with seq_len <= {positions}"
+        )
+    tokenizer_dir = Path(config.resolved_tokenizer()).expanduser()
+    if tokenizer_dir.is_dir():
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        except (OSError, ValueError) as exc:
+            return [*errors, f"tokenizer {str(tokenizer_dir)!r} does not load: {exc}"]
+        errors += compatibility_errors(manifest, TokenizerIdentity.of(tokenizer), None)
+    return errors
 
 
 def run_train_component(
@@ -207,12 +269,16 @@ def run_train_component(
     """The `train` KFP component's parameters mapped onto `run_train_step`.
 
     The trainer writes its run directory to the Model artifact's URI (`output_uri`); the HF model
-    is `<output_uri>/model` (metadata `model_uri`). `learning_rate` > 0 sets the trainer's `lr`.
+    is `<output_uri>/model` (metadata `model_uri`).
     """
-    overrides = dict(trainer_overrides or {})
-    if learning_rate and learning_rate > 0:
-        overrides.setdefault("lr", learning_rate)
-    output = _local_path(output_uri) if backend == "local" else output_uri
+    from components.run_params import trainer_config
+
+    local = backend == "local"
+    trainer = trainer_config(
+        dict(trainer_overrides or {}), max_steps=max_steps, learning_rate=learning_rate,
+        model=base_model, data=_local_path(data) if local else data,
+        output=_local_path(output_uri) if local else output_uri,
+    )  # fmt: skip
     common: dict[str, Any] = {}
     if backend == "gke":
         job_options: dict[str, Any] = {"accelerator": gke_accelerator(accelerator_type)}
@@ -222,11 +288,7 @@ def run_train_component(
             job_options["service_account"] = service_account
         if hf_token_secret:
             job_options["hf_token_secret"] = hf_token_secret
-        common["gke"] = {
-            "cluster": gke_cluster,
-            "namespace": namespace or "default",
-            "job_options": job_options,
-        }
+        common["gke"] = {"cluster": gke_cluster, "namespace": namespace, "job_options": job_options}
     elif backend == "vertex":
         if hf_token_secret:
             logger.warning(
@@ -243,9 +305,8 @@ def run_train_component(
             vertex_options["service_account"] = service_account
         common["vertex"] = {"project": project, "location": region, "job_options": vertex_options}
     return run_train_step(
-        backend=backend, run_id=run_id, model=base_model, data=_local_path(data) if backend == "local" else data,
-        output=output, nodes=nodes, nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint, max_steps=max_steps, trainer_overrides=overrides,
+        backend=backend, run_id=run_id, trainer=trainer, nodes=nodes,
+        nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
         gcp_resources_path=gcp_resources_path, **common,
     )  # fmt: skip
 

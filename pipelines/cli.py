@@ -15,6 +15,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from components.run_params import RunParams
+
 app = typer.Typer(
     name="llmft",
     help="Fine-tune LLMs with Kubeflow Pipelines: locally, on Vertex AI, or on KFP on GKE.",
@@ -114,6 +116,7 @@ def compile_cmd(
     """Compile the fine-tune pipeline (and, with --target all, every component) to YAML."""
     from pipelines.compile import compile_all
 
+    _not_a_file(output_dir, "--output-dir")
     for path in compile_all(target, output_dir):
         typer.echo(f"wrote {path}")
 
@@ -123,8 +126,24 @@ ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="YAML settings (see docs/deploy/example.yaml).")
 ]
 ParamOpt = Annotated[
-    list[str] | None, typer.Option("--param", help="Pipeline parameter KEY=VALUE (repeatable).")
+    list[str] | None,
+    typer.Option(
+        "--param", help="Run parameter KEY=VALUE (repeatable; the parameters are listed below)."
+    ),
 ]
+
+
+def _parameters_epilog() -> str:
+    """Every run parameter with its default and description (components/run_params.py)."""
+    from components.run_params import defaults, describe
+
+    lines = ["Run parameters (--param KEY=VALUE, or `parameters:` in --config):", ""]
+    for name, default in defaults().items():
+        # Rich reads [...] as markup: escape the bracket.
+        lines.append(f"  {name} \\[default: {json.dumps(default)}]: {describe(name)}")
+    return "\n\n".join(lines)
+
+
 TemplateOpt = Annotated[
     str | None,
     typer.Option(
@@ -132,7 +151,9 @@ TemplateOpt = Annotated[
     ),
 ]
 ProjectOpt = Annotated[str | None, typer.Option(help="Vertex: Google Cloud project id.")]
-LocationOpt = Annotated[str | None, typer.Option(help="Vertex: region [default: us-central1].")]
+RegionOpt = Annotated[
+    str | None, typer.Option(help=f"Vertex: Google Cloud region [default: {RunParams.region}].")
+]
 RootOpt = Annotated[str | None, typer.Option(help="Where runs write artifacts (gs:// on Vertex).")]
 AccountOpt = Annotated[
     str | None, typer.Option(help="Vertex: service-account email; KFP: Kubernetes service account.")
@@ -247,7 +268,7 @@ def upload_cmd(
     _print_json(dataclasses.asdict(result))
 
 
-@app.command("run")
+@app.command("run", epilog=_parameters_epilog())
 @user_errors
 def run_cmd(
     backend: Annotated[
@@ -258,7 +279,7 @@ def run_cmd(
     template: TemplateOpt = None,
     display_name: Annotated[str | None, typer.Option(help="Run name prefix.")] = None,
     project: ProjectOpt = None,
-    location: LocationOpt = None,
+    region: RegionOpt = None,
     pipeline_root: RootOpt = None,
     service_account: AccountOpt = None,
     network: NetworkOpt = None,
@@ -297,7 +318,7 @@ def run_cmd(
         from pipelines.local_run import run_local
 
         remote = {"--template": template, "--display-name": display_name, "--project": project,
-                  "--location": location, "--pipeline-root": pipeline_root,
+                  "--region": region, "--pipeline-root": pipeline_root,
                   "--service-account": service_account, "--network": network, "--label": label,
                   "--experiment": experiment, "--enable-caching": enable_caching,
                   "--failure-policy": failure_policy, "--host": host, "--namespace": namespace,
@@ -320,7 +341,7 @@ def run_cmd(
         display_name=display_name,
         parameters=params,
         project=project,
-        location=location,
+        region=region,
         pipeline_root=pipeline_root,
         service_account=service_account,
         network=network,
@@ -351,7 +372,7 @@ def run_cmd(
         submit_kfp(cfg, schedule_time=when, wait=wait, report=typer.echo)
 
 
-@app.command("schedule")
+@app.command("schedule", epilog=_parameters_epilog())
 @user_errors
 def schedule_cmd(
     backend: Annotated[
@@ -394,7 +415,7 @@ def schedule_cmd(
         typer.Option("--update", help="Point the schedules named --display-name at --template."),
     ] = False,
     project: ProjectOpt = None,
-    location: LocationOpt = None,
+    region: RegionOpt = None,
     pipeline_root: RootOpt = None,
     service_account: AccountOpt = None,
     network: NetworkOpt = None,
@@ -434,7 +455,7 @@ def schedule_cmd(
         allow_queueing=allow_queueing,
         catchup=catchup,
         project=project,
-        location=location,
+        region=region,
         pipeline_root=pipeline_root,
         service_account=service_account,
         network=network,
@@ -484,12 +505,16 @@ def train_cmd(
     backend: Annotated[
         str, typer.Option(help="Where to run: local (torchrun agents here).")
     ] = "local",
-    nodes: Annotated[int, typer.Option(help="Nodes: separate torchrun agents.")] = 2,
-    nproc_per_node: Annotated[int, typer.Option(help="Worker processes per node.")] = 2,
+    nodes: Annotated[int, typer.Option(help="Nodes: separate torchrun agents.")] = RunParams.nodes,
+    nproc_per_node: Annotated[
+        int, typer.Option(help="Worker processes per node.")
+    ] = RunParams.nproc_per_node,
     max_steps: Annotated[
-        int | None, typer.Option(help="Optimizer steps (default: the trainer's).")
+        int | None, typer.Option(help="Optimizer steps (default: the trainer's `epochs`).")
     ] = None,
-    rdzv_backend: Annotated[str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")] = "etcd-v3",
+    rdzv_backend: Annotated[
+        str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")
+    ] = RunParams.rdzv_backend,
     rdzv_endpoint: Annotated[
         str,
         typer.Option(help="host:port; empty starts a local etcd for the run (c10d: a free port)."),
@@ -516,17 +541,47 @@ def train_cmd(
             f"--backend {backend}: `llmft train` runs locally; use `llmft run --backend {backend}` "
             "(the pipeline) or `llmft render pytorchjob` for GKE"
         )
+    _not_a_file(output, "--output")
+    trainer = _trainer_config(model, data, output, config, max_steps, set_)
     try:
         metadata = run_train_step(
-            backend="local", run_id=run_id or f"local-{uuid.uuid4().hex[:10]}", model=model,
-            data=data, output=output, nodes=nodes, nproc_per_node=nproc_per_node,
-            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, max_steps=max_steps,
-            trainer_overrides=parse_params(set_), config_file=config, max_restarts=max_restarts,
+            backend="local", run_id=run_id or f"local-{uuid.uuid4().hex[:10]}",
+            trainer=trainer, nodes=nodes, nproc_per_node=nproc_per_node,
+            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts,
         )  # fmt: skip
     except LaunchFailed as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(130 if isinstance(exc, LaunchCancelled) else 1) from None
     _print_json(metadata)
+
+
+def _trainer_config(
+    model: str,
+    data: str,
+    output: str,
+    config: str | None,
+    max_steps: int | None,
+    set_: list[str] | None,
+) -> Any:
+    """The TrainConfig these flags describe, read by the trainer's own parser (so each flag means
+    what it means to `python -m trainer`); every problem in one ValueError."""
+    from trainer.config import load_config
+
+    argv = ["--model", model, "--data", data, "--output", output]
+    argv += ["--config", config] if config else []
+    argv += ["--max-steps", str(max_steps)] if max_steps is not None else []
+    for pair in set_ or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {pair!r} is not KEY=VALUE")
+        argv += [f"--{key}", value]
+    return load_config(argv)
+
+
+def _not_a_file(path: str | Path, flag: str) -> None:
+    """Refuse an output directory that is an existing file (instead of a traceback later)."""
+    if "://" not in str(path) and Path(path).is_file():
+        raise ValueError(f"{flag} {str(path)!r} is a file: give a directory")
 
 
 render_app = typer.Typer(help="Print manifests without creating anything.", no_args_is_help=True)
@@ -544,27 +599,32 @@ def render_pytorchjob(
     run_id: Annotated[
         str, typer.Option(help="Run id (names, labels, rendezvous id).")
     ] = "example-run",
-    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "llmft",
-    nodes: Annotated[int, typer.Option(help="Worker pods.")] = 4,
-    nproc_per_node: Annotated[int, typer.Option(help="Processes (GPUs) per pod.")] = 4,
-    rdzv_backend: Annotated[str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")] = "etcd-v3",
+    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = RunParams.namespace,
+    nodes: Annotated[int, typer.Option(help="Worker pods.")] = RunParams.nodes,
+    nproc_per_node: Annotated[
+        int, typer.Option(help="Processes (GPUs) per pod.")
+    ] = RunParams.nproc_per_node,
+    rdzv_backend: Annotated[
+        str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")
+    ] = RunParams.rdzv_backend,
     rdzv_endpoint: Annotated[
         str, typer.Option(help="host:port (default: the run's etcd Service).")
     ] = "",
     max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     image: Annotated[str | None, typer.Option(help="Image (default: the project image).")] = None,
     accelerator: Annotated[
-        str, typer.Option(help="GKE accelerator label; '' for CPU.")
-    ] = "nvidia-h100-80gb",
+        str,
+        typer.Option(help="Vertex accelerator name or GKE accelerator label; '' for CPU."),
+    ] = RunParams.accelerator_type,
     cpu: Annotated[str | None, typer.Option(help="CPU per pod.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory per pod.")] = None,
     shm_size: Annotated[str, typer.Option(help="/dev/shm size.")] = "64Gi",
     service_account: Annotated[
-        str | None, typer.Option(help="Workload Identity KSA.")
-    ] = "llmft-trainer",
+        str, typer.Option(help="Workload Identity KSA ('' for the namespace's default).")
+    ] = RunParams.service_account,
     hf_token_secret: Annotated[
-        str | None, typer.Option(help="Secret with the HF token (name[:key]).")
-    ] = "llmft-hf-token",
+        str, typer.Option(help="Secret with the HF token (name[:key]; '' for none).")
+    ] = RunParams.hf_token_secret,
     gang_scheduling: Annotated[
         bool, typer.Option(help="All pods or none (needs a gang scheduler).")
     ] = False,
@@ -579,15 +639,16 @@ def render_pytorchjob(
     from components.image import DEFAULT_IMAGE
     from components.launchers.base import TrainLaunch
     from components.launchers.gke import build_pytorchjob, to_yaml
+    from components.train_step import gke_accelerator
 
     launch = TrainLaunch(
-        run_id=run_id, model=model, data=data, output=output, nodes=nodes,
-        nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-        max_steps=max_steps, trainer_overrides=parse_params(set_),
+        run_id=run_id, trainer=_trainer_config(model, data, output, None, max_steps, set_),
+        nodes=nodes, nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
     )  # fmt: skip
     job = build_pytorchjob(
         launch=launch, namespace=namespace, image=image or DEFAULT_IMAGE,
-        accelerator=accelerator or None, cpu=cpu, memory=memory, shm_size=shm_size,
+        accelerator=gke_accelerator(accelerator), cpu=cpu, memory=memory, shm_size=shm_size,
         service_account=service_account or None, hf_token_secret=hf_token_secret or None,
         gang_scheduling=gang_scheduling, active_deadline_seconds=active_deadline_seconds,
     )  # fmt: skip

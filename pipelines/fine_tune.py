@@ -9,6 +9,10 @@
 - "kfp": KFP on GKE, with kfp-kubernetes settings for the task pods (the HF token Secret as env,
   pod labels, timeouts).
 
+The parameters, their defaults and their console descriptions come from one schema,
+`components.run_params.RunParams`: the pipeline function's signature and its docstring `Args:` are
+generated from it (KFP reads both), so adding a parameter is one field there.
+
 Resource names and labels come from the run id (`dsl.PIPELINE_JOB_ID_PLACEHOLDER`): the exit
 handler cannot consume the guarded tasks' outputs, so cleanup finds what the run made by label.
 Steps with side effects never use the cache.
@@ -20,11 +24,16 @@ from typing import Any
 from kfp import dsl
 
 from components import kfp_components as c
+from components.run_params import RunParams, defaults, pipeline_docstring, pipeline_signature
 
 PIPELINE_NAME = "llmft-fine-tune"
 TARGETS = ("vertex", "kfp")
-HF_TOKEN_SECRET = "llmft-hf-token"
-"""Kubernetes Secret (key `token`) mounted as HF_TOKEN on KFP-on-GKE task pods, when it exists."""
+DESCRIPTION = (
+    "Fine-tune a causal LM: Beam preprocessing to packed shards, a per-run etcd, multi-node "
+    "FSDP2 training (local torchrun agents, PyTorchJob on GKE or Vertex CustomJob), "
+    "before/after evaluation with a quality gate, optional Model Registry upload, and "
+    "cleanup of everything the run created."
+)
 
 
 def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Callable[..., Any]:
@@ -39,166 +48,73 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: choose one of {', '.join(TARGETS)}")
 
-    @dsl.pipeline(
-        name=PIPELINE_NAME,
-        description=(
-            "Fine-tune a causal LM: Beam preprocessing to packed shards, a per-run etcd, multi-node "
-            "FSDP2 training (local torchrun agents, PyTorchJob on GKE or Vertex CustomJob), "
-            "before/after evaluation with a quality gate, optional Model Registry upload, and "
-            "cleanup of everything the run created."
-        ),
-    )
-    def fine_tune(
-        train_data_uri: str = "",
-        base_model: str = "",
-        backend: str = "local",
-        data_kind: str = "instruction",
-        seq_len: int = 512,
-        eval_fraction: float = 0.05,
-        preprocess_runner: str = "DirectRunner",
-        dataflow_options: dict = {},  # noqa: B006 - KFP pipeline default, never mutated
-        nodes: int = 2,
-        nproc_per_node: int = 2,
-        rdzv_backend: str = "etcd-v3",
-        max_steps: int = 200,
-        learning_rate: float = 1e-3,
-        trainer_overrides: dict = {},  # noqa: B006 - KFP pipeline default, never mutated
-        project: str = "",
-        region: str = "us-central1",
-        work_uri: str = "",
-        namespace: str = "kubeflow",
-        gke_cluster: str = "",
-        machine_type: str = "a3-highgpu-8g",
-        accelerator_type: str = "NVIDIA_H100_80GB",
-        accelerator_count: int = 8,
-        service_account: str = "",
-        hf_token_secret: str = HF_TOKEN_SECRET,
-        max_eval_examples: int = 200,
-        min_loss_improvement: float = 0.0,
-        min_exact_match: float = 0.0,
-        register_model: bool = False,
-        registered_model: str = "",
-        champion_model: str = "",
-        serving_image: str = "",
-    ) -> None:
-        """Fine-tune a causal language model and evaluate it against its base.
-
-        Args:
-            train_data_uri: Raw training records: a file, glob or gs:// URI of JSONL, JSON, CSV or Parquet. For scheduled runs it may contain the schedule-time placeholder so each run reads its own window.
-            base_model: Model to fine-tune: a local path, gs:// URI of a Hugging Face model directory, a hub id, or "latest-registered" to continue from the latest version of registered_model.
-            backend: Where training runs: "local" (torchrun agents on this machine), "gke" (Kubeflow PyTorchJob) or "vertex" (Vertex AI CustomJob).
-            data_kind: "instruction" for prompt/response or chat messages records, "text" for plain causal-LM text.
-            seq_len: Tokens per packed training row.
-            eval_fraction: Fraction of records held out for evaluation (deterministic by content hash).
-            preprocess_runner: Beam runner for preprocessing: "DirectRunner" (in the task) or "DataflowRunner".
-            dataflow_options: Extra Dataflow options, e.g. {"max_num_workers": 20, "machine_type": "n2-standard-8", "subnetwork": "..."}.
-            nodes: Training nodes (torchrun agents / PyTorchJob replicas / CustomJob replicas).
-            nproc_per_node: Training processes per node (GPUs per node on GPU machines).
-            rdzv_backend: Rendezvous backend: "etcd-v3" (per-run etcd, works on etcd 3.4+), "etcd-v2" or "c10d".
-            max_steps: Optimizer steps to train for.
-            learning_rate: Peak learning rate (AdamW, warmup then cosine decay).
-            trainer_overrides: Any other trainer setting by name, e.g. {"micro_batch_size": 8, "lora_rank": 16}.
-            project: Google Cloud project id (cloud backends, Dataflow, Model Registry).
-            region: Google Cloud region for Vertex AI and Dataflow.
-            work_uri: gs:// prefix for run files shared between steps (Dataflow temp, checkpoints); cloud runs only.
-            namespace: Kubernetes namespace for the per-run etcd and the PyTorchJob (gke backend).
-            gke_cluster: GKE cluster "projects/P/locations/L/clusters/C" when Vertex AI Pipelines drives GKE; empty means the cluster the pipeline runs in.
-            machine_type: Machine type per node on Vertex AI (e.g. a3-highgpu-8g).
-            accelerator_type: Accelerator per node: a Vertex name such as NVIDIA_H100_80GB; on GKE the matching gke-accelerator node selector is used.
-            accelerator_count: Accelerators per node (0 for CPU-only training).
-            service_account: Service account for training jobs (Vertex) or Workload Identity KSA (GKE); empty uses the default.
-            hf_token_secret: Name of the Kubernetes Secret (key "token") or Secret Manager secret holding a Hugging Face token; never the token itself.
-            max_eval_examples: Held-out prompts to generate answers for (bounds evaluation time).
-            min_loss_improvement: Quality gate: the tuned eval loss must be below the base's by at least this much.
-            min_exact_match: Quality gate: the tuned model's exact-match rate on held-out prompts must be at least this.
-            register_model: Upload the tuned model to Vertex AI Model Registry when it passes the gate.
-            registered_model: Vertex AI model (resource name or display name) to add versions to or take "latest-registered" from.
-            champion_model: Optional model the tuned one must also beat: a model URI, or "latest-registered" for the newest version of registered_model (recurring fine-tunes); empty skips the comparison.
-            serving_image: Serving container image (pinned tag) for the registered model, e.g. a vLLM or TGI image from Vertex AI Model Garden; required when register_model is true.
-        """
+    def fine_tune(*args: Any) -> None:
+        p = RunParams(*args)  # KFP passes one channel per parameter, in signature order
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup_task = c.cleanup(
-            backend=backend,
+            backend=p.backend,
             run_id=run_id,
-            namespace=namespace,
-            gke_cluster=gke_cluster,
-            project=project,
-            region=region,
+            namespace=p.namespace,
+            gke_cluster=p.gke_cluster,
+            project=p.project,
+            region=p.region,
         ).set_caching_options(False)
         cleanup_task.set_display_name("cleanup")
 
         with dsl.ExitHandler(cleanup_task, name="fine-tune"):
             validated = c.validate_inputs(
-                backend=backend,
-                train_data_uri=train_data_uri,
-                data_kind=data_kind,
-                base_model=base_model,
-                seq_len=seq_len,
-                eval_fraction=eval_fraction,
-                preprocess_runner=preprocess_runner,
-                nodes=nodes,
-                nproc_per_node=nproc_per_node,
-                rdzv_backend=rdzv_backend,
-                max_steps=max_steps,
-                learning_rate=learning_rate,
-                project=project,
-                region=region,
-                work_uri=work_uri,
-                registered_model=registered_model,
-                register_model=register_model,
-                serving_image=serving_image,
-                max_eval_examples=max_eval_examples,
+                **p.as_dict(),
                 schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
                 if schedule_time
                 else "",
-                champion_model=champion_model,
             ).set_caching_options(False)  # "latest-registered" must be looked up on every run
             prep = c.preprocess(
                 train_data_uri=validated.outputs["train_data_uri"],
-                tokenizer=validated.outputs["base_model"],
-                data_kind=data_kind,
-                seq_len=seq_len,
-                eval_fraction=eval_fraction,
-                runner=preprocess_runner,
-                project=project,
-                region=region,
-                work_uri=work_uri,
+                base_model=validated.outputs["base_model"],
+                data_kind=p.data_kind,
+                seq_len=p.seq_len,
+                eval_fraction=p.eval_fraction,
+                runner=p.preprocess_runner,
+                project=p.project,
+                region=p.region,
+                work_uri=p.work_uri,
                 run_id=run_id,
-                dataflow_options=dataflow_options,
+                dataflow_options=p.dataflow_options,
             )
-            prep.set_retry(num_retries=2, backoff_duration="30s", backoff_factor=2.0)
+            # No retry: Beam and Dataflow retry failed bundles themselves; what fails the step
+            # (bad input, a rejected-fraction over the limit, no training rows) is permanent.
             etcd = c.etcd_up(
-                backend=backend,
+                backend=p.backend,
                 run_id=run_id,
-                rdzv_backend=rdzv_backend,
-                namespace=namespace,
-                gke_cluster=gke_cluster,
-                project=project,
+                rdzv_backend=p.rdzv_backend,
+                namespace=p.namespace,
+                gke_cluster=p.gke_cluster,
+                project=p.project,
             ).set_caching_options(False)
             etcd.after(prep)  # start the per-run etcd only once its data is ready
             etcd.set_retry(num_retries=2, backoff_duration="10s")
             trained = c.train(
-                backend=backend,
+                backend=p.backend,
                 run_id=run_id,
                 base_model=validated.outputs["base_model"],
                 dataset=prep.outputs["dataset"],
                 rdzv_endpoint=etcd.output,
-                rdzv_backend=rdzv_backend,
-                nodes=nodes,
-                nproc_per_node=nproc_per_node,
-                max_steps=max_steps,
-                learning_rate=learning_rate,
-                trainer_overrides=trainer_overrides,
-                project=project,
-                region=region,
-                work_uri=work_uri,
-                namespace=namespace,
-                gke_cluster=gke_cluster,
-                machine_type=machine_type,
-                accelerator_type=accelerator_type,
-                accelerator_count=accelerator_count,
-                service_account=service_account,
-                hf_token_secret=hf_token_secret,
+                rdzv_backend=p.rdzv_backend,
+                nodes=p.nodes,
+                nproc_per_node=p.nproc_per_node,
+                max_steps=p.max_steps,
+                learning_rate=p.learning_rate,
+                trainer_overrides=p.trainer_overrides,
+                project=p.project,
+                region=p.region,
+                work_uri=p.work_uri,
+                namespace=p.namespace,
+                gke_cluster=p.gke_cluster,
+                machine_type=p.machine_type,
+                accelerator_type=p.accelerator_type,
+                accelerator_count=p.accelerator_count,
+                service_account=p.service_account,
+                hf_token_secret=p.hf_token_secret,
             ).set_caching_options(False)
             # Safe to retry: the trainer resumes from its latest complete checkpoint.
             trained.set_retry(num_retries=1, backoff_duration="60s")
@@ -206,29 +122,33 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 base_model=validated.outputs["base_model"],
                 tuned_model=trained.outputs["model"],
                 dataset=prep.outputs["dataset"],
-                max_eval_examples=max_eval_examples,
-                min_loss_improvement=min_loss_improvement,
-                min_exact_match=min_exact_match,
+                max_eval_examples=p.max_eval_examples,
+                min_loss_improvement=p.min_loss_improvement,
+                min_exact_match=p.min_exact_match,
                 champion_model=validated.outputs["champion_model"],
             )
             with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
-                with dsl.If(register_model == True, name="register-enabled"):  # noqa: E712
+                with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
                     c.register(
                         tuned_model=trained.outputs["model"],
                         run_id=run_id,
-                        project=project,
-                        region=region,
-                        registered_model=registered_model,
-                        serving_image=serving_image,
+                        project=p.project,
+                        region=p.region,
+                        registered_model=p.registered_model,
+                        serving_image=p.serving_image,
                     ).set_caching_options(False)
 
         if target == "kfp":
             _apply_kubernetes_settings(
                 [cleanup_task, validated, prep, etcd, trained, evaluated],
-                hf_token_secret=HF_TOKEN_SECRET,
+                hf_token_secret=defaults()["hf_token_secret"],
             )
 
-    return fine_tune
+    fine_tune.__signature__ = pipeline_signature()  # type: ignore[attr-defined]
+    fine_tune.__doc__ = pipeline_docstring(
+        "Fine-tune a causal language model and evaluate it against its base."
+    )
+    return dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION)(fine_tune)
 
 
 def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:

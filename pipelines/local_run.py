@@ -13,7 +13,6 @@ the before/after metrics and where the outputs are.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import signal
@@ -27,79 +26,91 @@ from typing import Any
 
 import yaml
 
+from components.run_params import RunParams
 from pipelines.local_progress import RunWatcher, follow_file, watching
 
-LOCAL_ONLY_KEYS = ("workdir",)
-DEMO_DEFAULTS: dict[str, Any] = {
-    # Sized so the demo fine-tune finishes in a few minutes on 2 CPU cores and still clearly
-    # beats the base model; every other parameter keeps the pipeline's own default.
-    "backend": "local",
+QUICKSTART_PRESET: dict[str, Any] = {
+    # Sized for the quickstart's tiny model and sample data, so the demo fine-tune finishes in a
+    # few minutes on 2 CPU cores and still clearly beats the base model. Applied only when the run
+    # uses the tiny model (no base_model given), under anything the user sets; every other
+    # parameter keeps its one default (components/run_params.py).
     "seq_len": 256,
-    "nodes": 2,
-    "nproc_per_node": 2,
-    "rdzv_backend": "etcd-v3",
     "max_steps": 120,
     "learning_rate": 2e-3,
     "max_eval_examples": 64,
-    "trainer_overrides": {},
 }
+DEFAULT_WORKDIR = "runs/demo"
 
 
-def pipeline_defaults() -> dict[str, Any]:
-    """The pipeline's parameters and their defaults, from the one pipeline source."""
-    from pipelines.fine_tune import build_fine_tune
+def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tuple[RunParams, Path]:
+    """Config file < `--param`s over the schema's defaults (and the quickstart preset when the
+    tiny model is used), checked before anything is written: every problem in one ValueError.
 
-    func = build_fine_tune("vertex").pipeline_func  # type: ignore[attr-defined]
-    return {name: p.default for name, p in inspect.signature(func).parameters.items()}
+    Empty `train_data_uri` / `base_model` are filled with where the quickstart assets will be
+    written (`prepare_quickstart_assets` writes them after this check passes).
+    """
+    from components.run_params import params_from_mapping, raise_errors
+    from components.validation import data_errors
 
-
-def resolve_parameters(
-    params: dict[str, Any], config_file: Path | None
-) -> tuple[dict[str, Any], Path]:
-    """Merge config file < --param flags over the demo defaults; split off local-only keys."""
-    defaults = pipeline_defaults()
-    merged: dict[str, Any] = {**defaults, **DEMO_DEFAULTS}
+    values: dict[str, Any] = {}
     if config_file is not None:
-        if not config_file.exists():
-            raise FileNotFoundError(f"config file {config_file} does not exist")
-        loaded = yaml.safe_load(config_file.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(
-                f"config file {config_file} must be a YAML mapping of parameter: value"
-            )
-        merged.update(loaded.get("parameters", loaded))
-    merged.update(params)
-    workdir = Path(str(merged.pop("workdir", "runs/demo"))).resolve()
-    known = set(defaults)
-    unknown = sorted(set(merged) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown pipeline parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}, workdir"
-        )
-    if merged.get("backend") != "local":
-        raise ValueError(
-            "`llmft run --backend local` runs the local backend; use --backend vertex|kfp for the cloud"
-        )
-    return merged, workdir
-
-
-def prepare_quickstart_assets(params: dict[str, Any], workdir: Path) -> None:
-    """Fill in sample data and the tiny model when the user gave no data or model."""
+        values.update(_read_config(config_file))
+    values.update(params)
+    workdir = Path(str(values.pop("workdir", DEFAULT_WORKDIR))).resolve()
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"workdir {str(workdir)!r} is a file: give a directory for the run")
     assets = workdir / "assets"
-    if not params.get("train_data_uri"):
-        data_dir = assets / "sample_data"
-        if not (data_dir / "train.jsonl").exists():
-            from pipelines.quickstart.sample_data import write_sample_data
+    quickstart = {}
+    if not values.get("train_data_uri"):
+        quickstart["train_data_uri"] = str(assets / "sample_data" / "train.jsonl")
+    if not values.get("base_model"):
+        quickstart["base_model"] = str(assets / "tiny_model")
+        quickstart |= QUICKSTART_PRESET
+    given = {k: v for k, v in values.items() if not (k in quickstart and v == "")}
+    resolved = params_from_mapping({**quickstart, **given})
+    errors = resolved.errors()
+    if "train_data_uri" not in quickstart:
+        errors += data_errors(resolved.train_data_uri, remote=False)
+    if resolved.backend != "local":
+        errors.append(
+            f"backend={resolved.backend!r}: `llmft run --backend local` trains on this machine; "
+            "use `llmft run --backend vertex|kfp` for the cloud"
+        )
+    raise_errors(errors)
+    return resolved, workdir
 
-            write_sample_data(data_dir)
-        params["train_data_uri"] = str(data_dir / "train.jsonl")
-    if not params.get("base_model"):
-        model_dir = assets / "tiny_model"
-        if not (model_dir / "config.json").exists():
-            from pipelines.quickstart.tiny_model import build_tiny_model
 
-            build_tiny_model(model_dir, data_dir=assets / "sample_data")
-        params["base_model"] = str(model_dir)
+def _read_config(path: Path) -> dict[str, Any]:
+    """A YAML mapping of parameter: value (or a deploy config with a `parameters:` section)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(
+            f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
+        ) from None
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("parameters", {}), dict):
+        raise ValueError(f"config file {path} must be a YAML mapping of parameter: value")
+    return dict(loaded.get("parameters", loaded))
+
+
+def prepare_quickstart_assets(params: RunParams, workdir: Path) -> None:
+    """Write the sample data and the tiny model where `resolve_parameters` pointed, if missing."""
+    assets = workdir / "assets"
+    data_dir = assets / "sample_data"
+    if (
+        params.train_data_uri == str(data_dir / "train.jsonl")
+        and not (data_dir / "train.jsonl").exists()
+    ):
+        from pipelines.quickstart.sample_data import write_sample_data
+
+        write_sample_data(data_dir)
+    model_dir = assets / "tiny_model"
+    if params.base_model == str(model_dir) and not (model_dir / "config.json").exists():
+        from pipelines.quickstart.tiny_model import build_tiny_model
+
+        build_tiny_model(model_dir, data_dir=data_dir)
 
 
 @dataclass
@@ -143,13 +154,12 @@ def run_local(
     """
     from kfp import local
 
-    from components.validation import check_run_parameters
     from pipelines.fine_tune import build_fine_tune
 
-    resolved, workdir = resolve_parameters(params, config_file)
+    params_, workdir = resolve_parameters(params, config_file)  # checked: nothing written yet
     workdir.mkdir(parents=True, exist_ok=True)
-    prepare_quickstart_assets(resolved, workdir)
-    check_run_parameters(**resolved)
+    prepare_quickstart_assets(params_, workdir)
+    resolved = params_.as_dict()
 
     state_dir = workdir / "state"
     # The tasks' local etcd/launcher state lives here.

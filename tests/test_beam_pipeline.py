@@ -38,8 +38,8 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
     out = tmp_path / "dataset"
     summary, gcp_resources = tmp_path / "summary.md", tmp_path / "gcp_resources"
     meta = run_preprocess_component(
-        input_uri=str(sample_data_dir / "train.jsonl"),
-        tokenizer=str(tiny_model_dir),
+        train_data_uri=str(sample_data_dir / "train.jsonl"),
+        base_model=str(tiny_model_dir),
         data_kind="instruction",
         seq_len=512,
         eval_fraction=0.1,
@@ -314,19 +314,32 @@ def test_beam_side_never_imports_torch_or_trainer():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_overwrite_only_replaces_a_dataset(tmp_path: Path):
+def test_overwrite_deletes_only_what_the_previous_run_listed(tmp_path: Path):
     from beam_preprocess.pipeline import _prepare_output
+    from beam_preprocess.schema import Manifest, SplitInfo, TokenizerIdentity
 
     precious = tmp_path / "home"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
+    (precious / "stats.json").write_text("{}")  # our file name is no proof of ownership
     with pytest.raises(ValueError, match="not empty"):
         _prepare_output(str(precious), overwrite=False)
     with pytest.raises(ValueError, match="will not delete it"):
         _prepare_output(str(precious), overwrite=True)
-    assert (precious / "notes.txt").exists()
+    assert sorted(p.name for p in precious.iterdir()) == ["notes.txt", "stats.json"]
+
     dataset = tmp_path / "dataset"
-    (dataset / "train").mkdir(parents=True)
-    (dataset / "manifest.json").write_text("{}")
+    written = ["stats.json", "train/part-00000.parquet", "rejected/part-00000.jsonl"]
+    for rel in written:
+        (dataset / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dataset / rel).write_text("x")
+    identity = TokenizerIdentity("t", 10, 0, 0, 0, "f")
+    manifest = Manifest(16, identity, "text", {"train": SplitInfo()}, {}, files=written)
+    (dataset / "manifest.json").write_text(manifest.to_json())
+    (dataset / "train" / "mine.txt").write_text("added by the user later")
+    with pytest.raises(ValueError, match=r"train/mine.txt"):
+        _prepare_output(str(dataset), overwrite=True)
+    assert all((dataset / rel).exists() for rel in written)
+    (dataset / "train" / "mine.txt").unlink()
     _prepare_output(str(dataset), overwrite=True)
     assert dataset.is_dir() and not any(dataset.iterdir())

@@ -107,13 +107,15 @@ import sys
 from kfp import components, dsl, local
 validate = components.load_component_from_file({str(fresh / "components" / "validate_inputs.yaml")!r})
 local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root={str(tmp_path)!r}, raise_on_error=True)
-common = dict(backend="local", data_kind="instruction", seq_len=128, eval_fraction=0.1,
-    preprocess_runner="DirectRunner", nodes=1, nproc_per_node=1, rdzv_backend="c10d", max_steps=5,
-    learning_rate=1e-3, project="", region="", work_uri="", registered_model="", register_model=False,
-    serving_image="", max_eval_examples=5, schedule_time="2026-01-05T00:00:00Z", champion_model="")
-task = validate(train_data_uri="data/*.jsonl", base_model="some/model", **common)
+from components.run_params import defaults
+common = {{**defaults(), "seq_len": 128, "nodes": 1, "nproc_per_node": 1, "rdzv_backend": "c10d",
+    "schedule_time": "2026-01-05T00:00:00Z"}}
+del common["train_data_uri"], common["base_model"]
+data = {str(tmp_path / "data.jsonl")!r}
+open(data, "w").write("{{}}\\n")
+task = validate(train_data_uri=data, base_model="some/model", **common)
 assert task.outputs["base_model"] == "some/model", task.outputs
-assert task.outputs["train_data_uri"] == "data/*.jsonl", task.outputs
+assert task.outputs["train_data_uri"] == data, task.outputs
 try:
     validate(train_data_uri="", base_model="", **{{**common, "nodes": 0}})
 except RuntimeError:

@@ -42,7 +42,7 @@ def _config(template: Path | str, **flags: Any) -> Any:
     settings: dict[str, Any] = dict(
         template=str(template),
         project="my-proj",
-        location="europe-west4",
+        region="europe-west4",
         pipeline_root="gs://my-bucket/pipeline-root",
         service_account=SA,
         parameters={"train_data_uri": DATA, "base_model": "latest-registered", "max_steps": 50},
@@ -212,7 +212,7 @@ def test_update_repoints_schedules_at_the_new_template(
         None,
         template=str(new_template),
         project="my-proj",
-        location="europe-west4",
+        region="europe-west4",
         parameters={"max_steps": 80},
     )
     update.schedule.display_name = "weekly-fine-tune"

@@ -253,12 +253,12 @@ def test_register_model_artifact_from_trainer_metadata(fake_registry: FakeModelS
     metadata = {"model_uri": "gs://bucket/runs/run-1/train/model", "base_model": "gs://bucket/base"}
     first = registry.register_model_artifact(
         model_uri="gs://bucket/runs/run-1/train", metadata=metadata, run_id="run-1",
-        project=PROJECT, location=LOCATION, model="tiny-llama-ft", serving_image=IMAGE,
+        project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft", serving_image=IMAGE,
     )  # fmt: skip
     assert first == f"{PARENT}/models/1000@1"
     second = registry.register_model_artifact(
         model_uri="gs://bucket/runs/run-2/train", metadata={}, run_id="run-2",
-        project=PROJECT, location=LOCATION, model="tiny-llama-ft", serving_image=IMAGE,
+        project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft", serving_image=IMAGE,
     )  # fmt: skip
     assert second == f"{PARENT}/models/1000@2"
     uploads = [r for r in fake_registry.requests if isinstance(r, model_service.UploadModelRequest)]
@@ -272,12 +272,12 @@ def test_register_model_artifact_from_trainer_metadata(fake_registry: FakeModelS
     # By resource name too, and "latest-registered" resolves to the newest files.
     third = registry.register_model_artifact(
         model_uri="gs://bucket/runs/run-3/train", metadata={}, run_id="run-3",
-        project=PROJECT, location=LOCATION, model=f"{PARENT}/models/1000", serving_image=IMAGE,
+        project=PROJECT, region=LOCATION, registered_model=f"{PARENT}/models/1000", serving_image=IMAGE,
     )  # fmt: skip
     assert third == f"{PARENT}/models/1000@3"
     assert (
         registry.latest_registered_model_uri(
-            model="tiny-llama-ft", project=PROJECT, location=LOCATION
+            registered_model="tiny-llama-ft", project=PROJECT, region=LOCATION
         )
         == "gs://bucket/runs/run-3/train/model"
     )
@@ -286,11 +286,11 @@ def test_register_model_artifact_from_trainer_metadata(fake_registry: FakeModelS
 def test_latest_registered_model_uri_errors(fake_registry: FakeModelService) -> None:
     with pytest.raises(ValueError, match="has no registered version with files yet"):
         registry.latest_registered_model_uri(
-            model="never-registered", project=PROJECT, location=LOCATION
+            registered_model="never-registered", project=PROJECT, region=LOCATION
         )
     with pytest.raises(ValueError, match="does not exist in my-project/us-central1"):
         registry.latest_registered_model_uri(
-            model=f"{PARENT}/models/424242", project=PROJECT, location=LOCATION
+            registered_model=f"{PARENT}/models/424242", project=PROJECT, region=LOCATION
         )
 
 

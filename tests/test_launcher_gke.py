@@ -18,6 +18,7 @@ from launcher_fakes import Recorded, fake_kube
 from components.launchers import TrainLaunch
 from components.launchers.gke import GkeLauncher, build_pytorchjob, job_name
 from components.run_identity import K8S_RUN_LABEL
+from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 # Vendored from kubeflow/training-operator release-1.9 (the copy in the project's shared/schemas).
@@ -37,14 +38,17 @@ def pytorchjob_schema() -> dict[str, Any]:
 def seven_b_launch(rdzv: str = "etcd-v3") -> TrainLaunch:
     return TrainLaunch(
         run_id=RUN,
-        model="gs://bucket/models/llama-7b",
-        data="gs://bucket/runs/r1/dataset",
-        output="gs://bucket/runs/r1/train",
+        trainer=TrainConfig(
+            model="gs://bucket/models/llama-7b",
+            data="gs://bucket/runs/r1/dataset",
+            output="gs://bucket/runs/r1/train",
+            max_steps=1000,
+            lr=2e-5,
+            activation_checkpointing=True,
+        ),
         nodes=4,
         nproc_per_node=4,
         rdzv_backend=rdzv,
-        max_steps=1000,
-        trainer_overrides={"lr": 2e-5, "activation_checkpointing": True},
     )
 
 
@@ -87,19 +91,11 @@ def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(pytorchjob_schema
         "--max-restarts=0",
         "-m",
         "trainer",
-        "--model",
-        "gs://bucket/models/llama-7b",
-        "--data",
-        "gs://bucket/runs/r1/dataset",
-        "--output",
-        "gs://bucket/runs/r1/train",
-        "--max-steps",
-        "1000",
-        "--lr",
-        "2e-05",
-        "--activation-checkpointing",
-        "true",
+        "--config-json",
+        seven_b_launch().trainer.to_json(),
     ]
+    # Every rank gets the whole trainer config, exactly as built.
+    assert TrainConfig.from_json(container["command"][-1]) == seven_b_launch().trainer
     assert container["name"] == "pytorch"
     assert container["resources"] == {
         "limits": {"nvidia.com/gpu": 4, "cpu": "96", "memory": "900Gi"},
@@ -154,7 +150,7 @@ def test_c10d_and_etcd_v2_tell_the_operator(pytorchjob_schema: dict) -> None:
     assert "--nnodes=2:4" in pod["containers"][0]["command"]
     v2 = build_pytorchjob(launch=seven_b_launch("etcd-v2"))
     assert v2["spec"]["elasticPolicy"]["rdzvBackend"] == "etcd-v2"
-    assert v2["spec"]["elasticPolicy"]["rdzvHost"] == f"llmft-etcd-{RUN}.default.svc.cluster.local"
+    assert v2["spec"]["elasticPolicy"]["rdzvHost"] == f"llmft-etcd-{RUN}.kubeflow.svc.cluster.local"
 
 
 def test_builder_reports_every_bad_option() -> None:
@@ -292,9 +288,7 @@ def launcher(router_setup: Any, **kwargs: Any) -> tuple[GkeLauncher, Any, list[s
 def small_launch() -> TrainLaunch:
     return TrainLaunch(
         run_id=RUN,
-        model="gs://b/m",
-        data="gs://b/d",
-        output="gs://b/o",
+        trainer=TrainConfig(model="gs://b/m", data="gs://b/d", output="gs://b/o"),
         nodes=2,
         nproc_per_node=1,
         rdzv_backend="etcd-v3",
@@ -665,8 +659,37 @@ def test_render_pytorchjob_cli_prints_a_valid_manifest(pytorchjob_schema: dict) 
     command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "command"
     ]
-    assert command[-4:] == ["--max-steps", "1000", "--lr", "2e-05"]  # quoted: strings, not numbers
-    assert "'2e-05'" in result.output and "&id" not in result.output
+    assert command[-2] == "--config-json" and "&id" not in result.output
+    trainer = TrainConfig.from_json(command[-1])
+    assert (trainer.max_steps, trainer.lr, trainer.model) == (1000, 2e-5, "gs://BUCKET/models/base")
 
     bad = CliRunner().invoke(app, ["render", "pytorchjob", "--nodes", "0"])
     assert bad.exit_code == 2 and "nodes=0" in bad.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (["--namespace", "My_NS"], "namespace='My_NS' is not a Kubernetes name"),
+        (["--service-account", "Trainer SA"], "service_account='Trainer SA' is not"),
+        (["--hf-token-secret", "HF_TOKEN"], "secret for HF_TOKEN: 'HF_TOKEN' is not"),
+        (["--hf-token-secret", "hf:bad key"], "secret key for HF_TOKEN: 'bad key'"),
+        (["--memory", "lots"], "memory='lots' is not a Kubernetes quantity"),
+        (["--cpu", "-4"], "cpu='-4' is not a Kubernetes quantity"),
+        (["--shm-size", "64 GB"], "shm_size='64 GB' is not a Kubernetes quantity"),
+        (["--active-deadline-seconds", "-5"], "active_deadline_seconds=-5: must be at least 1"),
+        (["--max-steps", "-5"], "max_steps must be >= 1"),
+    ],
+)
+def test_render_pytorchjob_refuses_what_the_api_server_would(
+    flags: list[str], problem: str
+) -> None:
+    """One `error:` line (and its list), exit 2, nothing printed as a manifest."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    result = CliRunner().invoke(app, ["render", "pytorchjob", *flags])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and problem in result.output
+    assert "Traceback" not in result.output and "apiVersion" not in result.output

@@ -21,6 +21,7 @@ import pytest
 from components.launchers import LaunchFailed, TrainLaunch, get_launcher
 from components.launchers.local import LocalLauncher, marked_pids
 from components.train_step import run_train_step
+from trainer.config import TrainConfig
 
 WORKER = str(Path(__file__).parent / "launcher_workers" / "dist_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,15 +47,21 @@ def _launch(
 ) -> TrainLaunch:
     return TrainLaunch(
         run_id=f"test-local-{mode}-{uuid.uuid4().hex[:8]}",
-        model="tiny-model",
-        data=str(tmp_path / "data"),
-        output=str(tmp_path / "out"),
+        trainer=_stand_in_config(tmp_path, mode),
         nodes=nodes,
         nproc_per_node=nproc,
         rdzv_backend=rdzv,
-        max_steps=3,
-        trainer_overrides={"mode": mode},
         entrypoint=(WORKER,),
+    )
+
+
+def _stand_in_config(tmp_path: Path, mode: str) -> TrainConfig:
+    """The stand-in worker reads its behaviour from the model name (`stand-in:<mode>`)."""
+    return TrainConfig(
+        model=f"stand-in:{mode}",
+        data=str(tmp_path / "data"),
+        output=str(tmp_path / "out"),
+        max_steps=3,
     )
 
 
@@ -70,16 +77,15 @@ def test_two_nodes_two_procs_succeed(tmp_path: Path) -> None:
     state_root = tmp_path / "state"
     run_id = f"test-local-ok-{uuid.uuid4().hex[:8]}"
     metadata = run_train_step(
-        backend="local", run_id=run_id, model="tiny-model", data=str(tmp_path / "data"),
-        output=str(tmp_path / "out"), nodes=2, nproc_per_node=2, rdzv_backend=RDZV, max_steps=3,
-        trainer_overrides={"mode": "ok"}, entrypoint=(WORKER,), log=lines.append,
+        backend="local", run_id=run_id, trainer=_stand_in_config(tmp_path, "ok"), nodes=2,
+        nproc_per_node=2, rdzv_backend=RDZV, entrypoint=(WORKER,), log=lines.append,
         local={"state_root": state_root},
     )  # fmt: skip
 
     # 4 ranks all-reduced 1+2+3+4 through the rendezvous-built process group.
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["sum"] == 10.0
-    assert metadata["base_model"] == "tiny-model" and metadata["steps"] == 3
+    assert metadata["base_model"] == "stand-in:ok" and metadata["steps"] == 3
     assert metadata["model_uri"] == str(tmp_path / "out" / "model")
     assert (metadata["nodes"], metadata["nproc_per_node"], metadata["rdzv_backend"]) == (2, 2, RDZV)
     # Every worker line carries its node and global rank, in the console and in the node's file.
@@ -115,7 +121,11 @@ _SIGTERM_SCRIPT = textwrap.dedent(
     import json, sys
     from components.launchers import TrainLaunch
     from components.launchers.local import LocalLauncher
-    launch = TrainLaunch(**json.loads(sys.argv[1]))
+    from trainer.config import TrainConfig
+    spec = json.loads(sys.argv[1])
+    launch = TrainLaunch(
+        **spec | {"trainer": TrainConfig.from_json(spec["trainer"]), "entrypoint": tuple(spec["entrypoint"])}
+    )
     result = LocalLauncher(state_root=sys.argv[2], grace_s=5).run(launch, timeout=300)
     print("RESULT", result.status, result.message, flush=True)
     sys.exit(0 if result.status == "cancelled" else 1)
@@ -126,20 +136,8 @@ _SIGTERM_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_sigterm_stops_every_process_of_the_run(tmp_path: Path) -> None:
     launch = _launch(tmp_path, "hang")
-    spec = {
-        k: getattr(launch, k)
-        for k in (
-            "run_id",
-            "model",
-            "data",
-            "output",
-            "nodes",
-            "nproc_per_node",
-            "rdzv_backend",
-            "max_steps",
-        )
-    }
-    spec |= {"trainer_overrides": {"mode": "hang"}, "entrypoint": [WORKER]}
+    spec = {k: getattr(launch, k) for k in ("run_id", "nodes", "nproc_per_node", "rdzv_backend")}
+    spec |= {"trainer": launch.trainer.to_json(), "entrypoint": [WORKER]}
     proc = subprocess.Popen(
         [sys.executable, "-c", _SIGTERM_SCRIPT, json.dumps(spec), str(tmp_path / "state")],
         stdout=subprocess.PIPE,
@@ -194,26 +192,21 @@ def test_cleanup_from_another_launcher_kills_the_run(tmp_path: Path) -> None:
 def test_invalid_launch_lists_every_problem(tmp_path: Path) -> None:
     bad = TrainLaunch(
         run_id=" ",
-        model="",
-        data="d",
-        output="o",
+        trainer=TrainConfig(model="", data="d", output="o", max_steps=0),
         nodes=0,
         rdzv_backend="zk",
         rdzv_endpoint="nohost",
-        max_steps=0,
-        trainer_overrides={"output": "x"},
     )
     with pytest.raises(ValueError) as err:
         LocalLauncher(state_root=tmp_path).start(bad)
     text = str(err.value)
     for expected in (
         "run id is empty",
-        "model is empty",
+        "--model is required",
         "nodes=0",
         "rdzv_backend='zk'",
         "expected host:port",
-        "max_steps=0",
-        "trainer override 'output'",
+        "max_steps must be >= 1",
     ):
         assert expected in text
     assert not os.listdir(tmp_path)

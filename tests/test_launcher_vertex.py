@@ -21,6 +21,7 @@ from launcher_fakes import FakeHttp, Recorded, Router
 from components.launchers import TrainLaunch
 from components.launchers.local import free_port
 from components.launchers.vertex import VertexLauncher, build_custom_job
+from trainer.config import TrainConfig
 
 RUN = "fine-tune-20261202-abc"
 PARENT = "projects/p/locations/us-central1"
@@ -32,13 +33,12 @@ WORKER = str(Path(__file__).parent / "launcher_workers" / "dist_worker.py")
 def launch(**kw: Any) -> TrainLaunch:
     args = dict(
         run_id=RUN,
-        model="gs://b/models/llama-7b",
-        data="gs://b/data",
-        output="gs://b/out",
+        trainer=TrainConfig(
+            model="gs://b/models/llama-7b", data="gs://b/data", output="gs://b/out", max_steps=100
+        ),
         nodes=4,
         nproc_per_node=8,
         rdzv_backend="c10d",
-        max_steps=100,
     )
     return TrainLaunch(**(args | kw))
 
@@ -88,7 +88,7 @@ def test_custom_job_proto_has_two_pools_and_the_rendezvous_at_the_primary() -> N
     script = primary.container_spec.command[2]
     assert "--rdzv-conf=is_host=1" in script and "is_host=0" in workers.container_spec.command[2]
     assert f'--rdzv-backend=c10d --rdzv-endpoint="$RDZV" --rdzv-id={RUN}' in script
-    assert "-m trainer --model gs://b/models/llama-7b" in script
+    assert "-m trainer --config-json '{" in script and '"model":"gs://b/models/llama-7b"' in script
     assert {e.name: e.value for e in primary.container_spec.env} == {
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PYTHONUNBUFFERED": "1",
@@ -228,7 +228,10 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
     CLUSTER_SPEC Vertex would set: they must form one 2-process group."""
     job = build_custom_job(
         launch=launch(
-            nodes=2, nproc_per_node=1, model="m", output=str(tmp_path), entrypoint=(WORKER,)
+            nodes=2,
+            nproc_per_node=1,
+            trainer=TrainConfig(model="m", data="d", output=str(tmp_path)),
+            entrypoint=(WORKER,),
         ),
         accelerator_type=None,
     )

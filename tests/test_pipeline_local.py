@@ -57,8 +57,11 @@ def _assert_nothing_left(workdir: Path) -> None:
 
 
 def _params(workdir: Path, assets: tuple[Path, Path], **extra: object) -> list[str]:
+    from pipelines.local_run import QUICKSTART_PRESET
+
     data_dir, model_dir = assets
     params = {
+        **QUICKSTART_PRESET,  # sized for the tiny model these runs use
         "workdir": str(workdir),
         "train_data_uri": str(data_dir / "train.jsonl"),
         "base_model": str(model_dir),
@@ -214,7 +217,8 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path], mo
 @pytest.mark.parametrize("mode", MODES)
 def test_failure_in_train_still_runs_cleanup(tmp_path: Path, assets: tuple[Path, Path], mode: str):
     workdir = tmp_path / "run"
-    params = _params(workdir, assets, trainer_overrides={"micro_batch_size": -1})
+    # Valid as a parameter, fails on the trainer's ranks (CPU-only machine).
+    params = _params(workdir, assets, trainer_overrides={"backend": "nccl"})
     run = CliRun(["run", "--backend", "local", *params], mode)
     code = run.wait(timeout=600)
     out = run.text
@@ -226,7 +230,7 @@ def test_failure_in_train_still_runs_cleanup(tmp_path: Path, assets: tuple[Path,
         "register": "skipped",
     }, out[-3000:]
     assert "fine-tune failed: train" in out
-    assert "micro_batch_size" in _log(workdir)  # the trainer's own message reaches the log
+    assert "backend=nccl needs GPUs" in _log(workdir)  # the trainer's own message reaches the log
     _assert_nothing_left(workdir)
 
 

@@ -71,3 +71,34 @@ def test_cli_config_error_is_one_line_exit_2() -> None:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: invalid trainer config:")
     assert "--output is required" in lines[0] and "epochs must be >= 1" in lines[0]
+
+
+def test_config_json_round_trip_is_exact() -> None:
+    """Launchers hand the whole config to every rank as one JSON argument."""
+    from trainer.config import TrainConfig, load_config
+
+    config = TrainConfig(
+        model="gs://b/m", data="/d", output="/o", max_steps=7, lr=3e-4, seq_len=None,
+        lora_rank=8, lora_target_modules=["q_proj"], activation_checkpointing=True,
+        eval_max_rows=None, peak_flops=1.5e14, tokenizer="tok",
+    )  # fmt: skip
+    assert TrainConfig.from_json(config.to_json()) == config
+    assert load_config(["--config-json", config.to_json()]) == config
+    assert TrainConfig.from_json(TrainConfig(model="m", data="d", output="o").to_json()) == (
+        TrainConfig(model="m", data="d", output="o")
+    )
+
+
+def test_config_json_reports_every_problem() -> None:
+    from trainer.config import load_config
+
+    with pytest.raises(ValueError) as err:
+        load_config(["--config-json", '{"model": "m", "max_steps": -5, "bogus": 1, "lr": "x"}'])
+    text = str(err.value)
+    assert "unknown field 'bogus'" in text and "lr must be a number" in text
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        load_config(
+            ["--config-json", '{"model": "m", "data": "d", "output": "o", "max_steps": -5}']
+        )
+    with pytest.raises(ValueError, match="takes no other arguments"):
+        load_config(["--config-json", "{}", "--lr", "1"])

@@ -1,62 +1,211 @@
-"""Run-parameter validation: all errors at once, each saying what to change."""
+"""Run parameters: one schema (components/run_params.py), everything else derived from it, and one
+validation that reports every problem at once, each saying what to change."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from components.validation import (
+from components import kfp_components
+from components.run_params import (
+    LATEST_REGISTERED,
     SCHEDULE_TIME_PLACEHOLDER,
-    run_parameter_errors,
-    validate_and_resolve,
+    RunParams,
+    defaults,
+    describe,
+    field_errors,
+    fields,
+    params_from_mapping,
 )
+from components.validation import check_run_parameters, validate_and_resolve
+from trainer.config import TrainConfig
 
-GOOD = dict(
-    backend="local", train_data_uri="data.jsonl", data_kind="instruction", base_model="m",
-    seq_len=512, eval_fraction=0.05, preprocess_runner="DirectRunner", nodes=2, nproc_per_node=2,
-    rdzv_backend="etcd-v3", max_steps=10, learning_rate=1e-3, project="", region="", work_uri="",
-    registered_model="", register_model=False, serving_image="", max_eval_examples=10,
-)  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_valid_parameters_have_no_errors():
-    assert run_parameter_errors(**GOOD) == []
+@pytest.fixture
+def data_file(tmp_path: Path) -> str:
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"prompt": "p", "response": "r"}\n')
+    return str(path)
 
 
-def test_all_errors_are_reported_together():
-    bad = {**GOOD, "backend": "k8s", "nodes": 0, "seq_len": 4, "train_data_uri": " "}
-    errors = run_parameter_errors(**bad)
-    assert len(errors) == 4
-    assert any("choose one of local, gke, vertex" in e for e in errors)
-    with pytest.raises(ValueError, match="4 invalid run parameter"):
-        validate_and_resolve(schedule_time="", **bad)
+def good(data_file: str, **changes: object) -> dict[str, object]:
+    return {"train_data_uri": data_file, "base_model": "m", **changes}
 
 
-def test_cloud_runs_need_project_bucket_and_remote_data():
-    errors = run_parameter_errors(**{**GOOD, "backend": "vertex"})
-    joined = "\n".join(errors)
-    assert (
-        "project is empty" in joined
-        and "work_uri" in joined
-        and "upload the data to gs://" in joined
+def test_valid_parameters_have_no_errors(data_file: str) -> None:
+    assert check_run_parameters(good(data_file)) == RunParams(
+        train_data_uri=data_file, base_model="m"
     )
 
 
-def test_register_needs_a_pinned_serving_image_and_a_model_name():
-    errors = run_parameter_errors(**{**GOOD, "register_model": True, "serving_image": "img:latest"})
+def test_all_errors_are_reported_together(data_file: str) -> None:
+    bad = good(data_file, backend="k8s", nodes=0, seq_len=4, train_data_uri=" ")
+    errors = params_from_mapping(bad).errors()
+    assert len(errors) == 4, errors
+    assert any("choose one of local, gke, vertex" in e for e in errors)
+    with pytest.raises(ValueError, match="4 invalid run parameter"):
+        validate_and_resolve(schedule_time="", **defaults() | bad)
+
+
+def test_types_and_unknown_names_are_reported_together() -> None:
+    with pytest.raises(ValueError) as err:
+        params_from_mapping({"seq_len": "abc", "nodez": 2, "register_model": "yes"})
+    text = str(err.value)
+    assert "unknown parameter(s) nodez" in text
+    assert "seq_len='abc': must be an integer" in text
+    assert "register_model='yes': must be true or false" in text
+
+
+def test_one_rule_per_parameter_everywhere() -> None:
+    """The bounds the issue found disagreeing now come from one place."""
+    from beam_preprocess.schema import SEQ_LEN_MIN
+
+    assert RunParams.learning_rate == TrainConfig.lr  # the trainer's default, not a second one
+    assert params_from_mapping({"seq_len": SEQ_LEN_MIN - 1}).errors()[2:] == [
+        f"seq_len={SEQ_LEN_MIN - 1}: use a value >= {SEQ_LEN_MIN} and <= 131072"
+    ]
+    assert TrainConfig(model="m", data="d", output="o", seq_len=SEQ_LEN_MIN - 1).errors()
+    assert field_errors({"eval_fraction": 0.5}) == [
+        "eval_fraction=0.5: use a value > 0.0 and < 0.5"
+    ]
+
+
+def test_cloud_runs_need_project_bucket_and_remote_data(data_file: str) -> None:
+    joined = "\n".join(params_from_mapping(good(data_file, backend="vertex")).errors())
+    assert "project is empty" in joined and "work_uri" in joined
+    assert "upload the data to gs://" in joined
+    gke = params_from_mapping(good(data_file, backend="gke", accelerator_type="H100")).errors()
+    assert any(e.startswith("accelerator_type: accelerator 'H100'") for e in gke), gke
+
+
+def test_register_needs_a_pinned_serving_image_and_a_model_name(data_file: str) -> None:
+    params = params_from_mapping(good(data_file, register_model=True, serving_image="img:latest"))
+    errors = params.errors()
     assert any("registered_model is empty" in e for e in errors)
     assert any("pin a version tag" in e for e in errors)
 
 
-def test_schedule_time_fills_the_data_window():
-    params = {**GOOD, "train_data_uri": f"gs://b/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl"}
-    base, uri, champion = validate_and_resolve(
-        schedule_time="2026-12-01T00:00:00Z", **{**params, "backend": "local"}
-    )
-    assert (base, uri, champion) == ("m", "gs://b/2026-12-01T00:00:00Z/*.jsonl", "")
+def test_kubernetes_names_and_trainer_overrides_are_checked_up_front(data_file: str) -> None:
+    overrides = {"micro_batch_size": -1, "dtype": "fp8", "lr": 1.0, "bogus": 1}
+    errors = params_from_mapping(
+        good(data_file, namespace="ML", hf_token_secret="HF_TOKEN", trainer_overrides=overrides)
+    ).errors()
+    joined = "\n".join(errors)
+    assert "namespace='ML' is not a Kubernetes name" in joined
+    assert "hf_token_secret='HF_TOKEN' is not a Kubernetes object name" in joined
+    assert "trainer_overrides.lr: set the run parameter learning_rate instead" in joined
+    errors = params_from_mapping(
+        good(data_file, trainer_overrides={"micro_batch_size": -1, "bogus": 1})
+    ).errors()
+    assert errors == ["trainer_overrides: invalid trainer config: unknown field 'bogus'"]
+    errors = params_from_mapping(
+        good(data_file, trainer_overrides={"micro_batch_size": 0})
+    ).errors()
+    assert errors == ["trainer_overrides: micro_batch_size must be >= 1 (got 0)"]
+
+
+def test_input_that_matches_nothing_is_refused_before_the_run(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope" / "*.jsonl")
+    with pytest.raises(ValueError, match="matches no file"):
+        check_run_parameters({"train_data_uri": missing, "base_model": "m"})
+
+
+def test_schedule_time_fills_the_data_window(tmp_path: Path) -> None:
+    window = tmp_path / "2026-12-01T00:00:00Z"
+    window.mkdir()
+    (window / "a.jsonl").write_text("{}\n")
+    params = {
+        **defaults(),
+        "base_model": "m",
+        "train_data_uri": f"{tmp_path}/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl",
+    }
+    base, uri, champion = validate_and_resolve(schedule_time="2026-12-01T00:00:00Z", **params)
+    assert (base, uri, champion) == ("m", f"{window}/*.jsonl", "")
     with pytest.raises(ValueError, match="not started by a schedule"):
         validate_and_resolve(schedule_time="", **params)
 
 
-def test_champion_latest_registered_needs_a_model_name():
-    with pytest.raises(ValueError, match="champion_model is 'latest-registered'"):
-        validate_and_resolve(schedule_time="", champion_model="latest-registered", **GOOD)
+def test_champion_latest_registered_needs_a_model_name(data_file: str) -> None:
+    with pytest.raises(ValueError, match="registered_model is empty"):
+        validate_and_resolve(
+            schedule_time="", **defaults() | good(data_file, champion_model=LATEST_REGISTERED)
+        )
+
+
+def test_validate_inputs_takes_exactly_the_run_parameters() -> None:
+    """The first step's signature is written out for KFP; it cannot drift from the schema."""
+    component = kfp_components.validate_inputs.python_func
+    names = list(inspect.signature(component).parameters)
+    assert names == [*fields(), "schedule_time"]
+    for name, f in fields().items():
+        annotation = inspect.signature(component).parameters[name].annotation
+        assert annotation in (f.type, "str", str, int, float, bool, dict), name
+
+
+def test_pipeline_signature_and_descriptions_come_from_the_schema() -> None:
+    from pipelines.fine_tune import build_fine_tune
+
+    pipeline = build_fine_tune("vertex")
+    spec = pipeline.component_spec.inputs
+    assert list(spec) == list(fields())
+    for name, default in defaults().items():
+        assert spec[name].default == default, name
+        assert spec[name].description == describe(name), name
+
+
+def test_every_field_has_a_description_and_the_parameters_are_frozen() -> None:
+    for name, f in fields().items():
+        assert len(describe(name)) > 20, name
+        assert f.metadata["help"].endswith("."), name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RunParams().seq_len = 1  # type: ignore[misc]
+
+
+def test_each_default_is_written_once_in_the_code() -> None:
+    """`git grep` finds each run default in one place (docs, tests and benchmarks aside)."""
+    owners = {
+        '"kubeflow"': "components/run_params.py",
+        '"llmft-hf-token"': "components/run_params.py",
+        '"us-central1"': "components/run_params.py",
+        "lr: float = 2e-5": "trainer/config.py",  # learning_rate's default is the trainer's
+        "1e-3": None,  # the old pipeline default, gone
+    }
+    for needle, owner in owners.items():
+        found = subprocess.run(
+            ["git", "grep", "-l", "-F", needle, "--", "*.py", ":!tests", ":!benchmarks"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert found == ([owner] if owner else []), (needle, found)
+
+
+def test_run_and_schedule_help_list_every_parameter_with_its_default_once() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    for command in ("run", "schedule"):
+        result = CliRunner(env={"COLUMNS": "1000"}).invoke(app, [command, "--help"])
+        assert result.exit_code == 0, result.output
+        for name, default in defaults().items():
+            entry = f"{name} [default: {json.dumps(default)}]: {describe(name)}"
+            assert result.output.count(entry) == 1, (command, entry)
+
+
+def test_preprocess_is_not_retried_in_the_compiled_pipeline() -> None:
+    """Its failures (bad input, too many rejects, no training rows) are permanent."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "compiled" / "fine_tune.vertex.yaml").read_text())
+    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert "retryPolicy" not in tasks["preprocess"]
+    assert "retryPolicy" in tasks["train"]  # it resumes from its checkpoint

@@ -1,4 +1,5 @@
 """`python -m trainer --model PATH --data DIR --output DIR [--config FILE.yaml] [--field value ...]`
+or `python -m trainer --config-json '{"model": ..., ...}'` (the whole config; what launchers pass).
 
 Run it under torchrun on every node, e.g. one machine, two processes:
 

@@ -15,6 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from beam_preprocess.schema import SEQ_LEN_MAX, SEQ_LEN_MIN
+
 
 @dataclass
 class TrainConfig:
@@ -157,8 +159,10 @@ class TrainConfig:
                 errors.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.max_steps is not None and self.max_steps < 1:
             errors.append(f"max_steps must be >= 1 or unset (got {self.max_steps})")
-        if self.seq_len is not None and self.seq_len < 2:
-            errors.append(f"seq_len must be >= 2 or unset (got {self.seq_len})")
+        if self.seq_len is not None and not SEQ_LEN_MIN <= self.seq_len <= SEQ_LEN_MAX:
+            errors.append(
+                f"seq_len must be in [{SEQ_LEN_MIN}, {SEQ_LEN_MAX}] or unset (got {self.seq_len})"
+            )
         if not self.lr > 0:
             errors.append(f"lr must be > 0 (got {self.lr})")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -166,7 +170,7 @@ class TrainConfig:
         for name in ("warmup_steps", "checkpoint_every", "lora_rank"):
             if getattr(self, name) < 0:
                 errors.append(f"{name} must be >= 0 (got {getattr(self, name)})")
-        if self.max_steps is not None and self.warmup_steps >= self.max_steps:
+        if self.max_steps is not None and 1 <= self.max_steps <= self.warmup_steps:
             errors.append(
                 f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps})"
             )
@@ -205,6 +209,28 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The config as one JSON object: how launchers hand it to every rank
+        (`python -m trainer --config-json '<json>'`), instead of re-encoding it flag by flag.
+        Fields at their default are left out (the same image reads it), so a manifest shows
+        what this run sets."""
+        default = TrainConfig()
+        changed = {k: v for k, v in self.to_dict().items() if v != getattr(default, k)}
+        return json.dumps(changed, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        """Inverse of `to_json` (validated): `TrainConfig.from_json(c.to_json()) == c`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"invalid trainer config: --config-json is not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError("invalid trainer config: --config-json must be a JSON object")
+        config = config_from_mapping(data)
+        config.validate()
+        return config
 
 
 def parse_size(text: str) -> int:
@@ -264,12 +290,34 @@ def _coerce(name: str, raw: Any, annotation: Any) -> Any:
     return str(raw)
 
 
+def config_from_mapping(values: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from field values of any source (YAML, JSON, a pipeline's overrides), each
+    coerced to its field's type. Unknown fields and bad values are reported together; the
+    config's own rules are `TrainConfig.errors()`'s job."""
+    types_by_name = _field_types()
+    errors = [f"unknown field {name!r}" for name in sorted(set(values) - set(types_by_name))]
+    kwargs = {}
+    for name in types_by_name.keys() & values.keys():
+        try:
+            kwargs[name] = _coerce(name, values[name], types_by_name[name])
+        except ValueError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise ValueError("invalid trainer config: " + "; ".join(errors))
+    return TrainConfig(**kwargs)
+
+
 def load_config(argv: list[str]) -> TrainConfig:
-    """Build a validated TrainConfig from `[--config FILE.yaml] [--field value ...]`.
+    """Build a validated TrainConfig from `--config-json JSON` (the whole config, as launchers pass
+    it) or `[--config FILE.yaml] [--field value ...]` (by hand).
 
     Flags accept dashes or underscores (`--max-steps 10` == `--max_steps 10`); booleans also take
     the bare form (`--compile`, `--no-compile`).
     """
+    if argv[:1] == ["--config-json"]:
+        if len(argv) != 2:
+            raise ValueError("invalid trainer config: --config-json JSON takes no other arguments")
+        return TrainConfig.from_json(argv[1])
     types_by_name = _field_types()
     values: dict[str, Any] = {}
     errors: list[str] = []

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -198,6 +199,10 @@ def run_evaluation(
         batch_size=batch_size, generation_batch_size=generation_batch_size,
         max_new_tokens=max_new_tokens, num_samples=num_samples, thresholds=thresholds,
     )  # fmt: skip
+    if device is not None:
+        _check_device(device)
+    if "://" not in output_dir and os.path.isfile(output_dir):
+        raise ValueError(f"output {output_dir!r} is a file: give a directory for the report")
     manifest = data_io.load_manifest(data_dir)
     roles = {"base": base, "tuned": tuned, **({"champion": champion} if champion else {})}
 
@@ -341,3 +346,15 @@ def run_evaluation(
         generations_path=generations_path,
         samples=samples,
     )
+
+
+def _check_device(device: str) -> None:
+    """A torch device this machine has, before any model loads."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device {device!r} is not a torch device: use cpu or cuda[:N]") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this machine has no CUDA device; use cpu")

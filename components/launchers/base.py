@@ -12,19 +12,20 @@ from the run id alone (components/run_identity.py).
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, ClassVar
 
 from components.run_identity import safe_run_id
+from components.run_params import RunParams
+from trainer.config import TrainConfig
 
 BACKENDS = ("local", "gke", "vertex")
 RDZV_BACKENDS = ("etcd-v3", "etcd-v2", "c10d")
@@ -42,49 +43,43 @@ def print_line(line: str) -> None:
     sys.stdout.flush()
 
 
-def _flag_value(value: Any) -> str:
-    # The trainer parses bools from true/false and lists from JSON (trainer/config.py).
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(list(value) if isinstance(value, tuple) else value)
-    return str(value)
-
-
 @dataclass(frozen=True)
 class TrainLaunch:
     """What to run, identical for every backend.
 
-    Paths are as the workers see them: local paths for the local backend, gs:// URIs (or paths on
-    a shared volume) for GKE and Vertex.
+    Paths in `trainer` are as the workers see them: local paths for the local backend, gs:// URIs
+    (or paths on a shared volume) for GKE and Vertex.
     """
 
     run_id: str
     """The pipeline run id; names, labels and the rendezvous id all derive from it."""
-    model: str
-    """Base model directory or URI (`--model` of the trainer)."""
-    data: str
-    """Packed dataset directory or URI (`--data`)."""
-    output: str
-    """Run directory (`--output`): model/, metrics.jsonl and summary.json end up there."""
+    trainer: TrainConfig
+    """The trainer's whole config, handed to every rank as one JSON argument
+    (`python -m trainer --config-json ...`), so no setting is re-encoded on the way."""
     nodes: int = 1
     """Number of nodes (torchrun agents / pods / Vertex replicas)."""
     nproc_per_node: int = 1
     """Worker processes per node (usually one per GPU)."""
-    rdzv_backend: str = "etcd-v3"
+    rdzv_backend: str = RunParams.rdzv_backend
     """torchrun rendezvous backend: etcd-v3 (our plugin), etcd-v2 (etcd's v2 API) or c10d."""
     rdzv_endpoint: str = ""
     """`host:port` of the rendezvous; empty lets the backend choose (see each launcher)."""
-    max_steps: int | None = None
-    """Optimizer steps (`--max-steps`); None lets the trainer's config decide."""
-    trainer_overrides: Mapping[str, Any] = field(default_factory=dict)
-    """Extra trainer fields, `{"lr": 1e-4}` -> `--lr 0.0001` (see trainer/config.py)."""
-    config_file: str | None = None
-    """Optional trainer YAML config (`--config`), as the workers see it."""
     max_restarts: int = 0
     """torchrun restarts of the whole worker group after a worker failure."""
     entrypoint: tuple[str, ...] = TRAINER_ENTRYPOINT
     """What torchrun runs: `("-m", "trainer")`, or a script path (tests use a small one)."""
+
+    @property
+    def model(self) -> str:
+        return self.trainer.model
+
+    @property
+    def data(self) -> str:
+        return self.trainer.data
+
+    @property
+    def output(self) -> str:
+        return self.trainer.output
 
     @property
     def rdzv_id(self) -> str:
@@ -98,9 +93,6 @@ class TrainLaunch:
             safe_run_id(self.run_id)
         except ValueError as exc:
             errors.append(str(exc))
-        for name in ("model", "data", "output"):
-            if not str(getattr(self, name)).strip():
-                errors.append(f"{name} is empty: pass --{name}")
         if self.nodes < 1:
             errors.append(f"nodes={self.nodes}: need at least 1")
         if self.nproc_per_node < 1:
@@ -111,17 +103,11 @@ class TrainLaunch:
             )
         if self.rdzv_endpoint and not _is_host_port(self.rdzv_endpoint):
             errors.append(f"rdzv_endpoint={self.rdzv_endpoint!r}: expected host:port")
-        if self.max_steps is not None and self.max_steps < 1:
-            errors.append(f"max_steps={self.max_steps}: need at least 1 (or leave it unset)")
         if self.max_restarts < 0:
             errors.append(f"max_restarts={self.max_restarts}: cannot be negative")
-        reserved = {"model", "data", "output", "config", "max_steps"}
-        for key in self.trainer_overrides:
-            if key.replace("-", "_") in reserved:
-                errors.append(f"trainer override {key!r}: set it with its own option instead")
         if not self.entrypoint:
             errors.append("entrypoint is empty")
-        return errors
+        return errors + [f"trainer: {e}" for e in self.trainer.errors()]
 
     def validate(self) -> None:
         errors = self.errors()
@@ -129,15 +115,8 @@ class TrainLaunch:
             raise ValueError("invalid training launch:\n  - " + "\n  - ".join(errors))
 
     def trainer_args(self) -> list[str]:
-        """Arguments of `python -m trainer` (after the entrypoint)."""
-        args = ["--model", self.model, "--data", self.data, "--output", self.output]
-        if self.config_file:
-            args += ["--config", self.config_file]
-        if self.max_steps is not None:
-            args += ["--max-steps", str(self.max_steps)]
-        for key, value in self.trainer_overrides.items():
-            args += [f"--{key.replace('_', '-')}", _flag_value(value)]
-        return args
+        """Arguments of `python -m trainer` (after the entrypoint): the config as one JSON."""
+        return ["--config-json", self.trainer.to_json()]
 
     def torchrun_args(self, endpoint: str, *, rdzv_conf: str = "") -> list[str]:
         """torchrun flags for one node agent (the same on every node)."""

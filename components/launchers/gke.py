@@ -18,6 +18,7 @@ Design choices:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -42,6 +43,7 @@ from components.launchers.k8s_diagnostics import (
     summarize,
 )
 from components.run_identity import k8s_labels, k8s_selector, resource_name
+from components.run_params import K8S_LABEL_NAME, K8S_SUBDOMAIN_NAME, RunParams
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"
@@ -68,7 +70,7 @@ def parse_secret_ref(ref: str) -> tuple[str, str]:
 def build_pytorchjob(
     *,
     launch: TrainLaunch,
-    namespace: str = "default",
+    namespace: str = RunParams.namespace,
     image: str = DEFAULT_IMAGE,
     accelerator: str | None = "nvidia-h100-80gb",
     gpus_per_node: int | None = None,
@@ -151,8 +153,16 @@ def build_pytorchjob(
         **({"HF_TOKEN": hf_token_secret} if hf_token_secret else {}),
         **(secret_env or {}),
     }.items():
-        if not parse_secret_ref(ref)[0]:
-            errors.append(f"secret for {name} has no Secret name: use name or name:key")
+        secret, key = parse_secret_ref(ref)
+        if not re.fullmatch(K8S_SUBDOMAIN_NAME[0], secret):
+            errors.append(f"secret for {name}: {secret!r} is not {K8S_SUBDOMAIN_NAME[1]}")
+        if not re.fullmatch(r"[-._a-zA-Z0-9]+", key):
+            errors.append(f"secret key for {name}: {key!r} is not a Secret key ([-._a-zA-Z0-9])")
+    errors += _kubernetes_value_errors(
+        namespace=namespace, service_account=service_account, cpu=cpu, memory=memory,
+        shm_size=shm_size, active_deadline_seconds=active_deadline_seconds,
+        ttl_seconds_after_finished=ttl_seconds_after_finished, backoff_limit=backoff_limit,
+    )  # fmt: skip
     if errors:
         raise ValueError("invalid PyTorchJob options:\n  - " + "\n  - ".join(errors))
 
@@ -263,6 +273,41 @@ def build_pytorchjob(
     }
 
 
+_QUANTITY = r"[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?"
+"""A Kubernetes resource quantity (1, 500m, 64Gi, 1.5, 2e3), the API server's grammar."""
+
+
+def _kubernetes_value_errors(
+    *,
+    namespace: str,
+    service_account: str | None,
+    cpu: str | None,
+    memory: str | None,
+    shm_size: str,
+    active_deadline_seconds: int | None,
+    ttl_seconds_after_finished: int | None,
+    backoff_limit: int | None,
+) -> list[str]:
+    """Names, quantities and durations the API server would reject (or that would be wrong)."""
+    errors = []
+    if not re.fullmatch(K8S_LABEL_NAME[0], namespace):
+        errors.append(f"namespace={namespace!r} is not {K8S_LABEL_NAME[1]}")
+    if service_account and not re.fullmatch(K8S_SUBDOMAIN_NAME[0], service_account):
+        errors.append(f"service_account={service_account!r} is not {K8S_SUBDOMAIN_NAME[1]}")
+    for name, quantity in (("cpu", cpu), ("memory", memory), ("shm_size", shm_size)):
+        if quantity is not None and not re.fullmatch(_QUANTITY, str(quantity)):
+            errors.append(
+                f"{name}={quantity!r} is not a Kubernetes quantity such as 8, 500m or 64Gi"
+            )
+    if active_deadline_seconds is not None and active_deadline_seconds < 1:
+        errors.append(f"active_deadline_seconds={active_deadline_seconds}: must be at least 1")
+    for name, value in (("ttl_seconds_after_finished", ttl_seconds_after_finished),
+                        ("backoff_limit", backoff_limit)):  # fmt: skip
+        if value is not None and value < 0:
+            errors.append(f"{name}={value}: cannot be negative")
+    return errors
+
+
 def to_yaml(manifest: Mapping[str, Any]) -> str:
     """YAML for `kubectl apply -f`: no anchors, and strings that YAML 1.2 (kubectl) would read as
     numbers (`2e-05`, `1000` in a command) are quoted so they stay strings."""
@@ -329,7 +374,7 @@ class GkeLauncher(Launcher):
         *,
         api_client: Any = None,
         cluster: str = "",
-        namespace: str = "default",
+        namespace: str = RunParams.namespace,
         job_options: Mapping[str, Any] | None = None,
         poll_s: float = 10.0,
         pending_timeout_s: float = 1800.0,

@@ -31,9 +31,10 @@ from components.launchers.base import (
     TrainLaunch,
 )
 from components.run_identity import VERTEX_RUN_LABEL, resource_name, safe_run_id, vertex_labels
+from components.run_params import RunParams
 
-DEFAULT_MACHINE = "a3-highgpu-8g"
-DEFAULT_ACCELERATOR = "NVIDIA_H100_80GB"
+DEFAULT_MACHINE = RunParams.machine_type
+DEFAULT_ACCELERATOR = RunParams.accelerator_type
 _PRIMARY_ADDRESS = (
     'python -c "import json,os; '
     "print(json.loads(os.environ['CLUSTER_SPEC'])['cluster']['workerpool0'][0])\""
@@ -223,7 +224,7 @@ class VertexLauncher(Launcher):
         self,
         *,
         project: str,
-        location: str = "us-central1",
+        location: str = RunParams.region,
         job_options: Mapping[str, Any] | None = None,
         gcp_resources_path: str | None = None,
         client: Any = None,

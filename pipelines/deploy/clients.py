@@ -163,9 +163,10 @@ def kfp_client(settings: KfpSettings) -> kfp.client.Client:
         )  # "only works with KFP v2 backends": we are one
         return Client(
             host=host,
-            namespace=settings.namespace or "kubeflow",
             existing_token=token,
             client_id=settings.iap_client_id,
+            # Single-user installs: kfp.Client's own default namespace.
+            **({"namespace": settings.namespace} if settings.namespace else {}),
         )
 
 

@@ -5,7 +5,7 @@ A config file looks like docs/deploy/example.yaml:
     template: compiled/fine_tune.vertex.yaml     # or an Artifact Registry URI
     display_name: llmft-fine-tune
     parameters: {base_model: latest-registered, ...}
-    vertex: {project: ..., location: us-central1, pipeline_root: gs://..., ...}
+    vertex: {project: ..., region: us-central1, pipeline_root: gs://..., ...}
     kfp: {host: http://localhost:8080, experiment: llmft, ...}
     schedule: {cron: "CRON_TZ=Europe/Berlin 0 3 * * 1", max_concurrent_runs: 1, ...}
 
@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from components.run_params import PROJECT_ID, REGION, RunParams
+
 Backend = Literal["vertex", "kfp"]
 Purpose = Literal["run", "schedule", "upload", "manage"]
 
@@ -35,7 +37,7 @@ class VertexSettings:
 
     project: str | None = None
     """Google Cloud project id that owns the pipeline runs."""
-    location: str = "us-central1"
+    region: str = RunParams.region
     """Vertex AI region; the Artifact Registry repository should be in the same one."""
     pipeline_root: str | None = None
     """gs:// prefix where runs write their artifacts (required: no implicit buckets)."""
@@ -120,8 +122,8 @@ class DeployConfig:
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
 
 
-_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_PROJECT = re.compile(PROJECT_ID[0])
+_REGION = re.compile(REGION[0])
 _SA_EMAIL = re.compile(r"^[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.gserviceaccount\.com$")
 _NETWORK = re.compile(r"^projects/[0-9]+/global/networks/[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -217,7 +219,10 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
 
     data: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text())
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a YAML mapping at the top level")
         data = loaded or {}
@@ -262,10 +267,10 @@ def _vertex_errors(v: VertexSettings, purpose: Purpose, errors: list[str]) -> No
         return
     if not v.project:
         errors.append("vertex.project: set the Google Cloud project id (--project)")
-    elif not _PROJECT.match(v.project):
+    elif not _PROJECT.fullmatch(v.project):
         errors.append(f"vertex.project: {v.project!r} is not a project id (lowercase, 6-30 chars)")
-    if not _REGION.match(v.location):
-        errors.append(f"vertex.location: {v.location!r} is not a region like us-central1")
+    if not _REGION.fullmatch(v.region):
+        errors.append(f"vertex.region: {v.region!r} is not a region like us-central1")
     if purpose in ("run", "schedule"):
         if not v.pipeline_root:
             errors.append(
@@ -368,7 +373,7 @@ def validate(config: DeployConfig, backend: Backend, purpose: Purpose) -> None:
 _SHARED = ("pipeline_root", "service_account", "experiment", "enable_caching")
 _VERTEX_ONLY = (
     "project",
-    "location",
+    "region",
     "network",
     "labels",
     "failure_policy",

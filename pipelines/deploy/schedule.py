@@ -70,7 +70,7 @@ class ScheduleSummary:
 
 
 def _vertex_parent(config: DeployConfig) -> str:
-    return f"projects/{config.vertex.project}/locations/{config.vertex.location}"
+    return f"projects/{config.vertex.project}/locations/{config.vertex.region}"
 
 
 def _vertex_name(config: DeployConfig, ident: str) -> str:
@@ -84,9 +84,14 @@ def create_vertex_schedule(
     from google.cloud import aiplatform
 
     validate(config, "vertex", "schedule")
+    # Parameters first: a mistake is reported before credentials or the server are needed.
+    params = prepare_parameters(config, "vertex", schedule_time=None, recurring=True)
     credentials = google_credentials(credentials)
     remote = remote_template(config, credentials)
-    params = prepare_parameters(config, "vertex", schedule_time=None, recurring=True, info=remote)
+    if remote is not None:
+        params = prepare_parameters(
+            config, "vertex", schedule_time=None, recurring=True, info=remote
+        )
     v, s = config.vertex, config.schedule
     assert s.cron and v.project
     cron = parse_cron(s.cron).to_vertex()
@@ -101,7 +106,7 @@ def create_vertex_schedule(
             display_name=s.display_name,
             credentials=credentials,
             project=v.project,
-            location=v.location,
+            location=v.region,
         )
         schedule.create(
             cron=cron,
@@ -114,7 +119,7 @@ def create_vertex_schedule(
             network=v.network,
         )
     name = schedule.resource_name
-    url = vertex_schedule_url(v.project, v.location, name.rsplit("/", 1)[-1])
+    url = vertex_schedule_url(v.project, v.region, name.rsplit("/", 1)[-1])
     report(f"created schedule {name} ({cron})\n{url}")
     return Scheduled("vertex", name, url, cron)
 
@@ -156,7 +161,7 @@ def update_vertex_schedules(
     credentials = google_credentials(credentials)
     info = remote_template(config, credentials) or read_template(config.template)
     known = set(info.parameters)
-    svc = schedule_service(config.vertex.project or "", config.vertex.location, credentials)
+    svc = schedule_service(config.vertex.project or "", config.vertex.region, credentials)
     display_name = config.schedule.display_name
     updated = []
     with cloud_errors("updating Vertex AI schedules"):
@@ -199,7 +204,7 @@ def update_vertex_schedules(
             )
             schedule_id = old.name.rsplit("/", 1)[-1]
             url = vertex_schedule_url(
-                config.vertex.project or "", config.vertex.location, schedule_id
+                config.vertex.project or "", config.vertex.region, schedule_id
             )
             report(f"updated {old.name} -> {config.template}")
             updated.append(Scheduled("vertex", old.name, url, old.cron))
@@ -250,12 +255,12 @@ def create_kfp_schedule(
     """
     validate(config, "kfp", "schedule" if replace is None else "manage")
     k, s = config.kfp, config.schedule
-    client = client or kfp_client(k)
     if replace is not None and replace.runtime_config and replace.runtime_config.parameters:
         # The replaced run's values stay unless the config sets them again.
         merged = {**replace.runtime_config.parameters, **config.parameters}
         config = dataclasses.replace(config, parameters=merged)
     params = prepare_parameters(config, "kfp", schedule_time=None, recurring=True)
+    client = client or kfp_client(k)
     kwargs: dict[str, Any]
     if replace is None:
         assert s.cron
@@ -358,7 +363,7 @@ def list_schedules(
     if backend == "vertex":
         validate(config, "vertex", "manage")
         svc = schedule_service(
-            config.vertex.project or "", config.vertex.location, google_credentials(credentials)
+            config.vertex.project or "", config.vertex.region, google_credentials(credentials)
         )
         with cloud_errors("listing Vertex AI schedules"):
             return [_vertex_summary(s) for s in _vertex_list(config, svc, display_name)]
@@ -392,7 +397,7 @@ def manage_schedule(
     if backend == "vertex":
         validate(config, "vertex", "manage")
         svc = schedule_service(
-            config.vertex.project or "", config.vertex.location, google_credentials(credentials)
+            config.vertex.project or "", config.vertex.region, google_credentials(credentials)
         )
         name = _vertex_name(config, ident)
         with cloud_errors(f"{action} {name}"):

@@ -114,9 +114,9 @@ def prepare_parameters(
     if info is not None:
         check_for_backend(info, backend)
         params = _derived_defaults(info, config, backend, params)
-        errors = parameter_errors(info, params) or _run_parameter_errors(info, params)
-        if errors:
-            raise ValueError(f"{len(errors)} parameter problem(s):\n  - " + "\n  - ".join(errors))
+    errors = (parameter_errors(info, params) if info else []) or _run_parameter_errors(info, params)
+    if errors:
+        raise ValueError(f"{len(errors)} parameter problem(s):\n  - " + "\n  - ".join(errors))
     return params
 
 
@@ -131,7 +131,7 @@ def _derived_defaults(
     derived: dict[str, Any] = {}
     root = config.vertex.pipeline_root if backend == "vertex" else config.kfp.pipeline_root
     if backend == "vertex":
-        derived = {"project": config.vertex.project, "region": config.vertex.location}
+        derived = {"project": config.vertex.project, "region": config.vertex.region}
     if root and root.startswith("gs://"):
         derived["work_uri"] = f"{root.rstrip('/')}/llmft-work"
     filled = dict(params)
@@ -141,28 +141,20 @@ def _derived_defaults(
     return filled
 
 
-def _run_parameter_errors(info: TemplateInfo, params: dict[str, Any]) -> list[str]:
-    """The pipeline's own first-step checks (components/validation.py), run here first.
+def _run_parameter_errors(info: TemplateInfo | None, params: dict[str, Any]) -> list[str]:
+    """The pipeline's own first-step checks (components/run_params.py), run here first.
 
-    Applies to templates of our pipeline, recognised by declaring every required argument of the
-    check; for any other template only the generic name/type checks above apply.
+    With our template (it declares every run parameter) all rules apply; with a template not yet
+    fetched (a registry URI, a KFP pipeline version) the single-field rules of the values given;
+    for any other template only the generic name/type checks of `parameter_errors`.
     """
-    import inspect
+    from components.run_params import field_errors, fields, params_from_mapping
 
-    from components.validation import run_parameter_errors
-
-    required = [
-        p.name
-        for p in inspect.signature(run_parameter_errors).parameters.values()
-        if p.kind is p.KEYWORD_ONLY and p.default is p.empty
-    ]
-    if not all(name in info.parameters for name in required):
+    if info is None:
+        return field_errors(params)
+    if not set(fields()) <= set(info.parameters):
         return []
-    values = {n: p.default for n, p in info.parameters.items() if p.default is not None}
-    values.update(params)
-    if not all(name in values for name in required):
-        return []  # a required pipeline input is missing: parameter_errors said so
-    return run_parameter_errors(**values)
+    return params_from_mapping(params).errors()
 
 
 def vertex_job(config: DeployConfig, params: dict[str, Any], credentials: Credentials) -> Any:
@@ -181,7 +173,7 @@ def vertex_job(config: DeployConfig, params: dict[str, Any], credentials: Creden
         labels=dict(v.labels) or None,
         credentials=credentials,
         project=v.project,
-        location=v.location,
+        location=v.region,
         failure_policy=v.failure_policy,
     )
 
@@ -197,20 +189,20 @@ def submit_vertex(
 ) -> Submitted:
     """Submit one run to Vertex AI Pipelines."""
     validate(config, "vertex", "run")
+    # Parameters first: a mistake is reported before credentials or the server are needed.
+    params = prepare_parameters(config, "vertex", schedule_time=schedule_time, recurring=False)
     credentials = google_credentials(credentials)
-    params = prepare_parameters(
-        config,
-        "vertex",
-        schedule_time=schedule_time,
-        recurring=False,
-        info=remote_template(config, credentials),
-    )
+    remote = remote_template(config, credentials)
+    if remote is not None:
+        params = prepare_parameters(
+            config, "vertex", schedule_time=schedule_time, recurring=False, info=remote
+        )
     v = config.vertex
     with cloud_errors("submitting to Vertex AI Pipelines"):
         job = vertex_job(config, params, credentials)
         job.submit(service_account=v.service_account, network=v.network, experiment=v.experiment)
     assert v.project
-    url = vertex_run_url(v.project, v.location, job.job_id)
+    url = vertex_run_url(v.project, v.region, job.job_id)
     report(f"submitted {job.resource_name}\n{url}")
     if not wait:
         return Submitted("vertex", job.resource_name, url)

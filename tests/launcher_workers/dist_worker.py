@@ -1,9 +1,9 @@
 """A stand-in for `python -m trainer` in the local launcher tests: a real gloo process group.
 
-It accepts the trainer's flags (--model/--data/--output/--max-steps/...), all-reduces across every
-rank, and rank 0 writes OUTPUT/summary.json like the trainer. Behaviour for the failure tests comes
-from `--mode`: `ok`, `fail` (the last rank exits 3 after the barrier) or `hang` (sleep after the
-all-reduce until killed).
+It takes the trainer's `--config-json` (what every launcher passes), all-reduces across every rank,
+and rank 0 writes OUTPUT/summary.json like the trainer. Behaviour for the failure tests comes from
+the config's model name `stand-in:<mode>`: `ok` (or any other name), `fail` (the last rank exits 3
+after the barrier) or `hang` (sleep after the all-reduce until killed).
 """
 
 import argparse
@@ -19,9 +19,9 @@ import torch.distributed as dist
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    for name in ("--model", "--data", "--output", "--max-steps", "--mode"):
-        parser.add_argument(name)
-    args, _ = parser.parse_known_args()
+    parser.add_argument("--config-json", required=True)
+    config = json.loads(parser.parse_args().config_json)
+    mode = config["model"].removeprefix("stand-in:")  # to_json() leaves defaults out
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     total = torch.tensor([float(rank + 1)])
@@ -29,23 +29,23 @@ def main() -> None:
     print(
         f"rank {rank}/{world} group {os.environ['GROUP_RANK']} sum {total.item():.0f}", flush=True
     )
-    if args.mode == "fail" and rank == world - 1:
+    if mode == "fail" and rank == world - 1:
         print("boom: simulated worker failure", file=sys.stderr, flush=True)
         sys.exit(3)
-    if args.mode == "hang":
+    if mode == "hang":
         print(f"ready {rank}", flush=True)
         time.sleep(3600)
-    if args.mode == "fail":
+    if mode == "fail":
         time.sleep(
             3600
         )  # the survivors would block in the next collective; just wait to be stopped
     dist.barrier()
     if rank == 0:
-        out = Path(args.output)
+        out = Path(config["output"])
         out.mkdir(parents=True, exist_ok=True)
         summary = {
-            "base_model": args.model,
-            "steps": int(args.max_steps or 0),
+            "base_model": config["model"],
+            "steps": int(config.get("max_steps") or 0),  # only changed fields are passed
             "world_size": world,
             "sum": total.item(),
             "model_dir": str(out / "model"),

@@ -1,0 +1,489 @@
+"""The fine-tune pipeline's run parameters: the one place each name, type, choice, default, rule
+and description lives.
+
+Everything else is derived from `RunParams`:
+- the `fine_tune` pipeline's signature and the parameter descriptions the Vertex AI / KFP console
+  shows (pipelines/fine_tune.py builds them with `pipeline_signature()` and `pipeline_docstring()`);
+- the checks of the pipeline's first step and of `llmft run` / `llmft schedule` (`RunParams.errors`,
+  `params_from_mapping`), which report every problem at once;
+- the keys `--param KEY=VALUE` and a config file's `parameters:` accept, with their types;
+- the defaults of a local run (pipelines/local_run.py) and of `llmft render pytorchjob`.
+
+Adding a parameter is one field below, with `param(default, description, rules...)`, plus passing it
+to the step that uses it. Rules that involve several fields are in `RunParams.errors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+import re
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from beam_preprocess.schema import (
+    EVAL_FRACTION_DEFAULT,
+    EVAL_FRACTION_MAX,
+    SEQ_LEN_MAX,
+    SEQ_LEN_MIN,
+)
+from trainer.config import TrainConfig
+
+Backend = Literal["local", "gke", "vertex"]
+RdzvBackend = Literal["etcd-v3", "etcd-v2", "c10d"]
+Runner = Literal["DirectRunner", "DataflowRunner"]
+DataKind = Literal["instruction", "text"]
+
+LATEST_REGISTERED = "latest-registered"
+"""`base_model` / `champion_model` value: the newest version of `registered_model` in the Vertex AI
+Model Registry (resolved by the pipeline's first step)."""
+SCHEDULE_TIME_PLACEHOLDER = "{{$.pipeline_job_schedule_time_utc}}"
+"""KFP's schedule-time placeholder (`dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER`), written
+literally in `train_data_uri` by scheduled runs; the first step fills it in."""
+
+PROJECT_ID = (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a Google Cloud project id (6-30 lowercase chars)")
+REGION = (r"[a-z]+-[a-z]+[0-9]+", "a Google Cloud region such as us-central1")
+K8S_LABEL_NAME = (
+    r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+    "a Kubernetes name (lowercase letters, digits and '-', at most 63 chars)",
+)
+K8S_SUBDOMAIN_NAME = (
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
+    "a Kubernetes object name (lowercase letters, digits, '-' and '.')",
+)
+SERVICE_ACCOUNT = (
+    rf"{K8S_SUBDOMAIN_NAME[0]}|[a-z][a-z0-9-]{{4,61}}[a-z0-9]@[a-z0-9.-]+\.gserviceaccount\.com",
+    "a service-account email (Vertex) or a Kubernetes service account name (GKE)",
+)
+
+
+def param(
+    default: Any,
+    help: str,
+    *,
+    required: bool = False,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    pattern: tuple[str, str] | None = None,
+) -> Any:
+    """A `RunParams` field: its one default, its description and its per-field rules.
+
+    Args:
+        default: the default (dicts are copied per instance).
+        help: the description shown by the console, `llmft run --help` and the docs.
+        required: an empty value is an error (the default "" then means "must be given").
+        ge, gt, le, lt: numeric bounds.
+        pattern: (regex, what it must look like); checked on non-empty strings.
+    """
+    rules = {"help": " ".join(help.split()), "required": required, "pattern": pattern}
+    rules |= {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=rules)
+    return field(default=default, metadata=rules)
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """Every parameter of one fine-tune run (the `fine_tune` pipeline's inputs)."""
+
+    # --- data ----------------------------------------------------------------------------------
+    train_data_uri: str = param(
+        "",
+        "Raw training records: a file, glob or gs:// URI of JSONL, JSON, CSV or Parquet. For "
+        "scheduled runs it may contain the schedule-time placeholder so each run reads its own "
+        "window.",
+        required=True,
+    )
+    base_model: str = param(
+        "",
+        "Model to fine-tune: a local path, a gs:// URI of a Hugging Face model directory, a hub "
+        f'id, or "{LATEST_REGISTERED}" to continue from the latest version of registered_model.',
+        required=True,
+    )
+    backend: Backend = param(
+        "local",
+        'Where training runs: "local" (torchrun agents on this machine), "gke" (Kubeflow '
+        'PyTorchJob) or "vertex" (Vertex AI CustomJob).',
+    )
+    data_kind: DataKind = param(
+        "instruction",
+        '"instruction" for prompt/response or chat messages records, "text" for plain '
+        "causal-LM text.",
+    )
+    seq_len: int = param(512, "Tokens per packed training row.", ge=SEQ_LEN_MIN, le=SEQ_LEN_MAX)
+    eval_fraction: float = param(
+        EVAL_FRACTION_DEFAULT,
+        "Fraction of records held out for evaluation (deterministic by content hash).",
+        gt=0.0,
+        lt=EVAL_FRACTION_MAX,
+    )
+    preprocess_runner: Runner = param(
+        "DirectRunner",
+        'Beam runner for preprocessing: "DirectRunner" (in the task) or "DataflowRunner".',
+    )
+    dataflow_options: dict = param(  # type: ignore[type-arg]
+        {},
+        'Extra Dataflow options, e.g. {"max_num_workers": 20, "machine_type": "n2-standard-8", '
+        '"subnetwork": "..."}.',
+    )
+
+    # --- training ------------------------------------------------------------------------------
+    nodes: int = param(
+        2, "Training nodes (torchrun agents / PyTorchJob replicas / CustomJob replicas).", ge=1
+    )
+    nproc_per_node: int = param(
+        2, "Training processes per node (GPUs per node on GPU machines).", ge=1
+    )
+    rdzv_backend: RdzvBackend = param(
+        "etcd-v3",
+        'Rendezvous backend: "etcd-v3" (per-run etcd, works on etcd 3.4+), "etcd-v2" or "c10d" '
+        "(Vertex always rendezvouses with c10d at the primary replica).",
+    )
+    max_steps: int = param(200, "Optimizer steps to train for.", ge=1)
+    learning_rate: float = param(
+        TrainConfig.lr, "Peak learning rate (AdamW, warmup then cosine decay).", gt=0.0, lt=1.0
+    )
+    trainer_overrides: dict = param(  # type: ignore[type-arg]
+        {},
+        'Any other trainer setting by name (docs/trainer.md), e.g. {"micro_batch_size": 8, '
+        '"lora_rank": 16}.',
+    )
+
+    # --- where it runs -------------------------------------------------------------------------
+    project: str = param(
+        "",
+        "Google Cloud project id (cloud backends, Dataflow, Model Registry).",
+        pattern=PROJECT_ID,
+    )
+    region: str = param(
+        "us-central1",
+        "Google Cloud region for Vertex AI, Dataflow and the Model Registry.",
+        pattern=REGION,
+    )
+    work_uri: str = param(
+        "",
+        "gs:// prefix for run files shared between steps (Dataflow temp, checkpoints); cloud "
+        "runs only.",
+    )
+    namespace: str = param(
+        "kubeflow",
+        "Kubernetes namespace for the per-run etcd and the PyTorchJob (gke backend).",
+        pattern=K8S_LABEL_NAME,
+    )
+    gke_cluster: str = param(
+        "",
+        'GKE cluster "projects/P/locations/L/clusters/C" when Vertex AI Pipelines drives GKE; '
+        "empty means the cluster the pipeline runs in.",
+        pattern=(
+            r"projects/[^/]+/locations/[^/]+/clusters/[^/]+",
+            "projects/P/locations/L/clusters/C",
+        ),
+    )
+    machine_type: str = param(
+        "a3-highgpu-8g", "Machine type per node on Vertex AI (e.g. a3-highgpu-8g)."
+    )
+    accelerator_type: str = param(
+        "NVIDIA_H100_80GB",
+        "Accelerator per node: a Vertex name such as NVIDIA_H100_80GB; on GKE the matching "
+        "gke-accelerator node selector is used. Empty for CPU-only training.",
+    )
+    accelerator_count: int = param(8, "Accelerators per node (0 for CPU-only training).", ge=0)
+    service_account: str = param(
+        "",
+        "Service account for training jobs (Vertex) or Workload Identity KSA (GKE); empty uses "
+        "the default.",
+        pattern=SERVICE_ACCOUNT,
+    )
+    hf_token_secret: str = param(
+        "llmft-hf-token",
+        'Name of the Kubernetes Secret (key "token") or Secret Manager secret holding a Hugging '
+        "Face token; never the token itself.",
+        pattern=K8S_SUBDOMAIN_NAME,
+    )
+
+    # --- evaluation and registry ---------------------------------------------------------------
+    max_eval_examples: int = param(
+        200, "Held-out prompts to generate answers for (bounds evaluation time).", ge=1
+    )
+    min_loss_improvement: float = param(
+        0.0,
+        "Quality gate: the tuned eval loss must be below the base's by at least this much.",
+    )
+    min_exact_match: float = param(
+        0.0,
+        "Quality gate: the tuned model's exact-match rate on held-out prompts must be at least "
+        "this.",
+        ge=0.0,
+        le=1.0,
+    )
+    register_model: bool = param(
+        False, "Upload the tuned model to Vertex AI Model Registry when it passes the gate."
+    )
+    registered_model: str = param(
+        "",
+        "Vertex AI model (resource name or display name) to add versions to or take "
+        f'"{LATEST_REGISTERED}" from.',
+    )
+    champion_model: str = param(
+        "",
+        "Optional model the tuned one must also beat: a model URI, or "
+        f'"{LATEST_REGISTERED}" for the newest version of registered_model (recurring '
+        "fine-tunes); empty skips the comparison.",
+    )
+    serving_image: str = param(
+        "",
+        "Serving container image (pinned tag) for the registered model, e.g. a vLLM or TGI "
+        "image from Vertex AI Model Garden; required when register_model is true.",
+    )
+
+    def errors(self) -> list[str]:
+        """Every problem with these parameters, each saying what to change; [] when valid."""
+        errors = [
+            e for f in dataclasses.fields(self) if (e := _field_error(f, getattr(self, f.name)))
+        ]
+        errors += _trainer_override_errors(self)
+        cloud = self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner"
+        if cloud:
+            if not self.project:
+                errors.append("project is empty: cloud backends and Dataflow need a project id")
+            if not self.region:
+                errors.append("region is empty: set a Google Cloud region such as us-central1")
+            if not self.work_uri.startswith("gs://"):
+                errors.append(
+                    f"work_uri={self.work_uri!r}: cloud runs need a gs:// URI for shared run files"
+                )
+            if self.train_data_uri and not self.train_data_uri.startswith("gs://"):
+                errors.append(
+                    f"train_data_uri={self.train_data_uri!r}: workers in the cloud cannot read "
+                    "local files; upload the data to gs://"
+                )
+        if self.backend == "gke":
+            from components.train_step import gke_accelerator
+
+            try:
+                gke_accelerator(self.accelerator_type)
+            except ValueError as exc:
+                errors.append(f"accelerator_type: {exc}")
+        uses_registry = LATEST_REGISTERED in (self.base_model, self.champion_model)
+        if (uses_registry or self.register_model) and not self.registered_model:
+            errors.append(
+                "registered_model is empty: name the Vertex AI model (resource name or display "
+                f"name) to register to or to take {LATEST_REGISTERED!r} from"
+            )
+        if self.register_model:
+            if not self.serving_image:
+                errors.append(
+                    "serving_image is empty: registering a model needs a serving container image"
+                )
+            elif self.serving_image.endswith(":latest") or ":" not in self.serving_image:
+                errors.append(f"serving_image={self.serving_image!r}: pin a version tag")
+        return errors
+
+    def check(self) -> RunParams:
+        """Raise one ValueError listing every problem; return self when valid."""
+        raise_errors(self.errors())
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def trainer_config(
+    overrides: Mapping[str, Any],
+    *,
+    max_steps: int,
+    learning_rate: float,
+    model: str,
+    data: str,
+    output: str,
+) -> TrainConfig:
+    """The trainer's config for a run (not yet validated: `TrainConfig.errors()`).
+
+    `max_steps` and `learning_rate` are run parameters; every other trainer field comes from
+    `trainer_overrides`, coerced to the field's type (ValueError for unknown fields, bad values).
+    """
+    from trainer.config import config_from_mapping
+
+    values = {**overrides, "max_steps": max_steps, "lr": learning_rate}
+    return config_from_mapping({**values, "model": model, "data": data, "output": output})
+
+
+def raise_errors(errors: list[str]) -> None:
+    """One ValueError listing every problem (the CLI prints it after `error:`)."""
+    if errors:
+        raise ValueError(
+            f"{len(errors)} invalid run parameter(s):\n" + "\n".join(f"  - {e}" for e in errors)
+        )
+
+
+def fields() -> dict[str, dataclasses.Field[Any]]:
+    """The run parameters by name, in pipeline order."""
+    return {f.name: f for f in dataclasses.fields(RunParams)}
+
+
+def defaults() -> dict[str, Any]:
+    """Every parameter's default."""
+    return RunParams().as_dict()
+
+
+def describe(name: str) -> str:
+    """A parameter's description."""
+    return str(fields()[name].metadata["help"])
+
+
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(RunParams)
+
+
+def choices(name: str) -> tuple[str, ...]:
+    """The allowed values of a `Literal` parameter (empty for free-form ones)."""
+    hint = _hints()[name]
+    return tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else ()
+
+
+def kfp_type(name: str) -> type:
+    """The plain type KFP declares for a parameter (a `Literal` of strings is a str)."""
+    hint = _hints()[name]
+    if typing.get_origin(hint) is Literal:
+        return str
+    return typing.get_origin(hint) or hint  # type: ignore[no-any-return]
+
+
+def _field_error(f: dataclasses.Field[Any], value: Any) -> str | None:
+    rules = f.metadata
+    options = choices(f.name)
+    if options and value not in options:
+        return f"{f.name}={value!r}: choose one of {', '.join(options)}"
+    if rules["required"] and not str(value).strip():
+        return f"{f.name} is empty: {_lower_first(rules['help'])}"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        bounds = [(*_BOUNDS[key], rules[key]) for key in _BOUNDS if rules[key] is not None]
+        if not all(holds(value, bound) for _, holds, bound in bounds):
+            wanted = " and ".join(f"{op} {bound}" for op, _, bound in bounds)
+            return f"{f.name}={value}: use a value {wanted}"
+    if rules["pattern"] and isinstance(value, str) and value:
+        regex, what = rules["pattern"]
+        if re.fullmatch(regex, value) is None:
+            return f"{f.name}={value!r} is not {what}"
+    return None
+
+
+_BOUNDS: dict[str, tuple[str, Callable[[Any, Any], bool]]] = {
+    "ge": (">=", operator.ge),
+    "gt": (">", operator.gt),
+    "le": ("<=", operator.le),
+    "lt": ("<", operator.lt),
+}
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _trainer_override_errors(params: RunParams) -> list[str]:
+    """Trainer overrides checked against the trainer's own config, before anything starts."""
+    reserved: dict[str, str | None] = {"model": None, "data": None, "output": None}
+    reserved |= {"tokenizer": None, "max_steps": "max_steps", "lr": "learning_rate"}
+    errors = []
+    for key in params.trainer_overrides:
+        if key in reserved:
+            instead = reserved[key]
+            errors.append(
+                f"trainer_overrides.{key}: set the run parameter {instead} instead"
+                if instead
+                else f"trainer_overrides.{key}: the pipeline sets it (base_model and the run's data)"
+            )
+    if errors:
+        return errors
+    try:
+        config = trainer_config(
+            params.trainer_overrides, max_steps=params.max_steps,
+            learning_rate=params.learning_rate, model="m", data="d", output="o",
+        )  # fmt: skip
+    except ValueError as exc:
+        return [f"trainer_overrides: {exc}"]
+    return [f"trainer_overrides: {e}" for e in config.errors()]
+
+
+def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = None) -> RunParams:
+    """`RunParams` from a mapping (config file, `--param`s, a template's values) over `base`.
+
+    Unknown names and values of the wrong type are reported together (one ValueError); the
+    cross-field rules are `RunParams.errors()`'s job.
+    """
+    known = fields()
+    hints = _hints()
+    errors = []
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        errors.append(f"unknown parameter(s) {', '.join(unknown)}: valid are {', '.join(known)}")
+    coerced = {}
+    for name in known.keys() & values.keys():
+        value, problem = _coerce(values[name], hints[name])
+        if problem:
+            errors.append(f"{name}={values[name]!r}: {problem}")
+        else:
+            coerced[name] = value
+    raise_errors(errors)
+    return dataclasses.replace(base or RunParams(), **coerced)
+
+
+def field_errors(values: Mapping[str, Any]) -> list[str]:
+    """Type and single-field problems of the given values, names the schema does not know aside:
+    what can be checked of a partial set (e.g. `--param`s for a template not yet fetched)."""
+    known, hints, errors = fields(), _hints(), []
+    for name in known.keys() & values.keys():
+        value, problem = _coerce(values[name], hints[name])
+        error = f"{name}={values[name]!r}: {problem}" if problem else None
+        if not problem and not known[name].metadata["required"]:
+            error = _field_error(known[name], value)
+        if error:
+            errors.append(error)
+    return errors
+
+
+def _coerce(value: Any, hint: Any) -> tuple[Any, str]:
+    """(value as the annotation's type, "") or (None, what is wrong)."""
+    origin = typing.get_origin(hint) or hint
+    if origin is Literal:
+        return (value, "") if isinstance(value, str) else (None, "must be a string")
+    if origin is bool:
+        return (value, "") if isinstance(value, bool) else (None, "must be true or false")
+    if origin is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return (value, "") if ok else (None, "must be an integer")
+    if origin is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return (float(value), "") if ok else (None, "must be a number")
+    if origin is dict:
+        return (dict(value), "") if isinstance(value, dict) else (None, "must be a mapping")
+    if origin is str:
+        return (value, "") if isinstance(value, str) else (None, "must be a string")
+    raise AssertionError(f"no coercion for {hint}")  # a new field type needs a line here
+
+
+def pipeline_signature() -> inspect.Signature:
+    """The `fine_tune` pipeline function's signature: every parameter with its KFP type and
+    default (KFP compiles the pipeline interface from it)."""
+    params = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=default,
+            annotation=kfp_type(name),
+        )
+        for name, default in defaults().items()
+    ]
+    return inspect.Signature(params, return_annotation=None)
+
+
+def pipeline_docstring(summary: str) -> str:
+    """Google-style docstring whose `Args:` KFP turns into the console's parameter descriptions."""
+    lines = [summary, "", "Args:"]
+    lines += [f"    {name}: {describe(name)}" for name in fields()]
+    return "\n".join(lines) + "\n"
