@@ -41,7 +41,7 @@ def test_vertex_stack_to_a_runnable_config(tmp_path, monkeypatch):
     assert f"wrote {out}" in result.output
     config = load_config(out)
     assert config.vertex.project == "my-project"
-    assert config.vertex.location == "us-central1"
+    assert config.vertex.region == "us-central1"
     assert config.vertex.pipeline_root == "gs://my-project-llmft/pipeline-root"
     assert config.vertex.service_account == "llmft-pipelines@my-project.iam.gserviceaccount.com"
     assert config.vertex.registry == "https://us-central1-kfp.pkg.dev/my-project/llmft-pipelines"

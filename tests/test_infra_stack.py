@@ -168,7 +168,9 @@ def test_repositories_and_image_names_match_the_code(vertex_stack):
 
 
 def test_secret_is_created_without_a_value(vertex_stack):
-    from pipelines.fine_tune import HF_TOKEN_SECRET
+    from components.run_params import RunParams
+
+    HF_TOKEN_SECRET = RunParams.hf_token_secret
 
     mocks, _ = vertex_stack
     (secret,) = mocks.of_type("gcp:secretmanager/secret:Secret")

@@ -35,7 +35,16 @@ SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 """Access is decided by IAM, not by legacy scopes."""
 PROJECT_PLACEHOLDER = "PROJECT_ID"
 """What docs/deploy/rbac.yaml writes in place of the project id."""
-TRAINING_OPERATOR_NAMESPACE = "kubeflow"
+
+
+def _vendored_namespace() -> str:
+    import yaml
+
+    docs = yaml.safe_load_all(TRAINING_OPERATOR_FILE.read_text())
+    return next(d["metadata"]["name"] for d in docs if d and d["kind"] == "Namespace")
+
+
+TRAINING_OPERATOR_NAMESPACE = _vendored_namespace()
 """The vendored manifest's namespace (kustomize set it; its webhook and bindings name it)."""
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from components.run_params import RunParams
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO_ROOT / "docs" / "deploy" / "rbac.yaml"
 TRAINING_OPERATOR_FILE = (
@@ -61,7 +63,6 @@ def names() -> Names:
     import yaml
 
     from components.image import IMAGE_REPOSITORY
-    from pipelines.fine_tune import HF_TOKEN_SECRET
 
     docs = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d]
     account = next(d for d in docs if d["kind"] == "ServiceAccount")
@@ -73,7 +74,7 @@ def names() -> Names:
         rbac_namespace=account["metadata"]["namespace"],
         docker_repository=repository,
         image_name=image,
-        hf_token_secret=HF_TOKEN_SECRET,
+        hf_token_secret=RunParams.hf_token_secret,
     )
 
 
@@ -101,7 +102,7 @@ class GkeSettings:
     """Per zone; the pool scales from zero to this while a PyTorchJob waits for GPUs."""
     gpu_spot: bool = False
     """Spot VMs for the GPU pool (cheaper, preemptible; torchrun restarts from checkpoints)."""
-    namespace: str = "kubeflow"
+    namespace: str = RunParams.namespace
     """Namespace of KFP's pods, the per-run etcd and the PyTorchJobs."""
     training_operator: bool = True
     """Install the vendored Kubeflow Training Operator v1.9 (skip if the cluster has one)."""

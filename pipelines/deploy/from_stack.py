@@ -66,7 +66,7 @@ def config_from_stack(outputs: dict[str, Any]) -> dict[str, Any]:
         "parameters": parameters,
         "vertex": {
             "project": outputs["project"],
-            "location": outputs["region"],
+            "region": outputs["region"],
             "pipeline_root": outputs["pipeline_root"],
             "service_account": outputs["pipeline_service_account"],
             "registry": outputs["kfp_registry"],
