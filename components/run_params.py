@@ -280,8 +280,8 @@ class RunParams:
                 errors.append(
                     "serving_image is empty: registering a model needs a serving container image"
                 )
-            elif self.serving_image.endswith(":latest") or ":" not in self.serving_image:
-                errors.append(f"serving_image={self.serving_image!r}: pin a version tag")
+            elif self.serving_image.endswith(":latest"):
+                errors.append(f"serving_image={self.serving_image!r} uses :latest: pin a version")
         return errors
 
     def check(self) -> RunParams:

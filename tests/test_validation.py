@@ -88,7 +88,7 @@ def test_register_needs_a_pinned_serving_image_and_a_model_name(data_file: str) 
     params = params_from_mapping(good(data_file, register_model=True, serving_image="img:latest"))
     errors = params.errors()
     assert any("registered_model is empty" in e for e in errors)
-    assert any("pin a version tag" in e for e in errors)
+    assert any("uses :latest: pin a version" in e for e in errors)
 
 
 def test_kubernetes_names_and_trainer_overrides_are_checked_up_front(data_file: str) -> None:
