@@ -268,7 +268,9 @@ def test_local_backend_hands_over_to_run_local(
     class Result:
         succeeded = True
 
-    def run_local(params: dict[str, Any], config_file: Path | None = None) -> Result:
+    def run_local(
+        params: dict[str, Any], config_file: Path | None = None, verbose: bool = False
+    ) -> Result:
         seen.append((params, config_file))
         return Result()
 
