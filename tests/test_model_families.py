@@ -1,0 +1,210 @@
+"""Model-family conformance: on packed rows, the trainer's loss is each family's own loss.
+
+For every family a user may bring (tiny random configs built here, CPU, no downloads), every
+`attention` setting either reproduces, token by token, the loss of the model's own forward run on
+each document alone (transformers' eager attention, the reference implementation, with the
+model's own logit post-processing), or is refused with a message naming the feature and the
+setting to use. Weights are drawn larger than the families' default init so that attention is
+peaked enough for a missed window, sink or scaling to show (checked by `test_features_matter`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from trainer.config import TrainConfig
+from trainer.model import CausalLMLoss, attn_implementation
+
+TOLERANCE = 1e-5
+WINDOW = 6
+COMMON = dict(
+    vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+    initializer_range=0.4, attention_dropout=0.0,
+)  # fmt: skip
+
+
+def family_configs() -> dict[str, Any]:
+    from transformers import (
+        CohereConfig, Gemma2Config, Gemma3TextConfig, GptOssConfig, GraniteConfig, LlamaConfig,
+        MistralConfig, Phi3Config, Qwen2Config, Qwen3Config,
+    )  # fmt: skip
+
+    alternating = ["sliding_attention", "full_attention"]
+    return {
+        "llama": LlamaConfig(**COMMON),
+        "mistral": MistralConfig(**COMMON, sliding_window=WINDOW),
+        "qwen2": Qwen2Config(
+            **COMMON, use_sliding_window=True, sliding_window=WINDOW, layer_types=alternating
+        ),
+        "qwen3": Qwen3Config(
+            **COMMON, use_sliding_window=True, sliding_window=WINDOW, layer_types=alternating
+        ),
+        "gemma2": Gemma2Config(
+            **COMMON, sliding_window=WINDOW, layer_types=alternating, query_pre_attn_scalar=8,
+            attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+        ),  # fmt: skip
+        "gemma3": Gemma3TextConfig(
+            **COMMON, sliding_window=WINDOW, layer_types=alternating, query_pre_attn_scalar=8,
+            final_logit_softcapping=3.0,
+        ),  # fmt: skip
+        "phi3": Phi3Config(**COMMON, sliding_window=WINDOW, pad_token_id=0),
+        "granite": GraniteConfig(
+            **COMMON, logits_scaling=8.0, attention_multiplier=0.2, embedding_multiplier=2.0,
+            residual_multiplier=0.5,
+        ),  # fmt: skip
+        "cohere": CohereConfig(**COMMON, logit_scale=0.25),
+        "gpt_oss": GptOssConfig(
+            **COMMON, sliding_window=WINDOW, layer_types=alternating, num_local_experts=4,
+            num_experts_per_tok=2,
+        ),  # fmt: skip
+    }
+
+
+FAMILIES = sorted(family_configs())
+REFUSED = {("sdpa", "gemma2"): "soft-capping", ("sdpa", "gpt_oss"): "packed document boundaries",
+           ("eager", "gpt_oss"): "packed document boundaries"}  # fmt: skip
+"""(setting, family) pairs that cannot be exact: the trainer must refuse them, naming this."""
+
+
+def packed_rows(documents: list[list[int]], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random tokens packed as rows of the given document lengths, positions restarting per
+    document, and a loss mask with prompt-like gaps (never the first token of a document)."""
+    generator = torch.Generator().manual_seed(seed)
+    length = sum(documents[0])
+    assert all(sum(row) == length for row in documents)
+    ids = torch.randint(1, COMMON["vocab_size"], (len(documents), length), generator=generator)
+    positions = torch.cat(
+        [torch.cat([torch.arange(n) for n in row]).unsqueeze(0) for row in documents]
+    )
+    mask = (torch.rand(ids.shape, generator=generator) < 0.7).long()
+    mask[positions == 0] = 0
+    return {"input_ids": ids, "position_ids": positions, "loss_mask": mask}
+
+
+# Short documents: the trainer regroups tokens per document; long ones: the dense masked fallback.
+LAYOUTS = {"short_documents": [[20, 9, 12, 7], [16, 16, 16]], "long_documents": [[48], [40, 8]]}
+
+
+def reference_token_losses(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each document run alone through the model's own forward; losses of the target tokens."""
+    losses = []
+    for ids, positions, mask in zip(*batch.values(), strict=True):
+        starts = [*torch.nonzero(positions == 0).flatten().tolist(), len(ids)]
+        for start, end in zip(starts, starts[1:], strict=False):
+            doc, doc_mask = ids[start:end], mask[start:end]
+            logits = model(input_ids=doc.unsqueeze(0), use_cache=False).logits[0, :-1].float()
+            token = torch.nn.functional.cross_entropy(logits, doc[1:], reduction="none")
+            losses.append(token[doc_mask[1:].bool()])
+    return torch.cat(losses)
+
+
+def build(config: Any, implementation: str, state: dict[str, torch.Tensor] | None = None) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        copy.deepcopy(config), attn_implementation=implementation, dtype=torch.float32
+    )
+    if config.model_type == "gpt_oss" and state is None:
+        with torch.no_grad():  # sinks start at zero; make them matter
+            for name, param in model.named_parameters():
+                if name.endswith("sinks"):
+                    param.normal_(0.0, 2.0)
+    if state is not None:
+        model.load_state_dict(state)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[str, tuple[Any, dict[str, torch.Tensor]]]:
+    """Per family: the model's own eager model and its state (built once per module)."""
+    out = {}
+    for family, config in family_configs().items():
+        model = build(config, "eager")
+        out[family] = (model, model.state_dict())
+    return out
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("setting", ["document", "sdpa", "eager"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trainer_loss_equals_model_loss(family: str, setting: str, layout: str, references) -> None:
+    config = family_configs()[family]
+    reference_model, state = references[family]
+    batch = packed_rows(LAYOUTS[layout])
+    try:
+        implementation = attn_implementation(TrainConfig(attention=setting), config)
+    except ValueError as exc:
+        assert (setting, family) in REFUSED, f"unexpected refusal: {exc}"
+        assert REFUSED[setting, family] in str(exc) and "attention=document" in str(exc)
+        return
+    assert (setting, family) not in REFUSED, f"attention={setting} must refuse {family}"
+    trainer_model = CausalLMLoss(build(config, implementation, state))
+    with torch.no_grad():
+        expected = reference_token_losses(reference_model, batch)
+        actual = trainer_model.token_losses(**batch)
+        total = trainer_model(**batch)
+    assert actual.shape == expected.shape == (int(batch["loss_mask"][:, 1:].sum()),)
+    torch.testing.assert_close(actual, expected, atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(total, expected.sum(), atol=TOLERANCE * len(expected), rtol=0)
+
+
+NEUTRALIZED = {
+    "mistral": {"sliding_window": None},
+    "qwen2": {"use_sliding_window": False},
+    "gemma2": {"attn_logit_softcapping": None},
+    "gemma3": {"final_logit_softcapping": None},
+    "phi3": {"sliding_window": None},
+    "granite": {"logits_scaling": 1.0},
+    "cohere": {"logit_scale": 1.0},
+    "gpt_oss": {"sliding_window": 10_000},
+}
+"""One family feature switched off each: the loss must then differ (the test above can fail)."""
+
+
+@pytest.mark.parametrize("family", sorted(NEUTRALIZED))
+def test_features_matter(family: str, references) -> None:
+    config = copy.deepcopy(family_configs()[family])
+    for key, value in NEUTRALIZED[family].items():
+        setattr(config, key, value)
+    if family == "qwen2":
+        config.layer_types = ["full_attention"] * config.num_hidden_layers
+    reference_model, state = references[family]
+    batch = packed_rows(LAYOUTS["short_documents"])
+    with torch.no_grad():
+        expected = reference_token_losses(reference_model, batch)
+        without = reference_token_losses(build(config, "eager", state), batch)
+    assert (expected - without).abs().max() > 100 * TOLERANCE
+
+
+def test_gpt_oss_own_masks_leak_across_documents(references) -> None:
+    """Why attention=eager/sdpa are refused for gpt-oss: its own forward on a packed row is not
+    its forward on each document (its decoder ignores position_ids when building masks)."""
+    reference_model, _ = references["gpt_oss"]
+    batch = packed_rows(LAYOUTS["short_documents"])
+    with torch.no_grad():
+        logits = reference_model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False
+        ).logits[:, :-1]
+        packed = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none"
+        )[batch["loss_mask"][:, 1:].bool()]
+        expected = reference_token_losses(reference_model, batch)
+    assert (packed - expected).abs().max() > 100 * TOLERANCE
+
+
+def test_gpt_oss_sinks_matter(references) -> None:
+    """Zero sinks are not no sinks: the sink logit takes probability mass from every key."""
+    reference_model, state = references["gpt_oss"]
+    config = family_configs()["gpt_oss"]
+    batch = packed_rows(LAYOUTS["short_documents"])
+    changed = {k: (v - 50.0 if k.endswith("sinks") else v) for k, v in state.items()}
+    with torch.no_grad():
+        expected = reference_token_losses(reference_model, batch)
+        no_sinks = reference_token_losses(build(config, "eager", changed), batch)
+    assert (expected - no_sinks).abs().max() > 100 * TOLERANCE
