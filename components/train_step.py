@@ -170,10 +170,16 @@ def preflight_local(launch: TrainLaunch) -> None:
     from beam_preprocess.schema import read_manifest
     from trainer.config import load_config
 
-    load_config(launch.trainer_args())  # ValueError listing every config problem
+    from trainer.attention import check_model
+
+    config = load_config(launch.trainer_args())  # ValueError listing every config problem
     model = launch.model
     if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
         raise ValueError(f"model {model!r} is not a directory: pass a Hugging Face model directory")
+    if (Path(model).expanduser() / "config.json").is_file():
+        # A family feature the chosen attention cannot compute exactly (e.g. gpt-oss's sinks
+        # with attention=sdpa) is refused here, before any node starts.
+        check_model(config.attention, str(Path(model).expanduser()))
     if "://" not in launch.data:
         read_manifest(launch.data)  # ValueError when it is not a packed dataset
 

@@ -208,3 +208,24 @@ def test_gpt_oss_sinks_matter(references) -> None:
         expected = reference_token_losses(reference_model, batch)
         no_sinks = reference_token_losses(build(config, "eager", changed), batch)
     assert (expected - no_sinks).abs().max() > 100 * TOLERANCE
+
+
+def test_llmft_train_refuses_an_inexact_attention_before_launching(tmp_path) -> None:
+    """`llmft train` exits 2 with one `error:` line naming the feature and the setting to use."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model_dir = tmp_path / "gpt-oss"
+    family_configs()["gpt_oss"].save_pretrained(model_dir)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "train", "--model", str(model_dir),
+         "--data", str(tmp_path / "packed"), "--output", str(tmp_path / "run"),
+         "--nodes", "1", "--nproc-per-node", "1", "--set", "attention=sdpa"],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]  # transformers may warn about the tiny config first
+    assert last.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+    assert "packed document boundaries" in last and "attention=document" in last
+    assert not (tmp_path / "run").exists()

@@ -211,7 +211,7 @@ def support_errors(setting: str, hf_config: Any) -> list[str]:
             ]
     if setting != "document" and name in MASKS_IGNORE_POSITIONS:
         return [
-            f"attention={setting} runs model type {name!r}'s own attention, whose masks ignore "
+            f"attention={setting} runs the own attention of model type {name!r}, whose masks ignore "
             "packed document boundaries (position_ids): set attention=document (exact)"
         ]
     if setting == "sdpa" and not getattr(model_class, "_supports_sdpa", False):
@@ -226,6 +226,15 @@ def support_errors(setting: str, hf_config: Any) -> list[str]:
             "attention=document (exact, the fastest) or attention=eager"
         ]
     return []
+
+
+def check_model(setting: str, model_dir: str) -> None:
+    """Refuse (ValueError) when `attention=setting` is not exact for the model in `model_dir`."""
+    from transformers import AutoConfig
+
+    errors = support_errors(setting, AutoConfig.from_pretrained(model_dir))
+    if errors:
+        raise ValueError(f"model {model_dir}: " + "; ".join(errors))
 
 
 def implementation(setting: str, hf_config: Any) -> str:

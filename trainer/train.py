@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint
+from trainer import attention, checkpoint
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainConfig
 from trainer.data import DataPosition, MicroBatch, TrainBatches, eval_batches
@@ -108,6 +108,7 @@ def setup(config: TrainConfig) -> Run:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
 
     r.model_dir = resolve_model_dir(config.model, local_rank=local_rank)
+    attention.check_model(config.attention, r.model_dir)
     tokenizer_dir = (
         r.model_dir
         if config.resolved_tokenizer() == config.model
