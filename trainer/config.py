@@ -50,11 +50,11 @@ class TrainConfig:
 
     # --- optimizer ---------------------------------------------------------------------------
     lr: float = 2e-5
-    """Peak learning rate of AdamW."""
+    """Peak learning rate of AdamW, used by the first step after warmup (once)."""
     min_lr_ratio: float = 0.1
-    """The cosine schedule decays to lr x min_lr_ratio at the last step."""
+    """The cosine schedule decays to lr x min_lr_ratio, reached at the last step."""
     warmup_steps: int = 0
-    """Linear warmup steps from 0 to lr."""
+    """Steps of linear warmup before the peak: the k-th uses lr x k / (warmup_steps + 1)."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay (applied to matrices only, not norms or biases)."""
     adam_beta1: float = 0.9

@@ -199,10 +199,18 @@ def _optimizer(config: TrainConfig, model: torch.nn.Module, device: torch.device
 
 
 def _lr_lambda(warmup: int, total: int, min_ratio: float):
+    """lr multiplier of the optimizer step with 0-based index `step` (LambdaLR's counter).
+
+    The `warmup` first steps ramp linearly towards the peak (step k of them uses k / (warmup + 1)),
+    the next step uses the peak, once, and a cosine brings the multiplier down to `min_ratio` at
+    the last step (index total - 1).
+    """
+
     def factor(step: int) -> float:
         if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return (step + 1) / (warmup + 1)
+        decay_steps = total - 1 - warmup
+        progress = min(1.0, (step - warmup) / decay_steps) if decay_steps > 0 else 0.0
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
@@ -260,6 +268,7 @@ def train(r: Run) -> None:
     last_saved = r.state.step
     while r.state.step < r.total_steps:
         micro, position = next(batches)
+        lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; _step advances the schedule
         loss, grad_norm, targets = _step(r, micro)
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteLossError(
@@ -286,7 +295,7 @@ def train(r: Run) -> None:
                 r.state.step,
                 {
                     "loss": loss,
-                    "lr": r.scheduler.get_last_lr()[0],
+                    "lr": lr,
                     "grad_norm": grad_norm,
                     "tokens_per_s": tps,
                     "target_tokens_per_s": window["targets"] / elapsed,
