@@ -229,3 +229,76 @@ def test_llmft_train_refuses_an_inexact_attention_before_launching(tmp_path) -> 
     assert last.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
     assert "packed document boundaries" in last and "attention=document" in last
     assert not (tmp_path / "run").exists()
+
+
+# --- evaluation: what generation is fed and where it stops ------------------------------------
+
+
+def _examples(pairs: list[tuple[str, str]]) -> list:
+    from components.evaluation.data import Example
+
+    return [Example([{"role": "user", "content": p}], a, p) for p, a in pairs]
+
+
+PAIRS = [("What is 864 + 394?", "1258"), ("Name the city", "the capital"), ("Hi", "4 h")]
+
+
+@pytest.mark.parametrize("template", ["model", "trailing_space"])
+def test_inference_prompt_tokens_are_the_trained_prompt_tokens(
+    template: str, tiny_model_dir, tmp_path
+) -> None:
+    """generation.prompt_token_ids == the prompt tokens of the preprocessed training document."""
+    from test_beam_transforms import trailing_space_tokenizer
+    from transformers import AutoTokenizer
+
+    from beam_preprocess.tokenize import DocumentEncoder, EncoderConfig, TokenizerSpec
+    from components.evaluation.generation import prompt_token_ids
+
+    tokenizer_dir = (
+        trailing_space_tokenizer(tiny_model_dir, tmp_path / "tok")
+        if template == "trailing_space"
+        else tiny_model_dir
+    )
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    encoder = DocumentEncoder(
+        TokenizerSpec.of(tokenizer, str(tokenizer_dir)),
+        EncoderConfig(data_kind="chat", seq_len=256, overlong="drop"),
+    )
+    messages = [
+        {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}
+        for p, a in PAIRS
+    ]
+    inference = prompt_token_ids(tokenizer, _examples(PAIRS))
+    for result, fed in zip(encoder.encode(messages), inference, strict=True):
+        ((ids, mask),) = result.docs
+        first_target = int(mask.argmax())
+        assert ids[:first_target].tolist() == fed
+    if template == "trailing_space":  # the case that needs the piecewise encoding
+        assert any(r.retokenized for r in encoder.encode(messages))
+
+
+def test_generation_stops_at_every_generation_config_eos(tiny_model_dir) -> None:
+    """A stop token the generation_config names (not the tokenizer's eos) ends the answer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from components.evaluation.generation import generate_answers, prompt_token_ids, stop_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    examples = _examples(PAIRS[:1])
+    (prompt,) = prompt_token_ids(tokenizer, examples)
+    with torch.no_grad():
+        greedy = model.generate(  # as generate_answers calls it (an untrained model has near-ties)
+            input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
+            do_sample=False, max_new_tokens=12,
+            eos_token_id=None, pad_token_id=tokenizer.eos_token_id,
+        )[0, len(prompt) :].tolist()  # fmt: skip
+    # The first generated token not seen before it stands in for a chat model's end-of-turn id.
+    stop_at = next(k for k in range(1, len(greedy)) if greedy[k] not in greedy[:k])
+    model.generation_config.eos_token_id = [greedy[stop_at], tokenizer.eos_token_id]
+    assert stop_token_ids(model, tokenizer) == [greedy[stop_at], tokenizer.eos_token_id]
+    (answer,) = generate_answers(
+        model, tokenizer, examples, device=torch.device("cpu"), max_new_tokens=12
+    )
+    assert answer == tokenizer.decode(greedy[: stop_at + 1], skip_special_tokens=True).strip()
+    assert answer != tokenizer.decode(greedy, skip_special_tokens=True).strip()
