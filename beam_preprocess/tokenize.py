@@ -28,6 +28,7 @@ Overlong documents (more tokens than seq_len), policy `--overlong`:
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -358,7 +359,9 @@ class DocumentEncoder:
                 try:
                     ids, mask = self._piecewise(text, target, ids)
                 except TemplateError as exc:
-                    results[i] = Encoded(outcome="rejected", reason="answer_boundary", error=str(exc))
+                    results[i] = Encoded(
+                        outcome="rejected", reason="answer_boundary", error=str(exc)
+                    )
                     continue
                 retokenized = True
             else:
@@ -383,8 +386,10 @@ class DocumentEncoder:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Ids and mask of `text` encoded piece by piece, cut at every target span boundary."""
         cuts = sorted({0, len(text), *(c for span in spans for c in span)})
-        pieces = [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
-        encoded = self.backend.encode_batch([text[a:b] for a, b in pieces], add_special_tokens=False)
+        pieces = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+        encoded = self.backend.encode_batch(
+            [text[a:b] for a, b in pieces], add_special_tokens=False
+        )
         ids = np.concatenate([np.asarray(e.ids, dtype=np.int32) for e in encoded])
         mask = np.concatenate(
             [

@@ -28,9 +28,9 @@ from beam_preprocess.packing import (
 from beam_preprocess.records import (
     DEAD,
     EVAL_RECORDS,
-    RETOKENIZED,
     FILTERED,
     OUTCOME,
+    RETOKENIZED,
     STATS,
     dead_letter,
     outcome,

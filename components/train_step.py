@@ -168,9 +168,8 @@ def preflight_local(launch: TrainLaunch) -> None:
     """Check the trainer's config and inputs here, before any node starts, so a typo is one clear
     line instead of N torchrun agents failing (the trainer checks again on every rank)."""
     from beam_preprocess.schema import read_manifest
-    from trainer.config import load_config
-
     from trainer.attention import check_model
+    from trainer.config import load_config
 
     config = load_config(launch.trainer_args())  # ValueError listing every config problem
     model = launch.model

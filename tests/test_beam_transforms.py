@@ -440,7 +440,9 @@ def _encoder(tokenizer_dir: Path):
 
 
 def _pair(prompt: str, answer: str) -> dict:
-    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
+    return {
+        "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    }
 
 
 def test_answer_first_token_is_a_target_when_the_prompt_ends_in_a_space(
@@ -477,7 +479,9 @@ def test_answer_boundary_refused_when_the_tokenizer_alters_pieces(tmp_path: Path
     backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
     backend.decoder = decoders.Metaspace(prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"])
-    backend.train_from_iterator(["### user: hello world\n### assistant: Paris is nice\n"] * 5, trainer)
+    backend.train_from_iterator(
+        ["### user: hello world\n### assistant: Paris is nice\n"] * 5, trainer
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="<unk>")
     tok.chat_template = TRAILING_SPACE_TEMPLATE
     tok.save_pretrained(tmp_path / "sp")

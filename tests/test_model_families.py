@@ -11,6 +11,7 @@ peaked enough for a missed window, sink or scaling to show (checked by `test_fea
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import pytest
@@ -29,39 +30,49 @@ COMMON = dict(
 
 
 def family_configs() -> dict[str, Any]:
-    from transformers import (
-        CohereConfig, Gemma2Config, Gemma3TextConfig, GptOssConfig, GraniteConfig, LlamaConfig,
-        MistralConfig, Phi3Config, Qwen2Config, Qwen3Config,
-    )  # fmt: skip
+    import transformers as t
 
     alternating = ["sliding_attention", "full_attention"]
     return {
-        "llama": LlamaConfig(**COMMON),
-        "mistral": MistralConfig(**COMMON, sliding_window=WINDOW),
-        "qwen2": Qwen2Config(
+        "llama": t.LlamaConfig(**COMMON),
+        "mistral": t.MistralConfig(**COMMON, sliding_window=WINDOW),
+        "qwen2": t.Qwen2Config(
             **COMMON, use_sliding_window=True, sliding_window=WINDOW, layer_types=alternating
         ),
-        "qwen3": Qwen3Config(
+        "qwen3": t.Qwen3Config(
             **COMMON, use_sliding_window=True, sliding_window=WINDOW, layer_types=alternating
         ),
-        "gemma2": Gemma2Config(
-            **COMMON, sliding_window=WINDOW, layer_types=alternating, query_pre_attn_scalar=8,
-            attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
-        ),  # fmt: skip
-        "gemma3": Gemma3TextConfig(
-            **COMMON, sliding_window=WINDOW, layer_types=alternating, query_pre_attn_scalar=8,
+        "gemma2": t.Gemma2Config(
+            **COMMON,
+            sliding_window=WINDOW,
+            layer_types=alternating,
+            query_pre_attn_scalar=8,
+            attn_logit_softcapping=2.0,
             final_logit_softcapping=3.0,
-        ),  # fmt: skip
-        "phi3": Phi3Config(**COMMON, sliding_window=WINDOW, pad_token_id=0),
-        "granite": GraniteConfig(
-            **COMMON, logits_scaling=8.0, attention_multiplier=0.2, embedding_multiplier=2.0,
+        ),
+        "gemma3": t.Gemma3TextConfig(
+            **COMMON,
+            sliding_window=WINDOW,
+            layer_types=alternating,
+            query_pre_attn_scalar=8,
+            final_logit_softcapping=3.0,
+        ),
+        "phi3": t.Phi3Config(**COMMON, sliding_window=WINDOW, pad_token_id=0),
+        "granite": t.GraniteConfig(
+            **COMMON,
+            logits_scaling=8.0,
+            attention_multiplier=0.2,
+            embedding_multiplier=2.0,
             residual_multiplier=0.5,
-        ),  # fmt: skip
-        "cohere": CohereConfig(**COMMON, logit_scale=0.25),
-        "gpt_oss": GptOssConfig(
-            **COMMON, sliding_window=WINDOW, layer_types=alternating, num_local_experts=4,
+        ),
+        "cohere": t.CohereConfig(**COMMON, logit_scale=0.25),
+        "gpt_oss": t.GptOssConfig(
+            **COMMON,
+            sliding_window=WINDOW,
+            layer_types=alternating,
+            num_local_experts=4,
             num_experts_per_tok=2,
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -95,7 +106,7 @@ def reference_token_losses(model: Any, batch: dict[str, torch.Tensor]) -> torch.
     losses = []
     for ids, positions, mask in zip(*batch.values(), strict=True):
         starts = [*torch.nonzero(positions == 0).flatten().tolist(), len(ids)]
-        for start, end in zip(starts, starts[1:], strict=False):
+        for start, end in itertools.pairwise(starts):
             doc, doc_mask = ids[start:end], mask[start:end]
             logits = model(input_ids=doc.unsqueeze(0), use_cache=False).logits[0, :-1].float()
             token = torch.nn.functional.cross_entropy(logits, doc[1:], reduction="none")

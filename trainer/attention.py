@@ -194,7 +194,7 @@ def support_errors(setting: str, hf_config: Any) -> list[str]:
     from transformers import AutoModelForCausalLM
 
     mapping = AutoModelForCausalLM._model_mapping
-    model_class = mapping[type(hf_config)] if type(hf_config) in mapping else None
+    model_class = mapping.get(type(hf_config), None)
     name = getattr(hf_config, "model_type", type(hf_config).__name__)
     if model_class is None:
         return [f"model type {name!r} is not a causal LM transformers knows"]

@@ -95,8 +95,8 @@ class TrainConfig:
     """"document": per-document causal attention that skips the scores a packed row masks out,
     exact for sliding windows, soft-capping and attention sinks (trainer/attention.py); "sdpa":
     transformers' SDPA with a block-diagonal L x L mask (refused for models SDPA cannot compute
-    exactly: Gemma2, gpt-oss); "eager": the model's own eager attention with that mask (exact for
-    every family, slowest)."""
+    exactly: Gemma2, gpt-oss); "eager": the model's own eager attention with that mask (slowest;
+    refused for gpt-oss, whose masks ignore document boundaries). docs/trainer.md has the table."""
     backend: str = "auto"
     """Process-group backend: "auto" (nccl on GPU, gloo on CPU), "nccl" or "gloo"."""
 

@@ -194,7 +194,9 @@ def head_logits(causal_lm: Any, hidden: torch.Tensor) -> torch.Tensor:
     decoder = causal_lm.get_decoder()
     names = [name for name, child in causal_lm.named_children() if child is decoder]
     if len(names) != 1:
-        raise ValueError(f"cannot find the decoder of {type(causal_lm).__name__} among its children")
+        raise ValueError(
+            f"cannot find the decoder of {type(causal_lm).__name__} among its children"
+        )
     causal_lm._modules[names[0]] = _FinalHidden(hidden.unsqueeze(0))
     try:
         return causal_lm(use_cache=False).logits[0]
@@ -259,7 +261,9 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
     hf_config = AutoConfig.from_pretrained(model_dir)
     with parameters_on_meta():
         lm = AutoModelForCausalLM.from_config(
-            hf_config, dtype=torch.float32, attn_implementation=attn_implementation(config, hf_config)
+            hf_config,
+            dtype=torch.float32,
+            attn_implementation=attn_implementation(config, hf_config),
         )
         if config.lora_rank:
             from peft import get_peft_model

@@ -48,8 +48,8 @@ def prompt_token_ids(tokenizer: Any, examples: Sequence[Example]) -> list[list[i
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     """Every token that ends an answer: the generation_config's eos ids, then the tokenizer's."""
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = list(configured) if isinstance(configured, list | tuple) else [configured]
-    ids = [int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None]
+    candidates = list(configured) if isinstance(configured, list | tuple) else [configured]
+    ids = [int(i) for i in [*candidates, tokenizer.eos_token_id] if i is not None]
     if not ids:
         raise ValueError(
             f"neither the model's generation_config nor tokenizer {tokenizer.name_or_path!r} names "
@@ -82,7 +82,9 @@ def generate_answers(
             width = max(len(ids) for ids in chunk)
             # Left padding: every row's last prompt token sits at the same position.
             input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in chunk])
-            attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
+            attention_mask = torch.tensor(
+                [[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk]
+            )
             output = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
