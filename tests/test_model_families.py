@@ -131,22 +131,42 @@ def build(config: Any, implementation: str, state: dict[str, torch.Tensor] | Non
     return model.eval()
 
 
+class References:
+    """Per family, built on first use and kept for the module: the model's own eager model, its
+    state, and its per-document token losses on each layout."""
+
+    def __init__(self) -> None:
+        self.configs = family_configs()
+        self.models: dict[str, Any] = {}
+        self.losses: dict[tuple[str, str], torch.Tensor] = {}
+
+    def __getitem__(self, family: str) -> tuple[Any, dict[str, torch.Tensor]]:
+        if family not in self.models:
+            self.models[family] = build(self.configs[family], "eager")
+        model = self.models[family]
+        return model, model.state_dict()
+
+    def token_losses(self, family: str, layout: str) -> torch.Tensor:
+        if (family, layout) not in self.losses:
+            with torch.no_grad():
+                self.losses[family, layout] = reference_token_losses(
+                    self[family][0], packed_rows(LAYOUTS[layout])
+                )
+        return self.losses[family, layout]
+
+
 @pytest.fixture(scope="module")
-def references() -> dict[str, tuple[Any, dict[str, torch.Tensor]]]:
-    """Per family: the model's own eager model and its state (built once per module)."""
-    out = {}
-    for family, config in family_configs().items():
-        model = build(config, "eager")
-        out[family] = (model, model.state_dict())
-    return out
+def references() -> References:
+    return References()
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("setting", ["document", "sdpa", "eager"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_trainer_loss_equals_model_loss(family: str, setting: str, layout: str, references) -> None:
-    config = family_configs()[family]
-    reference_model, state = references[family]
+def test_trainer_loss_equals_model_loss(
+    family: str, setting: str, layout: str, references: References
+) -> None:
+    config = references.configs[family]
     batch = packed_rows(LAYOUTS[layout])
     try:
         implementation = attn_implementation(TrainConfig(attention=setting), config)
@@ -155,9 +175,9 @@ def test_trainer_loss_equals_model_loss(family: str, setting: str, layout: str, 
         assert REFUSED[setting, family] in str(exc) and "attention=document" in str(exc)
         return
     assert (setting, family) not in REFUSED, f"attention={setting} must refuse {family}"
-    trainer_model = CausalLMLoss(build(config, implementation, state))
+    trainer_model = CausalLMLoss(build(config, implementation, references[family][1]))
+    expected = references.token_losses(family, layout)
     with torch.no_grad():
-        expected = reference_token_losses(reference_model, batch)
         actual = trainer_model.token_losses(**batch)
         total = trainer_model(**batch)
     assert actual.shape == expected.shape == (int(batch["loss_mask"][:, 1:].sum()),)
@@ -185,11 +205,10 @@ def test_features_matter(family: str, references) -> None:
         setattr(config, key, value)
     if family == "qwen2":
         config.layer_types = ["full_attention"] * config.num_hidden_layers
-    reference_model, state = references[family]
+    expected = references.token_losses(family, "short_documents")
     batch = packed_rows(LAYOUTS["short_documents"])
     with torch.no_grad():
-        expected = reference_token_losses(reference_model, batch)
-        without = reference_token_losses(build(config, "eager", state), batch)
+        without = reference_token_losses(build(config, "eager", references[family][1]), batch)
     assert (expected - without).abs().max() > 100 * TOLERANCE
 
 
@@ -205,22 +224,33 @@ def test_gpt_oss_own_masks_leak_across_documents(references) -> None:
         packed = torch.nn.functional.cross_entropy(
             logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none"
         )[batch["loss_mask"][:, 1:].bool()]
-        expected = reference_token_losses(reference_model, batch)
+    expected = references.token_losses("gpt_oss", "short_documents")
     assert (packed - expected).abs().max() > 100 * TOLERANCE
 
 
 def test_gpt_oss_sinks_matter(references) -> None:
     """Zero sinks are not no sinks: the sink logit takes probability mass from every key."""
-    reference_model, state = references["gpt_oss"]
-    config = family_configs()["gpt_oss"]
+    _, state = references["gpt_oss"]
+    config = references.configs["gpt_oss"]
     batch = packed_rows(LAYOUTS["short_documents"])
     changed = {k: (v - 50.0 if k.endswith("sinks") else v) for k, v in state.items()}
+    expected = references.token_losses("gpt_oss", "short_documents")
     with torch.no_grad():
-        expected = reference_token_losses(reference_model, batch)
         no_sinks = reference_token_losses(build(config, "eager", changed), batch)
     assert (expected - no_sinks).abs().max() > 100 * TOLERANCE
 
 
+def test_multimodal_checkpoint_is_refused_clearly() -> None:
+    import transformers as t
+
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    config = t.Gemma3Config(text_config=COMMON, vision_config=vision)
+    for setting in ("document", "sdpa", "eager"):
+        with pytest.raises(ValueError, match=r"multimodal checkpoint .* text-only"):
+            attn_implementation(TrainConfig(attention=setting), config)
+
+
+@pytest.mark.slow
 def test_llmft_train_refuses_an_inexact_attention_before_launching(tmp_path) -> None:
     """`llmft train` exits 2 with one `error:` line naming the feature and the setting to use."""
     import subprocess
@@ -313,3 +343,17 @@ def test_generation_stops_at_every_generation_config_eos(tiny_model_dir) -> None
     )
     assert answer == tokenizer.decode(greedy[: stop_at + 1], skip_special_tokens=True).strip()
     assert answer != tokenizer.decode(greedy, skip_special_tokens=True).strip()
+
+
+@pytest.mark.slow
+def test_trainer_refuses_an_inexact_attention_with_exit_2(tmp_path) -> None:
+    """`python -m trainer` itself (what every rank runs) refuses before touching data or weights."""
+    from test_trainer_single import run_trainer
+
+    model_dir = tmp_path / "gemma2"
+    family_configs()["gemma2"].save_pretrained(model_dir)
+    out = run_trainer(model_dir, tmp_path / "no-data", tmp_path / "run", "--attention", "sdpa")
+    assert out.returncode == 2, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "soft-capping" in last and "attention=document" in last

@@ -198,6 +198,11 @@ def support_errors(setting: str, hf_config: Any) -> list[str]:
     name = getattr(hf_config, "model_type", type(hf_config).__name__)
     if model_class is None:
         return [f"model type {name!r} is not a causal LM transformers knows"]
+    if hf_config.get_text_config() is not hf_config:
+        return [
+            f"model type {name!r} is a multimodal checkpoint ({model_class.__name__}); the trainer "
+            "fine-tunes text-only causal LMs: use the family's text-only checkpoint"
+        ]
     if setting == "document":
         if getattr(hf_config, "attention_chunk_size", None):
             return [
