@@ -26,6 +26,8 @@ once per forward in `CausalLMLoss` and reaches every layer through the model's *
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,7 +196,7 @@ def support_errors(setting: str, hf_config: Any) -> list[str]:
     from transformers import AutoModelForCausalLM
 
     mapping = AutoModelForCausalLM._model_mapping
-    model_class = mapping.get(type(hf_config), None)
+    model_class: Any = mapping.get(type(hf_config), None)
     name = getattr(hf_config, "model_type", type(hf_config).__name__)
     if model_class is None:
         return [f"model type {name!r} is not a causal LM transformers knows"]
@@ -240,6 +242,23 @@ def check_model(setting: str, model_dir: str) -> None:
     errors = support_errors(setting, AutoConfig.from_pretrained(model_dir))
     if errors:
         raise ValueError(f"model {model_dir}: " + "; ".join(errors))
+
+
+@contextlib.contextmanager
+def document_attention_in(model: Any) -> Iterator[bool]:
+    """Run a loaded *ForCausalLM with "llmft_document" attention inside the block (yields True),
+    or unchanged where that attention does not apply (yields False); restored on exit, since
+    generation needs the model's own attention. Used to score packed rows exactly."""
+    if support_errors("document", model.config):
+        yield False
+        return
+    previous = model.config._attn_implementation
+    register()
+    model.set_attn_implementation(NAME)
+    try:
+        yield True
+    finally:
+        model.set_attn_implementation(previous)
 
 
 def implementation(setting: str, hf_config: Any) -> str:
