@@ -29,7 +29,15 @@ from apache_beam.options.pipeline_options import (
 
 from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments
 from beam_preprocess.readers import ReadRecords
-from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS
+from beam_preprocess.records import (
+    DEAD,
+    EVAL_RECORDS,
+    FILTERED,
+    OUTCOME,
+    READ,
+    RETOKENIZED,
+    STATS,
+)
 from beam_preprocess.schema import (
     MANIFEST_FILE,
     REJECTED_DIR,
@@ -57,6 +65,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATS_FILE = "stats.json"
+RETOKENIZED_SOURCES = 20
+"""Sources (path:line) of re-encoded documents listed in the stats, the first in sort order."""
 FILTERED_DIR = "filtered"
 EVAL_RECORDS_DIR = "eval_records"
 DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
@@ -106,6 +116,10 @@ def build_pipeline(
     )
     read_total = read[READ] | "CountRead" >> beam.CombineGlobally(sum)
     split_stats = packed[STATS] | "SumSplitStats" >> beam.CombinePerKey(_sum_tuples)
+    retokenized = tokens[RETOKENIZED] | "CountRetokenized" >> beam.combiners.Count.Globally()
+    retokenized_sources = tokens[RETOKENIZED] | "FirstRetokenized" >> beam.combiners.Top.Smallest(
+        RETOKENIZED_SOURCES
+    )
     _ = (
         pipeline
         | "StatsTrigger" >> beam.Create([None])
@@ -115,6 +129,8 @@ def build_pipeline(
             read_total=beam.pvalue.AsSingleton(read_total),
             outcomes=beam.pvalue.AsList(outcomes),
             splits=beam.pvalue.AsList(split_stats),
+            retokenized=beam.pvalue.AsSingleton(retokenized),
+            retokenized_sources=beam.pvalue.AsSingleton(retokenized_sources),
         )
     )
 
@@ -154,8 +170,18 @@ class _WriteStats(beam.DoFn):
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def process(self, _: None, read_total: int, outcomes: list, splits: list) -> Iterator[None]:
+    def process(
+        self,
+        _: None,
+        read_total: int,
+        outcomes: list,
+        splits: list,
+        retokenized: int,
+        retokenized_sources: list,
+    ) -> Iterator[None]:
         stats = accounting(read_total, dict(outcomes))
+        stats["answer_boundary_retokenized"] = retokenized
+        stats["answer_boundary_sources"] = list(retokenized_sources)
         stats["splits"] = {
             name: dict(zip(("rows", "documents", "tokens", "target_tokens"), values, strict=True))
             for name, values in splits
@@ -317,6 +343,14 @@ def write_manifest(config: PreprocessConfig, tokenizer: TokenizerIdentity) -> Ma
             f"{stats['rejected']} of {read_total} records ({fraction:.1%}) were rejected ({reasons}), "
             f"above --max-rejected-fraction {config.max_rejected_fraction}: each one and its error "
             f"is in {out}/{REJECTED_DIR}/; fix the input or raise the threshold"
+        )
+    if stats.get("answer_boundary_retokenized"):
+        log.warning(
+            "%d documents had a token spanning the end of the generation prompt and the start of "
+            "the answer; they were encoded prompt and answer apart (e.g. %s): a chat template "
+            "whose generation prompt ends at a token boundary (no trailing space) avoids this",
+            stats["answer_boundary_retokenized"],
+            ", ".join(stats["answer_boundary_sources"][:3]),
         )
     splits = {}
     for name in SPLITS:

@@ -27,6 +27,8 @@ EVAL_RECORDS = "eval_records"
 """Tag: the clean held-out records (prompt/response or text) for the evaluator."""
 STATS = "stats"
 """Tag: per-split packing statistics."""
+RETOKENIZED = "retokenized"
+"""Tag: sources of kept records re-encoded at the prompt/answer boundary (beam_preprocess.tokenize)."""
 
 
 def dead_letter(source: str, record: Any, reason: str, error: str = "") -> dict[str, Any]:

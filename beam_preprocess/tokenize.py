@@ -4,7 +4,19 @@ Instruction data is rendered with the tokenizer's own chat template, exactly as 
 evaluator will see it at inference time: the prompt is `apply_chat_template(history,
 add_generation_prompt=True)` and the target is what the full conversation adds after it (the
 assistant content and its end-of-turn/eos token). The loss mask is computed from character spans of
-the rendered text mapped to tokens, so one tokenization of the full text is enough.
+the rendered text mapped to tokens, so one tokenization of the full text is usually enough.
+
+Prompt/answer boundary: when a generation prompt ends in text the answer continues (typically a
+trailing space: "Assistant: " + "Paris" tokenizes as "Assistant:" + " Paris"), one token spans the
+boundary. Counting it as prompt would drop the answer's first token from the targets, and counting
+it as target would train on prompts that end before the space, while inference feeds the prompt
+with it. Such documents are re-encoded piecewise instead (prompt, answer and what follows each
+encoded on their own and concatenated), so the answer's first token is a target and the prompt
+tokens are exactly those `tokenizer(prompt)` gives at inference. The re-encoding must decode to
+the same text; a tokenizer that alters text encoded on its own (a SentencePiece-style added
+leading space) fails that check and the record is rejected with reason "answer_boundary", saying
+which template change fixes it. Re-encoded documents are counted in the manifest's stats
+("answer_boundary_retokenized", with the first sources).
 
 Overlong documents (more tokens than seq_len), policy `--overlong`:
     drop      filter the record with reason "too_long_tokens" (default for instruction data: a
@@ -16,6 +28,7 @@ Overlong documents (more tokens than seq_len), policy `--overlong`:
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -198,6 +211,8 @@ class Encoded:
     reason: str = ""
     error: str = ""
     truncated: bool = False
+    retokenized: bool = False
+    """The prompt/answer boundary fell inside a token: re-encoded piecewise (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -270,8 +285,6 @@ class DocumentEncoder:
             raise ValueError("plain-text data needs a tokenizer with an eos token")
         self.eos = np.int32(spec.eos_id if spec.eos_id is not None else 0)
         self._renderer: ChatRenderer | None = None
-        self.straddles = 0
-        """Target spans whose first token also covers prompt characters (counted as prompt)."""
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -336,11 +349,21 @@ class DocumentEncoder:
         encodings = self.backend.encode_batch(texts, add_special_tokens=is_text) if texts else []
         for i, enc, text, target in zip(index, encodings, texts, spans, strict=True):
             ids = np.asarray(enc.ids, dtype=np.int32)
+            retokenized = False
             if is_text:
                 ids = np.append(ids, self.eos)
                 mask = np.ones(len(ids), dtype=np.uint8)
             elif self.config.train_on_prompt:
                 mask = np.ones(len(ids), dtype=np.uint8)
+            elif any(self._inside_token(enc, start) for start, _ in target):
+                try:
+                    ids, mask = self._piecewise(text, target, ids)
+                except TemplateError as exc:
+                    results[i] = Encoded(
+                        outcome="rejected", reason="answer_boundary", error=str(exc)
+                    )
+                    continue
+                retokenized = True
             else:
                 mask = np.zeros(len(ids), dtype=np.uint8)
                 n, size = len(ids), len(text)
@@ -349,7 +372,43 @@ class DocumentEncoder:
                         self._token_at(enc, start, size, n) : self._token_at(enc, end, size, n)
                     ] = 1
             results[i] = self._apply_length_policy(ids, mask)
+            results[i].retokenized = retokenized and results[i].outcome == "kept"
         return results
+
+    @staticmethod
+    def _inside_token(enc: Any, char: int) -> bool:
+        """Whether a token starts before `char` and covers it (it spans a target boundary)."""
+        token = enc.char_to_token(char)
+        return token is not None and enc.token_to_chars(token)[0] < char
+
+    def _piecewise(
+        self, text: str, spans: list[Span], joint: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and mask of `text` encoded piece by piece, cut at every target span boundary."""
+        cuts = sorted({0, len(text), *(c for span in spans for c in span)})
+        pieces = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+        encoded = self.backend.encode_batch(
+            [text[a:b] for a, b in pieces], add_special_tokens=False
+        )
+        ids = np.concatenate([np.asarray(e.ids, dtype=np.int32) for e in encoded])
+        mask = np.concatenate(
+            [
+                np.full(len(e.ids), any(s <= a and b <= t for s, t in spans), dtype=np.uint8)
+                for (a, b), e in zip(pieces, encoded, strict=True)
+            ]
+        )
+        decode = self.backend.decode
+        if decode(ids.tolist(), skip_special_tokens=False) != decode(
+            joint.tolist(), skip_special_tokens=False
+        ):
+            head = text[: spans[0][0]]
+            raise TemplateError(
+                f"the generation prompt ends in {head[-12:]!r}, inside a token the answer "
+                "continues, and this tokenizer changes text encoded on its own (e.g. adds a "
+                "leading space), so the answer cannot be encoded apart from the prompt: use a chat "
+                "template whose generation prompt ends at a token boundary (no trailing space)"
+            )
+        return ids, mask
 
     def _token_at(self, enc: Any, char: int, text_len: int, n_tokens: int) -> int:
         """Index of the first token that starts at or after `char` (a target span boundary)."""
@@ -361,10 +420,7 @@ class DocumentEncoder:
             offsets = enc.offsets
             return next((t for t, (s, _) in enumerate(offsets) if s >= char), len(offsets))
         start = enc.token_to_chars(token)[0]
-        if start < char:
-            self.straddles += 1
-            return token + 1
-        return token
+        return token + 1 if start < char else token
 
     def _apply_length_policy(self, ids: np.ndarray, mask: np.ndarray) -> Encoded:
         cfg = self.config

@@ -30,6 +30,7 @@ from beam_preprocess.records import (
     EVAL_RECORDS,
     FILTERED,
     OUTCOME,
+    RETOKENIZED,
     STATS,
     dead_letter,
     outcome,
@@ -325,10 +326,9 @@ class TokenizeFn(beam.DoFn):
         self.kept = _counter("kept")
         self.truncated = _counter("truncated_or_split")
         self.tokens = _counter("document_tokens")
-        self.straddles = _counter("target_span_straddles")
+        self.retokenized = _counter("answer_boundary_retokenized")
 
     def process(self, batch: list[dict[str, Any]]) -> Iterator[Any]:
-        straddles = self.encoder.straddles
         groups = self.config.pack_groups
         # One element per pack key and batch, not per document: the pack shuffle then moves a few
         # hundred elements instead of one per record (Beam's cost is mostly per element).
@@ -346,6 +346,9 @@ class TokenizeFn(beam.DoFn):
             self.kept.inc()
             if result.truncated:
                 self.truncated.inc()
+            if result.retokenized:
+                self.retokenized.inc()
+                yield pvalue.TaggedOutput(RETOKENIZED, example["source"])
             split = example["split"]
             key = f"{split}/{int(example['hash'][:8], 16) % groups}"
             for ids, mask in result.docs:
@@ -354,12 +357,12 @@ class TokenizeFn(beam.DoFn):
             yield pvalue.TaggedOutput(OUTCOME, outcome("kept"))
             if split == "eval":
                 yield pvalue.TaggedOutput(EVAL_RECORDS, _record_of(example))
-        self.straddles.inc(self.encoder.straddles - straddles)
         yield from documents.items()
 
 
 class Tokenize(beam.PTransform):
-    """Examples -> (pack key, [documents]); tagged DEAD, FILTERED, OUTCOME, EVAL_RECORDS.
+    """Examples -> (pack key, [documents]); tagged DEAD, FILTERED, OUTCOME, EVAL_RECORDS,
+    RETOKENIZED.
 
     `spec` (from the launcher, which loads the full tokenizer anyway) spares each worker the
     transformers import; without it every worker derives it at setup.
@@ -378,7 +381,7 @@ class Tokenize(beam.PTransform):
             | "Batch" >> beam.BatchElements(min_batch_size=min(size, 64), max_batch_size=size)
             | "Encode"
             >> beam.ParDo(TokenizeFn(cfg, spec)).with_outputs(
-                DEAD, FILTERED, OUTCOME, EVAL_RECORDS, main="documents"
+                DEAD, FILTERED, OUTCOME, EVAL_RECORDS, RETOKENIZED, main="documents"
             )
         )
 

@@ -176,6 +176,15 @@ def preflight(config: TrainConfig, *, local: bool) -> None:
     config.validate()
     errors: list[str] = []
     model_dir = _local_model_dir(config.model, errors, local=local)
+    if model_dir is not None and (model_dir / "config.json").is_file():
+        # A family feature the chosen attention cannot compute exactly (e.g. gpt-oss's sinks
+        # with attention=sdpa) is refused here, before any node starts.
+        from trainer.attention import check_model
+
+        try:
+            check_model(config.attention, str(model_dir))
+        except ValueError as exc:
+            errors.append(str(exc))
     manifest = None
     if local or "://" in config.data:
         try:

@@ -64,6 +64,8 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
     )  # seq_len mismatch refused
     stats = manifest.stats
     assert stats["records_read"] == stats["kept"] == 4000
+    # The tiny model's generation prompt ends in a special token: no boundary token to split.
+    assert stats["answer_boundary_retokenized"] == 0 and stats["answer_boundary_sources"] == []
     assert meta["rows"] == sum(s.rows for s in manifest.splits.values())
     assert meta["fill_ratio"] >= 0.98  # whole documents only, yet rows are nearly full
     train = manifest.splits["train"]
@@ -146,6 +148,43 @@ def test_dirty_data_every_injected_record_is_accounted_for(
     manifest = write_manifest(replace(config, max_rejected_fraction=0.1), _identity(tiny_model_dir))
     s = manifest.stats
     assert s["records_read"] == s["kept"] + s["filtered"] + s["duplicates"] + s["rejected"]
+
+
+def test_manifest_reports_documents_retokenized_at_the_answer_boundary(
+    sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path
+):
+    from test_beam_transforms import trailing_space_tokenizer
+
+    from beam_preprocess.pipeline import run
+    from beam_preprocess.tokenize import load_tokenizer
+
+    tokenizer_dir = trailing_space_tokenizer(tiny_model_dir, tmp_path / "tok")
+    lines = (sample_data_dir / "train.jsonl").read_text().splitlines()[:60]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    manifest = run(
+        [f"--input={tmp_path}/in.jsonl", f"--output={tmp_path}/out", f"--tokenizer={tokenizer_dir}",
+         "--seq-len=256", "--direct_num_workers=1"]
+    )  # fmt: skip
+    # Expected: the records whose rendered text has a token across the end of the prompt.
+    tok = load_tokenizer(str(tokenizer_dir))
+
+    def straddles(record: dict) -> bool:
+        user = [{"role": "user", "content": record["prompt"]}]
+        head = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        answer = {"role": "assistant", "content": record["response"]}
+        full = tok.apply_chat_template([*user, answer], tokenize=False)
+        offsets = tok(full, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
+        return any(start < len(head) < end for start, end in offsets)
+
+    expected = sorted(
+        f"{tmp_path}/in.jsonl:{number}"
+        for number, line in enumerate(lines, start=1)
+        if straddles(json.loads(line))
+    )
+    stats = manifest.stats
+    assert stats["answer_boundary_retokenized"] == len(expected) > 0
+    assert stats["answer_boundary_sources"] == expected[:20]
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["stats"] == stats
 
 
 def test_cli_help_and_user_errors(tmp_path: Path):

@@ -409,3 +409,96 @@ def test_jsonl_read_in_ranges_keeps_exact_line_numbers(tmp_path: Path):
 
     check_read(split_bytes=100)  # many ranges
     check_read(split_bytes=1 << 30)  # one whole-file range
+
+
+TRAILING_SPACE_TEMPLATE = (
+    "{% for message in messages %}### {{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}### assistant: {% endif %}"
+)
+"""A generation prompt ending in a space: byte-level BPE merges it into the answer's first word."""
+
+
+def trailing_space_tokenizer(tiny_model_dir: Path, out: Path) -> Path:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = TRAILING_SPACE_TEMPLATE
+    tok.save_pretrained(out)
+    return out
+
+
+def _encoder(tokenizer_dir: Path):
+    from beam_preprocess.tokenize import (
+        DocumentEncoder,
+        EncoderConfig,
+        TokenizerSpec,
+        load_tokenizer,
+    )
+
+    spec = TokenizerSpec.of(load_tokenizer(str(tokenizer_dir)), str(tokenizer_dir))
+    return DocumentEncoder(spec, EncoderConfig(data_kind="chat", seq_len=256, overlong="drop"))
+
+
+def _pair(prompt: str, answer: str) -> dict:
+    return {
+        "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    }
+
+
+def test_answer_first_token_is_a_target_when_the_prompt_ends_in_a_space(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    from transformers import AutoTokenizer
+
+    tokenizer_dir = trailing_space_tokenizer(tiny_model_dir, tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    pairs = [("What is the capital?", "the city"), ("Add 2 and 2", "4"), ("Hi", "Paris")]
+    results = _encoder(tokenizer_dir).encode([_pair(p, a) for p, a in pairs])
+    for (prompt, answer), result in zip(pairs, results, strict=True):
+        assert result.outcome == "kept"
+        ((ids, mask),) = result.docs
+        head = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        prompt_ids = tok(head, add_special_tokens=False).input_ids
+        # The prompt is exactly what inference feeds, every token after it is a target, and the
+        # targets decode to the whole answer (its first characters included).
+        assert ids[: len(prompt_ids)].tolist() == prompt_ids
+        assert mask.tolist() == [0] * len(prompt_ids) + [1] * (len(ids) - len(prompt_ids))
+        assert tok.decode(ids[len(prompt_ids) :].tolist()) == answer + "\n"
+    # Where the joint tokenization merged the space into the answer's first word (" the", " 4"),
+    # the document was re-encoded; " Paris" has no merge with the space in this vocabulary.
+    assert [r.retokenized for r in results] == [True, True, False]
+
+
+def test_answer_boundary_refused_when_the_tokenizer_alters_pieces(tmp_path: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+    backend.decoder = decoders.Metaspace(prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"])
+    backend.train_from_iterator(
+        ["### user: hello world\n### assistant: Paris is nice\n"] * 5, trainer
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="<unk>")
+    tok.chat_template = TRAILING_SPACE_TEMPLATE
+    tok.save_pretrained(tmp_path / "sp")
+    (result,) = _encoder(tmp_path / "sp").encode([_pair("hello world", "Paris is nice")])
+    assert (result.outcome, result.reason) == ("rejected", "answer_boundary")
+    assert "generation prompt ends in" in result.error and "no trailing space" in result.error
+
+
+def test_tokenize_reports_retokenized_sources(tiny_model_dir: Path, tmp_path: Path):
+    from beam_preprocess.records import RETOKENIZED
+
+    tokenizer_dir = trailing_space_tokenizer(tiny_model_dir, tmp_path / "tok")
+    examples = [
+        {**_pair(p, a), "source": f"f:{i}", "hash": f"{i:064x}", "split": "train"}
+        for i, (p, a) in enumerate([("Add 2 and 2", "4"), ("Name a city", "Paris")])
+    ]
+    config = _config(tokenizer=str(tokenizer_dir), seq_len=64, pack_groups=1)
+    with _pipeline() as p:
+        out = p | beam.Create(examples) | Tokenize(config)
+        assert_that(out[RETOKENIZED], equal_to(["f:0"]))

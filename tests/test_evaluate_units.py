@@ -45,6 +45,26 @@ def test_chrf_bounds_and_hand_computed_value() -> None:
     assert chrf(["1 2 3"], ["123"]) == pytest.approx(100.0)
 
 
+CHRF_PAIRS = [
+    ("42", "42"), ("4", "42"), ("420", "42"), ("The answer is 42.", "42"), ("Paris", "Paris."),
+    ("paris", "Paris"), ("3 m", "3 cm"), ("", "abc"), ("abc", "a"), ("x", "y"), ("ab", "abc"),
+    ("Kitolu is the capital", "Kitolu"), ("1 235 m", "1235 m"), ("é ñ ü", "e n u"),
+    ("long hypothesis about the river delta", "the river delta"), ("-5", "5"), ("ok", "o k"),
+]  # fmt: skip
+"""Short references (fewer characters than chrF's order 6) are where implementations differ."""
+
+
+@pytest.mark.parametrize("size", [1, 4, len(CHRF_PAIRS)])
+def test_chrf_equals_sacrebleu(size: int) -> None:
+    from sacrebleu.metrics import CHRF
+
+    reference = CHRF()
+    for start in range(0, len(CHRF_PAIRS), size):
+        hyps, refs = zip(*CHRF_PAIRS[start : start + size], strict=True)
+        expected = reference.corpus_score(list(hyps), [list(refs)]).score
+        assert chrf(hyps, refs) == pytest.approx(expected, abs=1e-9), (hyps, refs)
+
+
 def test_gate_passes_and_fails_on_thresholds() -> None:
     assert decide(METRICS, GateThresholds()).passed
     assert decide(METRICS, GateThresholds(min_loss_improvement=1.0, min_exact_match=0.5)).passed

@@ -102,3 +102,14 @@ def test_config_json_reports_every_problem() -> None:
         )
     with pytest.raises(ValueError, match="takes no other arguments"):
         load_config(["--config-json", "{}", "--lr", "1"])
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_lr_schedule_peaks_once_and_ends_at_the_minimum(warmup: int) -> None:
+    from trainer.train import _lr_lambda
+
+    factors = [_lr_lambda(warmup, 10, 0.1)(step) for step in range(10)]
+    assert factors.count(1.0) == 1 and factors.index(1.0) == warmup
+    assert factors[:warmup] == pytest.approx([(k + 1) / (warmup + 1) for k in range(warmup)])
+    assert factors[-1] == pytest.approx(0.1)
+    assert all(a > b for a, b in zip(factors[warmup:], factors[warmup + 1 :], strict=False))

@@ -58,9 +58,13 @@ def test_lora_exports_adapter_and_merged_model(
     out = tmp_path / "lora"
     proc = run_trainer(
         tiny_model_dir, packed_dir, out, "--max-steps", "4", "--lr", "1e-2", "--lora-rank", "8",
-        "--lora-target-modules", "q_proj,v_proj", "--checkpoint-every", "2",
+        "--lora-target-modules", "q_proj,v_proj", "--checkpoint-every", "2", "--warmup-steps", "1",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The logged lr is the one each step used: half-way warmup, the peak once, the cosine's
+    # midpoint, and lr x min_lr_ratio (0.1) at the last step.
+    logged = [m["lr"] for m in read_jsonl(out / "metrics.jsonl") if "lr" in m]
+    assert logged == pytest.approx([5e-3, 1e-2, 5.5e-3, 1e-3])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["eval_loss"] is not None
     assert (out / "model" / "adapter" / "adapter_config.json").exists()

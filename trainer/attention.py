@@ -12,13 +12,24 @@ documents x max_len^2 / 2 instead of B x L^2. When that would not be cheaper (on
 long padding segment), it falls back to SDPA with the block-diagonal mask, computed once per
 forward.
 
+Model families pass their attention variants as keyword arguments, and this module honours each
+one exactly as transformers' eager attention does (the conformance suite in
+tests/test_model_families.py compares every family with the model's own forward):
+`sliding_window` (Mistral, Qwen2/3, Gemma2/3, Phi-3, gpt-oss: a query sees the last `window`
+positions of its document) becomes a banded mask; `softcap` (Gemma2's attention-logit
+soft-capping) and `s_aux` (gpt-oss's attention sinks: one extra logit per head in the softmax) need
+the scores themselves, so those layers compute attention explicitly on the same layout.
+
 Registered with transformers as attention implementation "llmft_document"; the layout is computed
 once per forward in `CausalLMLoss` and reaches every layer through the model's **kwargs.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -87,27 +98,73 @@ def document_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     document_layout: DocumentLayout | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention interface: returns ([B, L, H, D], None)."""
     if document_layout is None:
         raise ValueError("llmft_document attention needs document_layout=... (see CausalLMLoss)")
     dropout = dropout if module.training else 0.0
-    gqa = query.shape[1] != key.shape[1]
     layout = document_layout
-    if layout.slots is None:
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=layout.mask, dropout_p=dropout, scale=scaling,
-            enable_gqa=gqa,
-        )  # fmt: skip
-        return out.transpose(1, 2).contiguous(), None
     batch, heads, length, dim = query.shape
-    out = F.scaled_dot_product_attention(
-        _to_documents(query, layout), _to_documents(key, layout), _to_documents(value, layout),
-        is_causal=True, dropout_p=dropout, scale=scaling, enable_gqa=gqa,
-    )  # fmt: skip
+    if layout.slots is None:
+        q, k, v, allowed = query, key, value, layout.mask
+    else:
+        q, k, v = (_to_documents(x, layout) for x in (query, key, value))
+        allowed = None  # causal within each document row
+    size = q.shape[2]
+    if sliding_window is not None and sliding_window < size:
+        # transformers' sliding_window_overlay: key j is visible from query i iff i - j < window.
+        index = torch.arange(size, device=q.device)
+        band = index.view(-1, 1) - index.view(1, -1)
+        band = (band >= 0) & (band < sliding_window)
+        allowed = band if allowed is None else allowed & band
+    if softcap is not None or s_aux is not None:
+        if allowed is None:
+            allowed = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        out = _explicit_attention(q, k, v, allowed, scaling, dropout, softcap, s_aux)
+    else:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, is_causal=allowed is None, dropout_p=dropout,
+            scale=scaling, enable_gqa=q.shape[1] != k.shape[1],
+        )  # fmt: skip
+    if layout.slots is None:
+        return out.transpose(1, 2).contiguous(), None
     tokens = out.transpose(1, 2).reshape(layout.documents * layout.max_len, heads, dim)
     return tokens.index_select(0, layout.slots).view(batch, length, heads, dim), None
+
+
+def _explicit_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor,
+    scaling: float | None,
+    dropout: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """Attention with soft-capped scores and/or sinks, in the order transformers' eager uses:
+    scale -> soft-cap -> mask -> (append the sink logit) -> softmax (-> drop the sink column)."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    if sinks is not None:
+        sink = sinks.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[2], 1)
+        scores = torch.cat([scores, sink.to(scores.dtype)], dim=-1)
+        scores = scores - scores.max(dim=-1, keepdim=True).values
+        probs = F.softmax(scores, dim=-1, dtype=scores.dtype)[..., :-1]
+    else:
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout, training=dropout > 0)
+    return torch.matmul(probs.to(value.dtype), value)
 
 
 def _no_mask(*args, **kwargs) -> None:
@@ -122,3 +179,98 @@ def register() -> None:
 
     AttentionInterface.register(NAME, document_attention)
     AttentionMaskInterface.register(NAME, _no_mask)
+
+
+MASKS_IGNORE_POSITIONS = ("gpt_oss",)
+"""Model types whose decoder builds its attention masks without `position_ids` (transformers
+5.24): their own eager/SDPA attention lets packed documents see each other (found by
+tests/test_model_families.py), so only attention=document is exact for them."""
+
+
+def support_errors(setting: str, hf_config: Any) -> list[str]:
+    """Why `attention=setting` would not compute this model's attention exactly (empty: it does).
+
+    Decided from the model's config and its transformers class, so `llmft train` can refuse before
+    any process starts and every trainer rank refuses identically.
+    """
+    from transformers import AutoModelForCausalLM
+
+    mapping = AutoModelForCausalLM._model_mapping
+    model_class: Any = mapping.get(type(hf_config), None)
+    name = getattr(hf_config, "model_type", type(hf_config).__name__)
+    if model_class is None:
+        return [f"model type {name!r} is not a causal LM transformers knows"]
+    if hf_config.get_text_config() is not hf_config:
+        return [
+            f"model type {name!r} is a multimodal checkpoint ({model_class.__name__}); the trainer "
+            "fine-tunes text-only causal LMs: use the family's text-only checkpoint"
+        ]
+    if setting == "document":
+        if getattr(hf_config, "attention_chunk_size", None):
+            return [
+                f"model type {name!r} uses chunked attention (attention_chunk_size), which "
+                "attention=document does not compute: set attention=eager"
+            ]
+        if not getattr(model_class, "_supports_attention_backend", False):
+            return [
+                f"model type {name!r} does not call pluggable attention, so attention=document "
+                "would not apply: set attention=sdpa or attention=eager"
+            ]
+    if setting != "document" and name in MASKS_IGNORE_POSITIONS:
+        return [
+            f"attention={setting} runs the own attention of model type {name!r}, whose masks ignore "
+            "packed document boundaries (position_ids): set attention=document (exact)"
+        ]
+    if setting == "sdpa" and not getattr(model_class, "_supports_sdpa", False):
+        if getattr(hf_config, "attn_logit_softcapping", None):
+            feature = "attention-logit soft-capping (attn_logit_softcapping)"
+        elif name == "gpt_oss":
+            feature = "attention sinks"
+        else:
+            feature = "its attention variant"
+        return [
+            f"attention=sdpa cannot compute {feature} of model type {name!r}: set "
+            "attention=document (exact, the fastest) or attention=eager"
+        ]
+    return []
+
+
+def check_model(setting: str, model_dir: str) -> None:
+    """Refuse (ValueError) when `attention=setting` is not exact for the model in `model_dir`."""
+    from transformers import AutoConfig
+
+    errors = support_errors(setting, AutoConfig.from_pretrained(model_dir))
+    if errors:
+        raise ValueError(f"model {model_dir}: " + "; ".join(errors))
+
+
+@contextlib.contextmanager
+def document_attention_in(model: Any) -> Iterator[bool]:
+    """Run a loaded *ForCausalLM with "llmft_document" attention inside the block (yields True),
+    or unchanged where that attention does not apply (yields False); restored on exit, since
+    generation needs the model's own attention. Used to score packed rows exactly."""
+    if support_errors("document", model.config):
+        yield False
+        return
+    previous = model.config._attn_implementation
+    register()
+    model.set_attn_implementation(NAME)
+    try:
+        yield True
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def implementation(setting: str, hf_config: Any) -> str:
+    """The transformers `attn_implementation` for TrainConfig.attention on this model.
+
+    Raises:
+        ValueError: the setting would not be exact for this model (the message says what to set).
+    """
+    errors = support_errors(setting, hf_config)
+    if errors:
+        raise ValueError("; ".join(errors))
+    if setting == "document":
+        register()
+        return NAME
+    return setting

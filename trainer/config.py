@@ -52,11 +52,11 @@ class TrainConfig:
 
     # --- optimizer ---------------------------------------------------------------------------
     lr: float = 2e-5
-    """Peak learning rate of AdamW."""
+    """Peak learning rate of AdamW, used by the first step after warmup (once)."""
     min_lr_ratio: float = 0.1
-    """The cosine schedule decays to lr x min_lr_ratio at the last step."""
+    """The cosine schedule decays to lr x min_lr_ratio, reached at the last step."""
     warmup_steps: int = 0
-    """Linear warmup steps from 0 to lr."""
+    """Steps of linear warmup before the peak: the k-th uses lr x k / (warmup_steps + 1)."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay (applied to matrices only, not norms or biases)."""
     adam_beta1: float = 0.9
@@ -94,8 +94,11 @@ class TrainConfig:
     """FSDP2: free gathered block weights after forward (ZeRO-3). False keeps them until backward
     (ZeRO-2-like): one all-gather fewer per block, more memory. Good for small models."""
     attention: str = "document"
-    """"document": per-document causal attention that skips the scores a packed row masks out
-    (trainer/attention.py); "sdpa": transformers' SDPA with a block-diagonal L x L mask."""
+    """"document": per-document causal attention that skips the scores a packed row masks out,
+    exact for sliding windows, soft-capping and attention sinks (trainer/attention.py); "sdpa":
+    transformers' SDPA with a block-diagonal L x L mask (refused for models SDPA cannot compute
+    exactly: Gemma2, gpt-oss); "eager": the model's own eager attention with that mask (slowest;
+    refused for gpt-oss, whose masks ignore document boundaries). docs/trainer.md has the table."""
     backend: str = "auto"
     """Process-group backend: "auto" (nccl on GPU, gloo on CPU), "nccl" or "gloo"."""
 
@@ -183,8 +186,8 @@ class TrainConfig:
                 errors.append(f"{name} must be in [0, 1) (got {getattr(self, name)})")
         if self.dtype not in ("auto", "bf16", "fp32"):
             errors.append(f"dtype must be auto, bf16 or fp32 (got {self.dtype!r})")
-        if self.attention not in ("document", "sdpa"):
-            errors.append(f"attention must be document or sdpa (got {self.attention!r})")
+        if self.attention not in ("document", "sdpa", "eager"):
+            errors.append(f"attention must be document, sdpa or eager (got {self.attention!r})")
         if self.data_parallel not in ("auto", "shard", "replicate"):
             errors.append(
                 f"data_parallel must be auto, shard or replicate (got {self.data_parallel!r})"

@@ -136,6 +136,12 @@ class CausalLMLoss(nn.Module):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor
     ) -> torch.Tensor:
         """Sum over target tokens of -log p(token | its document prefix)."""
+        return self.token_losses(input_ids, position_ids, loss_mask).sum()
+
+    def token_losses(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """-log p(token | its document prefix) of every target token, in row-major order."""
         causal_lm = self.causal_lm()
         extra = {}
         if causal_lm.config._attn_implementation == attention.NAME:
@@ -145,19 +151,62 @@ class CausalLMLoss(nn.Module):
         ).last_hidden_state
         # Position t predicts token t + 1; keep only the positions whose next token is a target.
         select = loss_mask[:, 1:].bool()
-        logits = causal_lm.get_output_embeddings()(hidden[:, :-1][select])
-        softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
-        logits = logits.float()
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        return nn.functional.cross_entropy(logits, input_ids[:, 1:][select], reduction="sum")
+        logits = head_logits(causal_lm, hidden[:, :-1][select])
+        return nn.functional.cross_entropy(
+            logits.float(), input_ids[:, 1:][select], reduction="none"
+        )
 
 
-def attn_implementation(config: TrainConfig) -> str:
-    if config.attention == "document":
-        attention.register()
-        return attention.NAME
-    return "sdpa"
+class _FinalHidden(nn.Module):
+    """Stands in for a model's decoder and returns hidden states computed beforehand."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__()
+        self.output = _DecoderOutput(last_hidden_state=hidden)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.output
+
+
+class _DecoderOutput(dict):
+    """What a *ForCausalLM forward reads from its decoder's output; other fields are None."""
+
+    def __init__(self, last_hidden_state: torch.Tensor) -> None:
+        super().__init__(last_hidden_state=last_hidden_state)
+        self.last_hidden_state = last_hidden_state
+
+    def __getattr__(self, name: str) -> Any:
+        return None
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.last_hidden_state if key == 0 else super().__getitem__(key)
+
+
+def head_logits(causal_lm: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's own logits ([N, V]) for final hidden states [N, H].
+
+    Runs the model's forward with its decoder swapped for the precomputed states, so whatever the
+    family does between the LM head and the loss applies exactly: Gemma's final-logit
+    soft-capping, Granite's `logits_scaling`, Cohere's `logit_scale`, and anything a future family
+    adds. Re-implementing those one by one is how they get missed. The head still runs only on
+    the N positions that predict a target, which keeps the loss's memory at N x vocab.
+    """
+    decoder = causal_lm.get_decoder()
+    names = [name for name, child in causal_lm.named_children() if child is decoder]
+    if len(names) != 1:
+        raise ValueError(
+            f"cannot find the decoder of {type(causal_lm).__name__} among its children"
+        )
+    causal_lm._modules[names[0]] = _FinalHidden(hidden.unsqueeze(0))
+    try:
+        return causal_lm(use_cache=False).logits[0]
+    finally:
+        causal_lm._modules[names[0]] = decoder
+
+
+def attn_implementation(config: TrainConfig, hf_config: Any) -> str:
+    """transformers' attn_implementation for `config.attention` (ValueError when not exact)."""
+    return attention.implementation(config.attention, hf_config)
 
 
 def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
@@ -212,7 +261,9 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
     hf_config = AutoConfig.from_pretrained(model_dir)
     with parameters_on_meta():
         lm = AutoModelForCausalLM.from_config(
-            hf_config, dtype=torch.float32, attn_implementation=attn_implementation(config)
+            hf_config,
+            dtype=torch.float32,
+            attn_implementation=attn_implementation(config, hf_config),
         )
         if config.lora_rank:
             from peft import get_peft_model

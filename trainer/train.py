@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint
+from trainer import attention, checkpoint
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainConfig
 from trainer.data import DataPosition, MicroBatch, TrainBatches, eval_batches
@@ -108,6 +108,7 @@ def setup(config: TrainConfig) -> Run:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
 
     r.model_dir = resolve_model_dir(config.model, local_rank=local_rank)
+    attention.check_model(config.attention, r.model_dir)
     tokenizer_dir = (
         r.model_dir
         if config.resolved_tokenizer() == config.model
@@ -198,10 +199,18 @@ def _optimizer(config: TrainConfig, model: torch.nn.Module, device: torch.device
 
 
 def _lr_lambda(warmup: int, total: int, min_ratio: float):
+    """lr multiplier of the optimizer step with 0-based index `step` (LambdaLR's counter).
+
+    The `warmup` first steps ramp linearly towards the peak (step k of them uses k / (warmup + 1)),
+    the next step uses the peak, once, and a cosine brings the multiplier down to `min_ratio` at
+    the last step (index total - 1).
+    """
+
     def factor(step: int) -> float:
         if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return (step + 1) / (warmup + 1)
+        decay_steps = total - 1 - warmup
+        progress = min(1.0, (step - warmup) / decay_steps) if decay_steps > 0 else 0.0
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
@@ -259,6 +268,7 @@ def train(r: Run) -> None:
     last_saved = r.state.step
     while r.state.step < r.total_steps:
         micro, position = next(batches)
+        lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; _step advances the schedule
         loss, grad_norm, targets = _step(r, micro)
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteLossError(
@@ -285,7 +295,7 @@ def train(r: Run) -> None:
                 r.state.step,
                 {
                     "loss": loss,
-                    "lr": r.scheduler.get_last_lr()[0],
+                    "lr": lr,
                     "grad_norm": grad_norm,
                     "tokens_per_s": tps,
                     "target_tokens_per_s": window["targets"] / elapsed,

@@ -4,9 +4,12 @@ Why token-weighted: averaging per-row or per-batch means would weight a short an
 than a long one's; summing negative log-likelihoods over every target token and dividing once gives
 the number the trainer minimises, comparable across models and batch sizes.
 
-Packed rows are scored the way they are trained: `position_ids` restart at every document and the
-model is called with no attention mask and `use_cache=False`, which makes transformers restrict
-attention to each document (an explicit mask would silently let documents attend to each other).
+Packed rows are scored the way they are trained, with the trainer's own loss module
+(`trainer.model.CausalLMLoss`: per-document attention that honours sliding windows, soft-capping
+and attention sinks, and the model's own logit post-processing), so the evaluation loss is the
+training loss for every model family. Models that attention cannot apply to (the trainer refuses
+them) are called with `position_ids`, no attention mask and `use_cache=False`, which makes
+transformers restrict attention to each document.
 """
 
 from __future__ import annotations
@@ -38,9 +41,13 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    from trainer.attention import document_attention_in
+    from trainer.model import CausalLMLoss
+
     total_nll = 0.0
     total_targets = 0
-    with torch.inference_mode():
+    with torch.inference_mode(), document_attention_in(model) as packed_exact:
+        loss_module = CausalLMLoss(model)
         for start in range(0, len(rows), batch_size):
             stop = start + batch_size
             input_ids = torch.tensor(rows.input_ids[start:stop], dtype=torch.long, device=device)
@@ -48,6 +55,11 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
                 rows.position_ids[start:stop], dtype=torch.long, device=device
             )
             mask = torch.tensor(rows.loss_mask[start:stop], dtype=torch.bool, device=device)
+            if packed_exact:
+                losses = loss_module.token_losses(input_ids, position_ids, mask)
+                total_nll += float(losses.double().sum())
+                total_targets += losses.numel()
+                continue
             logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
             targets = input_ids[:, 1:]
             target_mask = mask[:, 1:]
