@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
+from beam_preprocess import storage
 from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments
 from beam_preprocess.readers import ReadRecords
 from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS
@@ -359,11 +359,7 @@ def _check_inputs(patterns: tuple[str, ...]) -> None:
 
 
 def _prepare_output(out: str, overwrite: bool) -> None:
-    remote = "://" in out and not out.startswith("file://")
-    if remote:
-        existing = [m.path for m in FileSystems.match([f"{out}/**"])[0].metadata_list]
-    else:
-        existing = os.listdir(out) if os.path.isdir(out) else []
+    existing = storage.listdir(out)
     if existing and not overwrite:
         raise ValueError(
             f"--output {out!r} is not empty: choose a new directory or pass --overwrite"
@@ -376,9 +372,7 @@ def _prepare_output(out: str, overwrite: bool) -> None:
             "look like a dataset written by this pipeline, so --overwrite will not delete it "
             "(delete it yourself or choose another directory)"
         )
-    if existing and remote:
-        FileSystems.delete(existing)
-    elif existing:
-        shutil.rmtree(out)
-    if not remote:
-        os.makedirs(out, exist_ok=True)
+    if existing:
+        storage.remove(out)
+    if not storage.is_remote(out):
+        os.makedirs(storage.local_path(out), exist_ok=True)

@@ -147,7 +147,7 @@ def isdir(uri: str) -> bool:
 
 
 @contextlib.contextmanager
-def open(uri: str, mode: str = "rb", **kwargs: Any) -> Iterator[IO[Any]]:  # noqa: A001
+def open(uri: str, mode: str = "rb", **kwargs: Any) -> Iterator[IO[Any]]:
     """A file object for `uri` (streams; nothing is read ahead into memory). Writes create the
     parent directories of local paths."""
     import fsspec

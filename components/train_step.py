@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from beam_preprocess import storage
 from components.launchers.base import (
     BACKENDS,
     TRAINER_ENTRYPOINT,
@@ -53,11 +54,9 @@ def _unknown(name: str) -> str:
 
 def read_summary(output: str) -> dict[str, Any]:
     """OUTPUT/summary.json written by the trainer (local path or any fsspec URI)."""
-    import fsspec
-
     path = output.rstrip("/") + "/summary.json"
     try:
-        with fsspec.open(path, "r") as handle:
+        with storage.open(path, "r") as handle:
             return dict(json.load(handle))
     except FileNotFoundError:
         raise RuntimeError(
@@ -251,5 +250,5 @@ def run_train_component(
 
 
 def _local_path(uri: str) -> str:
-    """kfp.local hands out plain paths; `file://` URIs are accepted too."""
-    return uri[len("file://") :] if uri.startswith("file://") else uri
+    """kfp.local hands out plain paths; `file://` URIs are accepted too (remote URIs pass)."""
+    return uri if storage.is_remote(uri) else storage.local_path(uri)

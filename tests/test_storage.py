@@ -77,7 +77,7 @@ def test_upload_list_open_copy_remove(base: str, tmp_path: Path) -> None:
 
 def test_missing_paths_and_buckets_name_the_uri_and_the_fix(base: str) -> None:
     missing = storage.join(base, "nope/config.json")
-    with pytest.raises(FileNotFoundError, match="nope/config.json does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"nope/config\.json does not exist"):
         storage.read_text(missing)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         storage.copy_to_local(storage.join(base, "nope"), "/tmp/unused-llmft-copy")
@@ -109,7 +109,11 @@ def test_cached_copy_downloads_once_per_node(gcs_emulator, tmp_path: Path) -> No
     src = _make_dir(tmp_path / "src")
     uri = f"{bucket}/model"
     storage.upload_dir(src, uri)
-    env = {**os.environ, storage.CACHE_ENV: str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {
+        **os.environ,
+        storage.CACHE_ENV: str(tmp_path / "cache"),
+        "PYTHONPATH": str(Path(__file__).parents[1]),
+    }
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _CACHE_WORKER, uri], env=env, stdout=subprocess.PIPE, text=True
