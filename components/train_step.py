@@ -173,8 +173,7 @@ def preflight_local(launch: TrainLaunch) -> None:
     model = launch.model
     if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
         raise ValueError(f"model {model!r} is not a directory: pass a Hugging Face model directory")
-    if "://" not in launch.data:
-        read_manifest(launch.data)  # ValueError when it is not a packed dataset
+    read_manifest(launch.data)  # ValueError when it is not a packed dataset (local or gs://)
 
 
 def run_train_component(

@@ -3,8 +3,9 @@
 Run: `python tests/gcs_emulator_server.py` (the `gcs_emulator` fixture does). The server socket is
 bound before the port is printed and stays bound for the process's life, so no other process can
 take the port between choosing it and using it. Objects live in memory and go with the process.
-The emulator's own request handler and storage are used as they are; only the listening socket is
-ours, because its CLI cannot report a port the OS picked.
+The emulator's own request handler and storage serve the GCS API as they are; only the listening
+socket is ours, because the emulator's CLI cannot report a port the OS picked.
+
 """
 
 from __future__ import annotations

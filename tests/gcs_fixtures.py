@@ -12,13 +12,23 @@ in the package knows it is there. gcsfs >= 2026 by default first asks the Storag
 for the bucket layout, which an emulator does not serve (each probe stalls ~60 s); gcsfs documents
 `GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false` (read when gcsfs is imported) to use the plain JSON-API
 filesystem, so tests/conftest.py sets it before anything imports gcsfs.
+
+Credentials: Beam's GCS IO asks google.auth.default() and, when there are none, retries with
+backoff for ~30 s in every process before it connects anonymously. The fixture therefore gives the
+session Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS): an authorized-user
+credential carrying a static access token valid until 2100, the format google-auth itself writes,
+so no client ever needs a token endpoint and every client takes the authenticated path it takes
+in the cloud. The emulator ignores the token.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVER = Path(__file__).with_name("gcs_emulator_server.py")
+PROJECT = "test-project"
+ADC = {
+    "type": "authorized_user",
+    "client_id": "gcs-emulator",
+    "client_secret": "gcs-emulator",
+    "refresh_token": "gcs-emulator",
+    "token": "gcs-emulator",
+    "expiry": "2100-01-01T00:00:00Z",
+}
+"""Application Default Credentials with an access token that never needs refreshing."""
 
 
 @dataclass
@@ -38,7 +58,7 @@ class GcsEmulator:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        client = storage.Client(project="test-project", credentials=AnonymousCredentials())
+        client = storage.Client(project=PROJECT, credentials=AnonymousCredentials())
         client.create_bucket(name)
         return f"gs://{name}"
 
@@ -67,7 +87,10 @@ def start_emulator() -> Iterator[GcsEmulator]:
     proc = subprocess.Popen(
         [sys.executable, str(SERVER)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")}
+    keys = ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS")
+    saved = {k: os.environ.get(k) for k in keys}
+    adc = Path(tempfile.mkdtemp(prefix="llmft-gcs-adc-")) / "application_default_credentials.json"
+    adc.write_text(json.dumps(ADC))
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -76,7 +99,8 @@ def start_emulator() -> Iterator[GcsEmulator]:
         endpoint = f"http://127.0.0.1:{int(line)}"
         _wait_healthy(endpoint, proc)
         os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-        os.environ["GOOGLE_CLOUD_PROJECT"] = "test-project"
+        os.environ["GOOGLE_CLOUD_PROJECT"] = PROJECT
+        os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(adc)
         import gcsfs
 
         assert gcsfs.GCSFileSystem is gcsfs.core.GCSFileSystem, (
@@ -86,6 +110,7 @@ def start_emulator() -> Iterator[GcsEmulator]:
     finally:
         proc.kill()
         proc.wait()
+        shutil.rmtree(adc.parent, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
