@@ -77,7 +77,10 @@ def join(root: str, *parts: str) -> str:
 def _fs(uri: str) -> tuple[Any, str]:
     import fsspec
 
-    return fsspec.core.url_to_fs(uri)
+    fs, path = fsspec.core.url_to_fs(uri)
+    # Other processes (ranks, steps) change what is stored: never answer from a stale listing.
+    fs.invalidate_cache()
+    return fs, path
 
 
 def _bucket_missing(uri: str) -> str | None:

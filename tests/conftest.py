@@ -65,3 +65,12 @@ def subprocess_tmpdir(tmp_path_factory: pytest.TempPathFactory):
         else:
             os.environ[key] = value
     shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--rehearsal",
+        action="store_true",
+        default=False,
+        help="run the full gs:// chain (tests/test_gcs_chain.py) instead of its short version",
+    )
