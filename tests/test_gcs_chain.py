@@ -227,7 +227,7 @@ def _metric_steps(chain: Chain) -> list[int]:
     ]
 
 
-def test_train_on_gcs_survives_kill_and_sigterm_and_resumes(chain: Chain) -> None:
+def test_train_on_gcs_is_interrupted_and_resumes(chain: Chain) -> None:
     run_id = "gcs-chain"
     args = [
         "--model", chain.uri("models/base"), "--data", chain.uri("dataset"),
@@ -305,3 +305,26 @@ def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelSe
     assert upload.model.artifact_uri == chain.uri("run/model")
     assert storage.exists(storage.join(upload.model.artifact_uri, "config.json"))
     assert name.endswith("@1")
+
+
+def test_local_run_with_data_and_outputs_on_gcs(chain: Chain, tmp_path: Path) -> None:
+    """`llmft run --backend local` with work_uri on gs://: local compute, data on GCS."""
+    if not chain.full:
+        pytest.skip("the whole pipeline takes minutes: `make rehearsal` runs it")
+    work = chain.uri("work")
+    done = llmft(
+        chain, "run", "--backend", "local", "--param", f"work_uri={work}",
+        "--param", f"train_data_uri={chain.uri('raw/train.jsonl')}",
+        "--param", f"base_model={chain.uri('models/base')}", "--param", f"workdir={tmp_path}",
+        "--param", "max_steps=8", "--param", "seq_len=128", "--param", "max_eval_examples=4",
+        timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    runs = storage.listdir(storage.join(work, "runs"))
+    assert len(runs) == 1, runs
+    from beam_preprocess.schema import read_manifest
+
+    assert read_manifest(storage.join(runs[0], "dataset")).splits["train"].rows > 0
+    summary = json.loads(storage.read_text(storage.join(runs[0], "train", "summary.json")))
+    assert summary["steps"] == 8
+    assert storage.exists(storage.join(runs[0], "train", "model", "config.json"))
