@@ -6,6 +6,7 @@ the components and Beam workers all use it, so a URI means the same thing everyw
 
     is_remote(uri)            gs://b/x -> True; /x, x, file:///x -> False
     local_path(uri)           file:///x -> /x (a remote URI raises)
+    normalize(uri)            file:///x -> /x; gs://b/x and /x unchanged
     exists / open / listdir / glob / remove
     cached_copy(uri)          a node-local copy, downloaded once per node (a file lock makes N
                               ranks on a node wait for one download); re-used by later runs
@@ -64,6 +65,11 @@ def local_path(uri: str) -> str:
     if is_remote(uri):
         raise ValueError(f"{uri!r} is not a local path")
     return uri.removeprefix("file://")
+
+
+def normalize(uri: str) -> str:
+    """A file:// URI as the plain path it names; remote URIs and plain paths unchanged."""
+    return uri if is_remote(uri) else local_path(uri)
 
 
 def join(root: str, *parts: str) -> str:

@@ -210,7 +210,7 @@ def run_train_component(
     overrides = dict(trainer_overrides or {})
     if learning_rate and learning_rate > 0:
         overrides.setdefault("lr", learning_rate)
-    output = _local_path(output_uri) if backend == "local" else output_uri
+    output = storage.normalize(output_uri) if backend == "local" else output_uri
     common: dict[str, Any] = {}
     if backend == "gke":
         job_options: dict[str, Any] = {"accelerator": gke_accelerator(accelerator_type)}
@@ -241,13 +241,8 @@ def run_train_component(
             vertex_options["service_account"] = service_account
         common["vertex"] = {"project": project, "location": region, "job_options": vertex_options}
     return run_train_step(
-        backend=backend, run_id=run_id, model=base_model, data=_local_path(data) if backend == "local" else data,
+        backend=backend, run_id=run_id, model=base_model, data=storage.normalize(data) if backend == "local" else data,
         output=output, nodes=nodes, nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend,
         rdzv_endpoint=rdzv_endpoint, max_steps=max_steps, trainer_overrides=overrides,
         gcp_resources_path=gcp_resources_path, **common,
     )  # fmt: skip
-
-
-def _local_path(uri: str) -> str:
-    """kfp.local hands out plain paths; `file://` URIs are accepted too (remote URIs pass)."""
-    return uri if storage.is_remote(uri) else storage.local_path(uri)

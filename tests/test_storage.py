@@ -18,6 +18,10 @@ def test_is_remote_and_local_path() -> None:
     assert not storage.is_remote("file:///tmp/x")
     assert storage.local_path("file:///tmp/x") == "/tmp/x"
     assert storage.join("gs://b/", "/a/", "c") == "gs://b/a/c"
+    assert (
+        storage.normalize("file:///tmp/x") == "/tmp/x"
+        and storage.normalize("gs://b/x") == "gs://b/x"
+    )
     with pytest.raises(ValueError):
         storage.local_path("gs://b/x")
 

@@ -20,11 +20,6 @@ from components.evaluation.evaluate import run_evaluation
 log = logging.getLogger(__name__)
 
 
-def _plain(uri: str) -> str:
-    """file:// URIs as plain paths (what the evaluator's loaders expect); others unchanged."""
-    return uri if storage.is_remote(uri) else storage.local_path(uri)
-
-
 def run_evaluate_component(
     *,
     base_model: str,
@@ -40,14 +35,14 @@ def run_evaluate_component(
     """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    run_dir = _plain(tuned_model_uri).rstrip("/")
-    tuned = _plain(str(tuned_metadata.get("model_uri") or f"{run_dir}/model"))
+    run_dir = storage.normalize(tuned_model_uri).rstrip("/")
+    tuned = storage.normalize(str(tuned_metadata.get("model_uri") or f"{run_dir}/model"))
     train_metrics = f"{run_dir}/metrics.jsonl"
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         result = run_evaluation(
             base=base_model,
             tuned=tuned,
-            data_dir=_plain(dataset_uri),
+            data_dir=storage.normalize(dataset_uri),
             output_dir=out,
             max_examples=max_examples,
             train_metrics=train_metrics if storage.exists(train_metrics) else None,
