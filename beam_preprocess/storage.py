@@ -90,10 +90,10 @@ def _fs(uri: str) -> tuple[Any, str]:
 
 
 def _bucket_missing(uri: str) -> str | None:
-    """The bucket of a gs:// (or other bucketed) URI when the bucket itself does not exist."""
+    """The bucket of a gs:// URI when the bucket itself does not exist."""
     scheme, _, rest = uri.partition("://")
     bucket = rest.split("/", 1)[0]
-    if scheme not in ("gs", "gcs", "s3") or not bucket:
+    if scheme not in ("gs", "gcs") or not bucket:
         return None
     try:
         fs, _ = _fs(uri)

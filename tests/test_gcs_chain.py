@@ -73,7 +73,7 @@ def chain(
     bucket = gcs_emulator.create_bucket("llmft-chain")
     # Clean and dirty records: the dirty ones fill rejected/.
     storage.write_text(
-        f"{bucket}/raw/train.jsonl", _lines(sample_data_dir / "train.jsonl", None if full else 600)
+        f"{bucket}/raw/train.jsonl", _lines(sample_data_dir / "train.jsonl", None if full else 400)
     )
     storage.write_text(
         f"{bucket}/raw/dirty.jsonl", _lines(sample_data_dir / "dirty.jsonl", None if full else 200)
@@ -233,8 +233,9 @@ def test_train_on_gcs_is_interrupted_and_resumes(chain: Chain) -> None:
         "--model", chain.uri("models/base"), "--data", chain.uri("dataset"),
         "--output", chain.uri("run"), "--nodes", "2", "--nproc-per-node", "2",
         "--max-steps", str(chain.max_steps), "--run-id", run_id, "--max-restarts", "1",
-        "--set", "checkpoint_every=4", "--set", "keep_checkpoints=2", "--set", "log_every=1",
-        "--set", "micro_batch_size=2", "--set", "tensorboard=false", "--set", "eval_max_rows=8",
+        "--set", f"checkpoint_every={4 if chain.full else 1000}", "--set", "keep_checkpoints=2",
+        "--set", "log_every=1", "--set", "micro_batch_size=2", "--set", "tensorboard=false",
+        "--set", "eval_max_rows=8", "--set", f"eval_at_end={str(chain.full).lower()}",
     ]  # fmt: skip
     with following(chain, *args) as run:
         if chain.full:
