@@ -43,10 +43,6 @@ class Example:
     """The last user message, for display in the report."""
 
 
-def _join(root: str, rel: str) -> str:
-    return root.rstrip("/") + "/" + rel.lstrip("/")
-
-
 def load_manifest(dataset_dir: str) -> Manifest:
     """The dataset's manifest; ValueError when missing or when the eval split is empty."""
     manifest = read_manifest(dataset_dir)
@@ -67,7 +63,7 @@ def read_eval_rows(dataset_dir: str, manifest: Manifest, max_rows: int | None = 
     for shard in manifest.splits[EVAL_SPLIT].shards:
         if max_rows is not None and len(rows) >= max_rows:
             break
-        with storage.open(_join(dataset_dir, shard), "rb") as f:
+        with storage.open(storage.join(dataset_dir, shard), "rb") as f:
             table = pq.read_table(f, columns=["input_ids", "loss_mask", "position_ids"])
         data = table.to_pydict()
         rows.input_ids.extend(data["input_ids"])
@@ -111,8 +107,8 @@ def eval_record_files(dataset_dir: str, manifest: Manifest | None = None) -> lis
     The manifest's list wins; datasets from before it had one are globbed.
     """
     if manifest is not None and manifest.eval_records:
-        return [_join(dataset_dir, rel) for rel in manifest.eval_records]
-    return storage.glob(_join(dataset_dir, f"{EVAL_RECORDS_DIR}/part-*.jsonl"))
+        return [storage.join(dataset_dir, rel) for rel in manifest.eval_records]
+    return storage.glob(storage.join(dataset_dir, f"{EVAL_RECORDS_DIR}/part-*.jsonl"))
 
 
 def read_examples(paths: list[str], max_examples: int) -> list[Example]:
