@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DEMO_DIR ?= runs/demo
 
-.PHONY: help install demo test test-fast lint format compile clean
+.PHONY: help install demo test test-fast rehearsal lint format compile clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ test: install lint  ## lint, type-check and run the test suite (CPU)
 
 test-fast: install  ## tests without the slow end-to-end ones
 	$(VENV)/bin/pytest -q -m 'not slow and not gpu and not cloud'
+
+rehearsal: install  ## the whole chain with every URI on gs:// (a local GCS emulator), full size
+	$(VENV)/bin/pytest -q --rehearsal tests/test_gcs_chain.py tests/test_storage.py
 
 lint: install  ## ruff lint + format check, mypy
 	$(VENV)/bin/ruff check components pipelines trainer beam_preprocess infra tests benchmarks

@@ -29,6 +29,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from beam_preprocess import storage
+
 FORMAT_NAME = "llmft-packed"
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -133,11 +135,9 @@ class Manifest:
 
 def read_manifest(dataset_dir: str) -> Manifest:
     """Read `manifest.json` from a local or fsspec (gs://, memory://) dataset directory."""
-    import fsspec
-
     path = dataset_dir.rstrip("/") + "/" + MANIFEST_FILE
     try:
-        with fsspec.open(path, "r") as f:
+        with storage.open(path, "r") as f:
             data = json.load(f)
     except FileNotFoundError:
         raise ValueError(

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from beam_preprocess import storage
 from beam_preprocess.packing import Document
 
 OVERLONG_POLICIES = ("drop", "truncate", "split")
@@ -45,9 +44,8 @@ Span = tuple[int, int]
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """A fast Hugging Face tokenizer from a local dir, a hub name, or a gs:// (any Beam FS) dir."""
-    if "://" in name_or_path and not name_or_path.startswith("file://"):
-        name_or_path = _copy_dir_locally(name_or_path)
+    """A fast Hugging Face tokenizer from a local dir, a hub name, or a gs:// (any fsspec) dir."""
+    name_or_path = _local_dir(name_or_path)
     from transformers import AutoTokenizer
 
     try:
@@ -60,31 +58,6 @@ def load_tokenizer(name_or_path: str) -> Any:
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"tokenizer {name_or_path!r} has no fast (Rust) implementation")
     return tokenizer
-
-
-def _copy_dir_locally(uri: str) -> str:
-    """Copy the files of a remote tokenizer directory to a per-process local cache dir."""
-    from apache_beam.io.filesystems import FileSystems
-
-    local = os.path.join(
-        tempfile.gettempdir(), "llmft-tokenizers", uri.replace("://", "_").replace("/", "_")
-    )
-    if os.path.isdir(local):
-        return local
-    partial = local + f".partial-{os.getpid()}"
-    os.makedirs(partial, exist_ok=True)
-    matches = FileSystems.match([uri.rstrip("/") + "/*"])[0].metadata_list
-    if not matches:
-        raise ValueError(f"no tokenizer files under {uri!r}")
-    for meta in matches:
-        name = meta.path.rstrip("/").rsplit("/", 1)[-1]
-        with FileSystems.open(meta.path) as src, open(os.path.join(partial, name), "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    try:
-        os.rename(partial, local)
-    except OSError:  # another process on this worker won the race; its copy is identical
-        shutil.rmtree(partial, ignore_errors=True)
-    return local
 
 
 def pad_id_of(tokenizer: Any) -> int:
@@ -259,10 +232,14 @@ class TokenizerSpec:
 
 def _tokenizer_file(name_or_path: str) -> str | None:
     """tokenizer.json of a local or remote (copied locally) tokenizer directory, else None."""
-    if "://" in name_or_path and not name_or_path.startswith("file://"):
-        name_or_path = _copy_dir_locally(name_or_path)
-    path = os.path.join(name_or_path.removeprefix("file://"), "tokenizer.json")
+    path = os.path.join(_local_dir(name_or_path), "tokenizer.json")
     return path if os.path.isfile(path) else None
+
+
+def _local_dir(name_or_path: str) -> str:
+    """A remote tokenizer directory copied to this worker's cache (once per node); local paths
+    and hub names as they are."""
+    return storage.cached_copy(name_or_path)
 
 
 @dataclass

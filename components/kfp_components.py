@@ -97,8 +97,10 @@ def preprocess(
     Runs the Beam pipeline in-process (DirectRunner) or submits it to Dataflow and waits; the
     Dataflow job is written to `gcp_resources` so cancelling the pipeline cancels the job.
     """
+    from components.artifacts import data_artifact_uri
     from components.preprocess_step import run_preprocess_component
 
+    dataset.uri = data_artifact_uri(dataset.uri, work_uri=work_uri, run_id=run_id, name="dataset")
     dataset.metadata.update(
         run_preprocess_component(
             train_data_uri=train_data_uri,
@@ -112,7 +114,6 @@ def preprocess(
             work_uri=work_uri,
             run_id=run_id,
             dataflow_options=dataflow_options,
-            output_path=dataset.path,
             output_uri=dataset.uri,
             summary_path=summary.path,
             gcp_resources_path=gcp_resources,
@@ -170,8 +171,10 @@ def train(
 ):
     """Fine-tune with FSDP2 on N nodes x P processes: local torchrun agents, a PyTorchJob on GKE or
     a Vertex AI CustomJob. Exports a Hugging Face model directory as the Model artifact."""
+    from components.artifacts import data_artifact_uri
     from components.train_step import run_train_component
 
+    model.uri = data_artifact_uri(model.uri, work_uri=work_uri, run_id=run_id, name="train")
     model.metadata.update(
         run_train_component(
             backend=backend,

@@ -224,7 +224,6 @@ def run_preprocess_component(
     work_uri: str,
     run_id: str,
     dataflow_options: dict[str, Any],
-    output_path: str,
     output_uri: str,
     summary_path: str,
     gcp_resources_path: str,
@@ -233,8 +232,9 @@ def run_preprocess_component(
 
     The base model's tokenizer tokenizes `train_data_uri` (the run parameters' names).
 
-    Locally the dataset is written to the artifact's local path; on Dataflow to its gs:// URI
-    (workers cannot see the launcher's disk). `dataflow_options` holds Beam runner flags by name
+    The dataset is written to the artifact's URI (components/artifacts.py says why `.uri`): a
+    local path under kfp.local, gs:// in the cloud (Dataflow workers cannot see the launcher's
+    disk). `dataflow_options` holds Beam runner flags by name
     (e.g. machine_type, max_num_workers, subnetwork); locally only `direct_*` ones apply. The Markdown summary goes to `summary_path`, and
     `gcp_resources_path` always gets a document (empty for local runs) so the output exists.
     """
@@ -262,7 +262,7 @@ def run_preprocess_component(
         f.write(json.dumps({"resources": []}))
     result = run_preprocess_step(
         input_uri=train_data_uri,
-        output_uri=output_uri if dataflow else output_path,
+        output_uri=output_uri,
         tokenizer=base_model,
         seq_len=seq_len,
         runner=runner,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from beam_preprocess import storage
 from components.launchers.base import (
     BACKENDS,
     TRAINER_ENTRYPOINT,
@@ -55,11 +56,9 @@ def _unknown(name: str) -> str:
 
 def read_summary(output: str) -> dict[str, Any]:
     """OUTPUT/summary.json written by the trainer (local path or any fsspec URI)."""
-    import fsspec
-
     path = output.rstrip("/") + "/summary.json"
     try:
-        with fsspec.open(path, "r") as handle:
+        with storage.open(path, "r") as handle:
             return dict(json.load(handle))
     except FileNotFoundError:
         raise RuntimeError(
@@ -285,8 +284,8 @@ def run_train_component(
     local = backend == "local"
     trainer = trainer_config(
         dict(trainer_overrides or {}), max_steps=max_steps, learning_rate=learning_rate,
-        model=base_model, data=_local_path(data) if local else data,
-        output=_local_path(output_uri) if local else output_uri,
+        model=base_model, data=storage.normalize(data) if local else data,
+        output=storage.normalize(output_uri) if local else output_uri,
     )  # fmt: skip
     common: dict[str, Any] = {}
     if backend == "gke":
@@ -318,8 +317,3 @@ def run_train_component(
         nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
         gcp_resources_path=gcp_resources_path, **common,
     )  # fmt: skip
-
-
-def _local_path(uri: str) -> str:
-    """kfp.local hands out plain paths; `file://` URIs are accepted too."""
-    return uri[len("file://") :] if uri.startswith("file://") else uri

@@ -11,6 +11,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# gcsfs's documented switch to its plain JSON-API filesystem; must be set before gcsfs is imported
+# (see tests/gcs_fixtures.py: the default probes a gRPC API that no GCS emulator serves).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +34,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, sample_data_dir: Pa
     out = tmp_path_factory.mktemp("tiny_model")
     build_tiny_model(out, data_dir=sample_data_dir, vocab_size=4096, hidden_size=256, num_layers=4)
     return out
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """A GCS emulator for the session; STORAGE_EMULATOR_HOST points every client at it."""
+    from gcs_fixtures import start_emulator
+
+    yield from start_emulator()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -54,3 +65,12 @@ def subprocess_tmpdir(tmp_path_factory: pytest.TempPathFactory):
         else:
             os.environ[key] = value
     shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--rehearsal",
+        action="store_true",
+        default=False,
+        help="run the full gs:// chain (tests/test_gcs_chain.py) instead of its short version",
+    )

@@ -51,8 +51,7 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
         # Dataflow-only settings are ignored locally; one worker keeps the run in-process
         # (the multi-process engine is exercised by the benchmark).
         dataflow_options={"max_num_workers": 20, "direct_num_workers": 1},
-        output_path=str(out),
-        output_uri="gs://unused/dataset",
+        output_uri=str(out),
         summary_path=str(summary),
         gcp_resources_path=str(gcp_resources),
     )

@@ -1,4 +1,5 @@
-"""Distributed checkpoints (DCP) on any fsspec path, with a completion marker and retention.
+"""Distributed checkpoints (DCP) on a local path or a gs:// (any fsspec) URI, with a completion
+marker and retention.
 
 Layout of one checkpoint, `OUTPUT/checkpoints/step-00000120/`:
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from beam_preprocess import storage
 from trainer.data import DataPosition
 
 log = logging.getLogger(__name__)
@@ -59,21 +61,12 @@ def step_dir(checkpoints: str, step: int) -> str:
     return f"{checkpoints.rstrip('/')}/step-{step:08d}"
 
 
-def _fs(path: str):
-    import fsspec
-
-    return fsspec.core.url_to_fs(path)
-
-
 def complete_checkpoints(checkpoints: str) -> list[tuple[int, str]]:
     """(step, path) of every complete checkpoint, oldest first."""
-    fs, root = _fs(checkpoints)
-    if not fs.exists(root):
-        return []
     found = []
-    for entry in fs.ls(root, detail=False):
-        match = STEP_DIR.search(entry.rstrip("/"))
-        if match and fs.exists(f"{entry.rstrip('/')}/{MARKER}"):
+    for entry in storage.listdir(checkpoints):
+        match = STEP_DIR.search(entry)
+        if match and storage.exists(f"{entry}/{MARKER}"):
             found.append((int(match.group(1)), step_dir(checkpoints, int(match.group(1)))))
     return sorted(found)
 
@@ -102,23 +95,21 @@ def save(
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
     path = step_dir(checkpoints, state.step)
-    fs, root = _fs(path)
     rank = dist.get_rank()
-    if rank == 0 and fs.exists(root):
-        fs.rm(root, recursive=True)  # a leftover partial save of this very step
+    if rank == 0:
+        storage.remove(path)  # a leftover partial save of this very step
     dist.barrier()
     dcp.save(_app_state(model, optimizer), storage_writer=FsspecWriter(path))
     buffer = io.BytesIO()
     torch.save(rng_state(), buffer)
-    fs.makedirs(f"{root}/rng", exist_ok=True)
-    with fs.open(f"{root}/rng/rank-{rank:05d}.pt", "wb") as f:
+    with storage.open(f"{path}/rng/rank-{rank:05d}.pt", "wb") as f:
         f.write(buffer.getvalue())
     if rank == 0:
-        with fs.open(f"{root}/{STATE_FILE}", "w") as f:
+        with storage.open(f"{path}/{STATE_FILE}", "w") as f:
             json.dump(asdict(state), f, indent=2, default=str)
     dist.barrier()  # every rank's shards and RNG are durable before the marker says so
     if rank == 0:
-        with fs.open(f"{root}/{MARKER}", "w") as f:
+        with storage.open(f"{path}/{MARKER}", "w") as f:
             f.write(f"step {state.step}\n")
         prune(checkpoints, keep)
     dist.barrier()
@@ -127,18 +118,17 @@ def save(
 
 def prune(checkpoints: str, keep: int) -> None:
     """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than them."""
-    fs, root = _fs(checkpoints)
     complete = complete_checkpoints(checkpoints)
     keep_steps = {step for step, _ in complete[-keep:]}
     newest = max(keep_steps, default=-1)
-    for entry in fs.ls(root, detail=False):
-        match = STEP_DIR.search(entry.rstrip("/"))
+    for entry in storage.listdir(checkpoints):
+        match = STEP_DIR.search(entry)
         if not match:
             continue
         step = int(match.group(1))
         if step not in keep_steps and step < newest:
             log.info("deleting old checkpoint %s", entry)
-            fs.rm(entry, recursive=True)
+            storage.remove(entry)
 
 
 def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainerState:
@@ -155,12 +145,11 @@ def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
         model_state_dict=state_dict["model"],
         optim_state_dict=state_dict["optim"],
     )
-    fs, root = _fs(path)
-    with fs.open(f"{root}/{STATE_FILE}", "r") as f:
+    with storage.open(f"{path}/{STATE_FILE}", "r") as f:
         state = TrainerState.from_dict(json.load(f))
-    rng_file = f"{root}/rng/rank-{dist.get_rank():05d}.pt"
-    if state.world_size == dist.get_world_size() and fs.exists(rng_file):
-        with fs.open(rng_file, "rb") as f:
+    rng_file = f"{path}/rng/rank-{dist.get_rank():05d}.pt"
+    if state.world_size == dist.get_world_size() and storage.exists(rng_file):
+        with storage.open(rng_file, "rb") as f:
             set_rng_state(torch.load(io.BytesIO(f.read()), weights_only=False))
     else:
         log.warning(

@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from beam_preprocess import storage
 from beam_preprocess.schema import SEQ_LEN_MAX, SEQ_LEN_MIN
 
 
@@ -384,11 +385,10 @@ def load_config(argv: list[str]) -> TrainConfig:
 
 
 def _read_yaml(path: str, types_by_name: dict[str, Any], errors: list[str]) -> dict[str, Any]:
-    import fsspec
     import yaml
 
     try:
-        with fsspec.open(path, "r") as f:
+        with storage.open(path, "r") as f:
             data = yaml.safe_load(f) or {}
     except FileNotFoundError:
         errors.append(f"config file {path!r} does not exist")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from beam_preprocess import storage
 from beam_preprocess.schema import COLUMNS, Manifest
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,9 @@ def shard_paths(data_dir: str, manifest: Manifest, split: str) -> list[str]:
 
 def read_rows(path: str, seq_len: int, keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Read one shard's columns as [rows, seq_len] int32 arrays; `keep` selects row indices."""
-    import fsspec
     import pyarrow.parquet as pq
 
-    with fsspec.open(path, "rb") as f:
+    with storage.open(path, "rb") as f:
         table = pq.read_table(f, columns=list(COLUMNS))
     if keep is not None:
         table = table.take(keep)
@@ -89,12 +89,11 @@ def read_rows(path: str, seq_len: int, keep: np.ndarray | None = None) -> dict[s
 
 
 def shard_row_counts(paths: list[str]) -> list[int]:
-    import fsspec
     import pyarrow.parquet as pq
 
     counts = []
     for path in paths:
-        with fsspec.open(path, "rb") as f:
+        with storage.open(path, "rb") as f:
             counts.append(pq.ParquetFile(f).metadata.num_rows)
     return counts
 

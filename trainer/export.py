@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from beam_preprocess import storage
 from trainer.config import TrainConfig, parse_size
 from trainer.model import CausalLMLoss, lora_config
 
@@ -112,12 +112,4 @@ def _save_adapter_and_merge(
 
 
 def _publish(local: Path, target: str) -> None:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(target)
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
-    if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
-        shutil.copytree(local, root)
-    else:
-        fs.put(str(local).rstrip("/") + "/", root, recursive=True)
+    storage.upload_dir(local, target)

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from beam_preprocess import storage
+
 log = logging.getLogger(__name__)
 
 # Dense BF16 tensor-core peak FLOP/s per device (without 2:4 sparsity). Sources: NVIDIA data
@@ -65,10 +67,6 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
 class MetricsWriter:
     """Rank 0 writes; other ranks get a writer whose methods do nothing.
 
@@ -87,23 +85,22 @@ class MetricsWriter:
         jsonl = output.rstrip("/") + "/metrics.jsonl"
         # Vertex AI sets AIP_TENSORBOARD_LOG_DIR when a TensorBoard instance is attached.
         logdir = os.environ.get("AIP_TENSORBOARD_LOG_DIR") or output.rstrip("/") + "/tensorboard"
-        if not _is_local(jsonl) or (tensorboard and not _is_local(logdir)):
+        if storage.is_remote(jsonl) or (tensorboard and storage.is_remote(logdir)):
             self._staging = tempfile.mkdtemp(prefix="llmft-metrics-")
-        if not _is_local(jsonl):
-            import fsspec
-
+        if storage.is_remote(jsonl):
             local = os.path.join(self._staging, "metrics.jsonl")
-            fs, remote = fsspec.core.url_to_fs(jsonl)
-            if fs.exists(remote):  # a resumed run continues the same file
-                fs.get(remote, local)
+            if storage.exists(jsonl):  # a resumed run continues the same file
+                storage.copy_to_local(jsonl, local)
             self._uploads.append((local, jsonl))
             jsonl = local
+        else:
+            jsonl = storage.local_path(jsonl)
         Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(jsonl, "a")  # noqa: SIM115 -- closed in close()
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            if not _is_local(logdir):
+            if storage.is_remote(logdir):
                 local = os.path.join(self._staging, "tensorboard")
                 self._uploads.append((local, logdir))
                 logdir = local
@@ -127,14 +124,11 @@ class MetricsWriter:
         log.info("step %d %s", step, shown)
 
     def _sync(self) -> None:
-        import fsspec
-
         for local, remote in self._uploads:
-            fs, path = fsspec.core.url_to_fs(remote)
             if os.path.isdir(local):
-                fs.put(local.rstrip("/") + "/", path, recursive=True)
+                storage.upload_dir(local, remote)
             elif os.path.exists(local):
-                fs.put(local, path)
+                storage.upload_file(local, remote)
 
     def close(self) -> None:
         if self._jsonl is not None:

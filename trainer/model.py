@@ -18,10 +18,7 @@ projection, which for instruction data and small models is a large share of the 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,35 +32,18 @@ from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-REMOTE_PREFIXES = ("gs://", "s3://", "az://", "abfs://", "hf://", "memory://")
-
-
-def model_cache_dir() -> Path:
-    """Node-local directory remote models are downloaded into ($LLMFT_CACHE_DIR)."""
-    return Path(os.environ.get("LLMFT_CACHE_DIR", "/tmp/llmft-cache"))
-
 
 def resolve_model_dir(spec: str, *, local_rank: int) -> str:
-    """A local directory holding `spec`: downloaded once per node by local rank 0.
+    """A local directory holding `spec` (a local dir, a gs:// or other remote URI, a Hub id).
 
-    Other ranks wait at a barrier, so N processes on a node cost one download, not N.
+    Remote models are copied once per node into the node's cache (`storage.cached_copy`: a file
+    lock makes the other ranks of the node wait for the one download).
     """
-    if spec.startswith(REMOTE_PREFIXES):
-        target = model_cache_dir() / hashlib.sha256(spec.encode()).hexdigest()[:16]
-        if local_rank == 0 and not (target / ".complete").exists():
-            import fsspec
+    from beam_preprocess import storage
 
-            fs, root = fsspec.core.url_to_fs(spec)
-            partial = target.with_suffix(".partial")
-            shutil.rmtree(partial, ignore_errors=True)  # a download that died half-way
-            log.info("downloading %s to %s", spec, target)
-            fs.get(root.rstrip("/") + "/", str(partial), recursive=True)
-            partial.rename(target)
-            (target / ".complete").touch()
-        _barrier()
-        if not (target / ".complete").exists():
-            raise RuntimeError(f"{target} is missing after the download barrier")
-        return str(target)
+    if storage.is_remote(spec):
+        return storage.cached_copy(spec)
+    spec = storage.local_path(spec)
     if Path(spec).is_dir():
         return spec
     if Path(spec).exists() or spec.startswith(("/", "./", "../")):

@@ -444,7 +444,7 @@ def save(r: Run) -> None:
     if r.config.export:
         export_model(r.model, r.config, r.model_dir, model_out, r.tokenizer)
     if r.rank == 0:
-        import fsspec
+        from beam_preprocess import storage
 
         summary = {
             "base_model": r.config.model,
@@ -459,7 +459,7 @@ def save(r: Run) -> None:
             "world_size": r.world_size,
             "data_position": asdict(r.state.position),
         }
-        with fsspec.open(f"{r.output}/summary.json", "w") as f:
+        with storage.open(f"{r.output}/summary.json", "w") as f:
             json.dump(summary, f, indent=2)
         log.info("summary: %s", json.dumps(summary))
 

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from beam_preprocess import storage
 from beam_preprocess.schema import Manifest, read_manifest
 
 EVAL_SPLIT = "eval"
@@ -42,10 +43,6 @@ class Example:
     """The last user message, for display in the report."""
 
 
-def _join(root: str, rel: str) -> str:
-    return root.rstrip("/") + "/" + rel.lstrip("/")
-
-
 def load_manifest(dataset_dir: str) -> Manifest:
     """The dataset's manifest; ValueError when missing or when the eval split is empty."""
     manifest = read_manifest(dataset_dir)
@@ -60,14 +57,13 @@ def load_manifest(dataset_dir: str) -> Manifest:
 
 def read_eval_rows(dataset_dir: str, manifest: Manifest, max_rows: int | None = None) -> PackedRows:
     """Read up to `max_rows` packed eval rows, in shard order (deterministic)."""
-    import fsspec
     import pyarrow.parquet as pq
 
     rows = PackedRows([], [], [])
     for shard in manifest.splits[EVAL_SPLIT].shards:
         if max_rows is not None and len(rows) >= max_rows:
             break
-        with fsspec.open(_join(dataset_dir, shard), "rb") as f:
+        with storage.open(storage.join(dataset_dir, shard), "rb") as f:
             table = pq.read_table(f, columns=["input_ids", "loss_mask", "position_ids"])
         data = table.to_pydict()
         rows.input_ids.extend(data["input_ids"])
@@ -110,27 +106,16 @@ def eval_record_files(dataset_dir: str, manifest: Manifest | None = None) -> lis
 
     The manifest's list wins; datasets from before it had one are globbed.
     """
-    import fsspec
-
     if manifest is not None and manifest.eval_records:
-        return [_join(dataset_dir, rel) for rel in manifest.eval_records]
-
-    fs, root = fsspec.core.url_to_fs(dataset_dir)
-    pattern = _join(root, f"{EVAL_RECORDS_DIR}/part-*.jsonl")
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    paths = sorted(fs.glob(pattern))
-    if protocol in ("file", "local"):
-        return paths
-    return [f"{protocol}://{p}" for p in paths]
+        return [storage.join(dataset_dir, rel) for rel in manifest.eval_records]
+    return storage.glob(storage.join(dataset_dir, f"{EVAL_RECORDS_DIR}/part-*.jsonl"))
 
 
 def read_examples(paths: list[str], max_examples: int) -> list[Example]:
     """The first `max_examples` records of the JSONL files, in order (deterministic)."""
-    import fsspec
-
     examples: list[Example] = []
     for path in paths:
-        with fsspec.open(path, "r") as f:
+        with storage.open(path, "r") as f:
             for number, line in enumerate(f, start=1):
                 if len(examples) >= max_examples:
                     return examples

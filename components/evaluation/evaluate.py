@@ -23,6 +23,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from beam_preprocess import storage
 from beam_preprocess.schema import Manifest, TokenizerIdentity, compatibility_errors
 from components.evaluation import data as data_io
 from components.evaluation.gate import GateDecision, GateThresholds, decide
@@ -54,10 +55,7 @@ class EvaluationResult:
 
 
 def _exists(path: str) -> bool:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(path)
-    return bool(fs.exists(root))
+    return storage.exists(path)
 
 
 def _validate_args(
@@ -120,10 +118,7 @@ def _check_tokenizer(what: str, path: str, tokenizer: Any, manifest: Manifest) -
 
 
 def _write_text(path: str, text: str) -> None:
-    import fsspec
-
-    with fsspec.open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    storage.write_text(path, text)
 
 
 def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> list[str]:

@@ -1,8 +1,8 @@
 """Load a Hugging Face causal LM and its tokenizer from a local directory or an fsspec URI.
 
-Remote models (gs://, memory://, ...) are copied to a temporary directory first because
-`from_pretrained` only reads local paths; the copy lives exactly as long as the `loaded_model`
-context, so nothing is left behind. On a CUDA machine the model runs in bf16 (half the memory,
+Remote models (gs://, memory://, ...) are copied to local disk first because `from_pretrained`
+only reads local paths (`beam_preprocess.storage`, streamed file by file); the copy lives exactly
+as long as the `loaded_model` context, so nothing is left behind. On a CUDA machine the model runs in bf16 (half the memory,
 the dtype fine-tunes are trained in); on CPU it runs in float32 because CPU bf16 matmuls are slow
 and lossy for little gain.
 """
@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from beam_preprocess import storage
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,6 @@ def pick_device(device: str | None = None) -> tuple[Any, Any]:
     return dev, dtype
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -72,19 +70,20 @@ def _hub_error(path: str, what: str, exc: Exception) -> ValueError:
 
 def check_model_path(path: str, what: str = "model") -> None:
     """Raise ValueError unless `path` is a directory written by `save_pretrained`."""
-    import fsspec
-
     if not path:
         raise ValueError(f"{what} path is empty: pass a model directory (local or gs://)")
     if is_hub_id(path):
         return
-    fs, root = fsspec.core.url_to_fs(path)
-    if not fs.exists(root):
+    try:
+        found = storage.exists(path)
+    except PermissionError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    if not found:
         raise ValueError(
             f"{what} path {path!r} does not exist: pass a directory written by save_pretrained "
             "(for the fine-tuned model, the trainer's output directory)"
         )
-    if not fs.exists(root.rstrip("/") + "/" + MODEL_CONFIG):
+    if not storage.exists(storage.join(path, MODEL_CONFIG)):
         raise ValueError(
             f"{what} path {path!r} has no {MODEL_CONFIG}: it is not a Hugging Face model directory "
             "(pass the directory save_pretrained wrote, not a checkpoint or file inside it)"
@@ -103,17 +102,12 @@ def _has_tokenizer(local_dir: str) -> bool:
 @contextmanager
 def local_copy(path: str) -> Iterator[str]:
     """A local directory holding the model at `path` (the path itself when already local)."""
-    if not _is_remote(path):
-        yield path.removeprefix("file://")
+    if not storage.is_remote(path):
+        yield storage.local_path(path)
         return
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(path)
     with tempfile.TemporaryDirectory(prefix="llmft-eval-model-") as tmp:
         log.info("copying %s to %s", path, tmp)
-        # A trailing slash on the source copies the directory's contents, not the directory.
-        fs.get(root.rstrip("/") + "/", tmp + "/", recursive=True)
-        yield tmp
+        yield str(storage.copy_to_local(path, tmp))
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
@@ -133,17 +127,11 @@ def read_tokenizer(path: str, what: str = "model") -> Any | None:
             return AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError) as exc:
             raise _hub_error(path, what, exc) from None
-    if not _is_remote(path):
-        local = path.removeprefix("file://")
+    if not storage.is_remote(path):
+        local = storage.local_path(path)
         return AutoTokenizer.from_pretrained(local) if _has_tokenizer(local) else None
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(path)
     with tempfile.TemporaryDirectory(prefix="llmft-eval-tokenizer-") as tmp:
-        for remote in fs.ls(root, detail=False):
-            name = remote.rstrip("/").rsplit("/", 1)[-1]
-            if fs.isfile(remote) and not name.endswith(WEIGHT_SUFFIXES):
-                fs.get(remote, f"{tmp}/{name}")
+        storage.copy_to_local(path, tmp, skip_suffixes=WEIGHT_SUFFIXES)
         return AutoTokenizer.from_pretrained(tmp) if _has_tokenizer(tmp) else None
 
 

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from beam_preprocess import storage
 from components.evaluation.gate import GateDecision
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,9 @@ def read_training_curve(path: str) -> dict[str, list[tuple[float, float]]]:
     Lines without a step or a loss (e.g. a run-config line) are skipped, as are unparsable lines:
     a partially written last line must not cost the whole report.
     """
-    import fsspec
-
     curves: dict[str, list[tuple[float, float]]] = {name: [] for name in CURVE_KEYS}
     skipped = 0
-    with fsspec.open(path, "r") as f:
+    with storage.open(path, "r") as f:
         for line in f:
             if not line.strip():
                 continue

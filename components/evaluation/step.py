@@ -14,16 +14,10 @@ import shutil
 import tempfile
 from typing import Any
 
+from beam_preprocess import storage
 from components.evaluation.evaluate import run_evaluation
 
 log = logging.getLogger(__name__)
-
-
-def _exists(path: str) -> bool:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(path)
-    return bool(fs.exists(root))
 
 
 def run_evaluate_component(
@@ -41,17 +35,17 @@ def run_evaluate_component(
     """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    run_dir = tuned_model_uri.removeprefix("file://").rstrip("/")
-    tuned = str(tuned_metadata.get("model_uri") or f"{run_dir}/model").removeprefix("file://")
+    run_dir = storage.normalize(tuned_model_uri).rstrip("/")
+    tuned = storage.normalize(str(tuned_metadata.get("model_uri") or f"{run_dir}/model"))
     train_metrics = f"{run_dir}/metrics.jsonl"
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         result = run_evaluation(
             base=base_model,
             tuned=tuned,
-            data_dir=dataset_uri.removeprefix("file://"),
+            data_dir=storage.normalize(dataset_uri),
             output_dir=out,
             max_examples=max_examples,
-            train_metrics=train_metrics if _exists(train_metrics) else None,
+            train_metrics=train_metrics if storage.exists(train_metrics) else None,
             champion=champion_model or None,
             min_loss_improvement=min_loss_improvement,
             min_exact_match=min_exact_match,

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from beam_preprocess import storage
 from components.launchers.base import (
     CANCELLED,
     FAILED,
@@ -152,7 +153,7 @@ class LocalLauncher(Launcher):
     Args:
         log: sink for the prefixed log lines (default: stdout).
         log_dir: where each node's log goes (`node<i>.log`) and torchrun's per-rank files;
-            default `<output>/logs`.
+            default `<output>/logs` (`<state dir>/logs` when the output is remote, e.g. gs://).
         state_root: parent of the per-run state directory; default `default_state_root()`.
         python: interpreter for the agents (default: this one, so the same venv).
         grace_s: how long stopped agents get to stop their workers before SIGKILL.
@@ -216,7 +217,9 @@ class LocalLauncher(Launcher):
                 f"it with `cleanup_run(backend='local', run_id={launch.run_id!r})`"
             )
         state_dir.mkdir(parents=True, exist_ok=True)
-        log_dir = self._log_dir or Path(launch.output) / "logs"
+        # Agents write their logs with plain file I/O: a gs:// run keeps them in its local state.
+        default_logs = state_dir if storage.is_remote(launch.output) else Path(launch.output)
+        log_dir = self._log_dir or default_logs / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         self._state = _RunState(
             run_id=launch.run_id, state_dir=str(state_dir), log_dir=str(log_dir)

@@ -1,0 +1,301 @@
+"""Remote I/O for every step: local paths, `file://`, and any fsspec URI (gs:// above all).
+
+The one place that knows whether a path is remote, how to read, list and write it, how to bring a
+remote directory to local disk and how to publish a local directory. The trainer, the evaluator,
+the components and Beam workers all use it, so a URI means the same thing everywhere:
+
+    is_remote(uri)            gs://b/x -> True; /x, x, file:///x -> False
+    local_path(uri)           file:///x -> /x (a remote URI raises)
+    normalize(uri)            file:///x -> /x; gs://b/x and /x unchanged
+    exists / open / listdir / glob / remove
+    cached_copy(uri)          a node-local copy, downloaded once per node (a file lock makes N
+                              ranks on a node wait for one download); re-used by later runs
+    copy_to_local(uri, dest)  a one-off copy (the caller owns dest)
+    upload_dir(local, uri)    replace `uri` with the files of a local directory
+
+Everything streams through fsspec (`get`/`put` copy in chunks), so a multi-GB model never sits in
+memory. Failures name the URI and what to change: a missing object, a missing bucket, no
+permission. They are raised as FileNotFoundError / PermissionError subclasses, so callers that
+catch the built-ins keep working.
+
+Which server a gs:// URI reaches is the clients' business: gcsfs and google-cloud-storage honour
+`STORAGE_EMULATOR_HOST` (the tests' GCS emulator) and Application Default Credentials (the cloud).
+No emulator logic lives here.
+
+This module lives in beam_preprocess because every package may import it (Dataflow workers import
+beam_preprocess, never trainer or components); it imports neither apache_beam nor torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "LLMFT_CACHE_DIR"
+"""Where `cached_copy` keeps node-local copies (default: <tmp>/llmft-cache)."""
+COMPLETE = ".complete"
+"""Written into a cached copy after the last file arrived: only such copies are used."""
+
+
+class StorageNotFound(FileNotFoundError):
+    """A path, object or bucket that does not exist (the message says which, and what to do)."""
+
+
+class StoragePermissionDenied(PermissionError):
+    """The credentials in use may not read or write the path (the message says which role)."""
+
+
+def is_remote(uri: str) -> bool:
+    """True for `scheme://...` other than file://: gs://, s3://, memory://, hf://, ..."""
+    scheme, sep, _ = uri.partition("://")
+    return bool(sep) and scheme not in ("", "file", "local") and "/" not in scheme
+
+
+def local_path(uri: str) -> str:
+    """The filesystem path of a local path or file:// URI."""
+    if is_remote(uri):
+        raise ValueError(f"{uri!r} is not a local path")
+    return uri.removeprefix("file://")
+
+
+def normalize(uri: str) -> str:
+    """A file:// URI as the plain path it names; remote URIs and plain paths unchanged."""
+    return uri if is_remote(uri) else local_path(uri)
+
+
+def join(root: str, *parts: str) -> str:
+    """`root/part/...` with exactly one slash between parts (URIs and paths alike)."""
+    out = root.rstrip("/")
+    for part in parts:
+        out += "/" + part.strip("/")
+    return out
+
+
+def _fs(uri: str) -> tuple[Any, str]:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(uri)
+    # Other processes (ranks, steps) change what is stored: never answer from a stale listing.
+    fs.invalidate_cache()
+    return fs, path
+
+
+def _bucket_missing(uri: str) -> str | None:
+    """The bucket of a gs:// URI when the bucket itself does not exist."""
+    scheme, _, rest = uri.partition("://")
+    bucket = rest.split("/", 1)[0]
+    if scheme not in ("gs", "gcs") or not bucket:
+        return None
+    try:
+        fs, _ = _fs(uri)
+        return None if fs.exists(bucket) else bucket
+    except Exception:  # only sharpening a message: the original error is raised either way
+        return None
+
+
+def explain(uri: str, exc: BaseException, action: str = "read") -> Exception | None:
+    """The error to raise instead of `exc` (raised while doing `action` on `uri`): one that names
+    the URI and the fix, or None when `exc` is not about a missing path or a permission."""
+    if isinstance(exc, StorageNotFound | StoragePermissionDenied):
+        return None
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    code = getattr(exc, "code", None)
+    if isinstance(exc, PermissionError) or code in (401, 403) or text.startswith("Forbidden"):
+        role = "roles/storage.objectViewer" if action == "read" else "roles/storage.objectAdmin"
+        return StoragePermissionDenied(
+            f"no permission to {action} {uri}: grant the account these credentials belong to "
+            f"{role} on the bucket, or run with credentials that have it ({text})"
+        )
+    if isinstance(exc, FileNotFoundError) or code == 404:
+        bucket = _bucket_missing(uri) if is_remote(uri) else None
+        if bucket:
+            return StorageNotFound(
+                f"bucket {bucket!r} of {uri} does not exist: create it "
+                f"(gcloud storage buckets create gs://{bucket}) or fix the URI"
+            )
+        return StorageNotFound(f"{uri} does not exist: check the path (or write it first)")
+    return None
+
+
+@contextlib.contextmanager
+def _explained(uri: str, action: str = "read") -> Iterator[None]:
+    """Re-raise storage failures inside the block as `explain` says."""
+    try:
+        yield
+    except Exception as exc:
+        better = explain(uri, exc, action)
+        if better is None:
+            raise
+        raise better from exc
+
+
+def exists(uri: str) -> bool:
+    """Whether a file or directory exists at `uri` (False also for a missing bucket)."""
+    if not is_remote(uri):
+        return os.path.exists(local_path(uri))
+    fs, path = _fs(uri)
+    with _explained(uri):
+        return bool(fs.exists(path))
+
+
+def isdir(uri: str) -> bool:
+    if not is_remote(uri):
+        return os.path.isdir(local_path(uri))
+    fs, path = _fs(uri)
+    with _explained(uri):
+        return bool(fs.isdir(path))
+
+
+@contextlib.contextmanager
+def open(uri: str, mode: str = "rb", **kwargs: Any) -> Iterator[IO[Any]]:
+    """A file object for `uri` (streams; nothing is read ahead into memory). Writes create the
+    parent directories of local paths."""
+    import fsspec
+
+    action = "read" if "r" in mode else "write"
+    if not is_remote(uri) and action == "write":
+        os.makedirs(os.path.dirname(local_path(uri)) or ".", exist_ok=True)
+    # Only opening and closing are translated: errors of the caller's own code pass unchanged.
+    with _explained(uri, action):
+        handle = fsspec.open(uri, mode, **kwargs).open()
+    try:
+        yield handle
+    finally:
+        with _explained(uri, action):
+            handle.close()
+
+
+def read_text(uri: str) -> str:
+    with open(uri, "r", encoding="utf-8") as f:
+        return str(f.read())
+
+
+def write_text(uri: str, text: str) -> None:
+    with open(uri, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _as_uri(fs: Any, path: str, like: str) -> str:
+    """fsspec returns paths without the scheme; give them back in the caller's form."""
+    if not is_remote(like):
+        return path
+    return fs.unstrip_protocol(path)
+
+
+def listdir(uri: str) -> list[str]:
+    """Full paths (in `uri`'s form) of the entries directly under `uri`, sorted; [] if missing."""
+    fs, path = _fs(uri)
+    with _explained(uri):
+        if not fs.exists(path):
+            return []
+        return sorted(_as_uri(fs, p.rstrip("/"), uri) for p in fs.ls(path, detail=False))
+
+
+def glob(pattern: str) -> list[str]:
+    """Paths (in `pattern`'s form) that match `pattern`, sorted."""
+    fs, path = _fs(pattern)
+    with _explained(pattern):
+        return sorted(_as_uri(fs, p, pattern) for p in fs.glob(path))
+
+
+def remove(uri: str) -> None:
+    """Delete a file or a directory tree; nothing happens when it does not exist."""
+    fs, path = _fs(uri)
+    with _explained(uri, "delete"):
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
+def copy_to_local(uri: str, dest: str | Path, *, skip_suffixes: tuple[str, ...] = ()) -> Path:
+    """Copy the directory (or file) at `uri` into `dest`, streaming. Files whose names end with
+    one of `skip_suffixes` are left out (e.g. weights, when only a tokenizer is needed)."""
+    dest = Path(dest)
+    fs, root = _fs(uri)
+    with _explained(uri):
+        if not fs.exists(root):
+            raise FileNotFoundError(uri)
+        if not fs.isdir(root):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fs.get(root, str(dest))
+            return dest
+        dest.mkdir(parents=True, exist_ok=True)
+        base = root.rstrip("/") + "/"
+        for path in fs.find(root):
+            rel = path[len(base) :] if path.startswith(base) else path.rsplit("/", 1)[-1]
+            if not rel or rel.endswith(skip_suffixes):
+                continue
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get(path, str(target))
+    return dest
+
+
+def cache_dir() -> Path:
+    """The node-local cache root ($LLMFT_CACHE_DIR, default <tmp>/llmft-cache)."""
+    return Path(os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / "llmft-cache")
+
+
+def cached_copy(uri: str) -> str:
+    """A local directory holding `uri`: the path itself when local, else a node-local copy.
+
+    The first caller on a node downloads while holding a file lock; the others (other ranks, later
+    runs) wait on the lock and then find the copy complete. A download that died half-way leaves
+    no COMPLETE marker and is redone. The cache key is the URI: a changed object under the same
+    URI is not noticed, so publish new models under new URIs (as runs do).
+    """
+    if not is_remote(uri):
+        return local_path(uri)
+    from filelock import FileLock
+
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+    target = root / key
+    with FileLock(str(root / f"{key}.lock")):
+        if not (target / COMPLETE).exists():
+            partial = root / f"{key}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.rmtree(target, ignore_errors=True)
+            log.info("downloading %s to %s", uri, target)
+            copy_to_local(uri, partial)
+            partial.rename(target)
+            (target / COMPLETE).write_text(uri + "\n")
+    return str(target)
+
+
+def upload_dir(local: str | Path, uri: str) -> None:
+    """Make `uri` hold exactly the files of the local directory `local` (streamed)."""
+    local = Path(local)
+    if not is_remote(uri):
+        dest = Path(local_path(uri))
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(local, dest)
+        return
+    fs, root = _fs(uri)
+    with _explained(uri, "write"):
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            fs.put_file(str(path), f"{root.rstrip('/')}/{path.relative_to(local).as_posix()}")
+
+
+def upload_file(local: str | Path, uri: str) -> None:
+    """Copy one local file to `uri` (streamed)."""
+    if not is_remote(uri):
+        dest = local_path(uri)
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        shutil.copyfile(local, dest)
+        return
+    fs, path = _fs(uri)
+    with _explained(uri, "write"):
+        fs.put_file(str(local), path)
