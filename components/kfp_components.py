@@ -196,6 +196,7 @@ def evaluate(
     min_loss_improvement: float,
     min_exact_match: float,
     champion_model: str,
+    min_general_retained: float,
     metrics: Output[Metrics],
     report: Output[HTML],
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool)]):  # type: ignore[valid-type]
@@ -216,6 +217,7 @@ def evaluate(
         min_loss_improvement=min_loss_improvement,
         min_exact_match=min_exact_match,
         champion_model=champion_model,
+        min_general_retained=min_general_retained,
         report_path=report.path,
     )
     for name, value in scalars.items():

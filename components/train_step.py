@@ -172,8 +172,15 @@ def preflight_local(launch: TrainLaunch) -> None:
 
     load_config(launch.trainer_args())  # ValueError listing every config problem
     model = launch.model
-    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
-        raise ValueError(f"model {model!r} is not a directory: pass a Hugging Face model directory")
+    if model.startswith(("/", ".", "~")):
+        from trainer.gguf import is_gguf
+
+        local = Path(model).expanduser()
+        if not (local.is_file() if is_gguf(model) else local.is_dir()):
+            raise ValueError(
+                f"model {model!r} is neither a directory nor a .gguf file: pass a Hugging Face "
+                "model directory or a GGUF file"
+            )
     if "://" not in launch.data:
         read_manifest(launch.data)  # ValueError when it is not a packed dataset
 

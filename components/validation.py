@@ -41,6 +41,7 @@ def run_parameter_errors(
     register_model: bool = False,
     serving_image: str = "",
     max_eval_examples: int = 1,
+    min_general_retained: float = 0.0,
     **_ignored: Any,
 ) -> list[str]:
     """Every problem with these run parameters, each with what to change; [] when valid."""
@@ -75,6 +76,10 @@ def run_parameter_errors(
     need(max_steps >= 1, f"max_steps={max_steps}: use at least 1")
     need(0.0 < learning_rate < 1.0, f"learning_rate={learning_rate}: use a value in (0, 1)")
     need(max_eval_examples >= 1, f"max_eval_examples={max_eval_examples}: use at least 1")
+    need(
+        0.0 <= min_general_retained <= 1.0,
+        f"min_general_retained={min_general_retained}: use a fraction in [0, 1] (0 disables)",
+    )
 
     cloud = backend in ("gke", "vertex") or preprocess_runner == "DataflowRunner"
     if cloud:

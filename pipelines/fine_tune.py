@@ -76,6 +76,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
         max_eval_examples: int = 200,
         min_loss_improvement: float = 0.0,
         min_exact_match: float = 0.0,
+        min_general_retained: float = 0.0,
         register_model: bool = False,
         registered_model: str = "",
         champion_model: str = "",
@@ -111,6 +112,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             max_eval_examples: Held-out prompts to generate answers for (bounds evaluation time).
             min_loss_improvement: Quality gate: the tuned eval loss must be below the base's by at least this much.
             min_exact_match: Quality gate: the tuned model's exact-match rate on held-out prompts must be at least this.
+            min_general_retained: Quality gate against forgetting: of the packaged general-knowledge probes the base model answers correctly, the tuned model must still answer at least this fraction (0 disables the check; use it for pretrained bases and recurring fine-tunes).
             register_model: Upload the tuned model to Vertex AI Model Registry when it passes the gate.
             registered_model: Vertex AI model (resource name or display name) to add versions to or take "latest-registered" from.
             champion_model: Optional model the tuned one must also beat: a model URI, or "latest-registered" for the newest version of registered_model (recurring fine-tunes); empty skips the comparison.
@@ -210,6 +212,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 min_loss_improvement=min_loss_improvement,
                 min_exact_match=min_exact_match,
                 champion_model=validated.outputs["champion_model"],
+                min_general_retained=min_general_retained,
             )
             with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
                 with dsl.If(register_model == True, name="register-enabled"):  # noqa: E712

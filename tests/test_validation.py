@@ -60,3 +60,9 @@ def test_schedule_time_fills_the_data_window():
 def test_champion_latest_registered_needs_a_model_name():
     with pytest.raises(ValueError, match="champion_model is 'latest-registered'"):
         validate_and_resolve(schedule_time="", champion_model="latest-registered", **GOOD)
+
+
+def test_forgetting_threshold_is_a_fraction():
+    assert run_parameter_errors(**GOOD, min_general_retained=0.9) == []
+    errors = run_parameter_errors(**GOOD, min_general_retained=1.5)
+    assert errors == ["min_general_retained=1.5: use a fraction in [0, 1] (0 disables)"]

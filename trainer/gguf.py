@@ -29,7 +29,6 @@ import contextlib
 import fcntl
 import hashlib
 import logging
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,7 +124,9 @@ def convert(gguf_file: Path, out: Path) -> None:
 
     folder, name = str(gguf_file.parent), gguf_file.name
     try:
-        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        quantized = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32
+        )
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except (ValueError, OSError, KeyError) as exc:
         raise ValueError(

@@ -46,8 +46,13 @@ def model_cache_dir() -> Path:
 def resolve_model_dir(spec: str, *, local_rank: int) -> str:
     """A local directory holding `spec`: downloaded once per node by local rank 0.
 
-    Other ranks wait at a barrier, so N processes on a node cost one download, not N.
+    Other ranks wait at a barrier, so N processes on a node cost one download, not N. A `.gguf`
+    file is converted once per machine into a plain directory (trainer/gguf.py).
     """
+    from trainer.gguf import is_gguf, resolve_gguf
+
+    if is_gguf(spec):
+        return resolve_gguf(spec)
     if spec.startswith(REMOTE_PREFIXES):
         target = model_cache_dir() / hashlib.sha256(spec.encode()).hexdigest()[:16]
         if local_rank == 0 and not (target / ".complete").exists():
