@@ -203,5 +203,7 @@ def test_general_probes_file_and_scoring() -> None:
     assert not paris.is_correct("It is Parisville, I think.")  # whole words only
     seven = Probe("How many days are in a week?", ("7", "seven"))
     assert seven.is_correct("There are Seven days in a week.") and not seven.is_correct("17")
+    zero = Probe("At what temperature in Celsius does water freeze?", ("0",))
+    assert zero.is_correct("At 0 degrees.") and not zero.is_correct("It freezes at -18.0°C.")
     assert retained([True, True, False], [True, False, True]) == 0.5
     assert retained([False], [True]) is None

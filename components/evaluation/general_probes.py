@@ -9,8 +9,10 @@ base answered (`min_general_retained`). Recurring fine-tunes use it so that a dr
 cannot slowly erode the model.
 
 An answer counts as correct when one of the probe's accepted answers occurs in it as whole words,
-case-insensitively: instruct models answer in sentences ("The capital of France is Paris."), and
-the accepted answers are chosen so that a wrong sentence does not contain them. Probes are scored
+case-insensitively (a number not as part of a larger one: "0" is not in "-18.0"): instruct models
+answer in sentences ("The capital of France is Paris."), and the accepted answers are chosen so
+that a wrong sentence does not contain them. Questions whose base answers were right only by
+accident (a wrong explanation that contains the number) were left out of the set. Probes are scored
 only when the gate asks for them: tiny models trained from scratch answer none, so the check is
 off by default.
 """
@@ -27,7 +29,7 @@ from components.evaluation.data import Example
 from components.evaluation.text_metrics import normalize_answer
 
 PROBES_FILE = Path(__file__).with_name("general_probes.jsonl")
-MAX_NEW_TOKENS = 40
+MAX_NEW_TOKENS = 32
 """Enough for a one-sentence answer; the accepted answer comes early in every sentence."""
 
 
@@ -47,7 +49,8 @@ class Probe:
     def is_correct(self, answer: str) -> bool:
         text = normalize_answer(answer)
         return any(
-            re.search(rf"(?<!\w){re.escape(normalize_answer(a))}(?!\w)", text) for a in self.answers
+            re.search(rf"(?<![\w.]){re.escape(normalize_answer(a))}(?!\w|[.,]\d)", text)
+            for a in self.answers
         )
 
 
