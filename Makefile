@@ -32,7 +32,7 @@ demo: install  ## run the local end-to-end fine-tune (kfp.local + Beam + etcd + 
 	$(VENV)/bin/llmft run --backend local --param workdir=$(DEMO_DIR)
 
 demo-real: install  ## the same pipeline on a real pretrained model: SmolLM2-135M-Instruct, LoRA
-	GGUF=$$($(PY) -m pipelines.quickstart.smollm2) && $(VENV)/bin/llmft run --backend local \
+	GGUF=$$($(PY) -m pipelines.quickstart.smollm2 $(DEMO_REAL_DIR)/assets) && $(VENV)/bin/llmft run --backend local \
 	  --config pipelines/quickstart/demo_real.yaml --param workdir=$(DEMO_REAL_DIR) --param base_model=$$GGUF
 
 test: install lint  ## lint, type-check and run the test suite (CPU)

@@ -99,7 +99,7 @@ def resolve_gguf_tokenizer(argv: list[str]) -> list[str]:
     """
     import argparse
 
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--tokenizer", "--runner", "--temp_location"):
         parser.add_argument(flag, default="")
     known, _ = parser.parse_known_args(argv)

@@ -473,7 +473,9 @@ def schedule_cmd(
 @app.command("train")
 @user_errors
 def train_cmd(
-    model: Annotated[str, typer.Option(help="Base model directory (HF save_pretrained).")],
+    model: Annotated[
+        str, typer.Option(help="Base model: HF save_pretrained directory or .gguf file.")
+    ],
     data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
     output: Annotated[
         str, typer.Option(help="Run directory: model/, metrics.jsonl, summary.json, logs/.")
@@ -624,7 +626,7 @@ def preprocess_cmd(ctx: typer.Context) -> None:
 @app.command("evaluate")
 @user_errors
 def evaluate_cmd(
-    base: Annotated[str, typer.Option(help="Base model directory (local or gs://).")],
+    base: Annotated[str, typer.Option(help="Base model directory or .gguf file (local or gs://).")],
     tuned: Annotated[str, typer.Option(help="Fine-tuned model directory (the trainer's model/).")],
     data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
     output: Annotated[

@@ -225,6 +225,13 @@ def run_local(
     workdir.mkdir(parents=True, exist_ok=True)
     prepare_quickstart_assets(resolved, workdir)
     check_run_parameters(**resolved)
+    mangled = sorted(k for k, v in resolved.items() if "python3" in json.dumps(v))
+    if mangled:
+        # kfp.local's SubprocessRunner replaces "python3" everywhere in a task's command line.
+        raise ValueError(
+            f"{', '.join(mangled)} contain 'python3', which kfp.local rewrites in task inputs: "
+            "pass a path without it (e.g. a symlink)"
+        )
 
     state_dir = workdir / "state"
     os.environ["LLMFT_STATE_DIR"] = str(

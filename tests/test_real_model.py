@@ -126,6 +126,16 @@ def test_gguf_converts_once_to_a_plain_directory(converted: Path, cache_dir: Pat
     assert saved.eos_token == "<|im_end|>"
 
 
+def test_preprocess_reads_the_gguf_tokenizer_from_the_converted_directory(converted: Path) -> None:
+    from components.preprocess_step import resolve_gguf_tokenizer
+
+    argv = ["--input=data.jsonl", "--tokenizer", str(GGUF), "--seq-len=64"]
+    assert resolve_gguf_tokenizer(argv) == [argv[0], "--tokenizer", str(converted), argv[3]]
+    assert resolve_gguf_tokenizer([f"--tokenizer={GGUF}"]) == [f"--tokenizer={converted}"]
+    with pytest.raises(ValueError, match="temp_location gs://"):
+        resolve_gguf_tokenizer([f"--tokenizer={GGUF}", "--runner=DataflowRunner"])
+
+
 def test_sharded_full_finetune_resumes_and_exports_a_working_model(
     converted: Path, packed: Path, tmp_path: Path
 ) -> None:
