@@ -79,13 +79,13 @@ def packed(tmp_path_factory, converted: Path, sample_data_dir: Path) -> Path:
     return out
 
 
-def train(model: str, data: Path, out: Path, **overrides) -> dict:
+def train(model: str, data: Path, out: Path, max_steps: int, **overrides) -> dict:
     """`llmft train`'s code path: 1 node x 2 processes, c10d; returns the run's summary.json."""
     from components.train_step import run_train_step
 
     run_train_step(
         backend="local", run_id=f"real-{uuid.uuid4().hex[:8]}", model=model, data=str(data),
-        output=str(out), nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+        output=str(out), nodes=1, nproc_per_node=2, rdzv_backend="c10d", max_steps=max_steps,
         trainer_overrides={**COMMON, **overrides},
     )  # fmt: skip
     return json.loads((out / "summary.json").read_text())
@@ -143,11 +143,14 @@ def test_sharded_full_finetune_resumes_and_exports_a_working_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "run"
-    first = train(str(GGUF), packed, out, max_steps=2, checkpoint_every=1, lr=1e-5, export=False)
+    # A learning rate this small keeps the model close to its base (Adam moves every weight by
+    # about lr per step, which at 1e-5 already changes a 135M model's answers in 3 steps), so
+    # "still answers" checks the sharding, resume and export path, not what 3 steps taught it.
+    first = train(str(GGUF), packed, out, max_steps=2, checkpoint_every=1, lr=1e-7, export=False)
     assert first["steps"] == 2 and math.isfinite(first["final_loss"])
     assert (out / "checkpoints" / "step-00000002" / "COMPLETE").exists()
 
-    resumed = train(str(GGUF), packed, out, max_steps=3, checkpoint_every=1, lr=1e-5)
+    resumed = train(str(GGUF), packed, out, max_steps=3, checkpoint_every=1, lr=1e-7)
     assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 3
     assert math.isfinite(resumed["eval_loss"])
 
@@ -162,7 +165,7 @@ def test_sharded_full_finetune_resumes_and_exports_a_working_model(
 
 def test_lora_on_a_sharded_real_model(converted: Path, packed: Path, tmp_path: Path) -> None:
     out = tmp_path / "lora"
-    summary = train(str(GGUF), packed, out, max_steps=1, lora_rank=8, lr=1e-4)
+    summary = train(str(GGUF), packed, out, max_steps=1, lora_rank=8, lr=1e-5)
     assert summary["steps"] == 1 and math.isfinite(summary["final_loss"])
     assert (out / "model" / "adapter" / "adapter_config.json").exists()
     assert "paris" in answer(out / "model", QUESTION).lower()  # the merged top-level model
