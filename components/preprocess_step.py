@@ -90,6 +90,54 @@ def build_argv(
     return argv + list(extra_args or [])
 
 
+def resolve_gguf_tokenizer(argv: list[str]) -> list[str]:
+    """`argv` with a `--tokenizer X.gguf` replaced by a tokenizer directory Beam can read.
+
+    Beam (and its workers) read tokenizer directories and never import torch, so a GGUF base
+    model is resolved here, before Beam starts: to the converted model directory (trainer/gguf.py,
+    cached per machine by content, the same directory the train and evaluate steps load). For
+    DataflowRunner its tokenizer files are staged to `<temp_location>/llmft-tokenizers/<name>/`,
+    because workers cannot see this machine's disk.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--tokenizer", "--runner", "--temp_location"):
+        parser.add_argument(flag, default="")
+    known, _ = parser.parse_known_args(argv)
+    from trainer.gguf import is_gguf
+
+    if not is_gguf(known.tokenizer):
+        return argv
+    from beam_preprocess.pipeline import DATAFLOW_RUNNERS
+    from trainer.gguf import resolve_gguf
+
+    resolved = resolve_gguf(known.tokenizer)
+    if known.runner in DATAFLOW_RUNNERS:
+        if not known.temp_location.startswith("gs://"):
+            raise ValueError(
+                "a .gguf tokenizer on DataflowRunner needs --temp_location gs://... to stage the "
+                "converted tokenizer for the workers"
+            )
+        import fsspec
+
+        staged = f"{known.temp_location.rstrip('/')}/llmft-tokenizers/{os.path.basename(resolved)}"
+        fs, root = fsspec.core.url_to_fs(staged)
+        for name in os.listdir(resolved):
+            if name.startswith(("tokenizer", "chat_template", "special_tokens")):
+                fs.put(os.path.join(resolved, name), f"{root}/{name}")
+        resolved = staged
+    log.info("tokenizer %s resolved to %s", known.tokenizer, resolved)
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == f"--tokenizer={known.tokenizer}":
+            arg = f"--tokenizer={resolved}"
+        elif arg == known.tokenizer and i > 0 and argv[i - 1] == "--tokenizer":
+            arg = resolved
+        out.append(arg)
+    return out
+
+
 def run_preprocess_step(
     *,
     gcp_resources_path: str | None = None,
@@ -107,7 +155,7 @@ def run_preprocess_step(
     """
     from beam_preprocess.pipeline import DATAFLOW_RUNNERS, finish, launch
 
-    argv = build_argv(extra_args=extra_args, **params)
+    argv = resolve_gguf_tokenizer(build_argv(extra_args=extra_args, **params))
     launched = launch(argv)
     if launched.runner in DATAFLOW_RUNNERS:
         job_id = launched.result.job_id()

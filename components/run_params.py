@@ -221,6 +221,14 @@ class RunParams:
         ge=0.0,
         le=1.0,
     )
+    min_general_retained: float = param(
+        0.0,
+        "Quality gate against forgetting: of the packaged general-knowledge probes the base model "
+        "answers correctly, the tuned model must still answer at least this fraction (0 disables "
+        "the check; use it for pretrained bases and recurring fine-tunes).",
+        ge=0.0,
+        le=1.0,
+    )
     register_model: bool = param(
         False, "Upload the tuned model to Vertex AI Model Registry when it passes the gate."
     )

@@ -211,6 +211,12 @@ def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | No
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    from trainer.gguf import is_gguf
+
+    if is_gguf(model):
+        if not path.is_file() and local:
+            errors.append(f"model {model!r} does not exist: pass an existing .gguf file")
+        return None  # converted on each node; its tokenizer is checked by the trainer
     if not local:
         return None  # a path inside the training image or on a shared volume
     if model.count("/") == 1 and not model.startswith((".", "/", "~")):

@@ -497,7 +497,9 @@ def schedule_cmd(
 @app.command("train")
 @user_errors
 def train_cmd(
-    model: Annotated[str, typer.Option(help="Base model directory (HF save_pretrained).")],
+    model: Annotated[
+        str, typer.Option(help="Base model: HF save_pretrained directory or .gguf file.")
+    ],
     data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
     output: Annotated[
         str, typer.Option(help="Run directory: model/, metrics.jsonl, summary.json, logs/.")
@@ -671,7 +673,16 @@ def preprocess_cmd(ctx: typer.Context) -> None:
     """
     from beam_preprocess.cli import main as preprocess_main
 
-    code = preprocess_main(list(ctx.args), prog="llmft preprocess")
+    args = list(ctx.args)
+    if any(arg.lower().endswith(".gguf") for arg in args):
+        from components.preprocess_step import resolve_gguf_tokenizer
+
+        try:
+            args = resolve_gguf_tokenizer(args)
+        except ValueError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+    code = preprocess_main(args, prog="llmft preprocess")
     if code:
         raise typer.Exit(code)
 
@@ -679,7 +690,7 @@ def preprocess_cmd(ctx: typer.Context) -> None:
 @app.command("evaluate")
 @user_errors
 def evaluate_cmd(
-    base: Annotated[str, typer.Option(help="Base model directory (local or gs://).")],
+    base: Annotated[str, typer.Option(help="Base model directory or .gguf file (local or gs://).")],
     tuned: Annotated[str, typer.Option(help="Fine-tuned model directory (the trainer's model/).")],
     data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
     output: Annotated[
@@ -707,6 +718,13 @@ def evaluate_cmd(
     min_exact_match: Annotated[
         float, typer.Option(help="Gate: tuned exact match must be >= this (0 disables).")
     ] = 0.0,
+    min_general_retained: Annotated[
+        float,
+        typer.Option(
+            help="Gate: fraction of the general probes the base answers that the tuned "
+            "model must still answer (0 disables)."
+        ),
+    ] = 0.0,
     max_new_tokens: Annotated[int, typer.Option(help="Generation length limit.")] = 64,
     device: Annotated[
         str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")
@@ -723,7 +741,8 @@ def evaluate_cmd(
         base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
         max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
         champion=champion, min_loss_improvement=min_loss_improvement,
-        min_exact_match=min_exact_match, max_new_tokens=max_new_tokens, device=device,
+        min_exact_match=min_exact_match, min_general_retained=min_general_retained,
+        max_new_tokens=max_new_tokens, device=device,
     )  # fmt: skip
     _print_json(
         {

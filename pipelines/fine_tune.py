@@ -126,6 +126,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 min_loss_improvement=p.min_loss_improvement,
                 min_exact_match=p.min_exact_match,
                 champion_model=validated.outputs["champion_model"],
+                min_general_retained=p.min_general_retained,
             )
             with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
                 with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712

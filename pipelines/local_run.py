@@ -69,6 +69,13 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     given = {k: v for k, v in values.items() if not (k in quickstart and v == "")}
     resolved = params_from_mapping({**quickstart, **given})
     errors = resolved.errors()
+    for key, value in resolved.as_dict().items():
+        if "python3" in json.dumps(value):
+            # kfp.local's SubprocessRunner replaces "python3" everywhere in a task's command line.
+            errors.append(
+                f"{key}={value!r} contains 'python3', which kfp.local rewrites in task inputs: "
+                "pass a path without it (e.g. a symlink)"
+            )
     if "train_data_uri" not in quickstart:
         errors += data_errors(resolved.train_data_uri, remote=False)
     if resolved.backend != "local":
@@ -315,7 +322,7 @@ def _print_summary(console: Any, result: LocalRunResult) -> None:
         table = Table(title="before / after (eval split)")
         for column in ("metric", "base", "tuned", "delta"):
             table.add_column(column, justify="left" if column == "metric" else "right")
-        for name in ("eval_loss", "perplexity", "exact_match", "chrf"):
+        for name in ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct"):
             if f"tuned_{name}" in result.metrics:
                 table.add_row(
                     name,

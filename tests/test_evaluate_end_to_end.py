@@ -222,6 +222,26 @@ def test_cli_loss_only_gate_failure_exits_1(env: Env, tmp_path: Path) -> None:
     assert (out / "report.html").exists()
 
 
+@pytest.mark.slow
+def test_forgetting_check_scores_the_general_probes(env: Env, tmp_path: Path) -> None:
+    """The probes are asked of both models; a base that answers none leaves nothing to retain."""
+    from components.evaluation.general_probes import load_probes
+
+    result = run_evaluation(
+        base=str(env.base), tuned=str(env.tuned), data_dir=str(env.data),
+        output_dir=str(tmp_path / "out"), max_examples=0, max_eval_rows=2,
+        min_general_retained=0.5,
+    )  # fmt: skip
+    assert result.metrics["base_general_correct"] == 0.0  # a tiny model trained from scratch
+    assert "tuned_general_correct" in result.metrics and "general_retained" not in result.metrics
+    check = next(c for c in result.decision.checks if c["name"] == "general_retained")
+    assert check["passed"] and "nothing to retain" in check["detail"]
+    lines = Path(result.generations_path).read_text().splitlines()
+    probes = [json.loads(line) for line in lines]
+    assert [p["probe"] for p in probes] == [p.question for p in load_probes()]
+    assert {"base", "tuned", "base_match", "tuned_match"} <= set(probes[0])
+
+
 def _weightless_copy(model_dir: Path, out: Path) -> Path:
     """config + tokenizer files only: enough for every check that must run before weights load."""
     out.mkdir(parents=True)

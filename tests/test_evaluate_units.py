@@ -197,3 +197,33 @@ def test_unreachable_hub_id_is_a_clear_error() -> None:
         ValueError, match="neither a local directory nor loadable from the Hugging Face Hub"
     ):
         read_tokenizer("someorg/some-model", "base model")
+
+
+def test_gate_forgetting_check() -> None:
+    probes = {"base_general_correct": 0.9, "tuned_general_correct": 0.6, "general_retained": 0.6}
+    assert decide({**METRICS, **probes}, GateThresholds(min_general_retained=0.5)).passed
+    failed = decide({**METRICS, **probes}, GateThresholds(min_general_retained=0.8))
+    assert [c["name"] for c in failed.checks if not c["passed"]] == ["general_retained"]
+    assert "retained 0.600" in failed.failures[0]
+    # Asked for but not scored: fail; scored but the base knew none: nothing to lose, pass.
+    assert not decide(METRICS, GateThresholds(min_general_retained=0.5)).passed
+    nothing = {"base_general_correct": 0.0, "tuned_general_correct": 0.0}
+    assert decide({**METRICS, **nothing}, GateThresholds(min_general_retained=0.5)).passed
+    with pytest.raises(ValueError, match="min_general_retained"):
+        decide(METRICS, GateThresholds(min_general_retained=1.5))
+
+
+def test_general_probes_file_and_scoring() -> None:
+    from components.evaluation.general_probes import Probe, load_probes, retained
+
+    probes = load_probes()
+    assert len(probes) >= 24 and len({p.question for p in probes}) == len(probes)
+    paris = Probe("What is the capital of France?", ("Paris",))
+    assert paris.is_correct("The capital of France is Paris.")
+    assert not paris.is_correct("It is Parisville, I think.")  # whole words only
+    seven = Probe("How many days are in a week?", ("7", "seven"))
+    assert seven.is_correct("There are Seven days in a week.") and not seven.is_correct("17")
+    zero = Probe("At what temperature in Celsius does water freeze?", ("0",))
+    assert zero.is_correct("At 0 degrees.") and not zero.is_correct("It freezes at -18.0°C.")
+    assert retained([True, True, False], [True, False, True]) == 0.5
+    assert retained([False], [True]) is None

@@ -209,3 +209,9 @@ def test_preprocess_is_not_retried_in_the_compiled_pipeline() -> None:
     tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     assert "retryPolicy" not in tasks["preprocess"]
     assert "retryPolicy" in tasks["train"]  # it resumes from its checkpoint
+
+
+def test_forgetting_threshold_is_a_fraction(data_file: str) -> None:
+    assert params_from_mapping(good(data_file, min_general_retained=0.9)).errors() == []
+    errors = params_from_mapping(good(data_file, min_general_retained=1.5)).errors()
+    assert any(e.startswith("min_general_retained=1.5") for e in errors), errors

@@ -25,8 +25,9 @@ class TrainConfig:
 
     # --- inputs and outputs -------------------------------------------------------------------
     model: str = ""
-    """Model to fine-tune: a local Hugging Face directory, a gs:// URI (downloaded once per node)
-    or a hub id. Loaded with `from_pretrained`."""
+    """Model to fine-tune: a local Hugging Face directory, a gs:// URI (downloaded once per node),
+    a hub id, or a .gguf file (local or gs://, converted once per machine: trainer/gguf.py).
+    Loaded with `from_pretrained`."""
     data: str = ""
     """Packed dataset directory written by `llmft preprocess` (local path or gs://)."""
     output: str = ""

@@ -37,9 +37,14 @@ def resolve_model_dir(spec: str, *, local_rank: int) -> str:
     """A local directory holding `spec` (a local dir, a gs:// or other remote URI, a Hub id).
 
     Remote models are copied once per node into the node's cache (`storage.cached_copy`: a file
-    lock makes the other ranks of the node wait for the one download).
+    lock makes the other ranks of the node wait for the one download). A `.gguf` file is
+    converted once per machine into a plain directory (trainer/gguf.py).
     """
     from beam_preprocess import storage
+    from trainer.gguf import is_gguf, resolve_gguf
+
+    if is_gguf(spec):
+        return resolve_gguf(spec)
 
     if storage.is_remote(spec):
         return storage.cached_copy(spec)

@@ -6,6 +6,7 @@ gs://):
 
     metrics.json        scalars, the gate decision with each check, model paths, settings
     generations.jsonl   every held-out prompt with the reference and each model's answer
+                        (and, when the forgetting check is on, every general probe's answers)
     report.html         self-contained report: before/after table, training curve, samples
 
 Models are evaluated one at a time (only one is resident in memory) on exactly the same rows and
@@ -27,6 +28,8 @@ from beam_preprocess import storage
 from beam_preprocess.schema import Manifest, TokenizerIdentity, compatibility_errors
 from components.evaluation import data as data_io
 from components.evaluation.gate import GateDecision, GateThresholds, decide
+from components.evaluation.general_probes import MAX_NEW_TOKENS as PROBE_MAX_NEW_TOKENS
+from components.evaluation.general_probes import load_probes, retained
 from components.evaluation.generation import generate_answers, has_chat_template
 from components.evaluation.loading import check_model_path, loaded_model, read_tokenizer
 from components.evaluation.report import read_training_curve, render_report
@@ -44,8 +47,9 @@ GENERATIONS_FILE = "generations.jsonl"
 class EvaluationResult:
     metrics: dict[str, float]
     """Scalars for a KFP Metrics artifact: <role>_eval_loss, <role>_perplexity,
-    <role>_exact_match, <role>_chrf for role in base/tuned[/champion], *_delta (tuned - base),
-    eval_rows, eval_target_tokens, generation_examples."""
+    <role>_exact_match, <role>_chrf, <role>_general_correct (with the forgetting check) for role
+    in base/tuned[/champion], *_delta (tuned - base), general_retained, eval_rows,
+    eval_target_tokens, generation_examples."""
     passed: bool
     decision: GateDecision
     metrics_path: str
@@ -151,6 +155,7 @@ def run_evaluation(
     min_exact_match: float = 0.0,
     compare_to_champion: bool = True,
     champion_tolerance: float = 0.0,
+    min_general_retained: float = 0.0,
     max_eval_rows: int | None = None,
     batch_size: int = 4,
     generation_batch_size: int = 16,
@@ -175,6 +180,8 @@ def run_evaluation(
         min_exact_match: gate: tuned exact match must be at least this (0 disables).
         compare_to_champion: gate: tuned must not be worse than the champion.
         champion_tolerance: gate: slack for the champion comparison.
+        min_general_retained: gate: fraction of the general probes the base answers that the
+            tuned model must still answer (0 disables the check and skips the probes).
         max_eval_rows: packed eval rows to score (default all).
         batch_size: packed rows per forward pass.
         generation_batch_size: prompts per generate call.
@@ -187,6 +194,7 @@ def run_evaluation(
         min_exact_match=min_exact_match,
         compare_to_champion=compare_to_champion,
         champion_tolerance=champion_tolerance,
+        min_general_retained=min_general_retained,
     )
     _validate_args(
         base=base, tuned=tuned, champion=champion, data_dir=data_dir, heldout=heldout,
@@ -225,6 +233,12 @@ def run_evaluation(
         log.warning("the tuned model's tokenizer has no chat template: skipping generation")
         examples = []
     references = [ex.reference for ex in examples]
+    probes = load_probes() if thresholds.min_general_retained > 0 else []
+    if probes and not all(has_chat_template(tok) for tok in tokenizers.values()):
+        log.warning("a model's tokenizer has no chat template: skipping the general probes")
+        probes = []
+    probe_correct: dict[str, list[bool]] = {}
+    probe_answers: dict[str, list[str]] = {}
     log.info(
         "evaluating %s on %d eval rows (seq_len %d) and %d held-out prompts; thresholds %s",
         ", ".join(f"{r}={p}" for r, p in roles.items()), len(rows), manifest.seq_len,
@@ -262,7 +276,24 @@ def run_evaluation(
                     role, metrics[f"{role}_exact_match"], metrics[f"{role}_chrf"],
                 )  # fmt: skip
             metrics["eval_target_tokens"] = float(loss.target_tokens)
-    for key in ("eval_loss", "perplexity", "exact_match", "chrf"):
+            if probes:
+                probe_answers[role] = generate_answers(
+                    lm.model, lm.tokenizer, [p.example() for p in probes], device=lm.device,
+                    batch_size=generation_batch_size, max_new_tokens=PROBE_MAX_NEW_TOKENS,
+                )  # fmt: skip
+                probe_correct[role] = [
+                    p.is_correct(a) for p, a in zip(probes, probe_answers[role], strict=True)
+                ]
+                metrics[f"{role}_general_correct"] = sum(probe_correct[role]) / len(probes)
+                log.info(
+                    "%s: general probes answered %.3f",
+                    role, metrics[f"{role}_general_correct"],
+                )  # fmt: skip
+    if probes:
+        kept = retained(probe_correct["base"], probe_correct["tuned"])
+        if kept is not None:
+            metrics["general_retained"] = kept
+    for key in ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct"):
         if f"tuned_{key}" in metrics and f"base_{key}" in metrics:
             metrics[f"{key}_delta"] = metrics[f"tuned_{key}"] - metrics[f"base_{key}"]
     metrics["eval_rows"] = float(len(rows))
@@ -285,6 +316,12 @@ def run_evaluation(
             )
         generations.append(entry)
     samples = generations[:num_samples]
+    for i, probe in enumerate(probes):
+        entry = {"probe": probe.question, "reference": " | ".join(probe.answers)}
+        for role in roles:
+            entry[role] = probe_answers[role][i]
+            entry[f"{role}_match"] = probe_correct[role][i]
+        generations.append(entry)
 
     out = output_dir.rstrip("/")
     if "://" not in out:

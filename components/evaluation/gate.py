@@ -27,6 +27,10 @@ class GateThresholds:
     champion's minus champion_tolerance."""
     champion_tolerance: float = 0.0
     """Slack for the champion comparison (nats/token for loss, fraction for exact match)."""
+    min_general_retained: float = 0.0
+    """Forgetting check: of the general probes the base model answers correctly
+    (components/evaluation/general_probes.py), the tuned model must still answer at least this
+    fraction (0..1). 0 disables the check and skips the probes (tiny models answer none)."""
 
     def validate(self) -> None:
         errors = []
@@ -36,6 +40,10 @@ class GateThresholds:
             errors.append(f"min_exact_match must be in [0, 1], got {self.min_exact_match}")
         if not (math.isfinite(self.champion_tolerance) and self.champion_tolerance >= 0):
             errors.append(f"champion_tolerance must be >= 0, got {self.champion_tolerance}")
+        if not 0.0 <= self.min_general_retained <= 1.0:
+            errors.append(
+                f"min_general_retained must be in [0, 1], got {self.min_general_retained}"
+            )
         if errors:
             raise ValueError("invalid gate thresholds: " + "; ".join(errors))
 
@@ -54,7 +62,8 @@ class GateDecision:
 def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecision:
     """Apply `thresholds` to the scalar metrics `run_evaluation` computed.
 
-    Keys read: base_eval_loss, tuned_eval_loss, tuned_exact_match and, when a champion was
+    Keys read: base_eval_loss, tuned_eval_loss, tuned_exact_match, base/tuned_general_correct
+    and general_retained (absent when the base answered no probe) and, when a champion was
     evaluated, champion_eval_loss and champion_exact_match.
     """
     thresholds.validate()
@@ -85,6 +94,30 @@ def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecisio
                 "exact_match",
                 em >= thresholds.min_exact_match,
                 f"exact match {em:.3f}; required >= {thresholds.min_exact_match:.3f}",
+            )
+    if thresholds.min_general_retained > 0:
+        kept = metrics.get("general_retained")
+        required = thresholds.min_general_retained
+        if "base_general_correct" not in metrics or "tuned_general_correct" not in metrics:
+            check(
+                "general_retained",
+                False,
+                f"general probes retained >= {required:.3f} required but the probes were not "
+                "scored (a model's tokenizer has no chat template)",
+            )
+        elif kept is None:
+            check(
+                "general_retained",
+                True,
+                "the base model answered none of the general probes: nothing to retain",
+            )
+        else:
+            check(
+                "general_retained",
+                kept >= required,
+                f"general probes retained {kept:.3f} (base answered "
+                f"{metrics['base_general_correct']:.3f}, tuned "
+                f"{metrics['tuned_general_correct']:.3f}); required >= {required:.3f}",
             )
     if thresholds.compare_to_champion and "champion_eval_loss" in metrics:
         champion = metrics["champion_eval_loss"]

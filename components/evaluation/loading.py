@@ -2,7 +2,8 @@
 
 Remote models (gs://, memory://, ...) are copied to local disk first because `from_pretrained`
 only reads local paths (`beam_preprocess.storage`, streamed file by file); the copy lives exactly
-as long as the `loaded_model` context, so nothing is left behind. On a CUDA machine the model runs in bf16 (half the memory,
+as long as the `loaded_model` context, so nothing is left behind. A `.gguf` file is converted once
+into a cached model directory (trainer/gguf.py) and loaded from there. On a CUDA machine the model runs in bf16 (half the memory,
 the dtype fine-tunes are trained in); on CPU it runs in float32 because CPU bf16 matmuls are slow
 and lossy for little gain.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beam_preprocess import storage
+from trainer.gguf import is_gguf
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,10 @@ def check_model_path(path: str, what: str = "model") -> None:
         found = storage.exists(path)
     except PermissionError as exc:
         raise ValueError(f"{what}: {exc}") from None
+    if is_gguf(path):
+        if not found or storage.isdir(path):
+            raise ValueError(f"{what} path {path!r} does not exist: pass an existing .gguf file")
+        return
     if not found:
         raise ValueError(
             f"{what} path {path!r} does not exist: pass a directory written by save_pretrained "
@@ -88,6 +94,15 @@ def check_model_path(path: str, what: str = "model") -> None:
             f"{what} path {path!r} has no {MODEL_CONFIG}: it is not a Hugging Face model directory "
             "(pass the directory save_pretrained wrote, not a checkpoint or file inside it)"
         )
+
+
+def gguf_as_directory(path: str) -> str:
+    """`path` itself, or for a .gguf file its converted model directory (trainer/gguf.py)."""
+    if not is_gguf(path):
+        return path
+    from trainer.gguf import resolve_gguf
+
+    return resolve_gguf(path)
 
 
 def _has_tokenizer(local_dir: str) -> bool:
@@ -122,6 +137,7 @@ def read_tokenizer(path: str, what: str = "model") -> Any | None:
     from transformers import AutoTokenizer
 
     check_model_path(path, what)
+    path = gguf_as_directory(path)
     if is_hub_id(path):
         try:
             return AutoTokenizer.from_pretrained(path)
@@ -156,7 +172,7 @@ def loaded_model(
 
     check_model_path(path, what)
     dev, dtype = pick_device(device)
-    with local_copy(path) as local_dir:
+    with local_copy(gguf_as_directory(path)) as local_dir:
         if tokenizer is None:
             if not is_hub_id(local_dir) and not _has_tokenizer(local_dir):
                 raise ValueError(

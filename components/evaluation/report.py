@@ -30,6 +30,7 @@ TABLE_ROWS = (
     ("perplexity", "Perplexity", "{:.3f}", True),
     ("exact_match", "Exact match", "{:.3f}", False),
     ("chrf", "chrF", "{:.2f}", False),
+    ("general_correct", "General probes answered (forgetting check)", "{:.3f}", False),
 )
 
 

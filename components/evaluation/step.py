@@ -30,6 +30,7 @@ def run_evaluate_component(
     min_loss_improvement: float,
     min_exact_match: float,
     champion_model: str,
+    min_general_retained: float = 0.0,
     report_path: str,
 ) -> tuple[dict[str, float], bool]:
     """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed)."""
@@ -49,6 +50,7 @@ def run_evaluate_component(
             champion=champion_model or None,
             min_loss_improvement=min_loss_improvement,
             min_exact_match=min_exact_match,
+            min_general_retained=min_general_retained,
         )
         shutil.copyfile(result.report_path, report_path)
     # KFP Metrics (and the Vertex console) take finite numbers only; a diverged perplexity is
