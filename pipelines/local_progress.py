@@ -163,6 +163,8 @@ class RunWatcher:
     def _settle(self, name: str, state: StepState) -> None:
         """A task whose process is gone: succeeded iff the executor wrote its output."""
         output = self.run_dir / name / EXECUTOR_OUTPUT if self.run_dir else None
+        if state.started is None and output is not None and output.parent.exists():
+            state.started = output.parent.stat().st_ctime  # finished between two polls
         if output is not None and output.exists():
             state.status, state.ended = "succeeded", output.stat().st_mtime
         else:
