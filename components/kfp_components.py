@@ -25,6 +25,8 @@ def llmft_component(func):  # type: ignore[no-untyped-def]
 
 @llmft_component
 def validate_inputs(
+    target: str,
+    run_id: str,
     backend: str,
     train_data_uri: str,
     data_kind: str,
@@ -46,6 +48,12 @@ def validate_inputs(
     max_eval_examples: int,
     schedule_time: str,
     champion_model: str,
+    accelerator_count: int,
+    service_account: str,
+    dataflow_service_account: str,
+    hf_token_secret: str,
+    eval_accelerator_type: str,
+    eval_accelerator_count: int,
 ) -> NamedTuple(  # type: ignore[valid-type]
     "ValidatedInputs", [("base_model", str), ("train_data_uri", str), ("champion_model", str)]
 ):
@@ -74,6 +82,7 @@ def preprocess(
     work_uri: str,
     run_id: str,
     dataflow_options: dict,
+    dataflow_service_account: str,
     dataset: Output[Dataset],
     summary: Output[Markdown],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
@@ -98,6 +107,7 @@ def preprocess(
             work_uri=work_uri,
             run_id=run_id,
             dataflow_options=dataflow_options,
+            dataflow_service_account=dataflow_service_account,
             output_path=dataset.path,
             output_uri=dataset.uri,
             summary_path=summary.path,

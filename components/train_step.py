@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,9 @@ def read_summary(output: str) -> dict[str, Any]:
 def model_metadata(
     summary: Mapping[str, Any], *, output: str, launch: TrainLaunch, backend: str
 ) -> dict[str, Any]:
-    """Model artifact metadata: what it was trained from, how far, and where the HF files are."""
-    model_uri = summary.get("model_dir") or output.rstrip("/") + "/model"
+    """Model artifact metadata: what it was trained from, how far, where the HF files are
+    (`model_uri`) and where the run's checkpoints, metrics and TensorBoard logs are (`run_uri`)."""
+    model_uri = summary.get("model_dir") or launch.export_dir or output.rstrip("/") + "/model"
     return {
         "base_model": summary.get("base_model", launch.model),
         "steps": summary.get("steps"),
@@ -100,6 +102,7 @@ def run_train_step(
     max_steps: int | None = None,
     trainer_overrides: Mapping[str, Any] | None = None,
     config_file: str | None = None,
+    export_dir: str = "",
     max_restarts: int = 0,
     timeout_s: float | None = None,
     gcp_resources_path: str | None = None,
@@ -115,6 +118,7 @@ def run_train_step(
         backend: local, gke or vertex.
         run_id: the pipeline run id (names, labels, rendezvous id).
         model, data, output: as the workers see them (gs:// on GKE and Vertex).
+        export_dir: where the HF model is exported (default OUTPUT/model).
         nodes, nproc_per_node: N nodes x P processes.
         rdzv_backend, rdzv_endpoint: torchrun rendezvous ("" endpoint: the backend's default; see
             each launcher). Vertex always uses c10d at the primary replica.
@@ -147,7 +151,7 @@ def run_train_step(
         nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
         max_steps=max_steps if max_steps and max_steps > 0 else None,
         trainer_overrides=dict(trainer_overrides or {}), config_file=config_file or None,
-        max_restarts=max_restarts, **({"entrypoint": tuple(entrypoint)} if entrypoint else {}),
+        export_dir=export_dir, max_restarts=max_restarts, **({"entrypoint": tuple(entrypoint)} if entrypoint else {}),
     )  # fmt: skip
     launch.validate()
     if backend == "local" and launch.entrypoint == TRAINER_ENTRYPOINT:
@@ -206,13 +210,23 @@ def run_train_component(
 ) -> dict[str, Any]:
     """The `train` KFP component's parameters mapped onto `run_train_step`.
 
-    The trainer writes its run directory to the Model artifact's URI (`output_uri`); the HF model
-    is `<output_uri>/model` (metadata `model_uri`). `learning_rate` > 0 sets the trainer's `lr`.
+    The Model artifact holds the exported Hugging Face model only (the KFP launcher downloads
+    every input artifact before a task runs: evaluate and register must not fetch optimizer
+    state). The run directory (checkpoints, metrics.jsonl, TensorBoard, summary.json) is
+    `run_directory(...)`: under `work_uri` in the cloud, keyed by the run id so a retried task
+    resumes from its checkpoints; next to the artifact locally. `nproc_per_node=0` starts one
+    process per accelerator. `learning_rate` > 0 sets the trainer's `lr`.
     """
+    from components.validation import resolve_nproc_per_node
+
     overrides = dict(trainer_overrides or {})
     if learning_rate and learning_rate > 0:
         overrides.setdefault("lr", learning_rate)
-    output = _local_path(output_uri) if backend == "local" else output_uri
+    nproc = resolve_nproc_per_node(backend, nproc_per_node, accelerator_count)
+    if backend != "local":
+        check_worker_readable(data)
+    export_dir = _local_path(output_uri) if backend == "local" else output_uri
+    output = run_directory(backend=backend, work_uri=work_uri, run_id=run_id, model_dir=export_dir)
     common: dict[str, Any] = {}
     if backend == "gke":
         job_options: dict[str, Any] = {"accelerator": gke_accelerator(accelerator_type)}
@@ -228,14 +242,10 @@ def run_train_component(
             "job_options": job_options,
         }
     elif backend == "vertex":
-        if hf_token_secret:
-            logger.warning(
-                "hf_token_secret is ignored on Vertex: grant the job's service account "
-                "access to the model instead"
-            )
         vertex_options: dict[str, Any] = {
             "machine_type": machine_type,
             "accelerator_type": accelerator_type or None,
+            "hf_token_secret": hf_token_secret or None,
         }
         if accelerator_count:
             vertex_options["accelerator_count"] = accelerator_count
@@ -244,10 +254,34 @@ def run_train_component(
         common["vertex"] = {"project": project, "location": region, "job_options": vertex_options}
     return run_train_step(
         backend=backend, run_id=run_id, model=base_model, data=_local_path(data) if backend == "local" else data,
-        output=output, nodes=nodes, nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint, max_steps=max_steps, trainer_overrides=overrides,
-        gcp_resources_path=gcp_resources_path, **common,
+        output=output, export_dir=export_dir, nodes=nodes, nproc_per_node=nproc,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, max_steps=max_steps,
+        trainer_overrides=overrides, gcp_resources_path=gcp_resources_path, **common,
     )  # fmt: skip
+
+
+def run_directory(*, backend: str, work_uri: str, run_id: str, model_dir: str) -> str:
+    """The trainer's run directory: `<work_uri>/runs/<run>/train` in the cloud (workers write it,
+    a retry resumes from it); locally `<artifact dir>/../train-run`, beside the Model artifact."""
+    from components.run_identity import safe_run_id
+
+    if backend == "local":
+        return os.path.join(os.path.dirname(model_dir.rstrip("/")), "train-run")
+    if not work_uri.startswith("gs://"):
+        raise ValueError(
+            f"work_uri={work_uri!r}: the {backend} backend keeps the run's checkpoints and logs "
+            "under a gs:// work_uri"
+        )
+    return f"{work_uri.rstrip('/')}/runs/{safe_run_id(run_id)}/train"
+
+
+def check_worker_readable(uri: str) -> None:
+    """Cloud workers read artifacts by gs:// URI; KFP's default minio:// root is out of reach."""
+    if not uri.startswith("gs://"):
+        raise ValueError(
+            f"the dataset artifact is at {uri!r}, which PyTorchJob pods and Vertex replicas cannot "
+            "read: run the pipeline with a gs:// pipeline root (llmft run --pipeline-root gs://...)"
+        )
 
 
 def _local_path(uri: str) -> str:

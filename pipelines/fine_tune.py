@@ -5,9 +5,19 @@
 
 `build_fine_tune(target)` returns the pipeline for a target:
 - "vertex": a single YAML document (Vertex AI Pipelines cannot parse kfp-kubernetes' second
-  document); the launchers themselves reach GKE or Vertex CustomJob.
+  document); the launchers themselves reach GKE or Vertex CustomJob. Defaults: backend=vertex,
+  Dataflow preprocessing.
 - "kfp": KFP on GKE, with kfp-kubernetes settings for the task pods (the HF token Secret as env,
-  pod labels, timeouts).
+  pod labels, timeouts). Defaults: backend=gke, Dataflow preprocessing, the `llmft-pipeline`
+  Kubernetes service account (docs/deploy/rbac.yaml).
+- "local": what `llmft run --backend local` runs through kfp.local (never compiled).
+Each target's defaults are what a run launched from the console with only data, base model,
+project and bucket filled in needs (tests/test_compile.py checks it); `validate_inputs` receives
+the target and refuses a backend that cannot run there.
+
+Every task sets CPU/memory (Vertex runs a task without them on a 4 vCPU / 16 GB machine);
+evaluation gets an accelerator (`eval_accelerator_type`, `eval_accelerator_count`) so a
+multi-billion-parameter model is scored in bf16 on a GPU.
 
 Resource names and labels come from the run id (`dsl.PIPELINE_JOB_ID_PLACEHOLDER`): the exit
 handler cannot consume the guarded tasks' outputs, so cleanup finds what the run made by label.
@@ -23,6 +33,30 @@ from components import kfp_components as c
 
 PIPELINE_NAME = "llmft-fine-tune"
 TARGETS = ("vertex", "kfp")
+"""The compile targets (compiled/fine_tune.<target>.yaml)."""
+BUILD_TARGETS = (*TARGETS, "local")
+TARGET_DEFAULTS: dict[str, dict[str, str]] = {
+    "vertex": {"backend": "vertex", "preprocess_runner": "DataflowRunner", "service_account": ""},
+    "kfp": {
+        "backend": "gke",
+        "preprocess_runner": "DataflowRunner",
+        "service_account": "llmft-pipeline",
+    },
+    "local": {"backend": "local", "preprocess_runner": "DirectRunner", "service_account": ""},
+}
+"""Per-target defaults of the parameters whose right value depends on where the pipeline runs."""
+GKE_EVAL_GPU = "nvidia.com/gpu"
+"""KFP on Kubernetes takes the accelerator as a resource name; Vertex as a type (NVIDIA_L4)."""
+STEP_RESOURCES: dict[str, tuple[str, str]] = {
+    "validate-inputs": ("1", "4G"),
+    "preprocess": ("8", "32G"),  # DirectRunner works in the task; Dataflow only launches from it
+    "etcd-up": ("1", "2G"),
+    "train": ("1", "4G"),  # only follows the training job, which has its own machines
+    "evaluate": ("12", "48G"),  # with one L4: a g2-standard-12; fits 7B in bf16
+    "register": ("1", "4G"),
+    "cleanup": ("1", "2G"),
+}
+"""CPU and memory limits per task (Vertex sizes the machine from limits, not requests)."""
 HF_TOKEN_SECRET = "llmft-hf-token"
 """Kubernetes Secret (key `token`) mounted as HF_TOKEN on KFP-on-GKE task pods, when it exists."""
 
@@ -31,13 +65,15 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
     """The `fine_tune` pipeline function for a compile target ("vertex" or "kfp").
 
     Args:
-        target: "vertex" or "kfp".
+        target: "vertex", "kfp" or "local".
         schedule_time: pass the run's schedule time to validate_inputs (for `train_data_uri`
             windows). kfp.local cannot resolve that placeholder (it crashes on it), so the local
-            runner builds the pipeline with False: there is no schedule locally anyway.
+            target never passes it: there is no schedule locally anyway.
     """
-    if target not in TARGETS:
-        raise ValueError(f"target={target!r}: choose one of {', '.join(TARGETS)}")
+    if target not in BUILD_TARGETS:
+        raise ValueError(f"target={target!r}: choose one of {', '.join(BUILD_TARGETS)}")
+    defaults = TARGET_DEFAULTS[target]
+    schedule_time = schedule_time and target != "local"
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
@@ -51,14 +87,15 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
     def fine_tune(
         train_data_uri: str = "",
         base_model: str = "",
-        backend: str = "local",
+        backend: str = defaults["backend"],
         data_kind: str = "instruction",
         seq_len: int = 512,
         eval_fraction: float = 0.05,
-        preprocess_runner: str = "DirectRunner",
+        preprocess_runner: str = defaults["preprocess_runner"],
         dataflow_options: dict = {},  # noqa: B006 - KFP pipeline default, never mutated
+        dataflow_service_account: str = "",
         nodes: int = 2,
-        nproc_per_node: int = 2,
+        nproc_per_node: int = 0,
         rdzv_backend: str = "etcd-v3",
         max_steps: int = 200,
         learning_rate: float = 1e-3,
@@ -71,8 +108,10 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
         machine_type: str = "a3-highgpu-8g",
         accelerator_type: str = "NVIDIA_H100_80GB",
         accelerator_count: int = 8,
-        service_account: str = "",
+        service_account: str = defaults["service_account"],
         hf_token_secret: str = HF_TOKEN_SECRET,
+        eval_accelerator_type: str = "NVIDIA_L4",
+        eval_accelerator_count: int = 1,
         max_eval_examples: int = 200,
         min_loss_improvement: float = 0.0,
         min_exact_match: float = 0.0,
@@ -90,10 +129,11 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             data_kind: "instruction" for prompt/response or chat messages records, "text" for plain causal-LM text.
             seq_len: Tokens per packed training row.
             eval_fraction: Fraction of records held out for evaluation (deterministic by content hash).
-            preprocess_runner: Beam runner for preprocessing: "DirectRunner" (in the task) or "DataflowRunner".
+            preprocess_runner: Beam runner for preprocessing: "DirectRunner" (in the task) or "DataflowRunner" (workers run the project image; temp and staging files under work_uri).
             dataflow_options: Extra Dataflow options, e.g. {"max_num_workers": 20, "machine_type": "n2-standard-8", "subnetwork": "..."}.
+            dataflow_service_account: Service-account email the Dataflow workers run as; empty uses the project's Compute Engine default service account.
             nodes: Training nodes (torchrun agents / PyTorchJob replicas / CustomJob replicas).
-            nproc_per_node: Training processes per node (GPUs per node on GPU machines).
+            nproc_per_node: Training processes per node; 0 starts one per accelerator (accelerator_count) on GPU machines, 1 on CPU.
             rdzv_backend: Rendezvous backend: "etcd-v3" (per-run etcd, works on etcd 3.4+), "etcd-v2" or "c10d".
             max_steps: Optimizer steps to train for.
             learning_rate: Peak learning rate (AdamW, warmup then cosine decay).
@@ -106,8 +146,10 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             machine_type: Machine type per node on Vertex AI (e.g. a3-highgpu-8g).
             accelerator_type: Accelerator per node: a Vertex name such as NVIDIA_H100_80GB; on GKE the matching gke-accelerator node selector is used.
             accelerator_count: Accelerators per node (0 for CPU-only training).
-            service_account: Service account for training jobs (Vertex) or Workload Identity KSA (GKE); empty uses the default.
-            hf_token_secret: Name of the Kubernetes Secret (key "token") or Secret Manager secret holding a Hugging Face token; never the token itself.
+            service_account: Identity of the training job. Vertex: a service-account email (empty: the Vertex AI Custom Code Service Agent). GKE: the Kubernetes service account of the PyTorchJob pods, bound to a Google service account by Workload Identity (required).
+            hf_token_secret: Name of the Kubernetes Secret (key "token", GKE) or Secret Manager secret (Vertex, read at run time) holding a Hugging Face token; optional (public models need none); never the token itself.
+            eval_accelerator_type: Accelerator of the evaluation step on Vertex AI (e.g. NVIDIA_L4, NVIDIA_A100_80GB for 30B+ models); on KFP any GPU node serves it. Evaluation runs in bf16 on a GPU.
+            eval_accelerator_count: GPUs for the evaluation step (at least 1).
             max_eval_examples: Held-out prompts to generate answers for (bounds evaluation time).
             min_loss_improvement: Quality gate: the tuned eval loss must be below the base's by at least this much.
             min_exact_match: Quality gate: the tuned model's exact-match rate on held-out prompts must be at least this.
@@ -129,6 +171,8 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
 
         with dsl.ExitHandler(cleanup_task, name="fine-tune"):
             validated = c.validate_inputs(
+                target=target,
+                run_id=run_id,
                 backend=backend,
                 train_data_uri=train_data_uri,
                 data_kind=data_kind,
@@ -152,6 +196,12 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 if schedule_time
                 else "",
                 champion_model=champion_model,
+                accelerator_count=accelerator_count,
+                service_account=service_account,
+                dataflow_service_account=dataflow_service_account,
+                hf_token_secret=hf_token_secret,
+                eval_accelerator_type=eval_accelerator_type,
+                eval_accelerator_count=eval_accelerator_count,
             ).set_caching_options(False)  # "latest-registered" must be looked up on every run
             prep = c.preprocess(
                 train_data_uri=validated.outputs["train_data_uri"],
@@ -165,6 +215,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 work_uri=work_uri,
                 run_id=run_id,
                 dataflow_options=dataflow_options,
+                dataflow_service_account=dataflow_service_account,
             )
             prep.set_retry(num_retries=2, backoff_duration="30s", backoff_factor=2.0)
             etcd = c.etcd_up(
@@ -211,9 +262,15 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 min_exact_match=min_exact_match,
                 champion_model=validated.outputs["champion_model"],
             )
+            if target == "vertex":
+                evaluated.set_accelerator_type(eval_accelerator_type)
+            elif target == "kfp":
+                evaluated.set_accelerator_type(GKE_EVAL_GPU)
+            if target != "local":
+                evaluated.set_accelerator_limit(eval_accelerator_count)
             with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
                 with dsl.If(register_model == True, name="register-enabled"):  # noqa: E712
-                    c.register(
+                    registered = c.register(
                         tuned_model=trained.outputs["model"],
                         run_id=run_id,
                         project=project,
@@ -222,6 +279,9 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                         serving_image=serving_image,
                     ).set_caching_options(False)
 
+        for task in (cleanup_task, validated, prep, etcd, trained, evaluated, registered):
+            cpu, memory = STEP_RESOURCES[task.name]
+            task.set_cpu_limit(cpu).set_memory_limit(memory)
         if target == "kfp":
             _apply_kubernetes_settings(
                 [cleanup_task, validated, prep, etcd, trained, evaluated],

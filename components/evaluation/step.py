@@ -1,7 +1,7 @@
 """The `evaluate` KFP component's parameters mapped onto `run_evaluation`.
 
-The tuned Model artifact is the trainer's run directory: the Hugging Face files are at its
-`model_uri` metadata (`<run dir>/model`) and the training curve at `<run dir>/metrics.jsonl`.
+The tuned Model artifact is the exported Hugging Face model itself; the training curve is in the
+trainer's run directory, its `run_uri` metadata (`<run dir>/metrics.jsonl`).
 The component writes the report to its HTML artifact and logs the scalars to its Metrics
 artifact; metrics.json and generations.jsonl go to a temporary directory that is removed.
 """
@@ -41,9 +41,9 @@ def run_evaluate_component(
     """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    run_dir = tuned_model_uri.removeprefix("file://").rstrip("/")
-    tuned = str(tuned_metadata.get("model_uri") or f"{run_dir}/model").removeprefix("file://")
-    train_metrics = f"{run_dir}/metrics.jsonl"
+    tuned = str(tuned_metadata.get("model_uri") or tuned_model_uri).removeprefix("file://")
+    run_dir = str(tuned_metadata.get("run_uri") or "").removeprefix("file://").rstrip("/")
+    train_metrics = f"{run_dir}/metrics.jsonl" if run_dir else ""
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         result = run_evaluation(
             base=base_model,
@@ -51,7 +51,7 @@ def run_evaluate_component(
             data_dir=dataset_uri.removeprefix("file://"),
             output_dir=out,
             max_examples=max_examples,
-            train_metrics=train_metrics if _exists(train_metrics) else None,
+            train_metrics=train_metrics if train_metrics and _exists(train_metrics) else None,
             champion=champion_model or None,
             min_loss_improvement=min_loss_improvement,
             min_exact_match=min_exact_match,

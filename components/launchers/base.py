@@ -81,6 +81,8 @@ class TrainLaunch:
     """Extra trainer fields, `{"lr": 1e-4}` -> `--lr 0.0001` (see trainer/config.py)."""
     config_file: str | None = None
     """Optional trainer YAML config (`--config`), as the workers see it."""
+    export_dir: str = ""
+    """Where the trainer exports the HF model (`--export-dir`); empty: OUTPUT/model."""
     max_restarts: int = 0
     """torchrun restarts of the whole worker group after a worker failure."""
     entrypoint: tuple[str, ...] = TRAINER_ENTRYPOINT
@@ -115,7 +117,7 @@ class TrainLaunch:
             errors.append(f"max_steps={self.max_steps}: need at least 1 (or leave it unset)")
         if self.max_restarts < 0:
             errors.append(f"max_restarts={self.max_restarts}: cannot be negative")
-        reserved = {"model", "data", "output", "config", "max_steps"}
+        reserved = {"model", "data", "output", "config", "max_steps", "export_dir"}
         for key in self.trainer_overrides:
             if key.replace("-", "_") in reserved:
                 errors.append(f"trainer override {key!r}: set it with its own option instead")
@@ -133,6 +135,8 @@ class TrainLaunch:
         args = ["--model", self.model, "--data", self.data, "--output", self.output]
         if self.config_file:
             args += ["--config", self.config_file]
+        if self.export_dir:
+            args += ["--export-dir", self.export_dir]
         if self.max_steps is not None:
             args += ["--max-steps", str(self.max_steps)]
         for key, value in self.trainer_overrides.items():
@@ -275,7 +279,9 @@ class Launcher(ABC):
         """
 
     def run(self, launch: TrainLaunch, *, timeout: float | None = None) -> LaunchResult:
-        """start + wait; SIGTERM / Ctrl-C cancel the run before the process exits.
+        """start + wait; SIGTERM / Ctrl-C, or any error of the launcher itself (an API call that
+        kept failing, a bug), cancel what was started before the exception propagates: a
+        launcher that stops following never leaves a training job running unwatched.
 
         Returns the result (check `.ok` or call `.raise_for_status()`).
         """
@@ -284,6 +290,13 @@ class Launcher(ABC):
             with _signals_raise():
                 self.start(launch)
                 return self.wait(timeout=timeout)
+        except Exception as exc:
+            self.log(f"[launcher] {type(exc).__name__}: {exc}; cancelling what was started")
+            try:
+                self.cancel()
+            except Exception as cancel_error:  # report the first failure, not the cleanup's
+                self.log(f"[launcher] cancelling failed too: {cancel_error}")
+            raise
         except _Interrupted as interrupt:
             self.log(
                 f"[launcher] signal {signal.Signals(interrupt.signum).name}: cancelling the run"
