@@ -419,7 +419,19 @@ class GkeLauncher(Launcher):
         )
         self.name = self.manifest["metadata"]["name"]
         self.check_service_account(self.job_options.get("service_account"))
-        self.create(self.manifest)
+        from components.k8s_client import run_owner
+
+        owner = run_owner(self.api_client, self.namespace)
+        if owner and "owner" not in self.job_options:
+            self.manifest["metadata"]["ownerReferences"] = [owner]  # gone with the KFP run
+        created = self.create(self.manifest)
+        uid = (created.get("metadata") or {}).get("uid")
+        if launch.rdzv_backend in ("etcd-v3", "etcd-v2") and uid:
+            from components.etcd.kubernetes import adopt_etcd
+
+            job_ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.name, "uid": uid}
+            if adopt_etcd(self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref):
+                self.log(f"[gke] the run's etcd now belongs to PyTorchJob {self.name} (its TTL)")
 
     def check_service_account(self, name: str | None) -> None:
         """The pods' Kubernetes service account must exist (else the operator's pods never get
