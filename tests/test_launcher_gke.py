@@ -634,6 +634,11 @@ def test_cleanup_deletes_by_label_and_ignores_what_is_gone() -> None:
         )
         r.on(
             "GET",
+            "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies",
+            (200, {"kind": "NetworkPolicyList", "metadata": {}, "items": []}),
+        )
+        r.on(
+            "GET",
             "/api/v1/namespaces/ml/persistentvolumeclaims",
             (
                 200,
