@@ -18,9 +18,29 @@ from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output, Outp
 from components.image import DEFAULT_IMAGE
 
 
+_KFP_LAUNCH = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
+
+
+def exec_python(command: list[str]) -> list[str]:
+    """KFP's lightweight-component command with Python exec'd instead of run as a child.
+
+    KFP generates `sh -ec '...; python3 -m kfp.dsl.executor_main ...'`; dash runs the last
+    command as a child and does not forward SIGTERM, so cancelling a run would kill the task
+    without the launcher inside ever hearing it (and cancelling its training job). With `exec`
+    Python replaces the shell and receives the signal itself.
+    """
+    if not any(_KFP_LAUNCH in part for part in command):
+        raise AssertionError(f"KFP's lightweight command changed; update exec_python: {command}")
+    return [part.replace(_KFP_LAUNCH, _KFP_LAUNCH.replace("python3", "exec python3")) for part in command]
+
+
 def llmft_component(func):  # type: ignore[no-untyped-def]
-    """`@dsl.component` on the project image; the one place the image is set."""
-    return dsl.component(func, base_image=DEFAULT_IMAGE, install_kfp_package=False)
+    """`@dsl.component` on the project image (the one place the image is set), whose command
+    execs Python so that SIGTERM reaches the step (`exec_python`)."""
+    component = dsl.component(func, base_image=DEFAULT_IMAGE, install_kfp_package=False)
+    container = component.component_spec.implementation.container
+    container.command = exec_python(list(container.command))
+    return component
 
 
 @llmft_component
