@@ -142,6 +142,18 @@ def check_eval_accelerator(target: str, accelerator_type: str, count: int) -> st
     return None
 
 
+def check_pipeline_root(backend: str, pipeline_root: str | None) -> str | None:
+    """KFP's default pipeline root is its MinIO store (minio://), which PyTorchJob pods, Vertex
+    replicas and Dataflow workers cannot read: cloud trainers need a gs:// root."""
+    if backend in ("gke", "vertex") and not (pipeline_root or "").startswith("gs://"):
+        got = pipeline_root or "the cluster's default, usually minio://"
+        return (
+            f"backend={backend} on KFP needs a gs:// pipeline root (got {got}): the training "
+            "workers read the run's artifacts from it; pass --pipeline-root gs://BUCKET/root"
+        )
+    return None
+
+
 def check_placeholder_resolved(name: str, value: str) -> str | None:
     """A literal `{{$.` means the backend did not resolve a KFP placeholder; using it would name
     every run's resources alike."""

@@ -89,9 +89,11 @@ def prepare_parameters(
         ValueError: every parameter problem at once; or a one-off run left the schedule-time
             placeholder unfilled (a recurring run keeps it for the pipeline to resolve).
     """
+    from components.validation import check_pipeline_root
+
     params = dict(config.parameters)
-    # The pipeline's own `backend` parameter says where the trainer runs; its compiled default
-    # is `local`, which cannot work on a cloud backend.
+    # The pipeline's own `backend` parameter says where the trainer runs (each compiled target
+    # defaults it: vertex / gke); `local` cannot work on a cloud backend.
     trainer_default = {"vertex": "vertex", "kfp": "gke"}[backend]
     params.setdefault("backend", trainer_default)
     if params["backend"] == "local":
@@ -99,6 +101,8 @@ def prepare_parameters(
             f"parameter backend=local runs the trainer on this machine; on {backend} use "
             f"backend={trainer_default}" + (" or backend=gke" if backend == "vertex" else "")
         )
+    if backend == "kfp" and (problem := check_pipeline_root(params["backend"], config.kfp.pipeline_root)):
+        raise ValueError(problem)
     if schedule_time is not None:
         params = fill_schedule_time(params, schedule_time)
     elif not recurring and uses_schedule_time(params):
