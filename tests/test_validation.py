@@ -60,3 +60,82 @@ def test_schedule_time_fills_the_data_window():
 def test_champion_latest_registered_needs_a_model_name():
     with pytest.raises(ValueError, match="champion_model is 'latest-registered'"):
         validate_and_resolve(schedule_time="", champion_model="latest-registered", **GOOD)
+
+
+# -- named checks (issue 13) ---------------------------------------------------------------------
+
+from components.validation import (  # noqa: E402
+    check_backend_for_target,
+    check_dataflow_service_account,
+    check_eval_accelerator,
+    check_not_a_token,
+    check_nproc_per_node,
+    check_pipeline_root,
+    check_placeholder_resolved,
+    check_service_account,
+    resolve_nproc_per_node,
+)
+
+TOKEN = "hf_" + "aBcD1234" * 5
+
+
+def test_a_token_is_refused_in_any_parameter_and_never_echoed():
+    errors = run_parameter_errors(
+        **{**GOOD, "hf_token_secret": TOKEN, "trainer_overrides": {"hub_token": TOKEN}}
+    )
+    assert sum("looks like a Hugging Face token" in e for e in errors) == 2
+    assert not any(TOKEN in e for e in errors)
+    assert check_not_a_token("hf_token_secret", "llmft-hf-token") is None
+
+
+def test_local_backend_only_from_the_local_runner():
+    assert check_backend_for_target("local", "local") is None
+    for target in ("vertex", "kfp"):
+        assert "cannot run from a" in (check_backend_for_target("local", target) or "")
+        assert check_backend_for_target("gke", target) is None
+    assert check_backend_for_target("local", "") is None  # target unknown (a direct call)
+
+
+def test_one_process_per_gpu():
+    assert check_nproc_per_node("vertex", 0, 8) is None
+    assert check_nproc_per_node("gke", 8, 8) is None
+    assert "set nproc_per_node to 8 or 0" in (check_nproc_per_node("vertex", 2, 8) or "")
+    assert check_nproc_per_node("local", 2, 8) is None  # no GPUs locally
+    assert resolve_nproc_per_node("vertex", 0, 8) == 8
+    assert resolve_nproc_per_node("gke", 0, 0) == 1
+    assert resolve_nproc_per_node("local", 0, 8) == 1
+    assert resolve_nproc_per_node("local", 2, 8) == 2
+
+
+def test_identities_are_checked_per_backend():
+    assert check_service_account("vertex", "") is None  # the Custom Code Service Agent
+    assert check_service_account("vertex", "trainer@my-proj.iam.gserviceaccount.com") is None
+    assert "service-account email" in (check_service_account("vertex", "llmft-pipeline") or "")
+    assert "service_account is empty" in (check_service_account("gke", "") or "")
+    assert "not a Google service-account email" in (
+        check_service_account("gke", "trainer@my-proj.iam.gserviceaccount.com") or ""
+    )
+    assert check_service_account("gke", "llmft-pipeline") is None
+    assert check_dataflow_service_account("DataflowRunner", "") is None  # Compute Engine default
+    assert check_dataflow_service_account("DataflowRunner", "123-compute@developer.gserviceaccount.com") is None
+    assert "not a service-account email" in (check_dataflow_service_account("DataflowRunner", "x") or "")
+
+
+def test_unresolved_placeholders_and_pipeline_roots():
+    assert "unresolved KFP placeholder" in (
+        check_placeholder_resolved("run id", "{{$.pipeline_job_uuid}}") or ""
+    )
+    from components.run_identity import safe_run_id
+
+    with pytest.raises(ValueError, match="unresolved KFP placeholder"):
+        safe_run_id("{{$.pipeline_job_uuid}}")
+    assert "gs:// pipeline root" in (check_pipeline_root("gke", "minio://mlpipeline") or "")
+    assert check_pipeline_root("gke", "gs://b/root") is None
+    assert check_pipeline_root("local", None) is None
+
+
+def test_cloud_evaluation_runs_on_a_gpu():
+    assert check_eval_accelerator("vertex", "NVIDIA_L4", 1) is None
+    assert "not a Vertex accelerator" in (check_eval_accelerator("vertex", "L4", 1) or "")
+    assert "at least 1 GPU" in (check_eval_accelerator("kfp", "", 0) or "")
+    assert check_eval_accelerator("local", "", 0) is None
