@@ -125,5 +125,10 @@ def run_owner(api_client: Any, namespace: str) -> dict[str, Any] | None:
         return None
     for ref in pod.metadata.owner_references or []:
         if ref.kind == "Workflow":
-            return {"apiVersion": ref.api_version, "kind": ref.kind, "name": ref.name, "uid": ref.uid}
+            return {
+                "apiVersion": ref.api_version,
+                "kind": ref.kind,
+                "name": ref.name,
+                "uid": ref.uid,
+            }
     return None

@@ -17,7 +17,6 @@ from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output, Outp
 
 from components.image import DEFAULT_IMAGE
 
-
 _KFP_LAUNCH = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
 
 
@@ -31,7 +30,10 @@ def exec_python(command: list[str]) -> list[str]:
     """
     if not any(_KFP_LAUNCH in part for part in command):
         raise AssertionError(f"KFP's lightweight command changed; update exec_python: {command}")
-    return [part.replace(_KFP_LAUNCH, _KFP_LAUNCH.replace("python3", "exec python3")) for part in command]
+    return [
+        part.replace(_KFP_LAUNCH, _KFP_LAUNCH.replace("python3", "exec python3"))
+        for part in command
+    ]
 
 
 def llmft_component(func):  # type: ignore[no-untyped-def]

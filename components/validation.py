@@ -106,12 +106,12 @@ def check_service_account(backend: str, service_account: str) -> str | None:
 
 def check_dataflow_service_account(preprocess_runner: str, account: str) -> str | None:
     """Dataflow workers run as this email; empty means the Compute Engine default account."""
-    if preprocess_runner == "DataflowRunner" and account:
-        if not (_SA_EMAIL.match(account) or _COMPUTE_SA.match(account)):
-            return (
-                f"dataflow_service_account={account!r} is not a service-account email "
-                "(NAME@PROJECT.iam.gserviceaccount.com); empty uses the Compute Engine default"
-            )
+    valid = not account or _SA_EMAIL.match(account) or _COMPUTE_SA.match(account)
+    if preprocess_runner == "DataflowRunner" and not valid:
+        return (
+            f"dataflow_service_account={account!r} is not a service-account email "
+            "(NAME@PROJECT.iam.gserviceaccount.com); empty uses the Compute Engine default"
+        )
     return None
 
 

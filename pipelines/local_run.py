@@ -59,7 +59,7 @@ def pipeline_defaults() -> dict[str, Any]:
     """The pipeline's parameters and their defaults, from the one pipeline source."""
     from pipelines.fine_tune import build_fine_tune
 
-    func = build_fine_tune("vertex").pipeline_func  # type: ignore[attr-defined]
+    func = build_fine_tune("local").pipeline_func  # type: ignore[attr-defined]
     return {name: p.default for name, p in inspect.signature(func).parameters.items()}
 
 
@@ -270,7 +270,7 @@ def run_local(
             with live as display:
                 stop_refresh = _refresh_thread(display, progress) if show_progress else None
                 try:
-                    build_fine_tune("vertex", schedule_time=False)(**resolved)
+                    build_fine_tune("local")(**resolved)
                 finally:
                     progress.done = True
                     if stop_refresh:

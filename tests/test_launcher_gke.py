@@ -4,9 +4,8 @@ API responses at the HTTP boundary of a real kubernetes ApiClient (tests/launche
 
 from __future__ import annotations
 
-import json
-
 import base64
+import json
 import os
 import signal
 from pathlib import Path
@@ -151,7 +150,7 @@ def test_backoff_limit_gives_every_node_its_restarts(nodes: int, restarts: int) 
     every_node_used_all = [restarts] * nodes
     assert not operator_past_backoff_limit(one_node_used_all, limit)
     assert not operator_past_backoff_limit(every_node_used_all, limit)
-    assert operator_past_backoff_limit([restarts + 1] + every_node_used_all[1:], limit)
+    assert operator_past_backoff_limit([restarts + 1, *every_node_used_all[1:]], limit)
     # The old fixed limit: three restarts on one of four nodes, or one on three, failed the job.
     if nodes == 4 and restarts == 3:
         assert operator_past_backoff_limit([1, 1, 1, 0], 3)
@@ -393,7 +392,9 @@ def test_create_then_succeed_when_every_worker_succeeded() -> None:
     # The job was "Succeeded" while worker 0 still ran: we waited for it, following the job with
     # one list and then watches, each resumed from the last resourceVersion.
     [listing, *watches] = router.sent("GET", JOBS)
-    assert listing.query["fieldSelector"] == f"metadata.name={NAME}" and "watch" not in listing.query
+    assert (
+        listing.query["fieldSelector"] == f"metadata.name={NAME}" and "watch" not in listing.query
+    )
     assert watches and [w.query["resourceVersion"] for w in watches] == [
         str(n) for n in range(1, len(watches) + 1)
     ]
@@ -747,7 +748,13 @@ def test_succeeded_job_with_a_crash_looping_worker_fails_instead_of_hanging() ->
             "/api/v1/namespaces/ml/pods",
             pods(
                 pod(0, "Succeeded", terminated=("Completed", 0)),
-                pod(1, "Running", waiting="CrashLoopBackOff", last_terminated=("Error", 1), restarts=4),
+                pod(
+                    1,
+                    "Running",
+                    waiting="CrashLoopBackOff",
+                    last_terminated=("Error", 1),
+                    restarts=4,
+                ),
             ),
         )
         r.on("GET", "/api/v1/namespaces/ml/events", events())

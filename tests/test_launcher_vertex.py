@@ -307,8 +307,16 @@ def test_retried_task_finds_its_job_by_the_run_label() -> None:
             200,
             {
                 "customJobs": [
-                    {"name": JOB, "state": "JOB_STATE_RUNNING", "createTime": "2026-12-02T10:00:00Z"},
-                    {"name": older, "state": "JOB_STATE_FAILED", "createTime": "2026-12-02T09:00:00Z"},
+                    {
+                        "name": JOB,
+                        "state": "JOB_STATE_RUNNING",
+                        "createTime": "2026-12-02T10:00:00Z",
+                    },
+                    {
+                        "name": older,
+                        "state": "JOB_STATE_FAILED",
+                        "createTime": "2026-12-02T09:00:00Z",
+                    },
                 ]
             },
         ),
@@ -325,9 +333,13 @@ def test_retried_task_finds_its_job_by_the_run_label() -> None:
 def test_a_failed_job_from_a_previous_attempt_is_replaced(tmp_path: Path) -> None:
     gcp_resources = tmp_path / "gcp_resources"
     uri = "https://us-central1-aiplatform.googleapis.com/v1/" + f"{PARENT}/customJobs/100"
-    gcp_resources.write_text(json.dumps({"resources": [{"resourceType": "CustomJob", "resourceUri": uri}]}))
+    gcp_resources.write_text(
+        json.dumps({"resources": [{"resourceType": "CustomJob", "resourceUri": uri}]})
+    )
     router = Router()
-    router.on("GET", f"/v1/{PARENT}/customJobs/100", (200, {"name": "x", "state": "JOB_STATE_FAILED"}))
+    router.on(
+        "GET", f"/v1/{PARENT}/customJobs/100", (200, {"name": "x", "state": "JOB_STATE_FAILED"})
+    )
     router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
     router.on("GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_SUCCEEDED")))
     launcher, _ = vertex(router, gcp_resources_path=str(gcp_resources))
@@ -363,7 +375,7 @@ def test_a_launcher_that_fails_cancels_the_job_it_started() -> None:
     router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
     router.on("GET", f"/v1/{JOB}", UNAVAILABLE)
     router.on("POST", f"/v1/{JOB}:cancel", (200, {}))
-    launcher, lines = vertex(router, retries=3, backoff_s=0.0, sleep=lambda s: None)
+    launcher, _lines = vertex(router, retries=3, backoff_s=0.0, sleep=lambda s: None)
     from google.api_core import exceptions
 
     with pytest.raises(exceptions.ServiceUnavailable):
@@ -389,7 +401,9 @@ def test_the_hf_token_is_read_at_run_time_by_secret_name(tmp_path: Path) -> None
     )
     assert launcher.run(launch(nodes=2, nproc_per_node=2), timeout=30).ok
     [create] = router.sent("POST", JOBS)
-    golden = json.loads((Path(__file__).parent / "golden" / "vertex_create_custom_job.json").read_text())
+    golden = json.loads(
+        (Path(__file__).parent / "golden" / "vertex_create_custom_job.json").read_text()
+    )
     assert create.body == golden
     with pytest.raises(ValueError, match="must not carry the HF token"):
         build_custom_job(launch=launch(), env={"HF_TOKEN": "x"})

@@ -122,7 +122,12 @@ def test_tls_from_secret_requires_client_certificates() -> None:
 # -- API --------------------------------------------------------------------------------------
 
 
-WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "run-x", "uid": "wf-1"}
+WORKFLOW = {
+    "apiVersion": "argoproj.io/v1alpha1",
+    "kind": "Workflow",
+    "name": "run-x",
+    "uid": "wf-1",
+}
 
 
 def _created(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -143,8 +148,15 @@ def test_create_posts_statefulset_then_owned_service_and_network_policy(
         ("POST", f"/api/v1/namespaces/{NS}/services"),
         ("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"),
     ]
-    sts, service, policy = k8s_etcd.build_etcd_manifests(run_id=RUN_ID, namespace=NS, enable_v2=True)
-    by_sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"], "uid": "uid-StatefulSet"}
+    sts, service, policy = k8s_etcd.build_etcd_manifests(
+        run_id=RUN_ID, namespace=NS, enable_v2=True
+    )
+    by_sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": sts["metadata"]["name"],
+        "uid": "uid-StatefulSet",
+    }
     sts["metadata"]["ownerReferences"] = [WORKFLOW]
     service["metadata"]["ownerReferences"] = [by_sts]
     policy["metadata"]["ownerReferences"] = [by_sts]

@@ -117,8 +117,15 @@ def test_identities_are_checked_per_backend():
     )
     assert check_service_account("gke", "llmft-pipeline") is None
     assert check_dataflow_service_account("DataflowRunner", "") is None  # Compute Engine default
-    assert check_dataflow_service_account("DataflowRunner", "123-compute@developer.gserviceaccount.com") is None
-    assert "not a service-account email" in (check_dataflow_service_account("DataflowRunner", "x") or "")
+    assert (
+        check_dataflow_service_account(
+            "DataflowRunner", "123-compute@developer.gserviceaccount.com"
+        )
+        is None
+    )
+    assert "not a service-account email" in (
+        check_dataflow_service_account("DataflowRunner", "x") or ""
+    )
 
 
 def test_unresolved_placeholders_and_pipeline_roots():

@@ -32,7 +32,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from components.run_identity import K8S_RUN_LABEL, k8s_labels, k8s_selector, resource_name, safe_run_id
+from components.run_identity import (
+    K8S_RUN_LABEL,
+    k8s_labels,
+    k8s_selector,
+    resource_name,
+    safe_run_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +98,9 @@ def build_etcd_network_policy(*, run_id: str, namespace: str) -> dict[str, Any]:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
-                    "from": [{"podSelector": {"matchLabels": {K8S_RUN_LABEL: safe_run_id(run_id)}}}],
+                    "from": [
+                        {"podSelector": {"matchLabels": {K8S_RUN_LABEL: safe_run_id(run_id)}}}
+                    ],
                     "ports": [{"protocol": "TCP", "port": CLIENT_PORT}],
                 }
             ],
@@ -322,7 +330,11 @@ def create_etcd(
             if getattr(exc, "status", None) != 409:
                 raise
             logger.info("%s %s/%s already exists; reusing it", kind, namespace, name)
-            created = apps.read_namespaced_stateful_set(name, namespace) if kind == "StatefulSet" else None
+            created = (
+                apps.read_namespaced_stateful_set(name, namespace)
+                if kind == "StatefulSet"
+                else None
+            )
         if kind == "StatefulSet" and created is not None:
             statefulset_owner = {
                 "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -429,8 +429,15 @@ class GkeLauncher(Launcher):
         if launch.rdzv_backend in ("etcd-v3", "etcd-v2") and uid:
             from components.etcd.kubernetes import adopt_etcd
 
-            job_ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.name, "uid": uid}
-            if adopt_etcd(self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref):
+            job_ref = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": self.name,
+                "uid": uid,
+            }
+            if adopt_etcd(
+                self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref
+            ):
                 self.log(f"[gke] the run's etcd now belongs to PyTorchJob {self.name} (its TTL)")
 
     def check_service_account(self, name: str | None) -> None:
@@ -542,7 +549,7 @@ class GkeLauncher(Launcher):
         problems = [p for pod in pods for p in pod_problems(pod)]
         return problems + event_problems(self._events(pods))
 
-    def job_updates(self) -> Iterator[dict[str, Any]]:
+    def job_updates(self) -> Generator[dict[str, Any], None, None]:
         """The job now, then after every change: one list, then watches resumed from the last
         resourceVersion (a 410 Gone lists again). A watch window that ends quietly yields the
         last state again so the caller re-checks pods and deadlines."""
@@ -633,7 +640,11 @@ class GkeLauncher(Launcher):
                             f"worker pod(s) {', '.join(failed_pods)} failed"
                             if failed_pods
                             else f"worker pod(s) {', '.join(unfinished)} did not finish"
-                            + (" (failing)" if failing else f" within {self.succeeded_grace_s:.0f}s")
+                            + (
+                                " (failing)"
+                                if failing
+                                else f" within {self.succeeded_grace_s:.0f}s"
+                            )
                         )
                         message = (
                             f"PyTorchJob {self.name} is marked Succeeded but {what}; "

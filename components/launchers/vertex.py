@@ -368,7 +368,9 @@ class VertexLauncher(Launcher):
             parent=self.parent, filter=f'labels.{VERTEX_RUN_LABEL}="{launch.rdzv_id}"'
         )
         jobs = self._call("list jobs", lambda: list(self.client.list_custom_jobs(request=request)))
-        jobs = [j for j in jobs if j.state.name in usable and j.state.name != "JOB_STATE_CANCELLING"]
+        jobs = [
+            j for j in jobs if j.state.name in usable and j.state.name != "JOB_STATE_CANCELLING"
+        ]
         jobs.sort(key=lambda j: j.create_time.timestamp() if j.create_time else 0.0)
         return str(jobs[-1].name) if jobs else ""
 

@@ -101,7 +101,9 @@ def prepare_parameters(
             f"parameter backend=local runs the trainer on this machine; on {backend} use "
             f"backend={trainer_default}" + (" or backend=gke" if backend == "vertex" else "")
         )
-    if backend == "kfp" and (problem := check_pipeline_root(params["backend"], config.kfp.pipeline_root)):
+    if backend == "kfp" and (
+        problem := check_pipeline_root(params["backend"], config.kfp.pipeline_root)
+    ):
         raise ValueError(problem)
     if schedule_time is not None:
         params = fill_schedule_time(params, schedule_time)
