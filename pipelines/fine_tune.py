@@ -295,7 +295,13 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
     """kfp-kubernetes settings for KFP on GKE (never in the Vertex target)."""
     from kfp import kubernetes
 
+    from components.launchers.gke import IMAGE_UID
+
     for task in tasks:
+        # The image runs as root for Dataflow's worker boot; task pods use its `llmft` user.
+        kubernetes.set_security_context(
+            task, run_as_user=IMAGE_UID, run_as_group=IMAGE_UID, run_as_non_root=True
+        )
         kubernetes.add_pod_label(task, "app.kubernetes.io/managed-by", "llmft")
         kubernetes.add_pod_label(task, "app.kubernetes.io/part-of", PIPELINE_NAME)
         # Optional: a missing Secret is fine for public base models.

@@ -70,6 +70,9 @@ def test_kfp_target_carries_kubernetes_platform_config(fresh: Path):
     assert train["secretAsEnv"][0]["secretName"] == "llmft-hf-token"
     assert train["secretAsEnv"][0]["optional"] is True
     assert train["podMetadata"]["labels"]["app.kubernetes.io/managed-by"] == "llmft"
+    # The image runs as root (Dataflow's boot needs it); KFP task pods run as its llmft user.
+    assert int(train["securityContext"]["runAsUser"]) == 1000  # int64: a string in JSON
+    assert train["securityContext"]["runAsNonRoot"] is True
     # The Secret is referenced by name only; no token value can appear in the compiled YAML.
     assert not re.search(r"hf_[A-Za-z0-9]{20,}", (fresh / "fine_tune.kfp.yaml").read_text())
 
