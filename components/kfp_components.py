@@ -105,6 +105,7 @@ def preprocess(
     run_id: str,
     dataflow_options: dict,
     dataflow_service_account: str,
+    hf_token_secret: str,
     dataset: Output[Dataset],
     summary: Output[Markdown],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
@@ -130,6 +131,7 @@ def preprocess(
             run_id=run_id,
             dataflow_options=dataflow_options,
             dataflow_service_account=dataflow_service_account,
+            hf_token_secret=hf_token_secret,
             output_path=dataset.path,
             output_uri=dataset.uri,
             summary_path=summary.path,
@@ -228,6 +230,8 @@ def evaluate(
     min_loss_improvement: float,
     min_exact_match: float,
     champion_model: str,
+    project: str,
+    hf_token_secret: str,
     metrics: Output[Metrics],
     report: Output[HTML],
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool)]):  # type: ignore[valid-type]
@@ -248,6 +252,8 @@ def evaluate(
         min_loss_improvement=min_loss_improvement,
         min_exact_match=min_exact_match,
         champion_model=champion_model,
+        project=project,
+        hf_token_secret=hf_token_secret,
         report_path=report.path,
     )
     for name, value in scalars.items():

@@ -223,6 +223,7 @@ def component_params(
     run_id: str,
     dataflow_options: dict[str, Any],
     dataflow_service_account: str = "",
+    hf_token_secret: str = "",
     output_path: str,
     output_uri: str,
 ) -> tuple[dict[str, Any], list[str]]:
@@ -236,6 +237,7 @@ def component_params(
     from components.image import DEFAULT_IMAGE
     from components.run_identity import resource_name, safe_run_id
 
+    del hf_token_secret  # read at run time (run_preprocess_component), never a flag
     params: dict[str, Any] = {}
     extra: list[str] = []
     for key, value in (dataflow_options or {}).items():
@@ -288,6 +290,10 @@ def run_preprocess_component(
     summary goes to `summary_path`, and `gcp_resources_path` always gets a document (empty for
     local runs) so the output exists.
     """
+    from components.secrets import load_hf_token
+
+    # The tokenizer may be a gated hub model; the token comes from Secret Manager by name.
+    load_hf_token(project=component["project"], secret=component.get("hf_token_secret", ""))
     params, extra = component_params(**component)
     with open(gcp_resources_path, "w") as f:
         f.write(json.dumps({"resources": []}))

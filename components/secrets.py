@@ -31,11 +31,18 @@ def secret_version_name(secret: str, project: str) -> str:
 def read_secret(version_name: str, client: Any = None) -> str | None:
     """The secret's value, or None (with a note on stderr) when it is missing or not readable."""
     from google.api_core import exceptions
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import secretmanager
 
-    client = client or secretmanager.SecretManagerServiceClient()
     try:
+        client = client or secretmanager.SecretManagerServiceClient()
         response = client.access_secret_version(request={"name": version_name})
+    except DefaultCredentialsError:
+        print(
+            f"[secrets] no Google credentials to read {version_name}: continuing without it",
+            file=sys.stderr,
+        )
+        return None
     except exceptions.NotFound:
         print(f"[secrets] {version_name} does not exist: continuing without it", file=sys.stderr)
         return None
@@ -47,6 +54,24 @@ def read_secret(version_name: str, client: Any = None) -> str | None:
         )
         return None
     return str(response.payload.data.decode("utf-8")).strip()
+
+
+def load_hf_token(*, project: str, secret: str, client: Any = None) -> bool:
+    """Put the Hugging Face token in this process's HF_TOKEN (for `from_pretrained` of gated hub
+    models in a pipeline task on Vertex). No-op when HF_TOKEN is already set (KFP on GKE mounts
+    the Kubernetes Secret) or when no secret or project is named (local runs, public models).
+
+    Returns:
+        Whether a token was loaded.
+    """
+    import os
+
+    if os.environ.get("HF_TOKEN") or not secret or not project:
+        return False
+    value = read_secret(secret_version_name(secret, project), client)
+    if value:
+        os.environ["HF_TOKEN"] = value
+    return bool(value)
 
 
 def main(argv: list[str]) -> int:

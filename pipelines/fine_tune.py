@@ -216,6 +216,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 run_id=run_id,
                 dataflow_options=dataflow_options,
                 dataflow_service_account=dataflow_service_account,
+                hf_token_secret=hf_token_secret,
             )
             prep.set_retry(num_retries=2, backoff_duration="30s", backoff_factor=2.0)
             etcd = c.etcd_up(
@@ -261,6 +262,8 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 min_loss_improvement=min_loss_improvement,
                 min_exact_match=min_exact_match,
                 champion_model=validated.outputs["champion_model"],
+                project=project,
+                hf_token_secret=hf_token_secret,
             )
             if target == "vertex":
                 evaluated.set_accelerator_type(eval_accelerator_type)

@@ -436,3 +436,31 @@ def test_secret_manager_read_is_optional() -> None:
     assert read_secret(name, client) == "the-value"
     assert read_secret("projects/p/secrets/missing/versions/latest", client) is None
     assert read_secret("projects/p/secrets/denied/versions/latest", client) is None
+
+
+def test_pipeline_tasks_load_the_token_only_when_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tasks on Vertex (evaluate, preprocess) read the token by name into their own env; an
+    HF_TOKEN already set (KFP mounts the Secret) or no project/secret (local) is left alone."""
+    import base64
+
+    from google.cloud import secretmanager
+
+    from components.secrets import load_hf_token
+
+    name = "projects/p/secrets/llmft-hf-token/versions/latest"
+    router = Router()
+    router.on(
+        "GET",
+        f"/v1/{name}:access",
+        (200, {"name": name, "payload": {"data": base64.b64encode(b"tok").decode()}}),
+    )
+    client = secretmanager.SecretManagerServiceClient(
+        credentials=AnonymousCredentials(), transport="rest"
+    )
+    client._transport._session.mount("https://", FakeHttp(router))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert not load_hf_token(project="", secret="llmft-hf-token", client=client)
+    assert load_hf_token(project="p", secret="llmft-hf-token", client=client)
+    assert os.environ["HF_TOKEN"] == "tok"
+    assert not load_hf_token(project="p", secret="llmft-hf-token", client=client)  # already set
+    assert len(router.requests) == 1

@@ -37,8 +37,17 @@ def run_evaluate_component(
     min_exact_match: float,
     champion_model: str,
     report_path: str,
+    project: str = "",
+    hf_token_secret: str = "",
 ) -> tuple[dict[str, float], bool]:
-    """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed)."""
+    """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed).
+
+    A gated hub base model needs the Hugging Face token: read from Secret Manager by name
+    (`hf_token_secret` in `project`) unless HF_TOKEN is already set (components/secrets.py).
+    """
+    from components.secrets import load_hf_token
+
+    load_hf_token(project=project, secret=hf_token_secret)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     tuned = str(tuned_metadata.get("model_uri") or tuned_model_uri).removeprefix("file://")
