@@ -217,7 +217,7 @@ def run_local(
                 else contextlib.nullcontext()
             )
             with live as display, watching(watcher, display if live_table else None):
-                build_fine_tune("vertex", schedule_time=False)(**resolved)
+                build_fine_tune("local")(**resolved)
     except KeyboardInterrupt:
         interrupted = True
     finally:
