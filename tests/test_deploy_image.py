@@ -74,9 +74,9 @@ def test_image_is_a_dataflow_custom_container() -> None:
     from components.preprocess_step import component_params
 
     params, extra = component_params(
-        input_uri="gs://bkt/d/*.jsonl", tokenizer="gs://bkt/m", data_kind="text", seq_len=64,
+        train_data_uri="gs://bkt/d/*.jsonl", base_model="gs://bkt/m", data_kind="text", seq_len=64,
         eval_fraction=0.1, runner="DataflowRunner", project="my-project", region="us-central1",
-        work_uri="gs://bkt/w", run_id="r", dataflow_options={}, output_path="/x",
+        work_uri="gs://bkt/w", run_id="r", dataflow_options={},
         output_uri="gs://bkt/o",
     )  # fmt: skip
     assert params["sdk_container_image"] == DEFAULT_IMAGE and "--sdk_location=container" in extra
