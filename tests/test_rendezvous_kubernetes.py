@@ -177,10 +177,10 @@ def test_network_policy_admits_only_the_runs_pods() -> None:
     # The PyTorchJob's pods carry the run label, so they are admitted.
     from components.launchers import TrainLaunch
     from components.launchers.gke import build_pytorchjob
+    from trainer.config import TrainConfig
 
-    job = build_pytorchjob(
-        launch=TrainLaunch(run_id=RUN_ID, model="gs://b/m", data="gs://b/d", output="gs://b/o")
-    )
+    trainer = TrainConfig(model="gs://b/m", data="gs://b/d", output="gs://b/o")
+    job = build_pytorchjob(launch=TrainLaunch(run_id=RUN_ID, trainer=trainer))
     pod_labels = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]
     assert rule["from"][0]["podSelector"]["matchLabels"].items() <= pod_labels.items()
 
