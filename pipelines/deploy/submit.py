@@ -90,11 +90,12 @@ def prepare_parameters(
             placeholder unfilled (a recurring run keeps it for the pipeline to resolve).
     """
     from components.param_checks import check_pipeline_root
+    from components.run_params import RunParams
 
     params = dict(config.parameters)
     # The pipeline's own `backend` parameter says where the trainer runs (each compiled target
     # defaults it: vertex / gke); `local` cannot work on a cloud backend.
-    trainer_default = {"vertex": "vertex", "kfp": "gke"}[backend]
+    trainer_default = RunParams.for_target(backend).backend
     params.setdefault("backend", trainer_default)
     if params["backend"] == "local":
         raise ValueError(
