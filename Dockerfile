@@ -9,6 +9,14 @@
 # Pins: the base image by exact tag (the Python the test suite runs on), torch by version from
 # PyTorch's CUDA wheel index, every other package by constraints.txt. Never a moving tag.
 # tests/test_deploy_image.py checks these pins against pyproject.toml and constraints.txt.
+#
+# It is also a Dataflow custom container (preprocess_runner=DataflowRunner uses it as
+# sdk_container_image): Dataflow starts workers with the image's ENTRYPOINT, which must be the
+# Beam SDK worker boot of exactly the installed Beam version, copied from the official Beam SDK
+# image below. Nothing else uses the entrypoint: KFP tasks, PyTorchJob pods and Vertex CustomJob
+# replicas all set their own command, which overrides it. The image runs as root because
+# Dataflow's boot writes to root-owned mounts; Kubernetes pods run as the `llmft` user (uid 1000)
+# through their securityContext.
 FROM python:3.11.7-slim-bookworm
 
 # Same torch version as constraints.txt, CUDA build: the wheels bundle the CUDA runtime, cuDNN and
@@ -45,7 +53,10 @@ COPY beam_preprocess ./beam_preprocess
 # Not editable: the torchrun.handlers entry point (etcd-v3 rendezvous) comes from the installed
 # metadata. constraints.txt's torch==2.13.0 is satisfied by the CUDA wheel (2.13.0+cu128).
 RUN pip install -c constraints.txt . \
- && python -c "import torch, kfp, apache_beam, trainer, components; print('torch', torch.__version__)"
+ && python -c "import torch, kfp, apache_beam, trainer, components, beam_preprocess; print('torch', torch.__version__)"
 
-USER 1000:1000
+# The Beam SDK worker boot, from the Beam SDK image of the version constraints.txt pins.
+COPY --from=apache/beam_python3.11_sdk:2.77.0 /opt/apache/beam /opt/apache/beam
+
 WORKDIR /home/llmft
+ENTRYPOINT ["/opt/apache/beam/boot"]

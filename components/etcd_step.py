@@ -89,10 +89,13 @@ def etcd_up(
     if backend == "local":
         return etcd_local.start(run_id, enable_v2=enable_v2, detached=True, timeout_s=timeout_s)
     client = _api_client(api_client, gke_cluster)
+    from components.k8s_client import run_owner
+
     endpoint = k8s_etcd.create_etcd(
         client,
         run_id=run_id,
         namespace=namespace,
+        owner=run_owner(client, namespace),  # the run's Workflow on KFP; else adopted by the job
         storage_class=storage_class,
         tls_secret=tls_secret,
         enable_v2=enable_v2,

@@ -97,3 +97,38 @@ def make_api_client(
         config.load_incluster_config(client_configuration=configuration)
         return client.ApiClient(configuration)
     return config.new_client_from_config(config_file=kubeconfig, context=context)
+
+
+def run_owner(api_client: Any, namespace: str) -> dict[str, Any] | None:
+    """The ownerReference of this KFP run's Argo Workflow, when this process is a KFP task pod
+    in `namespace`; else None.
+
+    Per-run objects owned by the Workflow go away with the run even if its exit handler never
+    ran (a terminated KFP run may skip it). KFP v2 sets KFP_POD_NAME in every task pod; owner
+    references must stay within one namespace (across namespaces the garbage collector deletes
+    the dependent at once), so objects in another namespace get no owner.
+    """
+    pod_name = os.environ.get("KFP_POD_NAME", "")
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as handle:
+            pod_namespace = handle.read().strip()
+    except OSError:
+        pod_namespace = os.environ.get("KFP_POD_NAMESPACE", "")
+    if not pod_name or pod_namespace != namespace:
+        return None
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        pod = client.CoreV1Api(api_client).read_namespaced_pod(pod_name, namespace)
+    except ApiException:
+        return None
+    for ref in pod.metadata.owner_references or []:
+        if ref.kind == "Workflow":
+            return {
+                "apiVersion": ref.api_version,
+                "kind": ref.kind,
+                "name": ref.name,
+                "uid": ref.uid,
+            }
+    return None

@@ -17,16 +17,38 @@ from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output, Outp
 
 from components.image import DEFAULT_IMAGE
 
+_KFP_LAUNCH = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
+
+
+def exec_python(command: list[str]) -> list[str]:
+    """KFP's lightweight-component command with Python exec'd instead of run as a child.
+
+    KFP generates `sh -ec '...; python3 -m kfp.dsl.executor_main ...'`; dash runs the last
+    command as a child and does not forward SIGTERM, so cancelling a run would kill the task
+    without the launcher inside ever hearing it (and cancelling its training job). With `exec`
+    Python replaces the shell and receives the signal itself.
+    """
+    if not any(_KFP_LAUNCH in part for part in command):
+        raise AssertionError(f"KFP's lightweight command changed; update exec_python: {command}")
+    return [
+        part.replace(_KFP_LAUNCH, _KFP_LAUNCH.replace("python3", "exec python3"))
+        for part in command
+    ]
+
 
 def llmft_component(func):  # type: ignore[no-untyped-def]
-    """`@dsl.component` on the project image; the one place the image is set."""
-    return dsl.component(func, base_image=DEFAULT_IMAGE, install_kfp_package=False)
+    """`@dsl.component` on the project image (the one place the image is set), whose command
+    execs Python so that SIGTERM reaches the step (`exec_python`)."""
+    component = dsl.component(func, base_image=DEFAULT_IMAGE, install_kfp_package=False)
+    container = component.component_spec.implementation.container
+    container.command = exec_python(list(container.command))
+    return component
 
 
 @llmft_component
 def validate_inputs(
-    # Every run parameter (components/run_params.py; tests/test_run_params.py keeps this list
-    # equal to the schema's), plus the run's schedule time.
+    # Every run parameter (components/run_params.py; tests/test_validation.py keeps this list
+    # equal to the schema's), plus the pipeline's target, the run's id and its schedule time.
     train_data_uri: str,
     base_model: str,
     backend: str,
@@ -35,6 +57,7 @@ def validate_inputs(
     eval_fraction: float,
     preprocess_runner: str,
     dataflow_options: dict,
+    dataflow_service_account: str,
     nodes: int,
     nproc_per_node: int,
     rdzv_backend: str,
@@ -51,6 +74,8 @@ def validate_inputs(
     accelerator_count: int,
     service_account: str,
     hf_token_secret: str,
+    eval_accelerator_type: str,
+    eval_accelerator_count: int,
     max_eval_examples: int,
     min_loss_improvement: float,
     min_exact_match: float,
@@ -59,6 +84,8 @@ def validate_inputs(
     registered_model: str,
     champion_model: str,
     serving_image: str,
+    target: str,
+    run_id: str,
     schedule_time: str,
 ) -> NamedTuple(  # type: ignore[valid-type]
     "ValidatedInputs", [("base_model", str), ("train_data_uri", str), ("champion_model", str)]
@@ -89,6 +116,8 @@ def preprocess(
     work_uri: str,
     run_id: str,
     dataflow_options: dict,
+    dataflow_service_account: str,
+    hf_token_secret: str,
     dataset: Output[Dataset],
     summary: Output[Markdown],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
@@ -115,6 +144,8 @@ def preprocess(
             work_uri=work_uri,
             run_id=run_id,
             dataflow_options=dataflow_options,
+            dataflow_service_account=dataflow_service_account,
+            hf_token_secret=hf_token_secret,
             output_uri=dataset.uri,
             summary_path=summary.path,
             gcp_resources_path=gcp_resources,
@@ -215,6 +246,8 @@ def evaluate(
     min_exact_match: float,
     champion_model: str,
     min_general_retained: float,
+    project: str,
+    hf_token_secret: str,
     metrics: Output[Metrics],
     report: Output[HTML],
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool)]):  # type: ignore[valid-type]
@@ -236,6 +269,8 @@ def evaluate(
         min_exact_match=min_exact_match,
         champion_model=champion_model,
         min_general_retained=min_general_retained,
+        project=project,
+        hf_token_secret=hf_token_secret,
         report_path=report.path,
     )
     for name, value in scalars.items():

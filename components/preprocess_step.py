@@ -259,7 +259,7 @@ _DATAFLOW_PARAMS = {
 """dataflow_options keys that map onto build_argv parameters; other keys pass through as flags."""
 
 
-def run_preprocess_component(
+def component_params(
     *,
     train_data_uri: str,
     base_model: str,
@@ -272,22 +272,25 @@ def run_preprocess_component(
     work_uri: str,
     run_id: str,
     dataflow_options: dict[str, Any],
+    dataflow_service_account: str = "",
+    hf_token_secret: str = "",
     output_uri: str,
-    summary_path: str,
-    gcp_resources_path: str,
-) -> dict[str, Any]:
-    """What the `preprocess` KFP component calls: returns the Dataset artifact's metadata.
+) -> tuple[dict[str, Any], list[str]]:
+    """The `preprocess` component's parameters -> (`build_argv` keyword arguments, extra flags).
 
-    The base model's tokenizer tokenizes `train_data_uri` (the run parameters' names).
+    The base model's tokenizer tokenizes `train_data_uri` (the run parameters' names). The
+    dataset is written to the artifact's URI (components/artifacts.py says why `.uri`): a local
+    path under kfp.local, gs:// in the cloud (Dataflow workers cannot see the launcher's disk).
 
-    The dataset is written to the artifact's URI (components/artifacts.py says why `.uri`): a
-    local path under kfp.local, gs:// in the cloud (Dataflow workers cannot see the launcher's
-    disk). `dataflow_options` holds Beam runner flags by name
-    (e.g. machine_type, max_num_workers, subnetwork); locally only `direct_*` ones apply. The Markdown summary goes to `summary_path`, and
-    `gcp_resources_path` always gets a document (empty for local runs) so the output exists.
+    On Dataflow: the workers run the project image (`sdk_container_image`, a Dataflow custom
+    container: see the Dockerfile) as `dataflow_service_account`; temp and staging files go under
+    `<work_uri>/dataflow/<run>/`; the job runs in the run's region and is named after the run.
+    `dataflow_options` entries override any of these. Locally only `direct_*` flags apply.
     """
-    from components.run_identity import resource_name
+    from components.image import DEFAULT_IMAGE
+    from components.run_identity import resource_name, safe_run_id
 
+    del hf_token_secret  # read at run time (run_preprocess_component), never a flag
     params: dict[str, Any] = {}
     extra: list[str] = []
     for key, value in (dataflow_options or {}).items():
@@ -299,16 +302,21 @@ def run_preprocess_component(
             extra.append(f"--{key}={value}")
     dataflow = runner in ("DataflowRunner", "dataflow")
     if dataflow:
-        if not params.get("temp_location") and work_uri.startswith("gs://"):
-            params["temp_location"] = f"{work_uri.rstrip('/')}/dataflow/tmp"
+        if work_uri.startswith("gs://"):
+            files = f"{work_uri.rstrip('/')}/dataflow/{safe_run_id(run_id)}"
+            params.setdefault("temp_location", f"{files}/tmp")
+            params.setdefault("staging_location", f"{files}/staging")
         params.setdefault("job_name", resource_name("preprocess", run_id))
+        params.setdefault("sdk_container_image", DEFAULT_IMAGE)
+        if not any(flag.startswith("--sdk_location") for flag in extra):
+            extra.append("--sdk_location=container")  # the image has Beam: stage no SDK
+        if dataflow_service_account:
+            params.setdefault("service_account", dataflow_service_account)
     else:
         # Dataflow settings mean nothing to the local runner; its own (direct_*) still apply.
         params = {}
         extra = [flag for flag in extra if flag.startswith("--direct_")]
-    with open(gcp_resources_path, "w") as f:
-        f.write(json.dumps({"resources": []}))
-    result = run_preprocess_step(
+    params.update(
         input_uri=train_data_uri,
         output_uri=output_uri,
         tokenizer=base_model,
@@ -318,9 +326,31 @@ def run_preprocess_component(
         data_kind=data_kind,
         project=project if dataflow else "",
         region=region if dataflow else "",
-        gcp_resources_path=gcp_resources_path if dataflow else None,
-        extra_args=extra,
-        **params,
+    )
+    return params, extra
+
+
+def run_preprocess_component(
+    *,
+    summary_path: str,
+    gcp_resources_path: str,
+    **component: Any,
+) -> dict[str, Any]:
+    """What the `preprocess` KFP component calls: returns the Dataset artifact's metadata.
+
+    `component_params` maps the parameters. The Markdown summary goes to `summary_path`, and
+    `gcp_resources_path` always gets a document (empty for local runs) so the output exists.
+    """
+    from components.secrets import load_hf_token
+
+    # The tokenizer may be a gated hub model; the token comes from Secret Manager by name.
+    load_hf_token(project=component["project"], secret=component.get("hf_token_secret", ""))
+    params, extra = component_params(**component)
+    with open(gcp_resources_path, "w") as f:
+        f.write(json.dumps({"resources": []}))
+    dataflow = params["runner"] in ("DataflowRunner", "dataflow")
+    result = run_preprocess_step(
+        gcp_resources_path=gcp_resources_path if dataflow else None, extra_args=extra, **params
     )
     os.makedirs(os.path.dirname(summary_path) or ".", exist_ok=True)
     with open(summary_path, "w") as f:

@@ -309,11 +309,11 @@ def register_model_artifact(
 ) -> str:
     """The `register` component: upload the trainer's Model artifact; return the version's name.
 
-    The HF files are at the artifact's `model_uri` metadata (the trainer writes its run directory
-    to the artifact and the model to `<run dir>/model`). `registered_model` is the registry model
-    to add a version to (resource name, id, or display name; a new display name creates the model).
+    The Model artifact is the exported HF model (its `model_uri` metadata names the same place).
+    `registered_model` is the registry model to add a version to (resource name, id, or display
+    name; a new display name creates the model).
     """
-    artifact_uri = str(metadata.get("model_uri") or model_uri.rstrip("/") + "/model")
+    artifact_uri = str(metadata.get("model_uri") or model_uri)
     parent, display_name = resolve_model(
         model=registered_model, project=project, location=region, credentials=credentials
     )

@@ -28,6 +28,10 @@ def safe_run_id(run_id: str) -> str:
         raise ValueError(
             "run id is empty: pass the pipeline's run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)"
         )
+    from components.param_checks import check_placeholder_resolved
+
+    if problem := check_placeholder_resolved("run id", run_id):
+        raise ValueError(problem)  # hashing it would give every run of this backend one name
     cleaned = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
     if cleaned == run_id and len(cleaned) <= _MAX:
         return cleaned

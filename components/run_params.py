@@ -30,6 +30,7 @@ from beam_preprocess.schema import (
     SEQ_LEN_MAX,
     SEQ_LEN_MIN,
 )
+from components import param_checks as checks
 from trainer.config import TrainConfig
 
 Backend = Literal["local", "gke", "vertex"]
@@ -53,10 +54,6 @@ K8S_LABEL_NAME = (
 K8S_SUBDOMAIN_NAME = (
     r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
     "a Kubernetes object name (lowercase letters, digits, '-' and '.')",
-)
-SERVICE_ACCOUNT = (
-    rf"{K8S_SUBDOMAIN_NAME[0]}|[a-z][a-z0-9-]{{4,61}}[a-z0-9]@[a-z0-9.-]+\.gserviceaccount\.com",
-    "a service-account email (Vertex) or a Kubernetes service account name (GKE)",
 )
 
 
@@ -124,12 +121,18 @@ class RunParams:
     )
     preprocess_runner: Runner = param(
         "DirectRunner",
-        'Beam runner for preprocessing: "DirectRunner" (in the task) or "DataflowRunner".',
+        'Beam runner for preprocessing: "DirectRunner" (in the task) or "DataflowRunner" (workers '
+        "run the project image; temp and staging files under work_uri).",
     )
     dataflow_options: dict = param(  # type: ignore[type-arg]
         {},
         'Extra Dataflow options, e.g. {"max_num_workers": 20, "machine_type": "n2-standard-8", '
         '"subnetwork": "..."}.',
+    )
+    dataflow_service_account: str = param(
+        "",
+        "Service-account email the Dataflow workers run as; empty uses the project's Compute "
+        "Engine default service account.",
     )
 
     # --- training ------------------------------------------------------------------------------
@@ -137,7 +140,10 @@ class RunParams:
         2, "Training nodes (torchrun agents / PyTorchJob replicas / CustomJob replicas).", ge=1
     )
     nproc_per_node: int = param(
-        2, "Training processes per node (GPUs per node on GPU machines).", ge=1
+        0,
+        "Training processes per node; 0 starts one per accelerator (accelerator_count) on GPU "
+        "machines, 1 on CPU.",
+        ge=0,
     )
     rdzv_backend: RdzvBackend = param(
         "etcd-v3",
@@ -195,18 +201,26 @@ class RunParams:
     accelerator_count: int = param(8, "Accelerators per node (0 for CPU-only training).", ge=0)
     service_account: str = param(
         "",
-        "Service account for training jobs (Vertex) or Workload Identity KSA (GKE); empty uses "
-        "the default.",
-        pattern=SERVICE_ACCOUNT,
+        "Identity of the training job. Vertex: a service-account email (empty: the Vertex AI "
+        "Custom Code Service Agent). GKE: the Kubernetes service account of the PyTorchJob pods, "
+        "bound to a Google service account by Workload Identity (required).",
     )
     hf_token_secret: str = param(
         "llmft-hf-token",
-        'Name of the Kubernetes Secret (key "token") or Secret Manager secret holding a Hugging '
-        "Face token; never the token itself.",
-        pattern=K8S_SUBDOMAIN_NAME,
+        'Name of the Kubernetes Secret (key "token", GKE) or Secret Manager secret (Vertex, read '
+        "at run time) holding a Hugging Face token; optional (public models need none); never "
+        "the token itself.",
     )
 
     # --- evaluation and registry ---------------------------------------------------------------
+    eval_accelerator_type: str = param(
+        "NVIDIA_L4",
+        "Accelerator of the evaluation step on Vertex AI (e.g. NVIDIA_L4, NVIDIA_A100_80GB for "
+        "30B+ models); on KFP any GPU node serves it. Evaluation runs in bf16 on a GPU.",
+    )
+    eval_accelerator_count: int = param(
+        1, "GPUs for the evaluation step (at least 1 in the cloud).", ge=0
+    )
     max_eval_examples: int = param(
         200, "Held-out prompts to generate answers for (bounds evaluation time).", ge=1
     )
@@ -249,12 +263,41 @@ class RunParams:
         "image from Vertex AI Model Garden; required when register_model is true.",
     )
 
-    def errors(self) -> list[str]:
-        """Every problem with these parameters, each saying what to change; [] when valid."""
+    @classmethod
+    def for_target(cls, target: str = "local") -> RunParams:
+        """The defaults of a pipeline target (`TARGET_DEFAULTS`)."""
+        return dataclasses.replace(cls(), **TARGET_DEFAULTS[target])
+
+    def errors(self, *, target: str = "", run_id: str = "") -> list[str]:
+        """Every problem with these parameters, each saying what to change; [] when valid.
+
+        `target` is where the pipeline runs (local, vertex, kfp; "" skips the target's rules): the
+        compiled pipeline passes its own. `run_id` is the run's resolved id, when known.
+        """
         errors = [
             e for f in dataclasses.fields(self) if (e := _field_error(f, getattr(self, f.name)))
         ]
+        errors += [e for k, v in self.as_dict().items() if (e := checks.check_not_a_token(k, v))]
         errors += _trainer_override_errors(self)
+        errors += [
+            e
+            for e in (
+                checks.check_backend_for_target(self.backend, target),
+                checks.check_nproc_per_node(
+                    self.backend, self.nproc_per_node, self.accelerator_count
+                ),
+                checks.check_service_account(self.backend, self.service_account),
+                checks.check_dataflow_service_account(
+                    self.preprocess_runner, self.dataflow_service_account
+                ),
+                checks.check_secret_name("hf_token_secret", self.hf_token_secret),
+                checks.check_placeholder_resolved("run id", run_id),
+                checks.check_eval_accelerator(
+                    target, self.eval_accelerator_type, self.eval_accelerator_count
+                ),
+            )
+            if e
+        ]
         cloud = self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner"
         if cloud:
             if not self.project:
@@ -301,6 +344,20 @@ class RunParams:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "local": {},
+    "vertex": {"backend": "vertex", "preprocess_runner": "DataflowRunner"},
+    "kfp": {
+        "backend": "gke",
+        "preprocess_runner": "DataflowRunner",
+        "service_account": "llmft-pipeline",  # the KSA of docs/deploy/rbac.yaml
+    },
+}
+"""Per-target defaults of the parameters whose right value depends on where the pipeline runs
+(the fields' own defaults are the local runner's): a run launched from the console with only
+data, base model, project and bucket filled in must pass (tests/test_compile.py)."""
+
+
 def trainer_config(
     overrides: Mapping[str, Any],
     *,
@@ -334,9 +391,9 @@ def fields() -> dict[str, dataclasses.Field[Any]]:
     return {f.name: f for f in dataclasses.fields(RunParams)}
 
 
-def defaults() -> dict[str, Any]:
-    """Every parameter's default."""
-    return RunParams().as_dict()
+def defaults(target: str = "local") -> dict[str, Any]:
+    """Every parameter's default for a pipeline target ("local", "vertex", "kfp")."""
+    return RunParams.for_target(target).as_dict()
 
 
 def describe(name: str) -> str:
@@ -396,6 +453,7 @@ def _lower_first(text: str) -> str:
 def _trainer_override_errors(params: RunParams) -> list[str]:
     """Trainer overrides checked against the trainer's own config, before anything starts."""
     reserved: dict[str, str | None] = {"model": None, "data": None, "output": None}
+    reserved |= {"export_dir": None}
     reserved |= {"tokenizer": None, "max_steps": "max_steps", "lr": "learning_rate"}
     errors = []
     for key in params.trainer_overrides:
@@ -404,7 +462,8 @@ def _trainer_override_errors(params: RunParams) -> list[str]:
             errors.append(
                 f"trainer_overrides.{key}: set the run parameter {instead} instead"
                 if instead
-                else f"trainer_overrides.{key}: the pipeline sets it (base_model and the run's data)"
+                else f"trainer_overrides.{key}: the pipeline sets it (base_model, the run's data and "
+                "where the model goes)"
             )
     if errors:
         return errors
@@ -475,9 +534,9 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str]:
     raise AssertionError(f"no coercion for {hint}")  # a new field type needs a line here
 
 
-def pipeline_signature() -> inspect.Signature:
-    """The `fine_tune` pipeline function's signature: every parameter with its KFP type and
-    default (KFP compiles the pipeline interface from it)."""
+def pipeline_signature(target: str = "local") -> inspect.Signature:
+    """The `fine_tune` pipeline function's signature for a target: every parameter with its KFP
+    type and the target's default (KFP compiles the pipeline interface from it)."""
     params = [
         inspect.Parameter(
             name,
@@ -485,7 +544,7 @@ def pipeline_signature() -> inspect.Signature:
             default=default,
             annotation=kfp_type(name),
         )
-        for name, default in defaults().items()
+        for name, default in defaults(target).items()
     ]
     return inspect.Signature(params, return_annotation=None)
 

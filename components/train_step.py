@@ -8,8 +8,10 @@ the Model artifact read from the trainer's OUTPUT/summary.json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -69,8 +71,10 @@ def read_summary(output: str) -> dict[str, Any]:
 def model_metadata(
     summary: Mapping[str, Any], *, output: str, launch: TrainLaunch, backend: str
 ) -> dict[str, Any]:
-    """Model artifact metadata: what it was trained from, how far, and where the HF files are."""
-    model_uri = summary.get("model_dir") or output.rstrip("/") + "/model"
+    """Model artifact metadata: what it was trained from, how far, where the HF files are
+    (`model_uri`) and where the run's checkpoints, metrics and TensorBoard logs are (`run_uri`)."""
+    export_dir = launch.trainer.export_dir
+    model_uri = summary.get("model_dir") or export_dir or output.rstrip("/") + "/model"
     return {
         "base_model": summary.get("base_model", launch.model),
         "steps": summary.get("steps"),
@@ -111,7 +115,8 @@ def run_train_step(
         backend: local, gke or vertex.
         run_id: the pipeline run id (names, labels, rendezvous id).
         trainer: the trainer's config (model, data, output as the workers see them: gs:// on GKE
-            and Vertex); every rank receives it as one JSON argument.
+            and Vertex; `export_dir` is where the HF model goes); every rank receives it as one
+            JSON argument.
         nodes, nproc_per_node: N nodes x P processes.
         rdzv_backend, rdzv_endpoint: torchrun rendezvous ("" endpoint: the backend's default; see
             each launcher). Vertex always uses c10d at the primary replica.
@@ -282,17 +287,28 @@ def run_train_component(
 ) -> dict[str, Any]:
     """The `train` KFP component's parameters mapped onto `run_train_step`.
 
-    The trainer writes its run directory to the Model artifact's URI (`output_uri`); the HF model
-    is `<output_uri>/model` (metadata `model_uri`).
+    The Model artifact holds the exported Hugging Face model only (the KFP launcher downloads
+    every input artifact before a task runs: evaluate and register must not fetch optimizer
+    state). The run directory (checkpoints, metrics.jsonl, TensorBoard, summary.json) is
+    `run_directory(...)`: under `work_uri` in the cloud, keyed by the run id so a retried task
+    resumes from its checkpoints; next to the artifact locally (inside the local run's pipeline
+    root, where `llmft run`'s step table finds its metrics.jsonl). `nproc_per_node=0` starts one
+    process per accelerator.
     """
+    from components.param_checks import resolve_nproc_per_node
     from components.run_params import trainer_config
 
     local = backend == "local"
+    if not local:
+        check_worker_readable(data)
+    export_dir = storage.normalize(output_uri) if local else output_uri
+    output = run_directory(backend=backend, work_uri=work_uri, run_id=run_id, model_dir=export_dir)
     trainer = trainer_config(
         dict(trainer_overrides or {}), max_steps=max_steps, learning_rate=learning_rate,
-        model=base_model, data=storage.normalize(data) if local else data,
-        output=storage.normalize(output_uri) if local else output_uri,
+        model=base_model, data=storage.normalize(data) if local else data, output=output,
     )  # fmt: skip
+    trainer = dataclasses.replace(trainer, export_dir=export_dir)
+    nproc = resolve_nproc_per_node(backend, nproc_per_node, accelerator_count)
     common: dict[str, Any] = {}
     if backend == "gke":
         job_options: dict[str, Any] = {"accelerator": gke_accelerator(accelerator_type)}
@@ -304,14 +320,10 @@ def run_train_component(
             job_options["hf_token_secret"] = hf_token_secret
         common["gke"] = {"cluster": gke_cluster, "namespace": namespace, "job_options": job_options}
     elif backend == "vertex":
-        if hf_token_secret:
-            logger.warning(
-                "hf_token_secret is ignored on Vertex: grant the job's service account "
-                "access to the model instead"
-            )
         vertex_options: dict[str, Any] = {
             "machine_type": machine_type,
             "accelerator_type": accelerator_type or None,
+            "hf_token_secret": hf_token_secret or None,
         }
         if accelerator_count:
             vertex_options["accelerator_count"] = accelerator_count
@@ -320,6 +332,30 @@ def run_train_component(
         common["vertex"] = {"project": project, "location": region, "job_options": vertex_options}
     return run_train_step(
         backend=backend, run_id=run_id, trainer=trainer, nodes=nodes,
-        nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+        nproc_per_node=nproc, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
         gcp_resources_path=gcp_resources_path, **common,
     )  # fmt: skip
+
+
+def run_directory(*, backend: str, work_uri: str, run_id: str, model_dir: str) -> str:
+    """The trainer's run directory: `<work_uri>/runs/<run>/train` in the cloud (workers write it,
+    a retry resumes from it); locally `<artifact dir>/../train-run`, beside the Model artifact."""
+    from components.run_identity import safe_run_id
+
+    if backend == "local":
+        return os.path.join(os.path.dirname(model_dir.rstrip("/")), "train-run")
+    if not work_uri.startswith("gs://"):
+        raise ValueError(
+            f"work_uri={work_uri!r}: the {backend} backend keeps the run's checkpoints and logs "
+            "under a gs:// work_uri"
+        )
+    return f"{work_uri.rstrip('/')}/runs/{safe_run_id(run_id)}/train"
+
+
+def check_worker_readable(uri: str) -> None:
+    """Cloud workers read artifacts by gs:// URI; KFP's default minio:// root is out of reach."""
+    if not uri.startswith("gs://"):
+        raise ValueError(
+            f"the dataset artifact is at {uri!r}, which PyTorchJob pods and Vertex replicas cannot "
+            "read: run the pipeline with a gs:// pipeline root (llmft run --pipeline-root gs://...)"
+        )

@@ -49,8 +49,12 @@ def check_run_parameters(values: Mapping[str, Any]) -> RunParams:
     return params
 
 
-def validate_and_resolve(*, schedule_time: str, **values: Any) -> tuple[str, str, str]:
+def validate_and_resolve(
+    *, schedule_time: str, target: str = "", run_id: str = "", **values: Any
+) -> tuple[str, str, str]:
     """The validate_inputs step: fill in the schedule time, check everything, resolve the models.
+
+    `target` is the pipeline's compile target and `run_id` the run's id (checked resolved).
 
     Returns:
         (base_model, train_data_uri, champion_model) for this run; `latest-registered` resolves to
@@ -65,7 +69,7 @@ def validate_and_resolve(*, schedule_time: str, **values: Any) -> tuple[str, str
             )
         uri = uri.replace(SCHEDULE_TIME_PLACEHOLDER, schedule_time)
     params = params_from_mapping({**values, "train_data_uri": uri})
-    raise_errors(params.errors() + data_errors(uri, remote=True))
+    raise_errors(params.errors(target=target, run_id=run_id) + data_errors(uri, remote=True))
     from_registry = {
         "registered_model": params.registered_model,
         "project": params.project,

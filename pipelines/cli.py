@@ -509,7 +509,7 @@ def train_cmd(
     ] = "local",
     nodes: Annotated[int, typer.Option(help="Nodes: separate torchrun agents.")] = RunParams.nodes,
     nproc_per_node: Annotated[
-        int, typer.Option(help="Worker processes per node.")
+        int, typer.Option(help="Worker processes per node (0: one).")
     ] = RunParams.nproc_per_node,
     max_steps: Annotated[
         int | None, typer.Option(help="Optimizer steps (default: the trainer's `epochs`).")
@@ -536,6 +536,7 @@ def train_cmd(
     import uuid
 
     from components.launchers.base import LaunchCancelled, LaunchFailed
+    from components.param_checks import resolve_nproc_per_node
     from components.train_step import run_train_step
 
     if backend != "local":
@@ -548,7 +549,8 @@ def train_cmd(
     try:
         metadata = run_train_step(
             backend="local", run_id=run_id or f"local-{uuid.uuid4().hex[:10]}",
-            trainer=trainer, nodes=nodes, nproc_per_node=nproc_per_node,
+            trainer=trainer, nodes=nodes,
+            nproc_per_node=resolve_nproc_per_node("local", nproc_per_node, 0),
             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts,
         )  # fmt: skip
     except LaunchFailed as exc:
@@ -604,7 +606,11 @@ def render_pytorchjob(
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = RunParams.namespace,
     nodes: Annotated[int, typer.Option(help="Worker pods.")] = RunParams.nodes,
     nproc_per_node: Annotated[
-        int, typer.Option(help="Processes (GPUs) per pod.")
+        int,
+        typer.Option(
+            help=f"Processes (GPUs) per pod; 0: one per GPU ({RunParams.accelerator_count} with "
+            "an accelerator, else 1)."
+        ),
     ] = RunParams.nproc_per_node,
     rdzv_backend: Annotated[
         str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")
@@ -641,11 +647,14 @@ def render_pytorchjob(
     from components.image import DEFAULT_IMAGE
     from components.launchers.base import TrainLaunch
     from components.launchers.gke import build_pytorchjob, to_yaml
+    from components.param_checks import resolve_nproc_per_node
     from components.train_step import gke_accelerator
 
+    gpus = RunParams.accelerator_count if accelerator else 0
     launch = TrainLaunch(
         run_id=run_id, trainer=_trainer_config(model, data, output, None, max_steps, set_),
-        nodes=nodes, nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend,
+        nodes=nodes, nproc_per_node=resolve_nproc_per_node("gke", nproc_per_node, gpus),
+        rdzv_backend=rdzv_backend,
         rdzv_endpoint=rdzv_endpoint,
     )  # fmt: skip
     job = build_pytorchjob(

@@ -5,9 +5,20 @@
 
 `build_fine_tune(target)` returns the pipeline for a target:
 - "vertex": a single YAML document (Vertex AI Pipelines cannot parse kfp-kubernetes' second
-  document); the launchers themselves reach GKE or Vertex CustomJob.
+  document); the launchers themselves reach GKE or Vertex CustomJob. Defaults: backend=vertex,
+  Dataflow preprocessing.
 - "kfp": KFP on GKE, with kfp-kubernetes settings for the task pods (the HF token Secret as env,
-  pod labels, timeouts).
+  pod labels, timeouts). Defaults: backend=gke, Dataflow preprocessing, the `llmft-pipeline`
+  Kubernetes service account (docs/deploy/rbac.yaml).
+- "local": what `llmft run --backend local` runs through kfp.local (never compiled).
+Each target's defaults (`TARGET_DEFAULTS` in components/run_params.py) are what a run launched
+from the console with only data, base model, project and bucket filled in needs
+(tests/test_compile.py checks it); `validate_inputs` receives the target and refuses a backend
+that cannot run there.
+
+Every task sets CPU/memory (Vertex runs a task without them on a 4 vCPU / 16 GB machine);
+evaluation gets an accelerator (`eval_accelerator_type`, `eval_accelerator_count`) so a
+multi-billion-parameter model is scored in bf16 on a GPU.
 
 The parameters, their defaults and their console descriptions come from one schema,
 `components.run_params.RunParams`: the pipeline function's signature and its docstring `Args:` are
@@ -28,25 +39,40 @@ from components.run_params import RunParams, defaults, pipeline_docstring, pipel
 
 PIPELINE_NAME = "llmft-fine-tune"
 TARGETS = ("vertex", "kfp")
+"""The compile targets (compiled/fine_tune.<target>.yaml); "local" is built, never compiled."""
+BUILD_TARGETS = (*TARGETS, "local")
 DESCRIPTION = (
     "Fine-tune a causal LM: Beam preprocessing to packed shards, a per-run etcd, multi-node "
     "FSDP2 training (local torchrun agents, PyTorchJob on GKE or Vertex CustomJob), "
     "before/after evaluation with a quality gate, optional Model Registry upload, and "
     "cleanup of everything the run created."
 )
+GKE_EVAL_GPU = "nvidia.com/gpu"
+"""KFP on Kubernetes takes the accelerator as a resource name; Vertex as a type (NVIDIA_L4)."""
+STEP_RESOURCES: dict[str, tuple[str, str]] = {
+    "validate-inputs": ("1", "4G"),
+    "preprocess": ("8", "32G"),  # DirectRunner works in the task; Dataflow only launches from it
+    "etcd-up": ("1", "2G"),
+    "train": ("1", "4G"),  # only follows the training job, which has its own machines
+    "evaluate": ("12", "48G"),  # with one L4: a g2-standard-12; fits 7B in bf16
+    "register": ("1", "4G"),
+    "cleanup": ("1", "2G"),
+}
+"""CPU and memory limits per task (Vertex sizes the machine from limits, not requests)."""
 
 
 def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Callable[..., Any]:
-    """The `fine_tune` pipeline function for a compile target ("vertex" or "kfp").
+    """The `fine_tune` pipeline function for a target ("vertex", "kfp" or "local").
 
     Args:
-        target: "vertex" or "kfp".
+        target: "vertex", "kfp" or "local".
         schedule_time: pass the run's schedule time to validate_inputs (for `train_data_uri`
             windows). kfp.local cannot resolve that placeholder (it crashes on it), so the local
-            runner builds the pipeline with False: there is no schedule locally anyway.
+            target never passes it: there is no schedule locally anyway.
     """
-    if target not in TARGETS:
-        raise ValueError(f"target={target!r}: choose one of {', '.join(TARGETS)}")
+    if target not in BUILD_TARGETS:
+        raise ValueError(f"target={target!r}: choose one of {', '.join(BUILD_TARGETS)}")
+    schedule_time = schedule_time and target != "local"
 
     def fine_tune(*args: Any) -> None:
         p = RunParams(*args)  # KFP passes one channel per parameter, in signature order
@@ -64,6 +90,8 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
         with dsl.ExitHandler(cleanup_task, name="fine-tune"):
             validated = c.validate_inputs(
                 **p.as_dict(),
+                target=target,
+                run_id=run_id,
                 schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
                 if schedule_time
                 else "",
@@ -80,6 +108,8 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 work_uri=p.work_uri,
                 run_id=run_id,
                 dataflow_options=p.dataflow_options,
+                dataflow_service_account=p.dataflow_service_account,
+                hf_token_secret=p.hf_token_secret,
             )
             # No retry: Beam and Dataflow retry failed bundles themselves; what fails the step
             # (bad input, a rejected-fraction over the limit, no training rows) is permanent.
@@ -127,10 +157,18 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                 min_exact_match=p.min_exact_match,
                 champion_model=validated.outputs["champion_model"],
                 min_general_retained=p.min_general_retained,
+                project=p.project,
+                hf_token_secret=p.hf_token_secret,
             )
+            if target == "vertex":
+                evaluated.set_accelerator_type(p.eval_accelerator_type)
+            elif target == "kfp":
+                evaluated.set_accelerator_type(GKE_EVAL_GPU)
+            if target != "local":
+                evaluated.set_accelerator_limit(p.eval_accelerator_count)
             with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
                 with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
-                    c.register(
+                    registered = c.register(
                         tuned_model=trained.outputs["model"],
                         run_id=run_id,
                         project=p.project,
@@ -139,13 +177,16 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
                         serving_image=p.serving_image,
                     ).set_caching_options(False)
 
+        for task in (cleanup_task, validated, prep, etcd, trained, evaluated, registered):
+            cpu, memory = STEP_RESOURCES[task.name]
+            task.set_cpu_limit(cpu).set_memory_limit(memory)
         if target == "kfp":
             _apply_kubernetes_settings(
                 [cleanup_task, validated, prep, etcd, trained, evaluated],
                 hf_token_secret=defaults()["hf_token_secret"],
             )
 
-    fine_tune.__signature__ = pipeline_signature()  # type: ignore[attr-defined]
+    fine_tune.__signature__ = pipeline_signature(target)  # type: ignore[attr-defined]
     fine_tune.__doc__ = pipeline_docstring(
         "Fine-tune a causal language model and evaluate it against its base."
     )
@@ -156,7 +197,13 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
     """kfp-kubernetes settings for KFP on GKE (never in the Vertex target)."""
     from kfp import kubernetes
 
+    from components.launchers.gke import IMAGE_UID
+
     for task in tasks:
+        # The image runs as root for Dataflow's worker boot; task pods use its `llmft` user.
+        kubernetes.set_security_context(
+            task, run_as_user=IMAGE_UID, run_as_group=IMAGE_UID, run_as_non_root=True
+        )
         kubernetes.add_pod_label(task, "app.kubernetes.io/managed-by", "llmft")
         kubernetes.add_pod_label(task, "app.kubernetes.io/part-of", PIPELINE_NAME)
         # Optional: a missing Secret is fine for public base models.

@@ -35,6 +35,7 @@ QUICKSTART_PRESET: dict[str, Any] = {
     # uses the tiny model (no base_model given), under anything the user sets; every other
     # parameter keeps its one default (components/run_params.py).
     "seq_len": 256,
+    "nproc_per_node": 2,  # 2 nodes x 2 processes on CPU (the default, 0, is one per GPU)
     "max_steps": 120,
     "learning_rate": 2e-3,
     "max_eval_examples": 64,
@@ -224,7 +225,7 @@ def run_local(
                 else contextlib.nullcontext()
             )
             with live as display, watching(watcher, display if live_table else None):
-                build_fine_tune("vertex", schedule_time=False)(**resolved)
+                build_fine_tune("local")(**resolved)
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -80,6 +80,14 @@ class Router:
         return [r for r in self.requests if r.method == method and pattern.match(r.path)]
 
 
+class _StreamedResponse(urllib3.HTTPResponse):
+    """A real API server streams watches chunked, which urllib3 reads with `amt=None`; a canned
+    body is not chunked, so read it in blocks instead (what kubernetes' Watch sees is the same)."""
+
+    def stream(self, amt: int | None = 2**16, decode_content: bool | None = None) -> Any:
+        yield from super().stream(amt or 2**16, decode_content)
+
+
 class _FakeRest(rest.RESTClientObject):
     def __init__(self, router: Router) -> None:  # no pool manager: nothing leaves the process
         self.router = router
@@ -101,7 +109,7 @@ class _FakeRest(rest.RESTClientObject):
             Recorded(method, parts.path, query, json.loads(json.dumps(body)) if body else None)
         )
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        response = urllib3.HTTPResponse(
+        response = _StreamedResponse(
             body=io.BytesIO(data),
             status=status,
             headers={"content-type": "application/json"},

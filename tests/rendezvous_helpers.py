@@ -123,7 +123,7 @@ class FakeApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_DELETE = _handle
+            do_GET = do_POST = do_DELETE = do_PATCH = _handle
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -225,7 +225,7 @@ def _fresh_llmft(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[st
     "backend_flags",
     [
         ["--backend", "vertex", "--project", "my-project", "--pipeline-root", "gs://b/root"],
-        ["--backend", "kfp", "--host", "http://127.0.0.1:9"],
+        ["--backend", "kfp", "--host", "http://127.0.0.1:9", "--pipeline-root", "gs://b/root"],
     ],
 )
 def test_cloud_run_checks_parameters_before_credentials_or_server(

@@ -70,6 +70,9 @@ def test_kfp_target_carries_kubernetes_platform_config(fresh: Path):
     assert train["secretAsEnv"][0]["secretName"] == "llmft-hf-token"
     assert train["secretAsEnv"][0]["optional"] is True
     assert train["podMetadata"]["labels"]["app.kubernetes.io/managed-by"] == "llmft"
+    # The image runs as root (Dataflow's boot needs it); KFP task pods run as its llmft user.
+    assert int(train["securityContext"]["runAsUser"]) == 1000  # int64: a string in JSON
+    assert train["securityContext"]["runAsNonRoot"] is True
     # The Secret is referenced by name only; no token value can appear in the compiled YAML.
     assert not re.search(r"hf_[A-Za-z0-9]{20,}", (fresh / "fine_tune.kfp.yaml").read_text())
 
@@ -109,7 +112,7 @@ validate = components.load_component_from_file({str(fresh / "components" / "vali
 local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root={str(tmp_path)!r}, raise_on_error=True)
 from components.run_params import defaults
 common = {{**defaults(), "seq_len": 128, "nodes": 1, "nproc_per_node": 1, "rdzv_backend": "c10d",
-    "schedule_time": "2026-01-05T00:00:00Z"}}
+    "schedule_time": "2026-01-05T00:00:00Z", "target": "local", "run_id": "run-1"}}
 del common["train_data_uri"], common["base_model"]
 data = {str(tmp_path / "data.jsonl")!r}
 open(data, "w").write("{{}}\\n")
@@ -127,6 +130,130 @@ except RuntimeError:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "REJECTED" in out.stdout
     assert "train_data_uri is empty" in out.stdout and "nodes=0" in out.stdout
+
+
+CONSOLE_FILLED = {
+    "train_data_uri": "gs://my-bucket/data/*.jsonl",
+    "base_model": "gs://my-bucket/models/llama-3-8b",
+    "project": "my-project",
+    "work_uri": "gs://my-bucket/llmft-work",
+}
+"""What a user must fill when launching from the console: data, base model, project, bucket."""
+
+
+def _console_run(fresh: Path, target: str) -> tuple[dict, dict]:
+    """The parameters a console launch sends (each default as compiled, plus CONSOLE_FILLED),
+    and the compiled pipeline spec."""
+    docs = list(yaml.safe_load_all((fresh / f"fine_tune.{target}.yaml").read_text()))
+    spec = docs[0]
+    params = {
+        # The YAML stores every number as a float; KFP hands integer parameters over as ints.
+        name: int(p["defaultValue"])
+        if p["parameterType"] == "NUMBER_INTEGER"
+        else p["defaultValue"]
+        for name, p in spec["root"]["inputDefinitions"]["parameters"].items()
+        if "defaultValue" in p
+    }
+    return {**params, **CONSOLE_FILLED}, spec
+
+
+def _constant(spec: dict, task: str, name: str) -> object:
+    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    return tasks[task]["inputs"]["parameters"][name]["runtimeValue"]["constant"]
+
+
+@pytest.mark.parametrize(("target", "backend"), [("vertex", "vertex"), ("kfp", "gke")])
+def test_a_console_launch_with_defaults_passes_the_pipelines_validation(
+    fresh: Path, target: str, backend: str
+):
+    """Loaded the way the console does (defaults + the four required fields), the run passes
+    the same checks validate_inputs runs, with the target the compiled pipeline passes it."""
+    from components.run_params import params_from_mapping
+
+    values, spec = _console_run(fresh, target)
+    assert values["backend"] == backend
+    assert values["preprocess_runner"] == "DataflowRunner"
+    compiled_target = _constant(spec, "validate-inputs", "target")
+    assert compiled_target == target
+
+    def errors(**changes: object) -> list[str]:
+        params = params_from_mapping({**values, **changes})
+        return params.errors(target=compiled_target, run_id="run-123")
+
+    assert errors() == []
+    # The compiled defaults cannot train locally: the pipeline refuses `local` before starting.
+    assert any("cannot run from a" in e for e in errors(backend="local"))
+    # Idle GPUs are refused: one process per accelerator.
+    assert any("one process per GPU" in e for e in errors(nproc_per_node=2))
+
+
+@pytest.mark.parametrize("target", ["vertex", "kfp"])
+def test_a_default_cloud_run_gives_valid_dataflow_options(fresh: Path, target: str):
+    """The DataflowRunner options of a console launch with defaults, checked offline by Beam's
+    own PipelineOptionsValidator (dry_run: no GCS calls) and by ours."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+    from beam_preprocess.dataflow import validate_dataflow_options
+    from beam_preprocess.options import PreprocessConfig
+    from components.image import DEFAULT_IMAGE
+    from components.preprocess_step import build_argv, component_params
+
+    values, _ = _console_run(fresh, target)
+    params, extra = component_params(
+        train_data_uri=values["train_data_uri"], base_model=values["base_model"],
+        data_kind=values["data_kind"], seq_len=int(values["seq_len"]),
+        eval_fraction=values["eval_fraction"], runner=values["preprocess_runner"],
+        project=values["project"], region=values["region"], work_uri=values["work_uri"],
+        run_id="llmft-fine-tune-20261203", dataflow_options=values["dataflow_options"],
+        dataflow_service_account="preprocess@my-project.iam.gserviceaccount.com",
+        output_uri="gs://my-bucket/root/run/preprocess/dataset",
+    )  # fmt: skip
+    argv = build_argv(extra_args=extra, **params)
+    options = PipelineOptions([*argv, "--dry_run=True"])
+    assert PipelineOptionsValidator(options, DataflowRunner()).validate() == []
+    assert validate_dataflow_options(options, PreprocessConfig.from_options(options)) == []
+    flags = dict(a.lstrip("-").split("=", 1) for a in argv if "=" in a)
+    assert flags["sdk_container_image"] == DEFAULT_IMAGE
+    assert flags["service_account_email"] == "preprocess@my-project.iam.gserviceaccount.com"
+    assert flags["temp_location"].startswith("gs://my-bucket/llmft-work/dataflow/")
+    assert flags["staging_location"].startswith("gs://my-bucket/llmft-work/dataflow/")
+    assert flags["region"] == values["region"] and flags["project"] == "my-project"
+
+
+def _executors(spec: dict) -> dict:
+    return spec["deploymentSpec"]["executors"]
+
+
+@pytest.mark.parametrize("target", ["vertex", "kfp"])
+def test_every_step_is_sized_and_evaluation_gets_a_gpu(fresh: Path, target: str):
+    """No step relies on Vertex's default 4 vCPU / 16 GB machine: each sets CPU and memory, and
+    evaluation (a 7B model in bf16 is ~15 GB of weights) runs on a GPU with enough host memory."""
+    _, spec = _console_run(fresh, target)
+    for name, executor in _executors(spec).items():
+        resources = executor["container"].get("resources", {})
+        assert resources.get("resourceCpuLimit") and resources.get("resourceMemoryLimit"), name
+    evaluate = _executors(spec)["exec-evaluate"]["container"]["resources"]
+    assert float(evaluate["resourceMemoryLimit"].rstrip("G")) >= 32
+    accelerator = evaluate["accelerator"]
+    assert "eval_accelerator_count" in accelerator["resourceCount"]
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["eval_accelerator_count"]["defaultValue"] >= 1
+    if target == "vertex":
+        assert "eval_accelerator_type" in accelerator["resourceType"]
+        assert params["eval_accelerator_type"]["defaultValue"] == "NVIDIA_L4"
+    else:
+        assert accelerator["resourceType"] == "nvidia.com/gpu"
+
+
+def test_component_commands_exec_python(fresh: Path):
+    """SIGTERM must reach the step (tests/test_component_signals.py runs it for real)."""
+    for path in fresh.rglob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for executor in (doc or {}).get("deploymentSpec", {}).get("executors", {}).values():
+                script = executor["container"]["command"][2]
+                assert "exec python3 -m kfp.dsl.executor_main" in script, path
 
 
 def test_compile_cli_rejects_unknown_target(tmp_path: Path):

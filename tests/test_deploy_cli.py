@@ -208,6 +208,8 @@ def test_missing_or_unreachable_kfp_host_is_one_clear_line(
         "kfp",
         "--template",
         str(templates["kfp"]),
+        "--pipeline-root",
+        "gs://b/root",
         "--param",
         "train_data_uri=gs://b/x",
     ]

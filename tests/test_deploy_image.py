@@ -3,6 +3,7 @@ and the Kubernetes objects validate against Kubernetes' own schemas."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -43,8 +44,42 @@ def test_dockerfile_pins_match_the_project() -> None:
     (index,) = re.findall(r"^ARG TORCH_INDEX_URL=(\S+)", DOCKERFILE, flags=re.M)
     assert re.fullmatch(r"https://download\.pytorch\.org/whl/cu\d+", index), "CUDA build of torch"
     assert "pip install -c constraints.txt ." in DOCKERFILE
-    (user,) = re.findall(r"^USER\s+(\S+)", DOCKERFILE, flags=re.M)
-    assert user.split(":")[0] not in ("0", "root")
+
+
+def test_image_is_a_dataflow_custom_container() -> None:
+    """Dataflow runs the image's ENTRYPOINT on workers: the Beam SDK boot copied from the
+    official Beam SDK image of exactly the installed Beam, for the image's Python."""
+    copies = re.findall(r"^COPY\s+--from=(\S+)\s+(\S+)\s+(\S+)\s*$", DOCKERFILE, flags=re.M)
+    [(source, src, dest)] = [c for c in copies if "beam" in c[0]]
+    image, _, tag = source.rpartition(":")
+    python = "{}.{}".format(*sys.version_info[:2])
+    assert image == f"apache/beam_python{python}_sdk"
+    assert tag == _constraint("apache-beam")
+    from importlib.metadata import version
+
+    assert version("apache-beam") == tag  # the Beam the tests (and the image) run
+    assert src == dest == "/opt/apache/beam"
+    (entrypoint,) = re.findall(r"^ENTRYPOINT\s+(.+)$", DOCKERFILE, flags=re.M)
+    assert json.loads(entrypoint) == ["/opt/apache/beam/boot"]
+    # Everything the workers import is installed by the image (beam_preprocess and its deps):
+    # the package itself, checked at build time by importing it.
+    assert re.search(r"python -c \"import [^\"]*beam_preprocess", DOCKERFILE)
+    # Dataflow's boot needs root; no USER switches away from it (pods set runAsUser instead).
+    assert not re.findall(r"^USER\s+", DOCKERFILE, flags=re.M)
+    from components.launchers.gke import IMAGE_UID
+
+    assert f"--uid {IMAGE_UID}" in DOCKERFILE
+    # The default Dataflow options point at this image.
+    from components.image import DEFAULT_IMAGE
+    from components.preprocess_step import component_params
+
+    params, extra = component_params(
+        train_data_uri="gs://bkt/d/*.jsonl", base_model="gs://bkt/m", data_kind="text", seq_len=64,
+        eval_fraction=0.1, runner="DataflowRunner", project="my-project", region="us-central1",
+        work_uri="gs://bkt/w", run_id="r", dataflow_options={},
+        output_uri="gs://bkt/o",
+    )  # fmt: skip
+    assert params["sdk_container_image"] == DEFAULT_IMAGE and "--sdk_location=container" in extra
 
 
 def _repo_text_files() -> list[Path]:
@@ -100,10 +135,12 @@ def test_cloudbuild_pushes_the_image_the_components_use() -> None:
 
 RBAC = list(yaml.safe_load_all((REPO / "docs/deploy/rbac.yaml").read_text()))
 NEEDED = {
-    ("apps", "statefulsets"): {"create", "get", "list", "delete"},
+    ("apps", "statefulsets"): {"create", "get", "list", "patch", "delete"},
     ("apps", "statefulsets/status"): {"get"},
     ("", "services"): {"create", "get", "list", "delete"},
     ("", "persistentvolumeclaims"): {"list", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "list", "delete"},
+    ("", "serviceaccounts"): {"get"},
     ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "delete"},
     ("", "pods"): {"get", "list"},
     ("", "pods/log"): {"get"},

@@ -271,3 +271,14 @@ def test_registry_upload_tags_and_returns_the_sha256_version(templates: dict[str
         upload_to_registry(templates["kfp"], registry.url)
     with pytest.raises(ValueError, match=r"tags \['sha256:abc'\] are not valid registry tags"):
         upload_to_registry(templates["vertex"], registry.url, tags=["sha256:abc"])
+
+
+@pytest.mark.parametrize("root", [None, "minio://mlpipeline/v2/artifacts"])
+def test_gke_training_needs_a_gs_pipeline_root_before_anything_starts(
+    kfp_api: FakeKfp, templates: dict[str, Path], root: str | None
+) -> None:
+    """PyTorchJob pods read the run's artifacts by URI; KFP's default MinIO root is out of reach."""
+    config = _config(kfp_api, templates["kfp"], pipeline_root=root)
+    with pytest.raises(ValueError, match="backend=gke on KFP needs a gs:// pipeline root"):
+        submit_kfp(config)
+    assert kfp_api.calls("POST", "/apis/v2beta1/runs") == []

@@ -399,15 +399,18 @@ def test_batched_left_padded_generation_matches_one_by_one(env: Env) -> None:
 
 @pytest.mark.slow
 def test_kfp_component_entry_point(env: Env, tmp_path: Path) -> None:
-    """What the `evaluate` component calls: trainer run dir in, report file + scalars out."""
+    """What the `evaluate` component calls: the Model artifact (the exported model only) and its
+    run directory in metadata in, report file + scalars out."""
     from components.evaluation.step import run_evaluate_component
 
-    run_dir = tmp_path / "train"
-    shutil.copytree(env.tuned, run_dir / "model")
+    run_dir, model = tmp_path / "train-run", tmp_path / "model"
+    shutil.copytree(env.tuned, model)
+    run_dir.mkdir()
     shutil.copy(env.train_metrics, run_dir / "metrics.jsonl")
     report = tmp_path / "report.html"
     scalars, passed = run_evaluate_component(
-        base_model=str(env.base), tuned_model_uri=str(run_dir), tuned_metadata={},
+        base_model=str(env.base), tuned_model_uri=str(model),
+        tuned_metadata={"run_uri": str(run_dir)},
         dataset_uri=str(env.data), max_examples=0, min_loss_improvement=0.5,
         min_exact_match=0.0, champion_model="", report_path=str(report),
     )  # fmt: skip

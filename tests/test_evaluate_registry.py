@@ -257,21 +257,21 @@ def test_register_model_artifact_from_trainer_metadata(fake_registry: FakeModelS
     )  # fmt: skip
     assert first == f"{PARENT}/models/1000@1"
     second = registry.register_model_artifact(
-        model_uri="gs://bucket/runs/run-2/train", metadata={}, run_id="run-2",
+        model_uri="gs://bucket/runs/run-2/train/model", metadata={}, run_id="run-2",
         project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft", serving_image=IMAGE,
     )  # fmt: skip
     assert second == f"{PARENT}/models/1000@2"
     uploads = [r for r in fake_registry.requests if isinstance(r, model_service.UploadModelRequest)]
     assert uploads[0].parent_model == "" and uploads[1].parent_model == f"{PARENT}/models/1000"
     assert uploads[0].model.artifact_uri == "gs://bucket/runs/run-1/train/model"
-    # Without metadata the HF files are at <run dir>/model.
+    # Without metadata the Model artifact itself is the HF model (the exported files only).
     assert uploads[1].model.artifact_uri == "gs://bucket/runs/run-2/train/model"
     assert uploads[0].model.description == "fine-tuned by llmft run run-1 from gs://bucket/base"
     assert uploads[1].model.display_name == "tiny-llama-ft"
     assert uploads[1].model.labels["llmft-run-id"] == "run-2"
     # By resource name too, and "latest-registered" resolves to the newest files.
     third = registry.register_model_artifact(
-        model_uri="gs://bucket/runs/run-3/train", metadata={}, run_id="run-3",
+        model_uri="gs://bucket/runs/run-3/train/model", metadata={}, run_id="run-3",
         project=PROJECT, region=LOCATION, registered_model=f"{PARENT}/models/1000", serving_image=IMAGE,
     )  # fmt: skip
     assert third == f"{PARENT}/models/1000@3"

@@ -5,6 +5,7 @@ API responses at the HTTP boundary of a real kubernetes ApiClient (tests/launche
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 from pathlib import Path
@@ -111,19 +112,44 @@ def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(pytorchjob_schema
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"] == {
         "name": "HF_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}},
     }
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1"
     assert spec["runPolicy"] == {
         "cleanPodPolicy": "None",
         "ttlSecondsAfterFinished": 86400,
-        "backoffLimit": 3,
+        "backoffLimit": 13,  # 3 restarts for each of 4 nodes, + 1 (see the arithmetic test)
         "activeDeadlineSeconds": 86400,
         "schedulingPolicy": {"minAvailable": 4, "queue": "gpu-queue"},
     }
     for labels in (job["metadata"]["labels"], worker["template"]["metadata"]["labels"]):
         assert labels[K8S_RUN_LABEL] == RUN and labels["app.kubernetes.io/managed-by"] == "llmft"
     assert "value" not in env["HF_TOKEN"]  # the token itself never appears in the manifest
+
+
+def operator_past_backoff_limit(restart_counts: list[int], backoff_limit: int) -> bool:
+    """Training Operator v1.9's `PastBackoffLimit`: restarts summed over the job's running pods."""
+    total = sum(restart_counts)
+    return total > 0 if backoff_limit == 0 else total >= backoff_limit
+
+
+@pytest.mark.parametrize(("nodes", "restarts"), [(1, 0), (1, 3), (4, 3), (16, 2)])
+def test_backoff_limit_gives_every_node_its_restarts(nodes: int, restarts: int) -> None:
+    job = build_pytorchjob(launch=seven_b_launch(), restarts_per_node=restarts)
+    limit = job["spec"]["runPolicy"]["backoffLimit"]
+    launch_nodes = seven_b_launch().nodes
+    from components.launchers.gke import backoff_limit_for
+
+    assert limit == backoff_limit_for(launch_nodes, restarts)
+    limit = backoff_limit_for(nodes, restarts)
+    one_node_used_all = [restarts] + [0] * (nodes - 1)
+    every_node_used_all = [restarts] * nodes
+    assert not operator_past_backoff_limit(one_node_used_all, limit)
+    assert not operator_past_backoff_limit(every_node_used_all, limit)
+    assert operator_past_backoff_limit([restarts + 1, *every_node_used_all[1:]], limit)
+    # The old fixed limit: three restarts on one of four nodes, or one on three, failed the job.
+    if nodes == 4 and restarts == 3:
+        assert operator_past_backoff_limit([1, 1, 1, 0], 3)
 
 
 def test_pod_template_is_a_valid_kubernetes_pod() -> None:
@@ -174,6 +200,14 @@ def test_builder_reports_every_bad_option() -> None:
 
 
 # ---- the launcher against canned API responses ---------------------------------------------------
+
+
+SERVICE_ACCOUNT = {
+    "metadata": {
+        "name": "default",
+        "annotations": {"iam.gke.io/gcp-service-account": "llmft@p.iam.gserviceaccount.com"},
+    }
+}
 
 
 def job_status(
@@ -267,11 +301,31 @@ def events(*items: tuple[str, str, str]) -> tuple[int, dict]:
     }
 
 
+def watched(r: Any, *replies: Any) -> None:
+    """Serve the job to the launcher's list-then-watch: each request (the list, then every watch,
+    resumed from the last resourceVersion) gets the next reply, as a list or as one MODIFIED
+    event (the last reply repeats)."""
+    queue = list(replies)
+    served = {"n": 0}
+
+    def answer(req: Recorded) -> tuple[int, Any]:
+        reply = queue.pop(0) if len(queue) > 1 else queue[0]
+        status, job = reply(req) if callable(reply) else reply
+        served["n"] += 1
+        job = {**job, "metadata": {**job["metadata"], "resourceVersion": str(served["n"])}}
+        if req.query.get("watch") == "True":
+            return status, (json.dumps({"type": "MODIFIED", "object": job}) + "\n").encode()
+        version = {"resourceVersion": str(served["n"])}
+        return status, {"kind": "PyTorchJobList", "metadata": version, "items": [job]}
+
+    r.on("GET", JOBS, answer)
+
+
 def launcher(router_setup: Any, **kwargs: Any) -> tuple[GkeLauncher, Any, list[str]]:
     api_client, router = fake_kube()
     router_setup(router)
+    router.on("GET", "/api/v1/namespaces/ml/serviceaccounts/default", (200, SERVICE_ACCOUNT))
     lines: list[str] = []
-    kwargs.setdefault("poll_s", 0.01)
     return (
         GkeLauncher(
             api_client=api_client,
@@ -298,9 +352,8 @@ def small_launch() -> TrainLaunch:
 def test_create_then_succeed_when_every_worker_succeeded() -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on(
-            "GET",
-            f"{JOBS}/{NAME}",
+        watched(
+            r,
             (200, job_status(None)),
             (200, job_status("Running")),
             (200, job_status("Succeeded", worker={"succeeded": 1, "active": 1})),
@@ -330,8 +383,16 @@ def test_create_then_succeed_when_every_worker_succeeded() -> None:
     )
     [pod_list, *_] = router.sent("GET", "/api/v1/namespaces/ml/pods")
     assert pod_list.query["labelSelector"] == f"training.kubeflow.org/job-name={NAME}"
-    # The job was "Succeeded" while worker 0 still ran: we waited for it.
-    assert len(router.sent("GET", f"{JOBS}/{NAME}")) == 4
+    # The job was "Succeeded" while worker 0 still ran: we waited for it, following the job with
+    # one list and then watches, each resumed from the last resourceVersion.
+    [listing, *watches] = router.sent("GET", JOBS)
+    assert (
+        listing.query["fieldSelector"] == f"metadata.name={NAME}" and "watch" not in listing.query
+    )
+    assert watches and [w.query["resourceVersion"] for w in watches] == [
+        str(n) for n in range(1, len(watches) + 1)
+    ]
+    assert all(w.query["watch"] == "True" for w in watches)
     [log_request] = router.sent("GET", f"/api/v1/namespaces/ml/pods/{NAME}-worker-0/log")
     assert log_request.query == {"container": "pytorch", "follow": "True"}
     assert f"[{NAME}-worker-0] exported model" in lines
@@ -358,9 +419,8 @@ def test_failed_job_reports_pod_reasons(
 ) -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on(
-            "GET",
-            f"{JOBS}/{NAME}",
+        watched(
+            r,
             (
                 200,
                 job_status(
@@ -387,9 +447,8 @@ def test_failed_job_reports_pod_reasons(
 def test_worker_only_job_marked_succeeded_with_a_failed_worker_is_a_failure() -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on(
-            "GET",
-            f"{JOBS}/{NAME}",
+        watched(
+            r,
             (200, job_status("Succeeded", worker={"succeeded": 1, "failed": 1})),
         )
         r.on(
@@ -418,7 +477,7 @@ def test_worker_only_job_marked_succeeded_with_a_failed_worker_is_a_failure() ->
 def test_fatal_pod_state_fails_fast_and_deletes_the_job(waiting: str, hint: str) -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on("GET", f"{JOBS}/{NAME}", (200, job_status(None)))
+        watched(r, (200, job_status(None)))
         r.on(
             "GET",
             "/api/v1/namespaces/ml/pods",
@@ -437,7 +496,7 @@ def test_fatal_pod_state_fails_fast_and_deletes_the_job(waiting: str, hint: str)
 def test_unschedulable_for_too_long_fails_with_the_scheduler_message() -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on("GET", f"{JOBS}/{NAME}", (200, job_status(None)))
+        watched(r, (200, job_status(None)))
         r.on(
             "GET",
             "/api/v1/namespaces/ml/pods",
@@ -511,7 +570,7 @@ def test_sigterm_deletes_the_job() -> None:
 
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
-        r.on("GET", f"{JOBS}/{NAME}", status)
+        watched(r, status)
         r.on("GET", "/api/v1/namespaces/ml/pods", pods(pod(0, "Pending"), pod(1, "Pending")))
         r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
 
@@ -567,6 +626,11 @@ def test_cleanup_deletes_by_label_and_ignores_what_is_gone() -> None:
             "GET",
             "/api/v1/namespaces/ml/services",
             (200, {"kind": "ServiceList", "apiVersion": "v1", "metadata": {}, "items": []}),
+        )
+        r.on(
+            "GET",
+            "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies",
+            (200, {"kind": "NetworkPolicyList", "metadata": {}, "items": []}),
         )
         r.on(
             "GET",
@@ -693,3 +757,102 @@ def test_render_pytorchjob_refuses_what_the_api_server_would(
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and problem in result.output
     assert "Traceback" not in result.output and "apiVersion" not in result.output
+
+
+def test_succeeded_job_with_a_crash_looping_worker_fails_instead_of_hanging() -> None:
+    """Elastic Worker-only jobs are Succeeded when any worker is; a worker restarting after
+    errors (OnFailure keeps its pod Running) must not keep the step waiting forever."""
+
+    def setup(r: Any) -> None:
+        r.on("POST", JOBS, lambda req: (201, req.body))
+        watched(r, (200, job_status("Succeeded", worker={"succeeded": 1, "active": 1})))
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/pods",
+            pods(
+                pod(0, "Succeeded", terminated=("Completed", 0)),
+                pod(
+                    1,
+                    "Running",
+                    waiting="CrashLoopBackOff",
+                    last_terminated=("Error", 1),
+                    restarts=4,
+                ),
+            ),
+        )
+        r.on("GET", "/api/v1/namespaces/ml/events", events())
+        r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
+
+    gke, router, _ = launcher(setup, follow_logs=False, succeeded_grace_s=3600)
+    result = gke.run(small_launch(), timeout=30)
+    assert result.status == "failed"
+    assert f"worker pod(s) {NAME}-worker-1 did not finish (failing)" in result.message
+    assert "exited with code 1" in result.message
+    assert router.sent("DELETE", f"{JOBS}/{NAME}")
+
+
+def test_succeeded_job_with_a_worker_that_never_finishes_fails_after_the_grace() -> None:
+    def setup(r: Any) -> None:
+        r.on("POST", JOBS, lambda req: (201, req.body))
+        watched(r, (200, job_status("Succeeded", worker={"succeeded": 1, "active": 1})))
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/pods",
+            pods(pod(0, "Succeeded", terminated=("Completed", 0)), pod(1, "Running")),
+        )
+        r.on("GET", "/api/v1/namespaces/ml/events", events())
+        r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
+
+    gke, _, _ = launcher(setup, follow_logs=False, succeeded_grace_s=0.0)
+    result = gke.run(small_launch(), timeout=30)
+    assert result.status == "failed" and "did not finish within 0s" in result.message
+
+
+def test_an_expired_watch_lists_again() -> None:
+    """410 Gone: the resourceVersion is too old to resume from; list, then watch from the new one."""
+    gone = {
+        "type": "ERROR",
+        "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"},
+    }
+    calls = {"n": 0}
+
+    def answer(req: Recorded) -> tuple[int, Any]:
+        calls["n"] += 1
+        done = job_status("Succeeded", worker={"succeeded": 2})
+        running = job_status("Running")
+        if req.query.get("watch") == "True":
+            if calls["n"] == 2:
+                return 200, (json.dumps(gone) + "\n").encode()
+            job = {**done, "metadata": {**done["metadata"], "resourceVersion": "20"}}
+            return 200, (json.dumps({"type": "MODIFIED", "object": job}) + "\n").encode()
+        version = "5" if calls["n"] == 1 else "10"
+        return 200, {"metadata": {"resourceVersion": version}, "items": [running]}
+
+    def setup(r: Any) -> None:
+        r.on("POST", JOBS, lambda req: (201, req.body))
+        r.on("GET", JOBS, answer)
+        r.on(
+            "GET",
+            "/api/v1/namespaces/ml/pods",
+            pods(pod(0, "Running"), pod(1, "Running")),
+            pods(pod(0, "Running"), pod(1, "Running")),
+            pods(pod(0, "Succeeded"), pod(1, "Succeeded")),
+        )
+
+    gke, router, _ = launcher(setup, follow_logs=False)
+    assert gke.run(small_launch(), timeout=30).ok
+    requests = router.sent("GET", JOBS)
+    shape = [(r.query.get("watch"), r.query.get("resourceVersion")) for r in requests]
+    assert shape[:4] == [(None, None), ("True", "5"), (None, None), ("True", "10")]
+
+
+def test_a_missing_service_account_is_a_clear_error_before_anything_starts() -> None:
+    api_client, router = fake_kube()
+    router.on("POST", JOBS, lambda req: (201, req.body))
+    gke = GkeLauncher(
+        api_client=api_client, namespace="ml", log=lambda line: None,
+        job_options={"accelerator": "nvidia-l4", "service_account": "llmft-pipeline"},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="service account ml/llmft-pipeline does not exist"):
+        gke.start(small_launch())
+    assert router.sent("POST", JOBS) == []

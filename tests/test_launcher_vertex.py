@@ -66,6 +66,11 @@ def vertex(router: Router, **kw: Any) -> tuple[VertexLauncher, list[str]]:
     ), lines
 
 
+def no_previous_jobs(router: Router) -> None:
+    """The run-label lookup a first attempt makes finds nothing."""
+    router.on("GET", JOBS, (200, {}))
+
+
 def job_json(state: str, message: str = "") -> dict[str, Any]:
     body: dict[str, Any] = {"name": JOB, "displayName": f"llmft-train-{RUN}", "state": state}
     if message:
@@ -103,6 +108,7 @@ def test_custom_job_proto_has_two_pools_and_the_rendezvous_at_the_primary() -> N
 
 def test_create_request_gcp_resources_and_success(tmp_path: Path) -> None:
     router = Router()
+    no_previous_jobs(router)
     router.on(
         "POST", JOBS, lambda req: (200, {**req.body, "name": JOB, "state": "JOB_STATE_QUEUED"})
     )
@@ -160,6 +166,7 @@ def test_create_request_gcp_resources_and_success(tmp_path: Path) -> None:
 )
 def test_terminal_states(state: str, error: str, status: str) -> None:
     router = Router()
+    no_previous_jobs(router)
     router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
     router.on(
         "GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_RUNNING")), (200, job_json(state, error))
@@ -175,6 +182,7 @@ def test_sigterm_cancels_the_job() -> None:
         return 200, job_json("JOB_STATE_RUNNING")
 
     router = Router()
+    no_previous_jobs(router)
     router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
     router.on("GET", f"/v1/{JOB}", running)
     router.on("POST", f"/v1/{JOB}:cancel", (200, {}))
@@ -259,3 +267,203 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
     outputs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert json.loads((tmp_path / "summary.json").read_text())["world_size"] == 2
+
+
+def test_retried_task_follows_the_job_named_in_gcp_resources(tmp_path: Path) -> None:
+    """GCPC's check_if_job_exists: a retry reads gcp_resources and never creates a second job."""
+    gcp_resources = tmp_path / "gcp_resources"
+    gcp_resources.write_text(
+        json.dumps(
+            {
+                "resources": [
+                    {
+                        "resourceType": "CustomJob",
+                        "resourceUri": f"https://us-central1-aiplatform.googleapis.com/v1/{JOB}",
+                    }
+                ]
+            }
+        )
+    )
+    router = Router()
+    router.on(
+        "GET",
+        f"/v1/{JOB}",
+        (200, job_json("JOB_STATE_RUNNING")),
+        (200, job_json("JOB_STATE_RUNNING")),
+        (200, job_json("JOB_STATE_SUCCEEDED")),
+    )
+    launcher, lines = vertex(router, gcp_resources_path=str(gcp_resources))
+    assert launcher.run(launch(), timeout=30).ok
+    assert router.sent("POST", JOBS) == [] and router.sent("GET", JOBS) == []
+    assert any("started by a previous attempt" in line for line in lines)
+
+
+def test_retried_task_finds_its_job_by_the_run_label() -> None:
+    """gcp_resources was never written (the attempt died right after create): the run label
+    finds the job; a failed older job is not followed."""
+    older = f"{PARENT}/customJobs/100"
+    router = Router()
+    router.on(
+        "GET",
+        JOBS,
+        (
+            200,
+            {
+                "customJobs": [
+                    {
+                        "name": JOB,
+                        "state": "JOB_STATE_RUNNING",
+                        "createTime": "2026-12-02T10:00:00Z",
+                    },
+                    {
+                        "name": older,
+                        "state": "JOB_STATE_FAILED",
+                        "createTime": "2026-12-02T09:00:00Z",
+                    },
+                ]
+            },
+        ),
+    )
+    router.on("GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_SUCCEEDED")))
+    launcher, _ = vertex(router)
+    result = launcher.run(launch(), timeout=30)
+    assert result.ok and result.details["job"] == JOB
+    assert router.sent("POST", JOBS) == []
+    [listing] = router.sent("GET", JOBS)
+    assert listing.query["filter"] == f'labels.llmft-run-id="{RUN}"'
+
+
+def test_a_failed_job_from_a_previous_attempt_is_replaced(tmp_path: Path) -> None:
+    gcp_resources = tmp_path / "gcp_resources"
+    uri = "https://us-central1-aiplatform.googleapis.com/v1/" + f"{PARENT}/customJobs/100"
+    gcp_resources.write_text(
+        json.dumps({"resources": [{"resourceType": "CustomJob", "resourceUri": uri}]})
+    )
+    router = Router()
+    router.on(
+        "GET", f"/v1/{PARENT}/customJobs/100", (200, {"name": "x", "state": "JOB_STATE_FAILED"})
+    )
+    router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
+    router.on("GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_SUCCEEDED")))
+    launcher, _ = vertex(router, gcp_resources_path=str(gcp_resources))
+    assert launcher.run(launch(), timeout=30).ok
+    assert len(router.sent("POST", JOBS)) == 1
+    assert JOB in gcp_resources.read_text()
+
+
+UNAVAILABLE = (503, {"error": {"code": 503, "message": "try again", "status": "UNAVAILABLE"}})
+
+
+def test_transient_errors_while_polling_are_retried_with_backoff() -> None:
+    router = Router()
+    no_previous_jobs(router)
+    router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
+    router.on(
+        "GET",
+        f"/v1/{JOB}",
+        (200, job_json("JOB_STATE_RUNNING")),
+        UNAVAILABLE,
+        UNAVAILABLE,
+        (200, job_json("JOB_STATE_SUCCEEDED")),
+    )
+    waits: list[float] = []
+    launcher, _ = vertex(router, backoff_s=1.0, sleep=waits.append)
+    assert launcher.run(launch(), timeout=30).ok
+    assert waits == [1.0, 2.0]
+
+
+def test_a_launcher_that_fails_cancels_the_job_it_started() -> None:
+    router = Router()
+    no_previous_jobs(router)
+    router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
+    router.on("GET", f"/v1/{JOB}", UNAVAILABLE)
+    router.on("POST", f"/v1/{JOB}:cancel", (200, {}))
+    launcher, _lines = vertex(router, retries=3, backoff_s=0.0, sleep=lambda s: None)
+    from google.api_core import exceptions
+
+    with pytest.raises(exceptions.ServiceUnavailable):
+        launcher.run(launch(), timeout=30)
+    assert len(router.sent("GET", f"/v1/{JOB}")) == 3
+    assert len(router.sent("POST", f"/v1/{JOB}:cancel")) == 1
+
+
+def test_the_hf_token_is_read_at_run_time_by_secret_name(tmp_path: Path) -> None:
+    """The create request (golden file, reviewed) names the secret; no token value anywhere."""
+    router = Router()
+    no_previous_jobs(router)
+    router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
+    router.on("GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_SUCCEEDED")))
+    launcher, _ = vertex(
+        router,
+        job_options={
+            "machine_type": "g2-standard-24",
+            "accelerator_type": "NVIDIA_L4",
+            "service_account": "trainer@p.iam.gserviceaccount.com",
+            "hf_token_secret": "llmft-hf-token",
+        },
+    )
+    assert launcher.run(launch(nodes=2, nproc_per_node=2), timeout=30).ok
+    [create] = router.sent("POST", JOBS)
+    golden = json.loads(
+        (Path(__file__).parent / "golden" / "vertex_create_custom_job.json").read_text()
+    )
+    assert create.body == golden
+    with pytest.raises(ValueError, match="must not carry the HF token"):
+        build_custom_job(launch=launch(), env={"HF_TOKEN": "x"})
+
+
+def test_secret_manager_read_is_optional() -> None:
+    """components/secrets.py against Secret Manager's REST API (answered at the HTTP boundary):
+    the value when the secret exists, None (and a note) when it is missing or not readable."""
+    import base64
+
+    from google.cloud import secretmanager
+
+    from components.secrets import read_secret, secret_version_name
+
+    name = secret_version_name("llmft-hf-token", "p")
+    assert name == "projects/p/secrets/llmft-hf-token/versions/latest"
+    assert secret_version_name("projects/q/secrets/s/versions/3", "p").startswith("projects/q/")
+    router = Router()
+    payload = {"data": base64.b64encode(b"the-value\n").decode()}
+    router.on("GET", f"/v1/{name}:access", (200, {"name": name, "payload": payload}))
+    router.on(
+        "GET",
+        "/v1/projects/p/secrets/denied/versions/latest:access",
+        (403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}),
+    )
+    client = secretmanager.SecretManagerServiceClient(
+        credentials=AnonymousCredentials(), transport="rest"
+    )
+    client._transport._session.mount("https://", FakeHttp(router))
+    assert read_secret(name, client) == "the-value"
+    assert read_secret("projects/p/secrets/missing/versions/latest", client) is None
+    assert read_secret("projects/p/secrets/denied/versions/latest", client) is None
+
+
+def test_pipeline_tasks_load_the_token_only_when_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tasks on Vertex (evaluate, preprocess) read the token by name into their own env; an
+    HF_TOKEN already set (KFP mounts the Secret) or no project/secret (local) is left alone."""
+    import base64
+
+    from google.cloud import secretmanager
+
+    from components.secrets import load_hf_token
+
+    name = "projects/p/secrets/llmft-hf-token/versions/latest"
+    router = Router()
+    router.on(
+        "GET",
+        f"/v1/{name}:access",
+        (200, {"name": name, "payload": {"data": base64.b64encode(b"tok").decode()}}),
+    )
+    client = secretmanager.SecretManagerServiceClient(
+        credentials=AnonymousCredentials(), transport="rest"
+    )
+    client._transport._session.mount("https://", FakeHttp(router))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert not load_hf_token(project="", secret="llmft-hf-token", client=client)
+    assert load_hf_token(project="p", secret="llmft-hf-token", client=client)
+    assert os.environ["HF_TOKEN"] == "tok"
+    assert not load_hf_token(project="p", secret="llmft-hf-token", client=client)  # already set
+    assert len(router.requests) == 1

@@ -57,7 +57,7 @@ def _status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
 )
 def test_manifests_validate_against_kubernetes_schemas(options: dict[str, Any]) -> None:
     manifests = k8s_etcd.build_etcd_manifests(run_id=RUN_ID, namespace=NS, **options)
-    assert [m["kind"] for m in manifests] == ["Service", "StatefulSet"]
+    assert [m["kind"] for m in manifests] == ["StatefulSet", "Service", "NetworkPolicy"]
     for manifest in manifests:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         labels = manifest["metadata"]["labels"]
@@ -122,24 +122,99 @@ def test_tls_from_secret_requires_client_certificates() -> None:
 # -- API --------------------------------------------------------------------------------------
 
 
-def test_create_posts_service_then_statefulset(
+WORKFLOW = {
+    "apiVersion": "argoproj.io/v1alpha1",
+    "kind": "Workflow",
+    "name": "run-x",
+    "uid": "wf-1",
+}
+
+
+def _created(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    """The API server's answer to a create: the object with a uid."""
+    return 201, {**body, "metadata": {**body["metadata"], "uid": f"uid-{body['kind']}"}}
+
+
+def test_create_posts_statefulset_then_owned_service_and_network_policy(
     fake_api: Callable[[Responder], FakeApiServer],
 ) -> None:
-    server = fake_api(lambda method, path, body: (201, body or {}))
-    endpoint = k8s_etcd.create_etcd(server.api_client, run_id=RUN_ID, namespace=NS, enable_v2=True)
+    server = fake_api(_created)
+    endpoint = k8s_etcd.create_etcd(
+        server.api_client, run_id=RUN_ID, namespace=NS, owner=WORKFLOW, enable_v2=True
+    )
     assert endpoint == f"llmft-etcd-{safe_run_id(RUN_ID)}.{NS}.svc.cluster.local:2379"
     assert [(m, p) for m, p, _ in server.requests] == [
-        ("POST", f"/api/v1/namespaces/{NS}/services"),
         ("POST", f"/apis/apps/v1/namespaces/{NS}/statefulsets"),
+        ("POST", f"/api/v1/namespaces/{NS}/services"),
+        ("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"),
     ]
-    expected = k8s_etcd.build_etcd_manifests(run_id=RUN_ID, namespace=NS, enable_v2=True)
-    assert [body for _, _, body in server.requests] == expected
+    sts, service, policy = k8s_etcd.build_etcd_manifests(
+        run_id=RUN_ID, namespace=NS, enable_v2=True
+    )
+    by_sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": sts["metadata"]["name"],
+        "uid": "uid-StatefulSet",
+    }
+    sts["metadata"]["ownerReferences"] = [WORKFLOW]
+    service["metadata"]["ownerReferences"] = [by_sts]
+    policy["metadata"]["ownerReferences"] = [by_sts]
+    assert [body for _, _, body in server.requests] == [sts, service, policy]
+    for manifest in (sts, service, policy):
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_network_policy_admits_only_the_runs_pods() -> None:
+    policy = k8s_etcd.build_etcd_network_policy(run_id=RUN_ID, namespace=NS)
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS)
+    assert policy["spec"]["podSelector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {K8S_RUN_LABEL: safe_run_id(RUN_ID)}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 2379}]
+    # The PyTorchJob's pods carry the run label, so they are admitted.
+    from components.launchers import TrainLaunch
+    from components.launchers.gke import build_pytorchjob
+    from trainer.config import TrainConfig
+
+    trainer = TrainConfig(model="gs://b/m", data="gs://b/d", output="gs://b/o")
+    job = build_pytorchjob(launch=TrainLaunch(run_id=RUN_ID, trainer=trainer))
+    pod_labels = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]
+    assert rule["from"][0]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_adopt_gives_an_ownerless_statefulset_to_the_training_job(
+    fake_api: Callable[[Responder], FakeApiServer],
+) -> None:
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j", "uid": "job-1"}
+    owners: list[Any] = []
+
+    def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if method == "GET":
+            meta = {"name": "x", **({"ownerReferences": owners} if owners else {})}
+            return 200, {"kind": "StatefulSet", "apiVersion": "apps/v1", "metadata": meta}
+        return 200, {"kind": "StatefulSet", "apiVersion": "apps/v1", "metadata": {"name": "x"}}
+
+    server = fake_api(respond)
+    assert k8s_etcd.adopt_etcd(server.api_client, run_id=RUN_ID, namespace=NS, owner=job)
+    patch = server.requests[-1]
+    assert patch[0] == "PATCH" and patch[2] == {"metadata": {"ownerReferences": [job]}}
+    owners.append(WORKFLOW)  # owned by the run's Workflow already: left alone
+    assert not k8s_etcd.adopt_etcd(server.api_client, run_id=RUN_ID, namespace=NS, owner=job)
 
 
 def test_create_reuses_existing_objects(fake_api: Callable[[Responder], FakeApiServer]) -> None:
-    server = fake_api(lambda method, path, body: _status(409, "AlreadyExists"))
+    def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if method == "GET":  # the existing StatefulSet, read for its uid
+            return 200, {"kind": "StatefulSet", "metadata": {"name": "x", "uid": "sts-1"}}
+        return _status(409, "AlreadyExists")
+
+    server = fake_api(respond)
     k8s_etcd.create_etcd(server.api_client, run_id=RUN_ID, namespace=NS)  # no exception
-    assert len(server.requests) == 2
+    assert [m for m, _, _ in server.requests] == ["POST", "GET", "POST", "POST"]
+    assert server.requests[2][2]["metadata"]["ownerReferences"][0]["uid"] == "sts-1"
 
 
 def test_create_raises_other_errors(fake_api: Callable[[Responder], FakeApiServer]) -> None:
@@ -261,7 +336,7 @@ def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], FakeA
     deleted = k8s_etcd.delete_etcd(server.api_client, run_id=RUN_ID, namespace=NS)
     assert deleted == [f"StatefulSet/{name}"]
     lists = [p for m, p, _ in server.requests if m == "GET"]
-    assert len(lists) == 3
+    assert len(lists) == 4
     assert all(f"{K8S_RUN_LABEL.replace('/', '%2F')}%3D{safe_run_id(RUN_ID)}" in p for p in lists)
     deletes = [(p, b) for m, p, b in server.requests if m == "DELETE"]
     assert [p for p, _ in deletes] == [
@@ -269,3 +344,32 @@ def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], FakeA
         f"/api/v1/namespaces/{NS}/services/{name}",
     ]
     assert all(b["propagationPolicy"] == "Background" for _, b in deletes)
+
+
+def test_run_owner_is_the_kfp_runs_workflow(
+    fake_api: Callable[[Responder], FakeApiServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A KFP task pod (KFP_POD_NAME) in the objects' namespace: its Argo Workflow owns them."""
+    from components import k8s_client
+
+    def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        assert path == f"/api/v1/namespaces/{NS}/pods/task-pod"
+        refs = [{**WORKFLOW, "controller": True, "blockOwnerDeletion": True}]
+        return 200, {"kind": "Pod", "metadata": {"name": "task-pod", "ownerReferences": refs}}
+
+    server = fake_api(respond)
+    monkeypatch.setenv("KFP_POD_NAME", "task-pod")
+    monkeypatch.setenv("KFP_POD_NAMESPACE", NS)
+    real_open = open
+
+    def no_sa_file(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).startswith("/var/run/secrets/"):
+            raise OSError("not in a pod")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", no_sa_file)
+    assert k8s_client.run_owner(server.api_client, NS) == WORKFLOW
+    # Another namespace: an owner there would make the garbage collector delete at once.
+    assert k8s_client.run_owner(server.api_client, "other") is None
+    monkeypatch.delenv("KFP_POD_NAME")
+    assert k8s_client.run_owner(server.api_client, NS) is None

@@ -94,11 +94,11 @@ def test_register_needs_a_pinned_serving_image_and_a_model_name(data_file: str) 
 def test_kubernetes_names_and_trainer_overrides_are_checked_up_front(data_file: str) -> None:
     overrides = {"micro_batch_size": -1, "dtype": "fp8", "lr": 1.0, "bogus": 1}
     errors = params_from_mapping(
-        good(data_file, namespace="ML", hf_token_secret="HF_TOKEN", trainer_overrides=overrides)
+        good(data_file, namespace="ML", hf_token_secret="HF TOKEN", trainer_overrides=overrides)
     ).errors()
     joined = "\n".join(errors)
     assert "namespace='ML' is not a Kubernetes name" in joined
-    assert "hf_token_secret='HF_TOKEN' is not a Kubernetes object name" in joined
+    assert "hf_token_secret='HF TOKEN': give a secret's name" in joined
     assert "trainer_overrides.lr: set the run parameter learning_rate instead" in joined
     errors = params_from_mapping(
         good(data_file, trainer_overrides={"micro_batch_size": -1, "bogus": 1})
@@ -142,7 +142,7 @@ def test_validate_inputs_takes_exactly_the_run_parameters() -> None:
     """The first step's signature is written out for KFP; it cannot drift from the schema."""
     component = kfp_components.validate_inputs.python_func
     names = list(inspect.signature(component).parameters)
-    assert names == [*fields(), "schedule_time"]
+    assert names == [*fields(), "target", "run_id", "schedule_time"]
     for name, f in fields().items():
         annotation = inspect.signature(component).parameters[name].annotation
         assert annotation in (f.type, "str", str, int, float, bool, dict), name
@@ -151,12 +151,13 @@ def test_validate_inputs_takes_exactly_the_run_parameters() -> None:
 def test_pipeline_signature_and_descriptions_come_from_the_schema() -> None:
     from pipelines.fine_tune import build_fine_tune
 
-    pipeline = build_fine_tune("vertex")
-    spec = pipeline.component_spec.inputs
-    assert list(spec) == list(fields())
-    for name, default in defaults().items():
-        assert spec[name].default == default, name
-        assert spec[name].description == describe(name), name
+    for target in ("vertex", "kfp", "local"):
+        spec = build_fine_tune(target).component_spec.inputs
+        assert list(spec) == list(fields())
+        for name, default in defaults(target).items():
+            assert spec[name].default == default, (target, name)
+            assert spec[name].description == describe(name), name
+    assert defaults("kfp")["backend"] == "gke" and defaults("vertex")["backend"] == "vertex"
 
 
 def test_every_field_has_a_description_and_the_parameters_are_frozen() -> None:
@@ -173,6 +174,7 @@ def test_each_default_is_written_once_in_the_code() -> None:
         '"kubeflow"': "components/run_params.py",
         '"llmft-hf-token"': "components/run_params.py",
         '"us-central1"': "components/run_params.py",
+        '"llmft-pipeline"': "components/run_params.py",
         "lr: float = 2e-5": "trainer/config.py",  # learning_rate's default is the trainer's
         "1e-3": None,  # the old pipeline default, gone
     }
@@ -215,3 +217,116 @@ def test_forgetting_threshold_is_a_fraction(data_file: str) -> None:
     assert params_from_mapping(good(data_file, min_general_retained=0.9)).errors() == []
     errors = params_from_mapping(good(data_file, min_general_retained=1.5)).errors()
     assert any(e.startswith("min_general_retained=1.5") for e in errors), errors
+
+
+# -- named checks (issue 13) ---------------------------------------------------------------------
+
+from components.param_checks import (  # noqa: E402
+    check_backend_for_target,
+    check_dataflow_service_account,
+    check_eval_accelerator,
+    check_not_a_token,
+    check_nproc_per_node,
+    check_pipeline_root,
+    check_placeholder_resolved,
+    check_service_account,
+    resolve_nproc_per_node,
+)
+
+TOKEN = "hf_" + "aBcD1234" * 5
+
+
+def test_a_token_is_refused_in_any_parameter_and_never_echoed(data_file: str):
+    params = good(data_file, hf_token_secret=TOKEN, trainer_overrides={"hub_token": TOKEN})
+    errors = params_from_mapping(params).errors()
+    assert sum("looks like a Hugging Face token" in e for e in errors) == 2
+    assert not any(TOKEN in e for e in errors)
+    assert check_not_a_token("hf_token_secret", "llmft-hf-token") is None
+
+
+def test_local_backend_only_from_the_local_runner():
+    assert check_backend_for_target("local", "local") is None
+    for target in ("vertex", "kfp"):
+        assert "cannot run from a" in (check_backend_for_target("local", target) or "")
+        assert check_backend_for_target("gke", target) is None
+    assert check_backend_for_target("local", "") is None  # target unknown (a direct call)
+
+
+def test_one_process_per_gpu():
+    assert check_nproc_per_node("vertex", 0, 8) is None
+    assert check_nproc_per_node("gke", 8, 8) is None
+    assert "set nproc_per_node to 8 or 0" in (check_nproc_per_node("vertex", 2, 8) or "")
+    assert check_nproc_per_node("local", 2, 8) is None  # no GPUs locally
+    assert resolve_nproc_per_node("vertex", 0, 8) == 8
+    assert resolve_nproc_per_node("gke", 0, 0) == 1
+    assert resolve_nproc_per_node("local", 0, 8) == 1
+    assert resolve_nproc_per_node("local", 2, 8) == 2
+
+
+def test_identities_are_checked_per_backend():
+    assert check_service_account("vertex", "") is None  # the Custom Code Service Agent
+    assert check_service_account("vertex", "trainer@my-proj.iam.gserviceaccount.com") is None
+    assert "service-account email" in (check_service_account("vertex", "llmft-pipeline") or "")
+    assert "service_account is empty" in (check_service_account("gke", "") or "")
+    assert "not a Google service-account email" in (
+        check_service_account("gke", "trainer@my-proj.iam.gserviceaccount.com") or ""
+    )
+    assert check_service_account("gke", "llmft-pipeline") is None
+    assert check_dataflow_service_account("DataflowRunner", "") is None  # Compute Engine default
+    assert (
+        check_dataflow_service_account(
+            "DataflowRunner", "123-compute@developer.gserviceaccount.com"
+        )
+        is None
+    )
+    assert "not a service-account email" in (
+        check_dataflow_service_account("DataflowRunner", "x") or ""
+    )
+
+
+def test_unresolved_placeholders_and_pipeline_roots():
+    assert "unresolved KFP placeholder" in (
+        check_placeholder_resolved("run id", "{{$.pipeline_job_uuid}}") or ""
+    )
+    from components.run_identity import safe_run_id
+
+    with pytest.raises(ValueError, match="unresolved KFP placeholder"):
+        safe_run_id("{{$.pipeline_job_uuid}}")
+    assert "gs:// pipeline root" in (check_pipeline_root("gke", "minio://mlpipeline") or "")
+    assert check_pipeline_root("gke", "gs://b/root") is None
+    assert check_pipeline_root("local", None) is None
+
+
+def test_the_schema_validation_applies_the_named_checks(data_file: str):
+    """`RunParams.errors()` is the one validation: the target's rules come with `target`."""
+    cloud = good(
+        "gs://b/data.jsonl", backend="gke", project="my-project", work_uri="gs://b/w",
+        service_account="llmft-pipeline", accelerator_type="NVIDIA_L4",
+    )  # fmt: skip
+    params = params_from_mapping(cloud)
+    assert params.errors(target="kfp", run_id="run-1") == []
+    assert params.nproc_per_node == 0  # one per accelerator
+    problems = {
+        "backend": ("local", "cannot run from a kfp pipeline"),
+        "nproc_per_node": (2, "one process per GPU"),
+        "service_account": ("", "service_account is empty"),
+        "eval_accelerator_count": (0, "at least 1 GPU"),
+        "hf_token_secret": ("bad name", "give a secret's name"),
+    }
+    for name, (value, message) in problems.items():
+        errors = dataclasses.replace(params, **{name: value}).errors(target="kfp")
+        assert any(message in e for e in errors), (name, errors)
+    assert any(
+        "unresolved KFP placeholder" in e
+        for e in params.errors(target="kfp", run_id="{{$.pipeline_job_uuid}}")
+    )
+    assert RunParams.for_target("kfp").service_account == "llmft-pipeline"
+    assert RunParams.for_target("vertex").backend == "vertex"
+    assert RunParams().backend == "local" and RunParams().preprocess_runner == "DirectRunner"
+
+
+def test_cloud_evaluation_runs_on_a_gpu():
+    assert check_eval_accelerator("vertex", "NVIDIA_L4", 1) is None
+    assert "not a Vertex accelerator" in (check_eval_accelerator("vertex", "L4", 1) or "")
+    assert "at least 1 GPU" in (check_eval_accelerator("kfp", "", 0) or "")
+    assert check_eval_accelerator("local", "", 0) is None

@@ -132,7 +132,11 @@ class TrainConfig:
     eval_max_rows: int | None = None
     """Cap on eval rows (None: the whole eval split)."""
     export: bool = True
-    """Write the final model to OUTPUT/model as a Hugging Face directory."""
+    """Write the final model as a Hugging Face directory (to `export_dir`)."""
+    export_dir: str = ""
+    """Where the exported model goes (local path or gs://); empty means OUTPUT/model. The
+    pipeline points it at the Model artifact, so downstream steps download the model only, not
+    the checkpoints and logs that stay in OUTPUT."""
     export_shard_size: str = "5GB"
     """Maximum size of one exported safetensors shard."""
     tensorboard: bool = True

@@ -440,7 +440,7 @@ def save(r: Run) -> None:
         if r.eval_loss is not None:
             assert r.metrics is not None
             r.metrics.write(r.state.step, {"eval_loss": r.eval_loss})
-    model_out = f"{r.output}/model"
+    model_out = r.config.export_dir.rstrip("/") or f"{r.output}/model"
     if r.config.export:
         export_model(r.model, r.config, r.model_dir, model_out, r.tokenizer)
     if r.rank == 0:

@@ -16,6 +16,13 @@ emptyDir by default, or a PVC of a chosen (e.g. SSD) StorageClass that the State
 itself; probes use the plain-HTTP metrics listener so they keep working when clients need TLS
 certificates; revision-based auto-compaction keeps the keyspace small although the rendezvous
 heartbeats rewrite its state every few seconds.
+
+Objects that outlive a terminated run: the exit handler may not run when a KFP run is
+terminated, so the StatefulSet is owned by the run's Argo Workflow (when the task runs in the
+run's namespace) or, failing that, adopted by the run's PyTorchJob (`adopt_etcd`, whose
+ttlSecondsAfterFinished then removes it); the Service and NetworkPolicy are owned by the
+StatefulSet and its PVCs are deleted with it. A NetworkPolicy admits only the run's own pods
+(label `llmft.dev/run-id`) to etcd's client port.
 """
 
 from __future__ import annotations
@@ -25,7 +32,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from components.run_identity import k8s_labels, k8s_selector, resource_name
+from components.run_identity import (
+    K8S_RUN_LABEL,
+    k8s_labels,
+    k8s_selector,
+    resource_name,
+    safe_run_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +82,38 @@ def build_etcd_service(*, run_id: str, namespace: str) -> dict[str, Any]:
             ],
         },
     }
+
+
+def build_etcd_network_policy(*, run_id: str, namespace: str) -> dict[str, Any]:
+    """Only pods of the same run (the PyTorchJob's workers carry the run label) reach etcd's
+    client port; everything else in the cluster is refused (where a NetworkPolicy-enforcing
+    dataplane runs, e.g. GKE Dataplane V2)."""
+    labels = k8s_labels(run_id, COMPONENT)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": etcd_name(run_id), "namespace": namespace, "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": {K8S_RUN_LABEL: safe_run_id(run_id)}}}
+                    ],
+                    "ports": [{"protocol": "TCP", "port": CLIENT_PORT}],
+                }
+            ],
+        },
+    }
+
+
+def owned_by(manifest: dict[str, Any], owner: dict[str, Any] | None) -> dict[str, Any]:
+    """`manifest` with `owner` as its ownerReference (no blockOwnerDeletion: that needs rights
+    on the owner's finalizers)."""
+    if owner:
+        manifest["metadata"]["ownerReferences"] = [dict(owner)]
+    return manifest
 
 
 def build_etcd_statefulset(
@@ -215,10 +260,12 @@ def build_etcd_statefulset(
 
 
 def build_etcd_manifests(*, run_id: str, namespace: str, **options: Any) -> list[dict[str, Any]]:
-    """Service and StatefulSet, in creation order; `options` go to `build_etcd_statefulset`."""
+    """StatefulSet, Service and NetworkPolicy, in creation order (the StatefulSet first: the
+    others are owned by it); `options` go to `build_etcd_statefulset`."""
     return [
-        build_etcd_service(run_id=run_id, namespace=namespace),
         build_etcd_statefulset(run_id=run_id, namespace=namespace, **options),
+        build_etcd_service(run_id=run_id, namespace=namespace),
+        build_etcd_network_policy(run_id=run_id, namespace=namespace),
     ]
 
 
@@ -235,8 +282,16 @@ def _api_exception() -> type[Exception]:
     return ApiException
 
 
-def create_etcd(api_client: Any, *, run_id: str, namespace: str, **options: Any) -> str:
-    """Create the run's etcd Service and StatefulSet; objects that already exist are reused.
+def create_etcd(
+    api_client: Any,
+    *,
+    run_id: str,
+    namespace: str,
+    owner: dict[str, Any] | None = None,
+    **options: Any,
+) -> str:
+    """Create the run's etcd StatefulSet, Service and NetworkPolicy; objects that already exist
+    are reused.
 
     A retried pipeline task therefore finds its etcd instead of failing on "already exists".
 
@@ -244,6 +299,8 @@ def create_etcd(api_client: Any, *, run_id: str, namespace: str, **options: Any)
         api_client: a `kubernetes.client.ApiClient` for the target cluster.
         run_id: pipeline run id.
         namespace: target namespace.
+        owner: ownerReference for the StatefulSet (the run's Workflow, see
+            `components.k8s_client.run_owner`); the Service and NetworkPolicy are owned by it.
         **options: forwarded to `build_etcd_statefulset` (image, storage_class, tls_secret, ...).
 
     Returns:
@@ -253,20 +310,57 @@ def create_etcd(api_client: Any, *, run_id: str, namespace: str, **options: Any)
 
     api_exception = _api_exception()
     core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
+    networking = client.NetworkingV1Api(api_client)
     creators: dict[str, Callable[..., Any]] = {
-        "Service": core.create_namespaced_service,
         "StatefulSet": apps.create_namespaced_stateful_set,
+        "Service": core.create_namespaced_service,
+        "NetworkPolicy": networking.create_namespaced_network_policy,
     }
+    statefulset_owner = owner
     for manifest in build_etcd_manifests(run_id=run_id, namespace=namespace, **options):
         kind, name = manifest["kind"], manifest["metadata"]["name"]
+        if kind == "StatefulSet":
+            owned_by(manifest, owner)
+        else:
+            owned_by(manifest, statefulset_owner)
         try:
-            creators[kind](namespace=namespace, body=manifest)
+            created = creators[kind](namespace=namespace, body=manifest)
             logger.info("created %s %s/%s", kind, namespace, name)
         except api_exception as exc:
             if getattr(exc, "status", None) != 409:
                 raise
             logger.info("%s %s/%s already exists; reusing it", kind, namespace, name)
+            created = (
+                apps.read_namespaced_stateful_set(name, namespace)
+                if kind == "StatefulSet"
+                else None
+            )
+        if kind == "StatefulSet" and created is not None:
+            statefulset_owner = {
+                "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
+                "uid": created.metadata.uid,
+            }  # fmt: skip
     return etcd_endpoint(run_id=run_id, namespace=namespace)
+
+
+def adopt_etcd(api_client: Any, *, run_id: str, namespace: str, owner: dict[str, Any]) -> bool:
+    """Make `owner` (the run's PyTorchJob) own the run's etcd StatefulSet unless something (the
+    run's Workflow) already does, so the job's TTL also removes etcd. Returns whether it did."""
+    from kubernetes import client
+
+    apps = client.AppsV1Api(api_client)
+    try:
+        current = apps.read_namespaced_stateful_set(etcd_name(run_id), namespace)
+    except _api_exception() as exc:
+        if getattr(exc, "status", None) == 404:
+            return False
+        raise
+    if current.metadata.owner_references:
+        return False
+    apps.patch_namespaced_stateful_set(
+        etcd_name(run_id), namespace, {"metadata": {"ownerReferences": [dict(owner)]}}
+    )
+    return True
 
 
 def wait_etcd_ready(
@@ -343,6 +437,11 @@ def delete_etcd(api_client: Any, *, run_id: str, namespace: str) -> list[str]:
     kinds: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
         ("StatefulSet", apps.list_namespaced_stateful_set, apps.delete_namespaced_stateful_set),
         ("Service", core.list_namespaced_service, core.delete_namespaced_service),
+        (
+            "NetworkPolicy",
+            client.NetworkingV1Api(api_client).list_namespaced_network_policy,
+            client.NetworkingV1Api(api_client).delete_namespaced_network_policy,
+        ),
         # The retention policy deletes PVCs with the StatefulSet; this also covers clusters
         # without that feature and PVCs left by a StatefulSet deleted out of band.
         (

@@ -1,7 +1,7 @@
 """The `evaluate` KFP component's parameters mapped onto `run_evaluation`.
 
-The tuned Model artifact is the trainer's run directory: the Hugging Face files are at its
-`model_uri` metadata (`<run dir>/model`) and the training curve at `<run dir>/metrics.jsonl`.
+The tuned Model artifact is the exported Hugging Face model itself; the training curve is in the
+trainer's run directory, its `run_uri` metadata (`<run dir>/metrics.jsonl`).
 The component writes the report to its HTML artifact and logs the scalars to its Metrics
 artifact; metrics.json and generations.jsonl go to a temporary directory that is removed.
 """
@@ -32,13 +32,22 @@ def run_evaluate_component(
     champion_model: str,
     min_general_retained: float = 0.0,
     report_path: str,
+    project: str = "",
+    hf_token_secret: str = "",
 ) -> tuple[dict[str, float], bool]:
-    """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed)."""
+    """Evaluate; write the HTML report to `report_path`; return (finite scalars, passed).
+
+    A gated hub base model needs the Hugging Face token: read from Secret Manager by name
+    (`hf_token_secret` in `project`) unless HF_TOKEN is already set (components/secrets.py).
+    """
+    from components.secrets import load_hf_token
+
+    load_hf_token(project=project, secret=hf_token_secret)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    run_dir = storage.normalize(tuned_model_uri).rstrip("/")
-    tuned = storage.normalize(str(tuned_metadata.get("model_uri") or f"{run_dir}/model"))
-    train_metrics = f"{run_dir}/metrics.jsonl"
+    tuned = storage.normalize(str(tuned_metadata.get("model_uri") or tuned_model_uri))
+    run_dir = storage.normalize(str(tuned_metadata.get("run_uri") or "")).rstrip("/")
+    train_metrics = f"{run_dir}/metrics.jsonl" if run_dir else ""
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         result = run_evaluation(
             base=base_model,
@@ -46,7 +55,9 @@ def run_evaluate_component(
             data_dir=storage.normalize(dataset_uri),
             output_dir=out,
             max_examples=max_examples,
-            train_metrics=train_metrics if storage.exists(train_metrics) else None,
+            train_metrics=train_metrics
+            if train_metrics and storage.exists(train_metrics)
+            else None,
             champion=champion_model or None,
             min_loss_improvement=min_loss_improvement,
             min_exact_match=min_exact_match,

@@ -254,7 +254,9 @@ class Launcher(ABC):
         """
 
     def run(self, launch: TrainLaunch, *, timeout: float | None = None) -> LaunchResult:
-        """start + wait; SIGTERM / Ctrl-C cancel the run before the process exits.
+        """start + wait; SIGTERM / Ctrl-C, or any error of the launcher itself (an API call that
+        kept failing, a bug), cancel what was started before the exception propagates: a
+        launcher that stops following never leaves a training job running unwatched.
 
         Returns the result (check `.ok` or call `.raise_for_status()`).
         """
@@ -263,6 +265,13 @@ class Launcher(ABC):
             with _signals_raise():
                 self.start(launch)
                 return self.wait(timeout=timeout)
+        except Exception as exc:
+            self.log(f"[launcher] {type(exc).__name__}: {exc}; cancelling what was started")
+            try:
+                self.cancel()
+            except Exception as cancel_error:  # report the first failure, not the cleanup's
+                self.log(f"[launcher] cancelling failed too: {cancel_error}")
+            raise
         except _Interrupted as interrupt:
             self.log(
                 f"[launcher] signal {signal.Signals(interrupt.signum).name}: cancelling the run"

@@ -13,7 +13,17 @@ Design choices:
 - torchrun's arguments are always passed explicitly in the command: the operator does not know the
   `etcd-v3` backend, and explicit flags pin the rendezvous id to the run id for every backend. For
   backends the operator knows (c10d, etcd, etcd-v2) the elasticPolicy says the same thing.
-- Secrets (the HF token) come from a Kubernetes Secret by name (secretKeyRef), never inline.
+- Secrets (the HF token) come from a Kubernetes Secret by name (secretKeyRef, optional: public
+  models need no token), never inline.
+- `runPolicy.backoffLimit`: the operator (v1.9, `PastBackoffLimit`) fails the job once the
+  container restarts summed over all running pods reach it (`sum >= limit`), so it is
+  `restarts_per_node x nodes + 1`: every node may use its configured restarts, even all at once.
+- The job is followed with a watch that resumes from the last resourceVersion (a 410 Gone lists
+  again); each quiet watch window re-checks the pods. A job the operator marks Succeeded while a
+  worker still runs or restarts is failed after `succeeded_grace_s` (or at once when that worker
+  is crash-looping) instead of being waited on forever.
+- Pods run as the image's unprivileged user (uid 1000): the image itself runs as root because
+  Dataflow's worker boot needs it.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +63,23 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 OPERATOR_RDZV_BACKENDS = {"c10d", "etcd", "etcd-v2"}
 DEFAULT_RDZV_PORT = {"c10d": 29400, "etcd-v2": 2379, "etcd-v3": 2379}
 GPU_RESOURCE = "nvidia.com/gpu"
+WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
+
+
+IMAGE_UID = 1000
+"""The unprivileged user the Dockerfile creates (`llmft`)."""
+
+
+def backoff_limit_for(nodes: int, restarts_per_node: int) -> int:
+    """`runPolicy.backoffLimit` giving each node `restarts_per_node` container restarts.
+
+    Training Operator v1.9 sums `restartCount` over the containers of all running pods of the job
+    and fails it when `sum >= backoffLimit`; a limit of `restarts_per_node` alone would let four
+    flaky nodes share what one node was meant to have.
+    """
+    return nodes * restarts_per_node + 1
 
 
 def job_name(run_id: str) -> str:
@@ -85,7 +110,8 @@ def build_pytorchjob(
     restart_policy: str = "OnFailure",
     clean_pod_policy: str = "None",
     ttl_seconds_after_finished: int | None = 86400,
-    backoff_limit: int | None = 3,
+    restarts_per_node: int | None = 3,
+    owner: Mapping[str, Any] | None = None,
     active_deadline_seconds: int | None = None,
     gang_scheduling: bool = False,
     scheduling_queue: str | None = None,
@@ -109,15 +135,19 @@ def build_pytorchjob(
         service_account: Kubernetes service account bound to a Google service account through
             Workload Identity (reads gs://, writes outputs).
         hf_token_secret: Secret holding the Hugging Face token, `name` or `name:key` (key
-            defaults to `token`); exposed as HF_TOKEN.
-        secret_env: more environment variables from Secrets, ENV -> `name[:key]`.
+            defaults to `token`); exposed as HF_TOKEN when the Secret exists (optional).
+        secret_env: more environment variables from Secrets, ENV -> `name[:key]` (required).
         env: plain environment variables (nothing secret).
         min_nodes: elastic lower bound (default: nodes, i.e. not elastic).
         restart_policy: pod restart policy; OnFailure lets a crashed pod rejoin the rendezvous.
         clean_pod_policy: pods to delete when the job ends: None (keep for logs), Running or All.
         ttl_seconds_after_finished: the operator deletes the finished job after this long (a
             backstop for when no cleanup runs).
-        backoff_limit: pod restarts before the job is marked Failed.
+        restarts_per_node: container restarts each node may use before the job is marked
+            Failed; `runPolicy.backoffLimit` = this x nodes + 1 (`backoff_limit_for`). None: no
+            limit.
+        owner: an ownerReference (the run's Argo Workflow on KFP) so deleting the run deletes
+            the job even when no cleanup step ran.
         active_deadline_seconds: hard limit on the job's run time.
         gang_scheduling: schedule all pods together or none (needs a gang scheduler such as
             Volcano or scheduler-plugins configured in the operator).
@@ -161,7 +191,7 @@ def build_pytorchjob(
     errors += _kubernetes_value_errors(
         namespace=namespace, service_account=service_account, cpu=cpu, memory=memory,
         shm_size=shm_size, active_deadline_seconds=active_deadline_seconds,
-        ttl_seconds_after_finished=ttl_seconds_after_finished, backoff_limit=backoff_limit,
+        ttl_seconds_after_finished=ttl_seconds_after_finished, restarts_per_node=restarts_per_node,
     )  # fmt: skip
     if errors:
         raise ValueError("invalid PyTorchJob options:\n  - " + "\n  - ".join(errors))
@@ -190,12 +220,13 @@ def build_pytorchjob(
     container_env: list[dict[str, Any]] = [
         {"name": key, "value": value} for key, value in {**TORCHRUN_ENV, **(env or {})}.items()
     ]
-    secrets = {**({"HF_TOKEN": hf_token_secret} if hf_token_secret else {}), **(secret_env or {})}
+    secrets = {**(secret_env or {}), **({"HF_TOKEN": hf_token_secret} if hf_token_secret else {})}
     for env_name, ref in secrets.items():
         secret, key = parse_secret_ref(ref)
-        container_env.append(
-            {"name": env_name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-        )
+        key_ref: dict[str, Any] = {"name": secret, "key": key}
+        if env_name == "HF_TOKEN" and ref == hf_token_secret:
+            key_ref["optional"] = True  # like the task pods': public models need no token
+        container_env.append({"name": env_name, "valueFrom": {"secretKeyRef": key_ref}})
 
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
@@ -217,6 +248,12 @@ def build_pytorchjob(
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_UID,
+            "fsGroup": IMAGE_UID,
+        },
     }
     if service_account:
         pod_spec["serviceAccountName"] = service_account
@@ -242,8 +279,8 @@ def build_pytorchjob(
     run_policy: dict[str, Any] = {"cleanPodPolicy": clean_pod_policy}
     if ttl_seconds_after_finished is not None:
         run_policy["ttlSecondsAfterFinished"] = ttl_seconds_after_finished
-    if backoff_limit is not None:
-        run_policy["backoffLimit"] = backoff_limit
+    if restarts_per_node is not None:
+        run_policy["backoffLimit"] = backoff_limit_for(launch.nodes, restarts_per_node)
     if active_deadline_seconds is not None:
         run_policy["activeDeadlineSeconds"] = active_deadline_seconds
     if gang_scheduling:
@@ -254,10 +291,13 @@ def build_pytorchjob(
             policy["priorityClass"] = priority_class
         run_policy["schedulingPolicy"] = policy
 
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": run_labels}
+    if owner:
+        metadata["ownerReferences"] = [dict(owner)]
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": run_labels},
+        "metadata": metadata,
         "spec": {
             "nprocPerNode": str(launch.nproc_per_node),
             "elasticPolicy": elastic,
@@ -286,7 +326,7 @@ def _kubernetes_value_errors(
     shm_size: str,
     active_deadline_seconds: int | None,
     ttl_seconds_after_finished: int | None,
-    backoff_limit: int | None,
+    restarts_per_node: int | None,
 ) -> list[str]:
     """Names, quantities and durations the API server would reject (or that would be wrong)."""
     errors = []
@@ -302,7 +342,7 @@ def _kubernetes_value_errors(
     if active_deadline_seconds is not None and active_deadline_seconds < 1:
         errors.append(f"active_deadline_seconds={active_deadline_seconds}: must be at least 1")
     for name, value in (("ttl_seconds_after_finished", ttl_seconds_after_finished),
-                        ("backoff_limit", backoff_limit)):  # fmt: skip
+                        ("restarts_per_node", restarts_per_node)):  # fmt: skip
         if value is not None and value < 0:
             errors.append(f"{name}={value}: cannot be negative")
     return errors
@@ -342,6 +382,14 @@ def _condition(job: Mapping[str, Any]) -> tuple[str, str, str]:
     return last.get("type", ""), last.get("reason", ""), last.get("message", "")
 
 
+_FAILING_REASONS = {"CrashLoopBackOff", "Error", "OOMKilled", "ContainerCannotRun"}
+"""Container states that mean a worker is failing (restarting after a non-zero exit)."""
+
+
+class _JobGone(RuntimeError):
+    """The PyTorchJob disappeared while it was followed (deleted by a user or by cleanup)."""
+
+
 @dataclass
 class _Follow:
     """The log follower of the rank-0 pod's current container."""
@@ -360,10 +408,12 @@ class GkeLauncher(Launcher):
         cluster: remote GKE cluster `projects/P/locations/L/clusters/C` (from Vertex Pipelines).
         namespace: where the job runs.
         job_options: keyword arguments of `build_pytorchjob` (image, accelerator, ...).
-        poll_s: seconds between status polls. Polling, not a watch: a watch on a job that runs for
-            hours drops and expires (410 Gone); a GET every few seconds is cheap and simple.
+        watch_s: length of one watch window: the job is watched from its last resourceVersion
+            and, when quiet for this long, its pods are re-checked (unschedulable, crash loops).
         pending_timeout_s: fail when a pod stays unschedulable this long (a GPU node pool that
             cannot scale up otherwise keeps the run pending until activeDeadlineSeconds).
+        succeeded_grace_s: how long workers may still run after the operator marked the job
+            Succeeded (an elastic job is Succeeded when any worker is) before the run fails.
         follow_logs: stream the rank-0 pod's log to the log sink.
     """
 
@@ -376,8 +426,9 @@ class GkeLauncher(Launcher):
         cluster: str = "",
         namespace: str = RunParams.namespace,
         job_options: Mapping[str, Any] | None = None,
-        poll_s: float = 10.0,
+        watch_s: float = 60.0,
         pending_timeout_s: float = 1800.0,
+        succeeded_grace_s: float = 600.0,
         follow_logs: bool = True,
         log: LogSink | None = None,
     ) -> None:
@@ -393,8 +444,9 @@ class GkeLauncher(Launcher):
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
         self.job_options = dict(job_options or {})
-        self.poll_s = poll_s
+        self.watch_s = watch_s
         self.pending_timeout_s = pending_timeout_s
+        self.succeeded_grace_s = succeeded_grace_s
         self.follow_logs = follow_logs
         self.name = ""
         self.manifest: dict[str, Any] = {}
@@ -409,7 +461,53 @@ class GkeLauncher(Launcher):
             launch=launch, namespace=self.namespace, **self.job_options
         )
         self.name = self.manifest["metadata"]["name"]
-        self.create(self.manifest)
+        self.check_service_account(self.job_options.get("service_account"))
+        from components.k8s_client import run_owner
+
+        owner = run_owner(self.api_client, self.namespace)
+        if owner and "owner" not in self.job_options:
+            self.manifest["metadata"]["ownerReferences"] = [owner]  # gone with the KFP run
+        created = self.create(self.manifest)
+        uid = (created.get("metadata") or {}).get("uid")
+        if launch.rdzv_backend in ("etcd-v3", "etcd-v2") and uid:
+            from components.etcd.kubernetes import adopt_etcd
+
+            job_ref = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": self.name,
+                "uid": uid,
+            }
+            if adopt_etcd(
+                self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref
+            ):
+                self.log(f"[gke] the run's etcd now belongs to PyTorchJob {self.name} (its TTL)")
+
+    def check_service_account(self, name: str | None) -> None:
+        """The pods' Kubernetes service account must exist (else the operator's pods never get
+        created) and should carry a Workload Identity annotation (else gs:// access is 403)."""
+        from kubernetes.client.exceptions import ApiException
+
+        account = name or "default"
+        try:
+            found = self.core.read_namespaced_service_account(account, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ValueError(
+                    f"Kubernetes service account {self.namespace}/{account} does not exist: "
+                    "create it and bind it to a Google service account with Workload Identity "
+                    "(docs/deploy/rbac.yaml), or set service_account"
+                ) from None
+            if exc.status == 403:
+                return  # not allowed to look: the pods will tell
+            raise
+        annotations = (found.metadata.annotations or {}) if found.metadata else {}
+        if WORKLOAD_IDENTITY_ANNOTATION not in annotations:
+            self.log(
+                f"[gke] warning: service account {self.namespace}/{account} has no "
+                f"{WORKLOAD_IDENTITY_ANNOTATION} annotation: reading gs:// will fail with 403 "
+                "unless the node's service account may"
+            )
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create the job; if it exists (a retried step), reuse it unless it already failed, in
@@ -441,7 +539,7 @@ class GkeLauncher(Launcher):
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-            time.sleep(min(self.poll_s, 2.0))
+            time.sleep(1.0)
         raise RuntimeError(f"PyTorchJob {name} was deleted but is still there after 120 s")
 
     def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -494,6 +592,47 @@ class GkeLauncher(Launcher):
         problems = [p for pod in pods for p in pod_problems(pod)]
         return problems + event_problems(self._events(pods))
 
+    def job_updates(self) -> Generator[dict[str, Any], None, None]:
+        """The job now, then after every change: one list, then watches resumed from the last
+        resourceVersion (a 410 Gone lists again). A watch window that ends quietly yields the
+        last state again so the caller re-checks pods and deadlines."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        selector = f"metadata.name={self.name}"
+        job: dict[str, Any] = {}
+        version = ""
+        while True:
+            if not version:
+                listing = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, PLURAL, field_selector=selector
+                )
+                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                items = listing.get("items") or []
+                if not items:
+                    raise _JobGone(self.name)
+                job = items[0]
+                yield job
+            try:
+                for event in watch.Watch().stream(
+                    self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace,
+                    PLURAL, field_selector=selector, resource_version=version,
+                    timeout_seconds=max(1, int(self.watch_s)), allow_watch_bookmarks=True,
+                ):  # fmt: skip
+                    obj = event["object"]
+                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                    if event["type"] == "DELETED":
+                        raise _JobGone(self.name)
+                    if event["type"] != "BOOKMARK":
+                        job = obj
+                        yield job
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+                version = ""  # too old to resume from: list again
+                continue
+            yield job
+
     def wait(self, *, timeout: float | None = None) -> LaunchResult:
         if self.launch is None or not self.name:
             raise RuntimeError("start() a run before wait()")
@@ -501,11 +640,12 @@ class GkeLauncher(Launcher):
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         pending_since: float | None = None
+        succeeded_since: float | None = None
         last_phase = ""
         status, message, details = FAILED, "", {}
+        updates = self.job_updates()
         try:
-            while True:
-                job = self._get(self.name)
+            for job in updates:
                 phase, reason, text = _condition(job)
                 if phase != last_phase:
                     self.log(
@@ -523,23 +663,38 @@ class GkeLauncher(Launcher):
                     if problems:
                         message += f"; {summarize(problems)}"
                     break
-                succeeded = self._all_succeeded(workers, pods, launch.nodes)
-                if succeeded:
+                if self._all_succeeded(workers, pods, launch.nodes):
                     status, message = SUCCEEDED, f"all {launch.nodes} workers succeeded"
                     break
+                problems = [p for pod in pods for p in pod_problems(pod)]
                 if phase == "Succeeded":
+                    # A Worker-only elastic job is "Succeeded" once any worker succeeds.
                     failed_pods = [
                         p.metadata.name for p in pods if p.status and p.status.phase == "Failed"
                     ]
-                    if failed_pods:
-                        # A Worker-only elastic job is "Succeeded" once any worker succeeds.
-                        problems = self.diagnose(pods)
-                        message = (
-                            f"PyTorchJob {self.name} is marked Succeeded but worker pod(s) "
-                            f"{', '.join(failed_pods)} failed; {summarize(problems)}"
+                    unfinished = [
+                        p.metadata.name for p in pods if p.status and p.status.phase != "Succeeded"
+                    ]
+                    failing = [p for p in problems if p.reason in _FAILING_REASONS]
+                    succeeded_since = succeeded_since or time.monotonic()
+                    waited = time.monotonic() - succeeded_since
+                    if failed_pods or failing or waited > self.succeeded_grace_s:
+                        what = (
+                            f"worker pod(s) {', '.join(failed_pods)} failed"
+                            if failed_pods
+                            else f"worker pod(s) {', '.join(unfinished)} did not finish"
+                            + (
+                                " (failing)"
+                                if failing
+                                else f" within {self.succeeded_grace_s:.0f}s"
+                            )
                         )
+                        message = (
+                            f"PyTorchJob {self.name} is marked Succeeded but {what}; "
+                            f"{summarize(self.diagnose(pods))}"
+                        )
+                        self._delete(self.name)
                         break
-                problems = [p for pod in pods for p in pod_problems(pod)]
                 fatal = [p for p in problems if p.fatal]
                 if fatal:
                     message = f"PyTorchJob {self.name} cannot run: {summarize(fatal)}"
@@ -565,8 +720,11 @@ class GkeLauncher(Launcher):
                 if self._cancelled:
                     status, message = CANCELLED, "cancelled"
                     break
-                time.sleep(self.poll_s)
+        except _JobGone:
+            status = CANCELLED if self._cancelled else FAILED
+            message = f"PyTorchJob {self.namespace}/{self.name} was deleted while running"
         finally:
+            updates.close()
             self._stop_follow()
         return LaunchResult(
             run_id=launch.run_id, backend=self.backend, status=status, output=launch.output,

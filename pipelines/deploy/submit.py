@@ -89,16 +89,23 @@ def prepare_parameters(
         ValueError: every parameter problem at once; or a one-off run left the schedule-time
             placeholder unfilled (a recurring run keeps it for the pipeline to resolve).
     """
+    from components.param_checks import check_pipeline_root
+    from components.run_params import RunParams
+
     params = dict(config.parameters)
-    # The pipeline's own `backend` parameter says where the trainer runs; its compiled default
-    # is `local`, which cannot work on a cloud backend.
-    trainer_default = {"vertex": "vertex", "kfp": "gke"}[backend]
+    # The pipeline's own `backend` parameter says where the trainer runs (each compiled target
+    # defaults it: vertex / gke); `local` cannot work on a cloud backend.
+    trainer_default = RunParams.for_target(backend).backend
     params.setdefault("backend", trainer_default)
     if params["backend"] == "local":
         raise ValueError(
             f"parameter backend=local runs the trainer on this machine; on {backend} use "
             f"backend={trainer_default}" + (" or backend=gke" if backend == "vertex" else "")
         )
+    if backend == "kfp" and (
+        problem := check_pipeline_root(params["backend"], config.kfp.pipeline_root)
+    ):
+        raise ValueError(problem)
     if schedule_time is not None:
         params = fill_schedule_time(params, schedule_time)
     elif not recurring and uses_schedule_time(params):
@@ -114,7 +121,9 @@ def prepare_parameters(
     if info is not None:
         check_for_backend(info, backend)
         params = _derived_defaults(info, config, backend, params)
-    errors = (parameter_errors(info, params) if info else []) or _run_parameter_errors(info, params)
+    errors = (parameter_errors(info, params) if info else []) or _run_parameter_errors(
+        info, params, backend
+    )
     if errors:
         raise ValueError(f"{len(errors)} parameter problem(s):\n  - " + "\n  - ".join(errors))
     return params
@@ -141,20 +150,24 @@ def _derived_defaults(
     return filled
 
 
-def _run_parameter_errors(info: TemplateInfo | None, params: dict[str, Any]) -> list[str]:
-    """The pipeline's own first-step checks (components/run_params.py), run here first.
+def _run_parameter_errors(
+    info: TemplateInfo | None, params: dict[str, Any], target: str
+) -> list[str]:
+    """The pipeline's own first-step checks (components/run_params.py), run here first, over the
+    target's defaults (what the compiled template fills in for parameters not given).
 
     With our template (it declares every run parameter) all rules apply; with a template not yet
     fetched (a registry URI, a KFP pipeline version) the single-field rules of the values given;
     for any other template only the generic name/type checks of `parameter_errors`.
     """
-    from components.run_params import field_errors, fields, params_from_mapping
+    from components.run_params import RunParams, field_errors, fields, params_from_mapping
 
     if info is None:
         return field_errors(params)
     if not set(fields()) <= set(info.parameters):
         return []
-    return params_from_mapping(params).errors()
+    base = RunParams.for_target(target)
+    return params_from_mapping(params, base=base).errors(target=target)
 
 
 def vertex_job(config: DeployConfig, params: dict[str, Any], credentials: Credentials) -> Any:

@@ -1,0 +1,157 @@
+"""The named cross-field checks of a run's parameters, each returning an error message or None.
+
+`RunParams.errors()` (components/run_params.py) calls them all, so the pipeline's first step,
+`llmft run` and `llmft run --target ...` apply the same rules; a few are also used where a run is
+submitted (`check_pipeline_root`) or named (`check_placeholder_resolved`). They take plain values
+so that launchers and the CLI can call them without a `RunParams`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+TARGETS = ("local", "vertex", "kfp")
+"""Where the pipeline itself runs: the local runner (kfp.local), Vertex AI Pipelines, KFP."""
+TARGET_BACKENDS = {"local": ("local",), "vertex": ("vertex", "gke"), "kfp": ("gke", "vertex")}
+"""Trainer backends each pipeline executor can drive; `local` needs the local runner's machine."""
+
+# -- named checks: each returns an error message, or None when the value is fine -----------------
+
+_TOKEN = re.compile(r"\b(hf_[A-Za-z0-9]{30,}|api_[A-Za-z0-9]{30,})\b")
+_SA_EMAIL = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z0-9-]+\.iam\.gserviceaccount\.com$")
+_COMPUTE_SA = re.compile(r"^[0-9]+-compute@developer\.gserviceaccount\.com$")
+_KSA = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SECRET_NAME = re.compile(
+    r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}(/versions/[A-Za-z0-9_-]+)?$"
+)
+PLACEHOLDER_START = "{{$."
+"""How an unresolved KFP placeholder starts (a backend too old to resolve it passes it as is)."""
+
+
+def check_not_a_token(name: str, value: Any) -> str | None:
+    """Refuse a parameter value that looks like a Hugging Face token: parameters are stored in
+    the run's spec and shown in the console; tokens come from a Secret by name."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if _TOKEN.search(text):
+        return (
+            f"{name} looks like a Hugging Face token: never pass a token as a parameter; store it "
+            "in a Kubernetes Secret or Secret Manager and give the secret's name in hf_token_secret"
+        )
+    return None
+
+
+def check_backend_for_target(backend: str, target: str) -> str | None:
+    """`local` trains on the machine running the pipeline: only the local runner has one."""
+    if target in TARGET_BACKENDS and backend not in TARGET_BACKENDS[target]:
+        allowed = " or ".join(TARGET_BACKENDS[target])
+        return (
+            f"backend={backend!r} cannot run from a {target} pipeline (it would train inside a "
+            f"pipeline task): use backend={allowed}"
+        )
+    return None
+
+
+def check_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count: int) -> str | None:
+    """One training process per GPU: 0 means "one per accelerator" on GPU machines."""
+    if backend == "local" or accelerator_count <= 0 or nproc_per_node in (0, accelerator_count):
+        return None
+    return (
+        f"nproc_per_node={nproc_per_node} with accelerator_count={accelerator_count}: training "
+        f"runs one process per GPU; set nproc_per_node to {accelerator_count} or 0 (automatic)"
+    )
+
+
+def resolve_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count: int) -> int:
+    """The processes per node to start: `nproc_per_node`, or for 0 one per accelerator (1 on
+    CPU machines and locally)."""
+    if nproc_per_node > 0:
+        return nproc_per_node
+    return accelerator_count if backend != "local" and accelerator_count > 0 else 1
+
+
+def check_service_account(backend: str, service_account: str) -> str | None:
+    """Vertex replicas take a Google service-account email; GKE pods a Kubernetes service account
+    (bound to a Google one with Workload Identity). Empty on GKE would run the PyTorchJob as the
+    namespace's `default` account, which gets 403s on gs:// mid-run."""
+    if backend == "vertex" and service_account and not _SA_EMAIL.match(service_account):
+        return (
+            f"service_account={service_account!r}: on Vertex give a service-account email "
+            "(NAME@PROJECT.iam.gserviceaccount.com), or leave it empty for the Vertex AI Custom "
+            "Code Service Agent"
+        )
+    if backend == "gke":
+        if not service_account:
+            return (
+                "service_account is empty: on GKE name the Kubernetes service account of the "
+                "training pods (bound to a Google service account by Workload Identity, e.g. "
+                "llmft-pipeline from docs/deploy/rbac.yaml)"
+            )
+        if not _KSA.match(service_account):
+            return (
+                f"service_account={service_account!r}: on GKE give the Kubernetes service "
+                "account's name (not a Google service-account email); Workload Identity maps it"
+            )
+    return None
+
+
+def check_dataflow_service_account(preprocess_runner: str, account: str) -> str | None:
+    """Dataflow workers run as this email; empty means the Compute Engine default account."""
+    valid = not account or _SA_EMAIL.match(account) or _COMPUTE_SA.match(account)
+    if preprocess_runner == "DataflowRunner" and not valid:
+        return (
+            f"dataflow_service_account={account!r} is not a service-account email "
+            "(NAME@PROJECT.iam.gserviceaccount.com); empty uses the Compute Engine default"
+        )
+    return None
+
+
+def check_secret_name(name: str, value: str) -> str | None:
+    """A Secret Manager / Kubernetes Secret name (optional: empty means no token)."""
+    if value and not _SECRET_NAME.match(value):
+        return (
+            f"{name}={value!r}: give a secret's name (e.g. llmft-hf-token, or "
+            "projects/P/secrets/NAME on Vertex); never the secret's value"
+        )
+    return None
+
+
+def check_eval_accelerator(target: str, accelerator_type: str, count: int) -> str | None:
+    """Cloud evaluation runs on a GPU (bf16); on Vertex the type must be a Vertex name."""
+    if target not in ("vertex", "kfp"):
+        return None
+    if count < 1:
+        return f"eval_accelerator_count={count}: evaluation in the cloud runs on at least 1 GPU"
+    if target == "vertex":
+        from google.cloud import aiplatform_v1
+
+        if accelerator_type not in aiplatform_v1.AcceleratorType.__members__:
+            return (
+                f"eval_accelerator_type={accelerator_type!r} is not a Vertex accelerator name "
+                "(e.g. NVIDIA_L4, NVIDIA_A100_80GB)"
+            )
+    return None
+
+
+def check_pipeline_root(backend: str, pipeline_root: str | None) -> str | None:
+    """KFP's default pipeline root is its MinIO store (minio://), which PyTorchJob pods, Vertex
+    replicas and Dataflow workers cannot read: cloud trainers need a gs:// root."""
+    if backend in ("gke", "vertex") and not (pipeline_root or "").startswith("gs://"):
+        got = pipeline_root or "the cluster's default, usually minio://"
+        return (
+            f"backend={backend} on KFP needs a gs:// pipeline root (got {got}): the training "
+            "workers read the run's artifacts from it; pass --pipeline-root gs://BUCKET/root"
+        )
+    return None
+
+
+def check_placeholder_resolved(name: str, value: str) -> str | None:
+    """A literal `{{$.` means the backend did not resolve a KFP placeholder; using it would name
+    every run's resources alike."""
+    if PLACEHOLDER_START in value:
+        return (
+            f"{name}={value!r} is an unresolved KFP placeholder: this backend is too old to "
+            "resolve it (KFP >= 2.4 resolves the run id; see docs/deploy/README.md)"
+        )
+    return None
