@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from components.run_params import RunParams
+from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, RunParams
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO_ROOT / "docs" / "deploy" / "rbac.yaml"
@@ -155,12 +155,12 @@ class Settings:
         return f"{self.region}-docker.pkg.dev"
 
 
-_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_PROJECT = re.compile(f"^{PROJECT_ID[0]}$")
+_REGION = re.compile(f"^{REGION[0]}$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _MEMBER = re.compile(r"^(user|group|serviceAccount|domain):[^\s]+$")
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_K8S_NAME = re.compile(f"^{K8S_LABEL_NAME[0]}$")
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
 

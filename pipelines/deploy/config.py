@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from components.run_params import PROJECT_ID, REGION, RunParams
+from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, RunParams
 
 Backend = Literal["vertex", "kfp"]
 Purpose = Literal["run", "schedule", "upload", "manage"]
@@ -128,7 +128,7 @@ _SA_EMAIL = re.compile(r"^[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.gserviceacco
 _NETWORK = re.compile(r"^projects/[0-9]+/global/networks/[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_K8S_NAME = re.compile(f"^{K8S_LABEL_NAME[0]}$")
 _AR_REGISTRY = re.compile(r"^https://[a-z0-9-]+-kfp\.pkg\.dev/[^/]+/[^/]+/?$")
 _KMS_KEY = re.compile(r"^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$")
 
