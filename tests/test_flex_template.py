@@ -78,4 +78,6 @@ def test_launcher_entry_runs_the_pipeline_and_finalize_rewrites_the_same_manifes
     assert flex_template.main(["--finalize", f"--input={source}", f"--output={tmp_path / 'none'}",
                                f"--tokenizer={tiny_model_dir}", "--seq_len=4"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith("error: ") and "--seq-len must be an integer in [16, 131072]" in "\n".join(err)
+    assert err[0].startswith(
+        "error: "
+    ) and "--seq-len must be an integer in [16, 131072]" in "\n".join(err)
