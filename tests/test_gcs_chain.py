@@ -298,8 +298,8 @@ def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelSe
         metadata={"model_uri": summary["model_dir"], "base_model": summary["base_model"]},
         run_id="gcs-chain",
         project="my-project",
-        location="us-central1",
-        model="llmft-chain",
+        region="us-central1",
+        registered_model="llmft-chain",
         serving_image="us-docker.pkg.dev/my-project/serving/vllm:0.11.0",
     )
     upload = next(r for r in fake_registry.requests if type(r).__name__ == "UploadModelRequest")

@@ -82,11 +82,15 @@ def packed(tmp_path_factory, converted: Path, sample_data_dir: Path) -> Path:
 def train(model: str, data: Path, out: Path, max_steps: int, **overrides) -> dict:
     """`llmft train`'s code path: 1 node x 2 processes, c10d; returns the run's summary.json."""
     from components.train_step import run_train_step
+    from trainer.config import config_from_mapping
 
+    trainer = config_from_mapping(
+        {**COMMON, **overrides, "model": model, "data": str(data), "output": str(out),
+         "max_steps": max_steps}
+    )  # fmt: skip
     run_train_step(
-        backend="local", run_id=f"real-{uuid.uuid4().hex[:8]}", model=model, data=str(data),
-        output=str(out), nodes=1, nproc_per_node=2, rdzv_backend="c10d", max_steps=max_steps,
-        trainer_overrides={**COMMON, **overrides},
+        backend="local", run_id=f"real-{uuid.uuid4().hex[:8]}", trainer=trainer, nodes=1,
+        nproc_per_node=2, rdzv_backend="c10d",
     )  # fmt: skip
     return json.loads((out / "summary.json").read_text())
 

@@ -144,8 +144,8 @@ def test_step_gke_creates_waits_and_deletes() -> None:
     name = k8s_etcd.etcd_name(run_id)
 
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
-        if method == "POST":
-            return 201, body
+        if method == "POST":  # the API server assigns every object a uid
+            return 201, {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(path)}"}}
         if path.endswith(f"/statefulsets/{name}/status"):
             return 200, {"kind": "StatefulSet", "status": {"replicas": 1, "readyReplicas": 1}}
         if method == "GET":
@@ -172,6 +172,7 @@ def test_step_gke_creates_waits_and_deletes() -> None:
         assert removed == [
             f"StatefulSet/{name}",
             f"Service/{name}",
+            f"NetworkPolicy/{name}",
             f"PersistentVolumeClaim/{name}",
         ]
     finally:
