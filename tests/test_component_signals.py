@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -48,7 +49,9 @@ def _command(component: dsl.base_component.BaseComponent, tmp_path: Path) -> lis
 
 
 def _start(command: list, tmp_path: Path) -> tuple:
-    proc = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(tmp_path)})
+    # `python3` must be this environment's, as it is the image's in a task container.
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    proc = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(tmp_path), "PATH": path})
     ready = tmp_path / "ready"
     deadline = time.monotonic() + 60
     while not ready.exists() or not ready.read_text():  # the step says when it is up
