@@ -206,7 +206,7 @@ def train(
     from components.artifacts import data_artifact_uri
     from components.train_step import run_train_component
 
-    model.uri = data_artifact_uri(model.uri, work_uri=work_uri, run_id=run_id, name="train")
+    model.uri = data_artifact_uri(model.uri, work_uri=work_uri, run_id=run_id, name="model")
     model.metadata.update(
         run_train_component(
             backend=backend,

@@ -339,12 +339,14 @@ def run_train_component(
 
 def run_directory(*, backend: str, work_uri: str, run_id: str, model_dir: str) -> str:
     """The trainer's run directory: `<work_uri>/runs/<run>/train` in the cloud (workers write it,
-    a retry resumes from it); locally `<artifact dir>/../train-run`, beside the Model artifact."""
+    a retry resumes from it) and for a local run with a remote `work_uri`; otherwise locally
+    `<artifact dir>/../train-run`, beside the Model artifact."""
+    from beam_preprocess import storage
     from components.run_identity import safe_run_id
 
-    if backend == "local":
+    if backend == "local" and not storage.is_remote(work_uri):
         return os.path.join(os.path.dirname(model_dir.rstrip("/")), "train-run")
-    if not work_uri.startswith("gs://"):
+    if backend != "local" and not work_uri.startswith("gs://"):
         raise ValueError(
             f"work_uri={work_uri!r}: the {backend} backend keeps the run's checkpoints and logs "
             "under a gs:// work_uri"

@@ -328,4 +328,4 @@ def test_local_run_with_data_and_outputs_on_gcs(chain: Chain, tmp_path: Path) ->
     assert read_manifest(storage.join(runs[0], "dataset")).splits["train"].rows > 0
     summary = json.loads(storage.read_text(storage.join(runs[0], "train", "summary.json")))
     assert summary["steps"] == 8
-    assert storage.exists(storage.join(runs[0], "train", "model", "config.json"))
+    assert storage.exists(storage.join(runs[0], "model", "config.json"))  # the Model artifact

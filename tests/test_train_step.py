@@ -24,6 +24,8 @@ def test_the_model_artifact_is_the_export_and_the_run_dir_is_under_work_uri() ->
     )
     local = run_directory(backend="local", work_uri="", run_id="r1", model_dir="/p/train/model")
     assert local == "/p/train/train-run"
+    on_gcs = run_directory(backend="local", work_uri="gs://b/w", run_id="r1", model_dir="gs://b/m")
+    assert on_gcs == "gs://b/w/runs/r1/train"  # local compute, outputs on GCS
     with pytest.raises(ValueError, match="gs:// work_uri"):
         run_directory(backend="vertex", work_uri="", run_id="r1", model_dir="gs://bkt/m")
     trainer = TrainConfig(model="m", data="d", output=run, export_dir="gs://bkt/root/model")
