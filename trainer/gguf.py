@@ -64,13 +64,13 @@ def _machine_lock(cache: Path) -> Iterator[None]:
 
 def _local_file(spec: str, cache: Path) -> Path:
     """A local path holding the GGUF file `spec` (a remote one is copied into the cache once)."""
-    if "://" not in spec or spec.startswith("file://"):
-        path = Path(spec.removeprefix("file://")).expanduser()
+    from beam_preprocess import storage
+
+    if not storage.is_remote(spec):
+        path = Path(storage.local_path(spec)).expanduser()
         if not path.is_file():
             raise ValueError(f"base model {spec!r} does not exist: pass an existing .gguf file")
         return path
-    from beam_preprocess import storage
-
     if not storage.exists(spec) or storage.isdir(spec):
         raise ValueError(f"base model {spec!r} does not exist: pass an existing .gguf file")
     key = hashlib.sha256(spec.encode()).hexdigest()[:16]
