@@ -47,6 +47,8 @@ from beam_preprocess.schema import (
     TokenizerIdentity,
     read_manifest,
 )
+from beam_preprocess.sinks import JSONL, PARQUET, CommitShards, Shards, WriteShards, temp_dir_for
+from beam_preprocess.stats import WriteStats, tagged
 from beam_preprocess.transforms import (
     TABLES,
     TAIL_TABLES,
@@ -65,8 +67,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATS_FILE = "stats.json"
-RETOKENIZED_SOURCES = 20
-"""Sources (path:line) of re-encoded documents listed in the stats, the first in sort order."""
 FILTERED_DIR = "filtered"
 EVAL_RECORDS_DIR = "eval_records"
 DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
@@ -84,6 +84,7 @@ def build_pipeline(
     start without importing transformers.
     """
     out = config.output
+    temp = temp_dir_for(out)
     read = pipeline | "Read" >> ReadRecords(list(config.inputs), config.input_format)
     valid = read.records | "Validate" >> Validate(config)
     clean = valid.examples | "Clean" >> Clean(config)
@@ -92,130 +93,51 @@ def build_pipeline(
     tokens = split | "Tokenize" >> Tokenize(config, tokenizer_spec)
     packed = tokens.documents | "Pack" >> Pack(config.seq_len, pad_id, config.max_open_rows)
 
-    # Each packing stage writes its own shards (part-* and part-tail-*): a Flatten in front of one
-    # writer would end the fused packing stage and ship every table through the runner again.
+    # Every output is written inside the stage that produces it (beam_preprocess.sinks), and all
+    # files are committed together at the end.
+    outputs = {name: Shards(f"{out}/{name}/part", PARQUET) for name in SPLITS}
+    outputs |= {f"{name}-tail": Shards(f"{out}/{name}/part-tail", PARQUET) for name in SPLITS}
+    for kind, directory in ((DEAD, REJECTED_DIR), (FILTERED, FILTERED_DIR)):
+        outputs[kind] = Shards(f"{out}/{directory}/part", JSONL)
+    outputs[EVAL_RECORDS] = Shards(f"{out}/{EVAL_RECORDS_DIR}/part", JSONL)
+    written = []
     for stage, suffix in ((TABLES, ""), (TAIL_TABLES, "-tail")):
         label = suffix.replace("-", "").title()
         tables = packed[stage] | f"BySplit{label}" >> beam.ParDo(_BySplit()).with_outputs(*SPLITS)
         for name in SPLITS:
-            _ = tables[name] | f"Write{name.title()}{label}" >> beam.io.WriteToParquetBatched(
-                f"{out}/{name}/part{suffix}", schema=table_schema(), file_name_suffix=".parquet"
-            )
-    rejected = (read[DEAD], valid[DEAD], tokens[DEAD]) | "AllRejected" >> beam.Flatten()
-    _ = rejected | "WriteRejected" >> WriteJsonLines(f"{out}/{REJECTED_DIR}/part")
-    filtered = (clean[FILTERED], tokens[FILTERED]) | "AllFiltered" >> beam.Flatten()
-    _ = filtered | "WriteFiltered" >> WriteJsonLines(f"{out}/{FILTERED_DIR}/part")
-    _ = tokens[EVAL_RECORDS] | "WriteEvalRecords" >> WriteJsonLines(
-        f"{out}/{EVAL_RECORDS_DIR}/part"
-    )
-
-    outcomes = (
-        (read[OUTCOME], valid[OUTCOME], clean[OUTCOME], unique[OUTCOME], tokens[OUTCOME])
-        | "AllOutcomes" >> beam.Flatten()
-        | "CountOutcomes" >> beam.combiners.Count.PerElement()
-    )
-    read_total = read[READ] | "CountRead" >> beam.CombineGlobally(sum)
-    split_stats = packed[STATS] | "SumSplitStats" >> beam.CombinePerKey(_sum_tuples)
-    retokenized = tokens[RETOKENIZED] | "CountRetokenized" >> beam.combiners.Count.Globally()
-    retokenized_sources = tokens[RETOKENIZED] | "FirstRetokenized" >> beam.combiners.Top.Smallest(
-        RETOKENIZED_SOURCES
-    )
+            shards = outputs[f"{name}{suffix}"]
+            writer = WriteShards(shards, temp, table_schema())
+            written.append(tables[name] | f"Write{name.title()}{label}" >> writer)
+    letters = [
+        ("Read", read, DEAD),
+        ("Validate", valid, DEAD),
+        ("Clean", clean, FILTERED),
+        ("Tokenize", tokens, DEAD),
+        ("Tokenize", tokens, FILTERED),
+        ("Tokenize", tokens, EVAL_RECORDS),
+    ]
+    for step, results, kind in letters:
+        writer = WriteShards(outputs[kind], temp)
+        written.append(results[kind] | f"Write{kind.title()}Of{step}" >> writer)
     _ = (
-        pipeline
-        | "StatsTrigger" >> beam.Create([None])
-        | "WriteStats"
-        >> beam.ParDo(
-            _WriteStats(f"{out}/{STATS_FILE}"),
-            read_total=beam.pvalue.AsSingleton(read_total),
-            outcomes=beam.pvalue.AsList(outcomes),
-            splits=beam.pvalue.AsList(split_stats),
-            retokenized=beam.pvalue.AsSingleton(retokenized),
-            retokenized_sources=beam.pvalue.AsSingleton(retokenized_sources),
-        )
+        written
+        | "AllWritten" >> beam.Flatten()
+        | "CommitShards" >> CommitShards(outputs.values(), temp, table_schema())
     )
 
-
-class WriteJsonLines(beam.PTransform):
-    """Dicts -> `<prefix>-SSSSS-of-NNNNN.jsonl`, one JSON object per line."""
-
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def expand(self, pcoll: beam.PCollection) -> Any:
-        return (
-            pcoll
-            | "ToJson" >> beam.Map(lambda r: json.dumps(r, ensure_ascii=False, default=str))
-            | "Write" >> beam.io.WriteToText(self.prefix, file_name_suffix=".jsonl")
-        )
+    events = [read[READ] | "TagRead" >> tagged(READ), packed[STATS] | "TagStats" >> tagged(STATS)]
+    events.append(tokens[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
+    for step, results in (("Read", read), ("Validate", valid), ("Clean", clean)):
+        events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
+    for step, results in (("Deduplicate", unique), ("Tokenize", tokens)):
+        events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
+    _ = events | "AllEvents" >> beam.Flatten() | "Stats" >> WriteStats(f"{out}/{STATS_FILE}")
 
 
 class _BySplit(beam.DoFn):
     def process(self, element: tuple[str, Any]) -> Iterator[Any]:
         split, table = element
         yield beam.pvalue.TaggedOutput(split, table)
-
-
-def _sum_tuples(values: Any) -> tuple[int, ...]:
-    total = [0, 0, 0, 0]
-    for value in values:
-        for i, v in enumerate(value):
-            total[i] += v
-    return tuple(total)
-
-
-class _WriteStats(beam.DoFn):
-    """Writes the run's accounting once every count is final (it waits on its side inputs)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def process(
-        self,
-        _: None,
-        read_total: int,
-        outcomes: list,
-        splits: list,
-        retokenized: int,
-        retokenized_sources: list,
-    ) -> Iterator[None]:
-        stats = accounting(read_total, dict(outcomes))
-        stats["answer_boundary_retokenized"] = retokenized
-        stats["answer_boundary_sources"] = list(retokenized_sources)
-        stats["splits"] = {
-            name: dict(zip(("rows", "documents", "tokens", "target_tokens"), values, strict=True))
-            for name, values in splits
-        }
-        with FileSystems.create(self.path) as f:
-            f.write(json.dumps(stats, indent=2, sort_keys=True).encode())
-        yield from ()
-
-
-def accounting(read_total: int, outcomes: dict[str, int]) -> dict[str, Any]:
-    """Outcome events -> stats where records_read = kept + filtered + duplicates + rejected."""
-    stats: dict[str, Any] = {
-        "records_read": read_total,
-        "kept": 0,
-        "duplicates": 0,
-        "rejected": 0,
-        "filtered": 0,
-        "rejected_by_reason": {},
-        "filtered_by_reason": {},
-    }
-    for event, count in outcomes.items():
-        kind, _, reason = event.partition("/")
-        if kind == "kept":
-            stats["kept"] += count
-        elif kind == "duplicate":
-            stats["duplicates"] += count
-        else:
-            stats[kind] += count
-            by_reason = stats[f"{kind}_by_reason"]
-            by_reason[reason] = by_reason.get(reason, 0) + count
-    accounted = stats["kept"] + stats["filtered"] + stats["duplicates"] + stats["rejected"]
-    stats["accounted"] = accounted
-    stats["malformed"] = stats["rejected"]
-    return stats
 
 
 # -------------------------------------------------------------------------------------- running

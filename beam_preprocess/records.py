@@ -22,7 +22,8 @@ FILTERED = "filtered"
 READ = "read"
 """Tag: number of records read per file."""
 OUTCOME = "outcome"
-"""Tag: one event per input record: "kept", "duplicate", "rejected/<reason>", "filtered/<reason>"."""
+"""Tag: (event, count) of what became of input records: "kept", "duplicate", "rejected/<reason>",
+"filtered/<reason>" (counted per batch where a step decides on many at once)."""
 EVAL_RECORDS = "eval_records"
 """Tag: the clean held-out records (prompt/response or text) for the evaluator."""
 STATS = "stats"
@@ -36,5 +37,6 @@ def dead_letter(source: str, record: Any, reason: str, error: str = "") -> dict[
     return {"source": source, "record": record, "reason": reason, "error": error}
 
 
-def outcome(kind: str, reason: str = "") -> str:
-    return f"{kind}/{reason}" if reason else kind
+def outcome(kind: str, reason: str = "", count: int = 1) -> tuple[str, int]:
+    """An OUTCOME event: `count` records became `kind` (for `reason`)."""
+    return (f"{kind}/{reason}" if reason else kind, count)

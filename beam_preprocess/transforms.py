@@ -238,8 +238,7 @@ def _keep_first(element: tuple[str, Iterable[dict[str, Any]]]) -> Iterator[Any]:
     yield kept
     if len(examples) > 1:
         _counter("duplicates").inc(len(examples) - 1)
-        for _ in examples[1:]:
-            yield pvalue.TaggedOutput(OUTCOME, outcome("duplicate"))
+        yield pvalue.TaggedOutput(OUTCOME, outcome("duplicate", count=len(examples) - 1))
 
 
 def _source_order(source: str) -> tuple[str, int]:
@@ -333,6 +332,7 @@ class TokenizeFn(beam.DoFn):
         # One element per pack key and batch, not per document: the pack shuffle then moves a few
         # hundred elements instead of one per record (Beam's cost is mostly per element).
         documents: dict[str, list[tuple[bytes, bytes]]] = {}
+        kept = 0
         for example, result in zip(batch, self.encoder.encode(batch), strict=True):
             if result.outcome != "kept":
                 tag = DEAD if result.outcome == "rejected" else FILTERED
@@ -343,7 +343,7 @@ class TokenizeFn(beam.DoFn):
                 yield pvalue.TaggedOutput(tag, letter)
                 yield pvalue.TaggedOutput(OUTCOME, outcome(result.outcome, result.reason))
                 continue
-            self.kept.inc()
+            kept += 1
             if result.truncated:
                 self.truncated.inc()
             if result.retokenized:
@@ -354,9 +354,11 @@ class TokenizeFn(beam.DoFn):
             for ids, mask in result.docs:
                 self.tokens.inc(len(ids))
                 documents.setdefault(key, []).append((ids.tobytes(), mask.tobytes()))
-            yield pvalue.TaggedOutput(OUTCOME, outcome("kept"))
             if split == "eval":
                 yield pvalue.TaggedOutput(EVAL_RECORDS, _record_of(example))
+        if kept:
+            self.kept.inc(kept)
+            yield pvalue.TaggedOutput(OUTCOME, outcome("kept", count=kept))
         yield from documents.items()
 
 

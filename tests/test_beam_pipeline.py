@@ -282,7 +282,9 @@ def test_dataflow_job_request_is_built_offline():
         "Tokenize",
         "Pack",
         "WriteTrain",
-        "WriteRejected",
+        "WriteDeadOfRead",
+        "CommitShards",
+        "Stats",
     ):
         assert step in names
 

@@ -77,7 +77,13 @@ def test_read_records_all_formats(tmp_path: Path):
         assert_that(out[READ] | beam.CombineGlobally(sum), equal_to([7]), label="read")
         assert_that(
             out[OUTCOME],
-            equal_to(["rejected/invalid_json", "rejected/not_an_object", "rejected/invalid_csv"]),
+            equal_to(
+                [
+                    ("rejected/invalid_json", 1),
+                    ("rejected/not_an_object", 1),
+                    ("rejected/invalid_csv", 1),
+                ]
+            ),
             label="outcome",
         )
 
@@ -135,7 +141,7 @@ def test_clean_normalises_and_filters_by_characters():
             equal_to([("b", "too_long_chars")]),
             label="filtered",
         )
-        assert_that(out[OUTCOME], equal_to(["filtered/too_long_chars"]), label="outcome")
+        assert_that(out[OUTCOME], equal_to([("filtered/too_long_chars", 1)]), label="outcome")
 
 
 def test_deduplicate_keeps_lowest_source():
@@ -152,7 +158,9 @@ def test_deduplicate_keeps_lowest_source():
         assert_that(
             out.examples | beam.Map(lambda e: e["source"]), equal_to(["f:9", "f:1"]), label="kept"
         )
-        assert_that(out[OUTCOME], equal_to(["duplicate", "duplicate"]), label="dups")
+        assert_that(
+            out[OUTCOME] | beam.CombinePerKey(sum), equal_to([("duplicate", 2)]), label="dups"
+        )
 
 
 def test_split_is_deterministic_by_prompt():
@@ -237,7 +245,9 @@ def test_tokenize_masks_exactly_the_response(tiny_model_dir: Path):
             label="eval",
         )
         assert_that(
-            out[OUTCOME], equal_to(["kept"] * 3 + ["filtered/too_long_tokens"]), label="outcome"
+            out[OUTCOME] | beam.CombinePerKey(sum),
+            equal_to([("kept", 3), ("filtered/too_long_tokens", 1)]),
+            label="outcome",
         )
 
 
