@@ -70,6 +70,10 @@ STATS_FILE = "stats.json"
 FILTERED_DIR = "filtered"
 EVAL_RECORDS_DIR = "eval_records"
 DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
+LOCAL_PROCESSES_MIN_BYTES = 64 * 2**20
+"""Local runs on less input use one in-process worker: starting a Beam worker process per core
+costs more than it saves there (tokenization, the bulk of the work, uses every core from one
+process anyway). Measured with benchmarks/preprocess_bench.py: see docs/performance.md."""
 
 
 def build_pipeline(
@@ -173,13 +177,25 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     elif standard.runner == "FnApiRunner":
         direct = options.view_as(DirectOptions)
         if not _flag_given(argv, "direct_num_workers"):
-            direct.direct_num_workers = os.cpu_count() or 1
+            small = _input_bytes(config.inputs) < LOCAL_PROCESSES_MIN_BYTES
+            direct.direct_num_workers = 1 if small else (os.cpu_count() or 1)
         if not _flag_given(argv, "direct_running_mode"):
             # Separate processes: tokenization and packing hold the GIL between Rust calls.
             direct.direct_running_mode = (
                 "multi_processing" if direct.direct_num_workers > 1 else "in_memory"
             )
     return options, config
+
+
+def _input_bytes(patterns: tuple[str, ...]) -> int:
+    """Total size of the input files (0 for patterns that match nothing: checked later)."""
+    total = 0
+    for pattern in patterns:
+        try:
+            total += sum(m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list)
+        except Exception:  # reported with its reason by _check_inputs
+            continue
+    return total
 
 
 def _flag_given(argv: list[str], name: str) -> bool:

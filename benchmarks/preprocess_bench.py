@@ -1,20 +1,25 @@
 """Benchmark: our Beam preprocessing vs the Hugging Face `datasets` recipe users would otherwise write.
 
-Run: `.venv/bin/python benchmarks/preprocess_bench.py [--records 50000] [--seq-len 512]`
+Run: `.venv/bin/python benchmarks/preprocess_bench.py [--records 50000] [--scales 1 10] [--repeats 3]`
 
 Both sides get the same generated instruction corpus (JSONL of prompt/response records, built from
 `pipelines.quickstart.sample_data.generate_records`: each record bundles 1-36 tasks so documents
 range from ~15 to ~500 tokens) and the same 8k byte-level BPE tokenizer with a chat template. Timed:
 
-  ours  `beam_preprocess.run` (DirectRunner engine, 2 worker processes): read, validate, clean,
+  ours  `beam_preprocess.run` (the local runner with the worker count it picks for the input
+        size, or --ours-workers): read, validate, clean,
         dedup, split, chat-template + tokenize with loss masks, best-fit packing without splitting
         documents, Parquet shards + manifest.
   peer  `datasets`: load_dataset("json"), map(batched=True, num_proc=2) rendering the chat template
         and tokenizing, then run_clm.py's `group_texts` (concatenate and cut into seq_len blocks,
         splitting documents across rows, no loss masks) with map(batched=True, num_proc=2).
 
-Tokens/s counts the non-padding tokens in each side's output. Fill ratio = non-padding / all tokens.
-The last line printed is `RESULT {json}`.
+Each run is a fresh interpreter that imports the libraries of both sides first (transformers,
+datasets, Beam), then times its side from loading the tokenizer to the last file written; the
+sides alternate, `--repeats` times (medians reported). Tokens/s counts the non-padding tokens in
+each side's output. Fill ratio = non-padding / all tokens. Peak memory is the largest process's
+RSS (ours: the runner process or one of its workers). `--scales 1 10` adds a run at 10x the
+records (the fixed cost must amortize). The last line printed is `RESULT {json}`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ import json
 import logging
 import os
 import random
+import resource
+import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,9 +69,9 @@ def build_tokenizer(out_dir: Path) -> Path:
 
 
 def run_ours(
-    corpus: Path, tokenizer: Path, out: Path, seq_len: int, workers: int
+    corpus: Path, tokenizer: Path, out: Path, seq_len: int, workers: int | None
 ) -> dict[str, Any]:
-    from beam_preprocess.pipeline import run
+    from beam_preprocess.pipeline import LOCAL_PROCESSES_MIN_BYTES, run
 
     start = time.perf_counter()
     manifest = run(
@@ -71,8 +80,8 @@ def run_ours(
             f"--output={out}",
             f"--tokenizer={tokenizer}",
             f"--seq-len={seq_len}",
-            f"--direct_num_workers={workers}",
-            "--direct_running_mode=multi_processing",
+            # Without a worker count: what `llmft preprocess` picks by itself for this input.
+            *([f"--direct_num_workers={workers}"] if workers else []),
         ]
     )
     seconds = time.perf_counter() - start
@@ -84,6 +93,8 @@ def run_ours(
         "rows": rows,
         "tokens_per_s": round(tokens / seconds),
         "fill_ratio": round(tokens / (rows * seq_len), 4),
+        "beam_workers": workers
+        or (1 if corpus.stat().st_size < LOCAL_PROCESSES_MIN_BYTES else os.cpu_count()),
         "kept": manifest.stats["kept"],
         "filtered": manifest.stats["filtered"],
     }
@@ -95,6 +106,7 @@ def run_peer(
     from datasets import load_dataset
     from transformers import AutoTokenizer
 
+    start = time.perf_counter()  # from here on as ours: tokenizer load, read, work, write
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
 
     def tokenize(batch: dict[str, list]) -> dict[str, list]:
@@ -117,7 +129,6 @@ def run_peer(
         result["labels"] = result["input_ids"].copy()
         return result
 
-    start = time.perf_counter()
     raw = load_dataset("json", data_files=str(corpus), split="train", cache_dir=str(cache))
     tokenized = raw.map(tokenize, batched=True, num_proc=workers, remove_columns=raw.column_names)
     grouped = tokenized.map(group_texts, batched=True, num_proc=workers)
@@ -136,49 +147,133 @@ def run_peer(
     }
 
 
+def run_side(
+    side: str,
+    corpus: Path,
+    tokenizer: Path,
+    out: Path,
+    seq_len: int,
+    workers: int,
+    ours_workers: int | None,
+) -> dict:
+    """One side in a fresh interpreter (no warm caches, its own peak memory); returns its result."""
+    argv = [sys.executable, __file__, "--side", side, "--corpus", str(corpus)]
+    argv += ["--tokenizer", str(tokenizer), "--out", str(out)]
+    argv += ["--seq-len", str(seq_len), "--workers", str(workers)]
+    if ours_workers:
+        argv += ["--ours-workers", str(ours_workers)]
+    done = subprocess.run(argv, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def side_main(args: argparse.Namespace) -> None:
+    """`--side ours|peer`: import the libraries (both sides alike), run once, print JSON."""
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    import datasets
+    import transformers  # noqa: F401  (imported before timing on both sides)
+
+    import beam_preprocess.pipeline  # noqa: F401
+
+    datasets.disable_progress_bars()
+    if args.side == "peer":
+        result = run_peer(args.corpus, args.tokenizer, args.out, args.seq_len, args.workers)
+    else:
+        result = run_ours(args.corpus, args.tokenizer, args.out, args.seq_len, args.ours_workers)
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    result["peak_rss_mb"] = {"main": round(own), "largest_worker": round(workers)}
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument(
+        "--scales", type=int, nargs="+", default=[1], help="Also run at N x --records (e.g. 1 10)."
+    )
     parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="The peer's num_proc.")
+    parser.add_argument(
+        "--ours-workers",
+        type=int,
+        default=None,
+        help="Force our --direct_num_workers (default: what llmft picks for the input size).",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="Runs per side; medians reported.")
     parser.add_argument("--workdir", type=Path, default=None, help="Keep outputs here.")
+    parser.add_argument("--side", choices=("ours", "peer"), help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    logging.getLogger("apache_beam").setLevel(logging.ERROR)
-    import datasets
-
-    datasets.disable_progress_bars()
+    if args.side:
+        side_main(args)
+        return
+    results = []
     with tempfile.TemporaryDirectory(prefix="preprocess-bench-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        corpus = work / "corpus.jsonl"
-        write_corpus(corpus, args.records)
         tokenizer = build_tokenizer(work / "tokenizer")
-        print(f"corpus: {args.records} records, {corpus.stat().st_size / 1e6:.1f} MB", flush=True)
-        peer = run_peer(corpus, tokenizer, work / "hf_cache", args.seq_len, args.workers)
-        print(f"peer (datasets map + group_texts): {peer}", flush=True)
-        ours = run_ours(corpus, tokenizer, work / "packed", args.seq_len, args.workers)
-        print(f"ours (beam_preprocess):            {ours}", flush=True)
-    ratio = ours["tokens_per_s"] / peer["tokens_per_s"]
+        for scale in args.scales:
+            records = args.records * scale
+            corpus = work / f"corpus-{records}.jsonl"
+            write_corpus(corpus, records)
+            print(f"corpus: {records} records, {corpus.stat().st_size / 1e6:.1f} MB", flush=True)
+            runs: dict[str, list[dict]] = {"peer": [], "ours": []}
+            for repeat in range(args.repeats):
+                for side in ("peer", "ours"):  # alternated, so drift in load hits both alike
+                    out = work / f"{side}-{records}-{repeat}"
+                    runs[side].append(
+                        run_side(
+                            side,
+                            corpus,
+                            tokenizer,
+                            out,
+                            args.seq_len,
+                            args.workers,
+                            args.ours_workers,
+                        )
+                    )
+                    shutil.rmtree(out, ignore_errors=True)
+                    print(f"  {side} run {repeat + 1}: {runs[side][-1]}", flush=True)
+            results.append(summarize(records, runs, args))
+            print(f"RESULT-{records} " + json.dumps(results[-1]), flush=True)
+    result = results[0] if len(results) == 1 else {"scales": results}
+    print("RESULT " + json.dumps(result))
+
+
+def summarize(records: int, runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
+    """Medians over the repeats, and the ratio of the median throughputs."""
+    median = {
+        side: {
+            "seconds": statistics.median(r["seconds"] for r in results),
+            "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in results)),
+            "peak_rss_mb": max(max(r["peak_rss_mb"].values()) for r in results),
+        }
+        for side, results in runs.items()
+    }
+    ratio = median["ours"]["tokens_per_s"] / median["peer"]["tokens_per_s"]
     print(
-        f"tokens/s ours {ours['tokens_per_s']:,} vs peer {peer['tokens_per_s']:,}: ratio {ratio:.2f}"
+        f"{records} records: tokens/s ours {median['ours']['tokens_per_s']:,} vs peer "
+        f"{median['peer']['tokens_per_s']:,} (medians of {args.repeats}): ratio {ratio:.2f}; "
+        f"fill ours {runs['ours'][0]['fill_ratio']} (documents never split)"
     )
-    print(
-        f"fill ratio ours {ours['fill_ratio']} (documents never split), peer {peer['fill_ratio']}"
-    )
-    result = {
-        "records": args.records,
+    return {
+        "records": records,
         "seq_len": args.seq_len,
         "workers": args.workers,
+        "repeats": args.repeats,
         "ratio": round(ratio, 3),
-        "fill_ratio": ours["fill_ratio"],
-        "ours_tokens_per_s": ours["tokens_per_s"],
-        "peer_tokens_per_s": peer["tokens_per_s"],
-        "ours": ours,
-        "peer": peer,
+        "fill_ratio": runs["ours"][0]["fill_ratio"],
+        "ours": median["ours"],
+        "peer": median["peer"],
+        "ratios_per_repeat": [
+            round(o["tokens_per_s"] / p["tokens_per_s"], 3)
+            for o, p in zip(runs["ours"], runs["peer"], strict=True)
+        ],
     }
-    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":
