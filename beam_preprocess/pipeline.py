@@ -4,7 +4,7 @@ Run: `python -m beam_preprocess --input 'data/*.jsonl' --output out/ --tokenizer
 (`--help` lists every flag). Locally it uses the DirectRunner with one worker process per core;
 `--runner DataflowRunner` with the usual Google Cloud flags runs the same graph on Dataflow.
 
-Outputs in --output (see beam_preprocess.schema): train/ and eval/ Parquet shards, manifest.json,
+Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet shards, manifest.json,
 stats.json (the accounting, also when the run fails the rejected-fraction check), rejected/ and
 filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator).
 """
@@ -38,15 +38,6 @@ from beam_preprocess.records import (
     RETOKENIZED,
     STATS,
 )
-from beam_preprocess.schema import (
-    MANIFEST_FILE,
-    REJECTED_DIR,
-    SPLITS,
-    Manifest,
-    SplitInfo,
-    TokenizerIdentity,
-    read_manifest,
-)
 from beam_preprocess.transforms import (
     TABLES,
     TAIL_TABLES,
@@ -58,17 +49,27 @@ from beam_preprocess.transforms import (
     Validate,
     table_schema,
 )
+from trainer.packed_data.format import (
+    EVAL_RECORDS_DIR,
+    FILTERED_DIR,
+    MANIFEST_FILE,
+    REJECTED_DIR,
+    SPLITS,
+    STATS_FILE,
+    TRAIN_SPLIT,
+    Manifest,
+    SplitInfo,
+    TokenizerIdentity,
+    read_manifest,
+)
 
 if TYPE_CHECKING:
     from beam_preprocess.tokenize import TokenizerSpec
 
 log = logging.getLogger(__name__)
 
-STATS_FILE = "stats.json"
 RETOKENIZED_SOURCES = 20
 """Sources (path:line) of re-encoded documents listed in the stats, the first in sort order."""
-FILTERED_DIR = "filtered"
-EVAL_RECORDS_DIR = "eval_records"
 DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
 
 
@@ -357,7 +358,7 @@ def write_manifest(config: PreprocessConfig, tokenizer: TokenizerIdentity) -> Ma
         info = SplitInfo(**stats["splits"].get(name, {}))
         info.shards = _relative(out, _list(f"{out}/{name}/*.parquet"))
         splits[name] = info
-    if splits["train"].rows == 0:
+    if splits[TRAIN_SPLIT].rows == 0:
         raise ValueError(
             f"no training rows: all {read_total} records read from {', '.join(config.inputs)} were "
             f"filtered ({stats.get('filtered', 0)}), rejected ({stats['rejected']}) or duplicates "

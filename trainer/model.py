@@ -40,7 +40,7 @@ def resolve_model_dir(spec: str, *, local_rank: int) -> str:
     lock makes the other ranks of the node wait for the one download). A `.gguf` file is
     converted once per machine into a plain directory (trainer/gguf.py).
     """
-    from beam_preprocess import storage
+    from trainer import storage
     from trainer.gguf import is_gguf, resolve_gguf
 
     if is_gguf(spec):
