@@ -117,7 +117,7 @@ def convert(gguf_file: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.model import parameters_on_meta
+    from trainer.meta_init import parameters_on_meta
 
     folder, name = str(gguf_file.parent), gguf_file.name
     try:
