@@ -4,9 +4,9 @@ Run: `python -m beam_preprocess --input 'data/*.jsonl' --output out/ --tokenizer
 (`--help` lists every flag). Locally it uses the DirectRunner with one worker process per core;
 `--runner DataflowRunner` with the usual Google Cloud flags runs the same graph on Dataflow.
 
-Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet shards, manifest.json,
-stats.json (the accounting, also when the run fails the rejected-fraction check), rejected/ and
-filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator).
+Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet shards,
+manifest.json, stats.json (the accounting, also when the run fails the rejected-fraction check),
+rejected/ and filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator).
 """
 
 from __future__ import annotations
