@@ -34,7 +34,12 @@ from components.evaluation.report import read_training_curve, render_report
 from components.evaluation.scoring import score_rows
 from components.evaluation.text_metrics import chrf, exact_match, normalize_answer
 from trainer import storage
-from trainer.packed_data.format import Manifest, TokenizerIdentity, compatibility_errors
+from trainer.packed_data.format import (
+    EVAL_RECORDS_DIR,
+    Manifest,
+    TokenizerIdentity,
+    compatibility_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +140,7 @@ def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> li
     if not paths and manifest.data_kind == "instruction":
         log.warning(
             "no %s/part-*.jsonl in %s and no held-out file given: skipping generation metrics",
-            data_io.EVAL_RECORDS_DIR,
+            EVAL_RECORDS_DIR,
             data_dir,
         )
     return paths
