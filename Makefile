@@ -44,10 +44,11 @@ test-fast: install  ## tests without the slow end-to-end ones
 rehearsal: install  ## the whole chain with every URI on gs:// (a local GCS emulator), full size
 	$(VENV)/bin/pytest -q --rehearsal tests/test_gcs_chain.py tests/test_storage.py
 
-lint: install  ## ruff lint + format check, mypy
+lint: install  ## ruff lint + format check, mypy, import contracts (pyproject.toml)
 	$(VENV)/bin/ruff check components pipelines trainer beam_preprocess infra tests benchmarks
 	$(VENV)/bin/ruff format --check components pipelines trainer beam_preprocess infra tests benchmarks
 	$(VENV)/bin/mypy components pipelines trainer beam_preprocess infra/llmft_infra
+	$(VENV)/bin/lint-imports --no-cache
 
 format: install  ## apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix components pipelines trainer beam_preprocess infra tests benchmarks

@@ -119,8 +119,8 @@ def to_pipeline_argv(argv: list[str]) -> list[str]:
 def finalize(argv: list[str]) -> dict[str, Any]:
     """Write manifest.json for a dataset a template job wrote; returns the manifest."""
     from beam_preprocess.pipeline import parse_options, write_manifest
-    from beam_preprocess.schema import TokenizerIdentity
     from beam_preprocess.tokenize import load_tokenizer
+    from trainer.packed_data.format import TokenizerIdentity
 
     _, config = parse_options(argv)
     tokenizer = load_tokenizer(config.tokenizer)

@@ -15,13 +15,13 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_preprocess.readers import FORMATS
-from beam_preprocess.schema import (
+from beam_preprocess.tokenize import OVERLONG_POLICIES
+from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
     EVAL_FRACTION_MAX,
     SEQ_LEN_MAX,
     SEQ_LEN_MIN,
 )
-from beam_preprocess.tokenize import OVERLONG_POLICIES
 
 DATA_KINDS = ("instruction", "text")
 NORMALIZATIONS = ("NFC", "NFKC", "none")

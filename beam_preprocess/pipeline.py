@@ -4,9 +4,9 @@ Run: `python -m beam_preprocess --input 'data/*.jsonl' --output out/ --tokenizer
 (`--help` lists every flag). Locally it uses the DirectRunner with one worker process per core;
 `--runner DataflowRunner` with the usual Google Cloud flags runs the same graph on Dataflow.
 
-Outputs in --output (see beam_preprocess.schema): train/ and eval/ Parquet shards, manifest.json,
-stats.json (the accounting, also when the run fails the rejected-fraction check), rejected/ and
-filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator).
+Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet shards,
+manifest.json, stats.json (the accounting, also when the run fails the rejected-fraction check),
+rejected/ and filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator).
 """
 
 from __future__ import annotations
@@ -38,15 +38,6 @@ from beam_preprocess.records import (
     RETOKENIZED,
     STATS,
 )
-from beam_preprocess.schema import (
-    MANIFEST_FILE,
-    REJECTED_DIR,
-    SPLITS,
-    Manifest,
-    SplitInfo,
-    TokenizerIdentity,
-    read_manifest,
-)
 from beam_preprocess.sinks import JSONL, PARQUET, CommitShards, Shards, WriteShards, temp_dir_for
 from beam_preprocess.stats import WriteStats, tagged
 from beam_preprocess.transforms import (
@@ -60,15 +51,25 @@ from beam_preprocess.transforms import (
     Validate,
     table_schema,
 )
+from trainer.packed_data.format import (
+    EVAL_RECORDS_DIR,
+    FILTERED_DIR,
+    MANIFEST_FILE,
+    REJECTED_DIR,
+    SPLITS,
+    STATS_FILE,
+    TRAIN_SPLIT,
+    Manifest,
+    SplitInfo,
+    TokenizerIdentity,
+    read_manifest,
+)
 
 if TYPE_CHECKING:
     from beam_preprocess.tokenize import TokenizerSpec
 
 log = logging.getLogger(__name__)
 
-STATS_FILE = "stats.json"
-FILTERED_DIR = "filtered"
-EVAL_RECORDS_DIR = "eval_records"
 DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
 LOCAL_PROCESSES_MIN_BYTES = 64 * 2**20
 """Local runs on less input use one in-process worker: starting a Beam worker process per core
@@ -295,7 +296,7 @@ def write_manifest(config: PreprocessConfig, tokenizer: TokenizerIdentity) -> Ma
         info = SplitInfo(**stats["splits"].get(name, {}))
         info.shards = _relative(out, _list(f"{out}/{name}/*.parquet"))
         splits[name] = info
-    if splits["train"].rows == 0:
+    if splits[TRAIN_SPLIT].rows == 0:
         raise ValueError(
             f"no training rows: all {read_total} records read from {', '.join(config.inputs)} were "
             f"filtered ({stats.get('filtered', 0)}), rejected ({stats['rejected']}) or duplicates "

@@ -33,7 +33,7 @@ RETOKENIZED = "retokenized"
 
 
 def dead_letter(source: str, record: Any, reason: str, error: str = "") -> dict[str, Any]:
-    """The dead-letter line format of rejected/ and filtered/ (see beam_preprocess.schema)."""
+    """The dead-letter line format of rejected/ and filtered/ (see trainer.packed_data.format)."""
     return {"source": source, "record": record, "reason": reason, "error": error}
 
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from beam_preprocess import storage
 from beam_preprocess.packing import Document
+from trainer import storage
 
 OVERLONG_POLICIES = ("drop", "truncate", "split")
 Span = tuple[int, int]

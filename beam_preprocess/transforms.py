@@ -403,7 +403,7 @@ def rows_to_table(rows: PackedRows) -> Any:
     """PackedRows -> pyarrow Table with the contract's COLUMNS as list<int32> (no Python loop)."""
     import pyarrow as pa
 
-    from beam_preprocess.schema import COLUMNS
+    from trainer.packed_data.format import COLUMNS
 
     offsets = pa.array(np.arange(0, rows.rows + 1, dtype=np.int32) * rows.input_ids.shape[1])
     arrays = []
@@ -416,7 +416,7 @@ def rows_to_table(rows: PackedRows) -> Any:
 def table_schema() -> Any:
     import pyarrow as pa
 
-    from beam_preprocess.schema import COLUMNS
+    from trainer.packed_data.format import COLUMNS
 
     return pa.schema([(name, pa.list_(pa.int32())) for name in COLUMNS])
 

@@ -4,7 +4,7 @@ Run through `bash benchmarks/gpu_check.sh` (it sets the time limit). Steps:
   1. save a random-init ~1.1B Llama (TinyLlama-1.1B shape: 22 layers, hidden 2048, GQA 32/4
      heads, vocab 32000) with a small BPE tokenizer, as a Hugging Face directory;
   2. write a synthetic packed dataset (documents of random length, every token a target as in
-     continued pre-training) that satisfies beam_preprocess/schema.py;
+     continued pre-training) that satisfies trainer/packed_data/format.py;
   3. `torchrun --nproc-per-node 1 -m trainer ... --dtype bf16 --compile true`;
   4. print steady-state tokens/s and MFU from metrics.jsonl (first `--warmup-steps` excluded).
 The last line is `RESULT {json}`. Target: MFU >= 0.45 on an H200.
@@ -62,7 +62,7 @@ def make_data(out: Path, tokenizer_dir: Path, seq_len: int, rows: int) -> None:
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from beam_preprocess.schema import Manifest, SplitInfo, TokenizerIdentity
+    from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     rng = np.random.default_rng(0)

@@ -219,8 +219,8 @@ def hf_worker(argv: list[str]) -> None:
         TrainingArguments,
     )
 
-    from beam_preprocess.schema import read_manifest
-    from trainer.data import read_rows, shard_paths
+    from trainer.packed_data.format import TRAIN_SPLIT, read_manifest
+    from trainer.packed_data.reader import read_split
 
     p = argparse.ArgumentParser()
     for flag in ("--worker", "--model", "--data", "--out"):
@@ -237,12 +237,10 @@ def hf_worker(argv: list[str]) -> None:
     train = manifest.splits["train"]
     docs_per_row = train.documents / train.rows
     if a.worker == "hf-packed":
-        rows = [
-            read_rows(path, manifest.seq_len) for path in shard_paths(a.data, manifest, "train")
-        ]
-        ids = np.concatenate([r["input_ids"] for r in rows]).astype(np.int64)
-        mask = np.concatenate([r["loss_mask"] for r in rows])
-        pos = np.concatenate([r["position_ids"] for r in rows]).astype(np.int64)
+        rows = read_split(a.data, manifest, TRAIN_SPLIT)
+        ids = rows.input_ids.astype(np.int64)
+        mask = rows.loss_mask
+        pos = rows.position_ids.astype(np.int64)
         dataset = Dataset.from_dict(
             {"input_ids": ids, "position_ids": pos, "labels": np.where(mask == 1, ids, -100)}
         )

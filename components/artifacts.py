@@ -7,7 +7,7 @@ URI itself for a local path). The components follow one rule on every target:
 - Data artifacts (the packed dataset, the trained model's run directory) are passed on by `.uri`.
   Something other than the component's own process reads and writes them: Dataflow workers,
   trainer replicas on GKE or Vertex, the evaluator, the Model Registry (which only takes gs://).
-  `beam_preprocess.storage` reaches a gs:// URI from any of them through the GCS API with the
+  `trainer.storage` reaches a gs:// URI from any of them through the GCS API with the
   job's credentials, and treats a kfp.local path as the local directory it is. A `/gcs/...` path
   exists only where a Cloud Storage FUSE mount happens to be (Vertex custom jobs and pipeline
   tasks, not a GKE pod or a Dataflow worker), so handing it on would break on the other targets.
@@ -22,8 +22,8 @@ GCS: kfp.local's pipeline root is always a local directory, so the data artifact
 
 from __future__ import annotations
 
-from beam_preprocess import storage
 from components.run_identity import safe_run_id
+from trainer import storage
 
 
 def data_artifact_uri(artifact_uri: str, *, work_uri: str, run_id: str, name: str) -> str:

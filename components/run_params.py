@@ -24,14 +24,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from beam_preprocess.schema import (
+from components import param_checks as checks
+from trainer.config import TrainConfig
+from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
     EVAL_FRACTION_MAX,
     SEQ_LEN_MAX,
     SEQ_LEN_MIN,
 )
-from components import param_checks as checks
-from trainer.config import TrainConfig
 
 Backend = Literal["local", "gke", "vertex"]
 RdzvBackend = Literal["etcd-v3", "etcd-v2", "c10d"]

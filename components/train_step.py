@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from beam_preprocess import storage
 from components.launchers.base import (
     BACKENDS,
     TRAINER_ENTRYPOINT,
@@ -25,6 +24,7 @@ from components.launchers.base import (
     get_launcher,
 )
 from components.run_params import RunParams
+from trainer import storage
 from trainer.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def preflight(config: TrainConfig, *, local: bool) -> None:
     that it has positions for `seq_len` tokens. `local`: the model and data paths are on this
     machine (the local backend); otherwise only what is readable here (gs:// via fsspec) is read.
     """
-    from beam_preprocess.schema import read_manifest
+    from trainer.packed_data.format import read_manifest
 
     config.validate()
     errors: list[str] = []
@@ -235,7 +235,7 @@ def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | No
 
 def _model_fits_errors(model_dir: Path, config: TrainConfig, manifest: Any) -> list[str]:
     """The tokenizer matches the dataset's, and the model has positions for its rows."""
-    from beam_preprocess.schema import TokenizerIdentity, compatibility_errors
+    from trainer.packed_data.format import TokenizerIdentity, compatibility_errors
 
     errors = []
     model_config = model_dir / "config.json"
@@ -341,8 +341,8 @@ def run_directory(*, backend: str, work_uri: str, run_id: str, model_dir: str) -
     """The trainer's run directory: `<work_uri>/runs/<run>/train` in the cloud (workers write it,
     a retry resumes from it) and for a local run with a remote `work_uri`; otherwise locally
     `<artifact dir>/../train-run`, beside the Model artifact."""
-    from beam_preprocess import storage
     from components.run_identity import safe_run_id
+    from trainer import storage
 
     if backend == "local" and not storage.is_remote(work_uri):
         return os.path.join(os.path.dirname(model_dir.rstrip("/")), "train-run")

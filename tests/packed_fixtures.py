@@ -1,4 +1,4 @@
-"""Write small packed datasets per beam_preprocess/schema.py, for trainer tests and benchmarks.
+"""Write small packed datasets per trainer/packed_data/format.py, for trainer tests and benchmarks.
 
 A stand-in for `llmft preprocess` that needs no Beam: tokenize prompt/response records with the
 chat template, greedily pack documents into rows of exactly seq_len tokens, write Parquet shards
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from beam_preprocess.schema import Manifest, SplitInfo, TokenizerIdentity
+from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
 
 
 def tokenize_record(tokenizer: Any, record: dict[str, str]) -> tuple[list[int], list[int]]:

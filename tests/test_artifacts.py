@@ -15,9 +15,9 @@ from pathlib import Path
 
 from kfp import dsl
 
-from beam_preprocess import storage
 from components import kfp_components
 from components.artifacts import data_artifact_uri
+from trainer import storage
 
 
 def test_cloud_artifact_uri_is_reachable_everywhere_path_only_through_a_mount(

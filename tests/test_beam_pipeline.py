@@ -14,7 +14,7 @@ import pytest
 def _identity(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
-    from beam_preprocess.schema import TokenizerIdentity
+    from trainer.packed_data.format import TokenizerIdentity
 
     return TokenizerIdentity.of(AutoTokenizer.from_pretrained(tiny_model_dir))
 
@@ -32,8 +32,8 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
 ):
     import numpy as np
 
-    from beam_preprocess.schema import COLUMNS, compatibility_errors, read_manifest
     from components.preprocess_step import run_preprocess_component
+    from trainer.packed_data.format import COLUMNS, compatibility_errors, read_manifest
 
     out = tmp_path / "dataset"
     summary, gcp_resources = tmp_path / "summary.md", tmp_path / "gcp_resources"
@@ -101,7 +101,8 @@ def test_dirty_data_every_injected_record_is_accounted_for(
     sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ):
     from beam_preprocess.options import PreprocessConfig
-    from beam_preprocess.pipeline import STATS_FILE, run, write_manifest
+    from beam_preprocess.pipeline import run, write_manifest
+    from trainer.packed_data.format import STATS_FILE
 
     report = json.loads((sample_data_dir / "dirty_report.json").read_text())
     out = tmp_path / "dirty"
@@ -292,8 +293,8 @@ def test_dataflow_job_request_is_built_offline():
 def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, monkeypatch):
     """Submission is the cloud boundary: a fake result stands in for DataflowPipelineResult."""
     import beam_preprocess.pipeline as pipeline_module
-    from beam_preprocess.schema import Manifest, SplitInfo, TokenizerIdentity
     from components.preprocess_step import run_preprocess_step
+    from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
 
     class FakeDataflowResult:
         def job_id(self) -> str:
@@ -342,21 +343,24 @@ def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, mon
 
 
 def test_beam_side_never_imports_torch_or_trainer():
-    """Dataflow workers stay light: the pipeline modules import neither torch nor the trainer."""
+    """Dataflow workers stay light: the pipeline modules import neither torch nor the trainer,
+    only the trainer's neutral modules (the dataset format and storage)."""
     import subprocess
     import sys
 
     code = (
         "import sys, beam_preprocess.pipeline, beam_preprocess.transforms, beam_preprocess.cli; "
-        "bad = [m for m in ('torch', 'trainer', 'components', 'pipelines') if m in sys.modules]; "
-        "assert not bad, bad"
+        "neutral = ('trainer', 'trainer.storage', 'trainer.packed_data'); "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'components', 'pipelines') "
+        "or m.split('.')[0] == 'trainer' and '.'.join(m.split('.')[:2]) not in neutral]; "
+        "assert not bad, bad; assert 'trainer.packed_data.format' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_overwrite_deletes_only_what_the_previous_run_listed(tmp_path: Path):
     from beam_preprocess.pipeline import _prepare_output
-    from beam_preprocess.schema import Manifest, SplitInfo, TokenizerIdentity
+    from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
 
     precious = tmp_path / "home"
     precious.mkdir()

@@ -335,12 +335,13 @@ def test_bad_options_are_reported_together(
 @pytest.mark.slow
 def test_packed_scoring_does_not_leak_across_documents(env: Env) -> None:
     """Two documents packed in one row score exactly as when each has a row of its own."""
+    import numpy as np
     import torch
     from packed_fixtures import read_jsonl, tokenize_record
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from components.evaluation.data import PackedRows
     from components.evaluation.scoring import score_rows
+    from trainer.packed_data.reader import PackedRows
 
     tokenizer = AutoTokenizer.from_pretrained(env.tuned)
     model = AutoModelForCausalLM.from_pretrained(env.tuned, dtype=torch.float32).eval()
@@ -360,7 +361,7 @@ def test_packed_scoring_does_not_leak_across_documents(env: Env) -> None:
         return ids + [pad] * free, mask + [0] * free, pos + list(range(free))
 
     def rows(*built: tuple[list[int], ...]) -> PackedRows:
-        return PackedRows(*(list(col) for col in zip(*built, strict=True)))
+        return PackedRows(*(np.array(col, np.int32) for col in zip(*built, strict=True)))
 
     device = torch.device("cpu")
     separate = score_rows(model, rows(row(docs[:1]), row(docs[1:])), device=device)

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 from test_evaluate_registry import FakeModelService, fake_registry  # noqa: F401 (fixture)
 
-from beam_preprocess import storage
+from trainer import storage
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -101,7 +101,7 @@ def llmft(chain: Chain, *args: str, timeout: float = 600) -> subprocess.Complete
 
 
 def test_preprocess_writes_dataset_rejected_and_manifest_to_gcs(chain: Chain) -> None:
-    from beam_preprocess.schema import read_manifest
+    from trainer.packed_data.format import read_manifest
 
     beam = [] if chain.full else ["--direct_num_workers=1"]
     done = llmft(
@@ -323,7 +323,7 @@ def test_local_run_with_data_and_outputs_on_gcs(chain: Chain, tmp_path: Path) ->
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     runs = storage.listdir(storage.join(work, "runs"))
     assert len(runs) == 1, runs
-    from beam_preprocess.schema import read_manifest
+    from trainer.packed_data.format import read_manifest
 
     assert read_manifest(storage.join(runs[0], "dataset")).splits["train"].rows > 0
     summary = json.loads(storage.read_text(storage.join(runs[0], "train", "summary.json")))

@@ -276,12 +276,12 @@ def test_llmft_train_refuses_an_inexact_attention_before_launching(tmp_path) -> 
 @pytest.mark.parametrize("family", ["gpt_oss", "gemma2", "granite"])
 def test_evaluation_loss_equals_model_loss(family: str, references: References) -> None:
     """Evaluation scores packed rows like the trainer, exactly, and leaves the model as it was."""
-    from components.evaluation.data import PackedRows
     from components.evaluation.scoring import score_rows
+    from trainer.packed_data.reader import PackedRows
 
     model, _ = references[family]
     batch = packed_rows(LAYOUTS["short_documents"])
-    rows = PackedRows(*(batch[k].tolist() for k in ("input_ids", "loss_mask", "position_ids")))
+    rows = PackedRows(*(batch[k].numpy() for k in ("input_ids", "loss_mask", "position_ids")))
     result = score_rows(model, rows, device=torch.device("cpu"), batch_size=1)
     expected = references.token_losses(family, "short_documents")
     assert result.target_tokens == len(expected)

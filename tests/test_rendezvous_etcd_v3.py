@@ -23,7 +23,7 @@ from rendezvous_helpers import local_etcd
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from components.etcd import local as etcd_local
-from trainer.rendezvous.etcd_v3 import EtcdV3RendezvousConfig, handler_entry_point
+from trainer.rendezvous.etcd_v3 import handler_entry_point
 from trainer.rendezvous.etcd_v3_client import (
     EtcdV3Client,
     EtcdV3ConnectionError,
@@ -31,6 +31,7 @@ from trainer.rendezvous.etcd_v3_client import (
     normalize_endpoints,
     prefix_range_end,
 )
+from trainer.rendezvous.etcd_v3_config import EtcdV3RendezvousConfig
 from trainer.rendezvous.etcd_v3_lease import RunLease, run_lease_id
 
 needs_etcd = pytest.mark.skipif(not etcd_local.shutil.which("etcd"), reason="etcd not installed")

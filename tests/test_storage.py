@@ -1,4 +1,4 @@
-"""beam_preprocess/storage.py against local paths, memory:// and a real GCS emulator."""
+"""trainer/storage.py against local paths, memory:// and a real GCS emulator."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_preprocess import storage
+from trainer import storage
 
 
 def test_is_remote_and_local_path() -> None:
@@ -102,7 +102,7 @@ def test_permission_denied_says_which_role() -> None:
 
 _CACHE_WORKER = """
 import sys
-from beam_preprocess import storage
+from trainer import storage
 print(storage.cached_copy(sys.argv[1]))
 """
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from packed_fixtures import pack, read_jsonl, tokenize_record, write_packed_dataset
 
-from beam_preprocess.schema import read_manifest
 from trainer.data import DataPosition, TrainBatches
+from trainer.packed_data.format import read_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 

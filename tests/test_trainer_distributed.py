@@ -144,8 +144,8 @@ def test_two_nodes_train_checkpoint_export(uninterrupted: Path, packed_dir: Path
     import torch
     from transformers import AutoModelForCausalLM
 
-    from beam_preprocess.schema import read_manifest
     from trainer.data import eval_batches
+    from trainer.packed_data.format import read_manifest
 
     assert (out / "model" / "model.safetensors").exists()
     assert (out / "model" / "tokenizer.json").exists()

@@ -64,7 +64,7 @@ def test_types_and_unknown_names_are_reported_together() -> None:
 
 def test_one_rule_per_parameter_everywhere() -> None:
     """The bounds the issue found disagreeing now come from one place."""
-    from beam_preprocess.schema import SEQ_LEN_MIN
+    from trainer.packed_data.format import SEQ_LEN_MIN
 
     assert RunParams.learning_rate == TrainConfig.lr  # the trainer's default, not a second one
     assert params_from_mapping({"seq_len": SEQ_LEN_MIN - 1}).errors()[2:] == [

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from beam_preprocess import storage
+from trainer import storage
 from trainer.data import DataPosition
 
 log = logging.getLogger(__name__)

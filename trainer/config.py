@@ -15,8 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from beam_preprocess import storage
-from beam_preprocess.schema import SEQ_LEN_MAX, SEQ_LEN_MIN
+from trainer import storage
+from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 
 
 @dataclass

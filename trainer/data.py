@@ -1,7 +1,7 @@
 """Packed Parquet rows -> per-rank micro-batches, in a deterministic, resumable order.
 
-The dataset contract (columns, manifest, tokenizer identity) lives in beam_preprocess/schema.py;
-this module only reads it.
+Shards are read by trainer/packed_data (the format and its one reader, shared with evaluation);
+this module decides which rows each rank reads when, and hands them to torch.
 
 Order: epoch `e` visits the split's rows in `permutation(seed + e)` (or file order without
 shuffle). Optimizer step `s` of the epoch takes the `G` rows at `[offset, offset + G)` of that
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from beam_preprocess import storage
-from beam_preprocess.schema import COLUMNS, Manifest
+from trainer.packed_data.format import EVAL_SPLIT, TRAIN_SPLIT, Manifest
+from trainer.packed_data.reader import PackedRows, read_selected, shard_paths, shard_row_counts
 
 log = logging.getLogger(__name__)
 
@@ -55,76 +55,11 @@ class MicroBatch:
         )
 
 
-def shard_paths(data_dir: str, manifest: Manifest, split: str) -> list[str]:
-    info = manifest.splits.get(split)
-    if info is None:
-        return []
-    return [data_dir.rstrip("/") + "/" + rel for rel in info.shards]
-
-
-def read_rows(path: str, seq_len: int, keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Read one shard's columns as [rows, seq_len] int32 arrays; `keep` selects row indices."""
-    import pyarrow.parquet as pq
-
-    with storage.open(path, "rb") as f:
-        table = pq.read_table(f, columns=list(COLUMNS))
-    if keep is not None:
-        table = table.take(keep)
-    out = {}
-    for name in COLUMNS:
-        column = table.column(name).combine_chunks()
-        lengths = np.diff(np.asarray(column.offsets))
-        if len(lengths) and (lengths != seq_len).any():
-            bad = int(np.flatnonzero(lengths != seq_len)[0])
-            raise ValueError(
-                f"{path}: row {bad} has {lengths[bad]} {name} values, the manifest says "
-                f"seq_len={seq_len}: the dataset is corrupt, re-run preprocessing"
-            )
-        values = np.asarray(column.flatten(), dtype=np.int32)
-        out[name] = values.reshape(-1, seq_len)
-    # The first token of a document has no in-document predecessor: never a target, whatever
-    # the writer did (the model would otherwise learn across a document boundary).
-    out["loss_mask"] = np.where(out["position_ids"] == 0, 0, out["loss_mask"])
-    return out
-
-
-def shard_row_counts(paths: list[str]) -> list[int]:
-    import pyarrow.parquet as pq
-
-    counts = []
-    for path in paths:
-        with storage.open(path, "rb") as f:
-            counts.append(pq.ParquetFile(f).metadata.num_rows)
-    return counts
-
-
-def load_selected(paths: list[str], counts: list[int], seq_len: int, rows: np.ndarray):
-    """Rows with the given global indices (in that order), reading only shards that hold some."""
-    order = np.argsort(rows, kind="stable")
-    sorted_rows = rows[order]
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in COLUMNS}
-    start = 0
-    for path, count in zip(paths, counts, strict=True):
-        lo, hi = np.searchsorted(sorted_rows, [start, start + count])
-        if hi > lo:
-            chunk = read_rows(path, seq_len, keep=sorted_rows[lo:hi] - start)
-            for name in COLUMNS:
-                parts[name].append(chunk[name])
-        start += count
-    stacked = {
-        name: np.concatenate(chunks) if chunks else np.zeros((0, seq_len), np.int32)
-        for name, chunks in parts.items()
-    }
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    return {name: array[inverse] for name, array in stacked.items()}
-
-
-def to_micro_batch(arrays: dict[str, np.ndarray], lo: int, hi: int) -> MicroBatch:
+def to_micro_batch(rows: PackedRows, lo: int, hi: int) -> MicroBatch:
     return MicroBatch(
-        input_ids=torch.from_numpy(arrays["input_ids"][lo:hi].astype(np.int64)),
-        position_ids=torch.from_numpy(arrays["position_ids"][lo:hi].astype(np.int64)),
-        loss_mask=torch.from_numpy(arrays["loss_mask"][lo:hi].astype(np.int64)),
+        input_ids=torch.from_numpy(rows.input_ids[lo:hi].astype(np.int64)),
+        position_ids=torch.from_numpy(rows.position_ids[lo:hi].astype(np.int64)),
+        loss_mask=torch.from_numpy(rows.loss_mask[lo:hi].astype(np.int64)),
     )
 
 
@@ -143,7 +78,7 @@ class TrainBatches:
         seed: int,
         shuffle: bool,
     ) -> None:
-        self.paths = shard_paths(data_dir, manifest, "train")
+        self.paths = shard_paths(data_dir, manifest, TRAIN_SPLIT)
         self.counts = shard_row_counts(self.paths)
         self.rows = sum(self.counts)
         self.seq_len = manifest.seq_len
@@ -184,11 +119,11 @@ class TrainBatches:
             if len(slots) == 0:
                 epoch, offset = epoch + 1, 0
                 continue
-            arrays = load_selected(self.paths, self.counts, self.seq_len, self.order(epoch)[slots])
+            rows = read_selected(self.paths, self.counts, self.seq_len, self.order(epoch)[slots])
             per_step = self.grad_accum_steps * self.micro_batch_size
             for step in range(len(slots) // per_step):
                 micro = [
-                    to_micro_batch(arrays, lo, lo + self.micro_batch_size)
+                    to_micro_batch(rows, lo, lo + self.micro_batch_size)
                     for lo in range(step * per_step, (step + 1) * per_step, self.micro_batch_size)
                 ]
                 offset += self.global_batch
@@ -206,14 +141,14 @@ def eval_batches(
     max_rows: int | None = None,
 ) -> list[MicroBatch]:
     """This rank's share (row i goes to rank i mod world) of the eval split, in batches."""
-    paths = shard_paths(data_dir, manifest, "eval")
+    paths = shard_paths(data_dir, manifest, EVAL_SPLIT)
     if not paths:
         return []
     counts = shard_row_counts(paths)
     total = sum(counts) if max_rows is None else min(sum(counts), max_rows)
     mine = np.arange(rank, total, world_size)
-    arrays = load_selected(paths, counts, manifest.seq_len, mine)
+    rows = read_selected(paths, counts, manifest.seq_len, mine)
     return [
-        to_micro_batch(arrays, lo, min(lo + micro_batch_size, len(mine)))
+        to_micro_batch(rows, lo, min(lo + micro_batch_size, len(mine)))
         for lo in range(0, len(mine), micro_batch_size)
     ]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from beam_preprocess import storage
+from trainer import storage
 from trainer.config import TrainConfig, parse_size
 from trainer.model import CausalLMLoss, lora_config
 

@@ -45,7 +45,7 @@ def is_gguf(spec: str) -> bool:
 
 
 def gguf_cache_dir() -> Path:
-    from beam_preprocess.storage import cache_dir
+    from trainer.storage import cache_dir
 
     return cache_dir() / "gguf"
 
@@ -64,7 +64,7 @@ def _machine_lock(cache: Path) -> Iterator[None]:
 
 def _local_file(spec: str, cache: Path) -> Path:
     """A local path holding the GGUF file `spec` (a remote one is copied into the cache once)."""
-    from beam_preprocess import storage
+    from trainer import storage
 
     if not storage.is_remote(spec):
         path = Path(storage.local_path(spec)).expanduser()
@@ -117,7 +117,7 @@ def convert(gguf_file: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.model import parameters_on_meta
+    from trainer.meta_init import parameters_on_meta
 
     folder, name = str(gguf_file.parent), gguf_file.name
     try:

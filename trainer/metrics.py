@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from beam_preprocess import storage
+from trainer import storage
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,7 @@ projection, which for instruction data and small models is a large share of the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from torch import nn
 
 from trainer import attention
 from trainer.config import TrainConfig
+from trainer.meta_init import parameters_on_meta
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ def resolve_model_dir(spec: str, *, local_rank: int) -> str:
     lock makes the other ranks of the node wait for the one download). A `.gguf` file is
     converted once per machine into a plain directory (trainer/gguf.py).
     """
-    from beam_preprocess import storage
+    from trainer import storage
     from trainer.gguf import is_gguf, resolve_gguf
 
     if is_gguf(spec):
@@ -64,31 +63,6 @@ def resolve_model_dir(spec: str, *, local_rank: int) -> str:
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-@contextlib.contextmanager
-def parameters_on_meta() -> Iterator[None]:
-    """Create parameters on the meta device while keeping buffers real.
-
-    Buffers (RoPE inverse frequencies) are computed in `__init__` and are not in checkpoints, so
-    they must be real; parameters are overwritten by the checkpoint, so they need no storage yet.
-    """
-    original = nn.Module.register_parameter
-
-    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None:
-            meta = module._parameters[name]
-            assert meta is not None
-            module._parameters[name] = nn.Parameter(
-                meta.to("meta"), requires_grad=meta.requires_grad
-            )
-
-    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
 def decoder_blocks(model: nn.Module, num_layers: int) -> nn.ModuleList:

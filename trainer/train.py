@@ -95,8 +95,8 @@ def run(config: TrainConfig) -> int:
 def setup(config: TrainConfig) -> Run:
     from transformers import AutoTokenizer
 
-    from beam_preprocess.schema import TokenizerIdentity, compatibility_errors, read_manifest
     from trainer.model import build_model, resolve_model_dir
+    from trainer.packed_data.format import TokenizerIdentity, compatibility_errors, read_manifest
 
     device, backend = _device_and_backend(config)
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
@@ -444,7 +444,7 @@ def save(r: Run) -> None:
     if r.config.export:
         export_model(r.model, r.config, r.model_dir, model_out, r.tokenizer)
     if r.rank == 0:
-        from beam_preprocess import storage
+        from trainer import storage
 
         summary = {
             "base_model": r.config.model,

@@ -1,10 +1,10 @@
 """Evaluation inputs: packed eval rows (for loss) and prompt/response records (for generation).
 
-The packed rows follow `beam_preprocess.schema`; the records are the eval split's cleaned raw
-records that preprocessing writes to `<dataset>/eval_records/part-*.jsonl`, or any JSONL file of
-the same shape (e.g. the sample data's heldout.jsonl). A record is either
-`{"prompt": ..., "response": ...}` or `{"messages": [{"role", "content"}, ...]}` whose last message
-is the assistant's reference answer.
+The packed rows come from `trainer.packed_data.reader`, the trainer's reader too. The records are
+the eval split's cleaned raw records that preprocessing writes to
+`<dataset>/eval_records/part-*.jsonl`, or any JSONL file of the same shape (e.g. the sample
+data's heldout.jsonl). A record is either `{"prompt": ..., "response": ...}` or
+`{"messages": [{"role", "content"}, ...]}` whose last message is the assistant's reference answer.
 """
 
 from __future__ import annotations
@@ -13,23 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from beam_preprocess import storage
-from beam_preprocess.schema import Manifest, read_manifest
-
-EVAL_SPLIT = "eval"
-EVAL_RECORDS_DIR = "eval_records"
-
-
-@dataclass
-class PackedRows:
-    """Packed sequences as plain lists (seq_len ints each)."""
-
-    input_ids: list[list[int]]
-    loss_mask: list[list[int]]
-    position_ids: list[list[int]]
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
+from trainer import storage
+from trainer.packed_data.format import EVAL_RECORDS_DIR, EVAL_SPLIT, Manifest, read_manifest
+from trainer.packed_data.reader import PackedRows, read_split
 
 
 @dataclass
@@ -56,33 +42,12 @@ def load_manifest(dataset_dir: str) -> Manifest:
 
 
 def read_eval_rows(dataset_dir: str, manifest: Manifest, max_rows: int | None = None) -> PackedRows:
-    """Read up to `max_rows` packed eval rows, in shard order (deterministic)."""
-    import pyarrow.parquet as pq
-
-    rows = PackedRows([], [], [])
-    for shard in manifest.splits[EVAL_SPLIT].shards:
-        if max_rows is not None and len(rows) >= max_rows:
-            break
-        with storage.open(storage.join(dataset_dir, shard), "rb") as f:
-            table = pq.read_table(f, columns=["input_ids", "loss_mask", "position_ids"])
-        data = table.to_pydict()
-        rows.input_ids.extend(data["input_ids"])
-        rows.loss_mask.extend(data["loss_mask"])
-        rows.position_ids.extend(data["position_ids"])
-    if max_rows is not None:
-        rows = PackedRows(
-            rows.input_ids[:max_rows], rows.loss_mask[:max_rows], rows.position_ids[:max_rows]
-        )
-    if not rows.input_ids:
+    """Up to `max_rows` packed eval rows, in shard order (deterministic)."""
+    rows = read_split(dataset_dir, manifest, EVAL_SPLIT, max_rows)
+    if not len(rows):
         raise ValueError(
             f"the eval shards of {dataset_dir!r} hold no rows although the manifest lists them: "
             "re-run `llmft preprocess`"
-        )
-    bad = [i for i, ids in enumerate(rows.input_ids) if len(ids) != manifest.seq_len]
-    if bad:
-        raise ValueError(
-            f"{len(bad)} eval rows of {dataset_dir!r} are not seq_len={manifest.seq_len} long "
-            f"(first: row {bad[0]}): the dataset is corrupt, re-run `llmft preprocess`"
         )
     return rows
 

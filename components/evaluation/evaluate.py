@@ -24,8 +24,6 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from beam_preprocess import storage
-from beam_preprocess.schema import Manifest, TokenizerIdentity, compatibility_errors
 from components.evaluation import data as data_io
 from components.evaluation.gate import GateDecision, GateThresholds, decide
 from components.evaluation.general_probes import MAX_NEW_TOKENS as PROBE_MAX_NEW_TOKENS
@@ -35,6 +33,13 @@ from components.evaluation.loading import check_model_path, loaded_model, read_t
 from components.evaluation.report import read_training_curve, render_report
 from components.evaluation.scoring import score_rows
 from components.evaluation.text_metrics import chrf, exact_match, normalize_answer
+from trainer import storage
+from trainer.packed_data.format import (
+    EVAL_RECORDS_DIR,
+    Manifest,
+    TokenizerIdentity,
+    compatibility_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +140,7 @@ def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> li
     if not paths and manifest.data_kind == "instruction":
         log.warning(
             "no %s/part-*.jsonl in %s and no held-out file given: skipping generation metrics",
-            data_io.EVAL_RECORDS_DIR,
+            EVAL_RECORDS_DIR,
             data_dir,
         )
     return paths

@@ -1,7 +1,7 @@
 """Load a Hugging Face causal LM and its tokenizer from a local directory or an fsspec URI.
 
 Remote models (gs://, memory://, ...) are copied to local disk first because `from_pretrained`
-only reads local paths (`beam_preprocess.storage`, streamed file by file); the copy lives exactly
+only reads local paths (`trainer.storage`, streamed file by file); the copy lives exactly
 as long as the `loaded_model` context, so nothing is left behind. A `.gguf` file is converted once
 into a cached model directory (trainer/gguf.py) and loaded from there. On a CUDA machine the model runs in bf16 (half the memory,
 the dtype fine-tunes are trained in); on CPU it runs in float32 because CPU bf16 matmuls are slow
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from beam_preprocess import storage
+from trainer import storage
 from trainer.gguf import is_gguf
 
 log = logging.getLogger(__name__)

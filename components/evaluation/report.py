@@ -16,8 +16,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from beam_preprocess import storage
 from components.evaluation.gate import GateDecision
+from trainer import storage
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from components.evaluation.data import PackedRows
+from trainer.packed_data.reader import PackedRows
 
 
 @dataclass
@@ -49,12 +49,10 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
     with torch.inference_mode(), document_attention_in(model) as packed_exact:
         loss_module = CausalLMLoss(model)
         for start in range(0, len(rows), batch_size):
-            stop = start + batch_size
-            input_ids = torch.tensor(rows.input_ids[start:stop], dtype=torch.long, device=device)
-            position_ids = torch.tensor(
-                rows.position_ids[start:stop], dtype=torch.long, device=device
-            )
-            mask = torch.tensor(rows.loss_mask[start:stop], dtype=torch.bool, device=device)
+            batch = rows.slice(start, start + batch_size)
+            input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
+            position_ids = torch.tensor(batch.position_ids, dtype=torch.long, device=device)
+            mask = torch.tensor(batch.loss_mask, dtype=torch.bool, device=device)
             if packed_exact:
                 losses = loss_module.token_losses(input_ids, position_ids, mask)
                 total_nll += float(losses.double().sum())

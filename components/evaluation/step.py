@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from typing import Any
 
-from beam_preprocess import storage
 from components.evaluation.evaluate import run_evaluation
+from trainer import storage
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from beam_preprocess import storage
 from components.launchers.base import (
     CANCELLED,
     FAILED,
@@ -46,6 +45,7 @@ from components.launchers.base import (
     TrainLaunch,
 )
 from components.run_identity import safe_run_id
+from trainer import storage
 
 MARKER_ENV = "LLMFT_LAUNCHER_RUN"
 """Environment variable that marks every process of a local run (inherited by torchrun workers)."""

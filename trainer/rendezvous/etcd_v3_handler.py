@@ -5,7 +5,8 @@ elastic membership); it only needs a backend that stores one opaque state blob w
 compare-and-set. Here that is one etcd key written through a v3 transaction whose compare is the
 key's `mod_revision` (the fencing token), so concurrent agents never overwrite each other.
 
-Imported lazily by `trainer.rendezvous.etcd_v3` (see there why).
+Imported lazily by `trainer.rendezvous.etcd_v3`, the entry point (see there why); the options
+come from `etcd_v3_config`, below both.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     Token,
 )
 
-from trainer.rendezvous.etcd_v3 import BACKEND_NAME, EtcdV3RendezvousConfig
 from trainer.rendezvous.etcd_v3_client import EtcdV3Client, EtcdV3Error
+from trainer.rendezvous.etcd_v3_config import BACKEND_NAME, EtcdV3RendezvousConfig
 from trainer.rendezvous.etcd_v3_lease import RunLease
 from trainer.rendezvous.etcd_v3_store import EtcdV3Store
 

@@ -1,7 +1,6 @@
-"""The packed-dataset contract between preprocessing and the trainer/evaluator.
+"""The packed-dataset format: directory layout, manifest, row columns, tokenizer identity.
 
-Defined once, here, and read by both sides. This module imports neither Beam nor torch, so the
-trainer can import it without pulling Beam onto its workers.
+Spelled once, here: Beam writes it, the trainer and evaluation read it (`reader.py`).
 
 A packed dataset is a directory (local path or any fsspec URI such as gs://):
 
@@ -29,13 +28,18 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from beam_preprocess import storage
+from trainer import storage
 
 FORMAT_NAME = "llmft-packed"
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
-SPLITS = ("train", "eval")
+STATS_FILE = "stats.json"
+TRAIN_SPLIT, EVAL_SPLIT = "train", "eval"
+SPLITS = (TRAIN_SPLIT, EVAL_SPLIT)
+"""Split names, which are also the directories of their Parquet shards."""
 REJECTED_DIR = "rejected"
+FILTERED_DIR = "filtered"
+EVAL_RECORDS_DIR = "eval_records"
 COLUMNS = ("input_ids", "loss_mask", "position_ids")
 SEQ_LEN_MIN, SEQ_LEN_MAX = 16, 131072
 """Packed row lengths preprocessing, the trainer and the pipeline accept (below 16 a row holds

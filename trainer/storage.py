@@ -22,8 +22,9 @@ Which server a gs:// URI reaches is the clients' business: gcsfs and google-clou
 `STORAGE_EMULATOR_HOST` (the tests' GCS emulator) and Application Default Credentials (the cloud).
 No emulator logic lives here.
 
-This module lives in beam_preprocess because every package may import it (Dataflow workers import
-beam_preprocess, never trainer or components); it imports neither apache_beam nor torch.
+Every package imports it (Beam workers too), so it imports nothing of this project and neither
+apache_beam nor torch (the import contracts in pyproject.toml check that). It sits under trainer/
+only because the top level is fixed; importing it costs no more than fsspec.
 """
 
 from __future__ import annotations
