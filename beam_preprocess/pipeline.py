@@ -29,6 +29,7 @@ from apache_beam.options.pipeline_options import (
 
 from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments
 from beam_preprocess.readers import ReadRecords
+from beam_preprocess.record_steps import Clean, Deduplicate, Split, Validate
 from beam_preprocess.records import (
     DEAD,
     EVAL_RECORDS,
@@ -40,17 +41,7 @@ from beam_preprocess.records import (
 )
 from beam_preprocess.sinks import JSONL, PARQUET, CommitShards, Shards, WriteShards, temp_dir_for
 from beam_preprocess.stats import WriteStats, tagged
-from beam_preprocess.transforms import (
-    TABLES,
-    TAIL_TABLES,
-    Clean,
-    Deduplicate,
-    Pack,
-    Split,
-    Tokenize,
-    Validate,
-    table_schema,
-)
+from beam_preprocess.token_steps import TABLES, TAIL_TABLES, Pack, Tokenize, table_schema
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -232,7 +223,8 @@ def _reject_unknown_flags(argv: list[str]) -> None:
 
 def launch(argv: list[str]) -> LaunchedRun:
     """Validate, prepare the output and start the pipeline (waits only on the DirectRunner)."""
-    from beam_preprocess.tokenize import ChatRenderer, TokenizerSpec, load_tokenizer, pad_id_of
+    from beam_preprocess.chat_template import ChatRenderer
+    from beam_preprocess.tokenize import TokenizerSpec, load_tokenizer, pad_id_of
 
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner

@@ -96,7 +96,7 @@ class _WriteBundleFiles(beam.DoFn):
         if self.file is not None:
             self.file.close()
             yield WindowedValue(
-                (self.shards.prefix, self.file.path), MIN_TIMESTAMP, [GlobalWindow()]
+                (self.shards.prefix, self.file.path), MIN_TIMESTAMP, (GlobalWindow(),)
             )
             self.file = None
 

@@ -76,7 +76,7 @@ class RunStats(beam.CombineFn):
         return stats
 
 
-def tagged(tag: str) -> beam.Map:
+def tagged(tag: str) -> beam.PTransform:
     """A Map that tags a step's events for `RunStats`."""
     return beam.Map(lambda value: (tag, value))
 

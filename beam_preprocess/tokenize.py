@@ -36,11 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from beam_preprocess.chat_template import ChatRenderer, Span, TemplateError
 from beam_preprocess.packing import Document
 from trainer import storage
 
 OVERLONG_POLICIES = ("drop", "truncate", "split")
-Span = tuple[int, int]
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -66,112 +66,6 @@ def pad_id_of(tokenizer: Any) -> int:
         if candidate is not None:
             return int(candidate)
     return 0
-
-
-class ChatRenderer:
-    """Renders conversations with the chat template and returns the target character spans.
-
-    For the common single-turn case it can skip Jinja: the template is rendered once with
-    sentinel contents and the result is used as a string pattern. This is only enabled when the
-    pattern reproduces Jinja exactly on probe contents (whitespace, newlines, braces, special
-    tokens) and, in `pair`, is re-checked against Jinja on the first records; any mismatch turns
-    it off for good. Pipeline workers use the probe-checked pattern without Jinja (TokenizerSpec).
-    """
-
-    _VERIFY_FIRST = 16
-
-    def __init__(self, tokenizer: Any, fast_path: bool = True) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                "instruction data needs a tokenizer with a chat template (tokenizer.chat_template "
-                "is empty): use the model's instruct tokenizer, or --data-kind text"
-            )
-        self.tokenizer = tokenizer
-        self._pattern: tuple[str, str, str] | None = self._compile() if fast_path else None
-        self._verified = 0
-        self.fast_path_disabled = False
-
-    def _render(self, messages: Sequence[dict], generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=generation_prompt, tokenize=False
-        )
-
-    def _jinja_pair(self, prompt: str, response: str) -> tuple[str, Span]:
-        user = {"role": "user", "content": prompt}
-        head = self._render([user], generation_prompt=True)
-        full = self._render([user, {"role": "assistant", "content": response}])
-        if not full.startswith(head):
-            raise TemplateError("the rendered prompt is not a prefix of the rendered conversation")
-        return full, (len(head), len(full))
-
-    def _compile(self) -> tuple[str, str, str] | None:
-        p, r = "\ue000PROMPT\ue000", "\ue001RESPONSE\ue001"
-        try:
-            full, (start, _) = self._jinja_pair(p, r)
-        except TemplateError:
-            return None
-        head_text = full[:start]
-        if head_text.count(p) != 1 or full.count(r) != 1 or full[start:].count(p):
-            return None
-        before, after_prompt = head_text.split(p)
-        rest = full[start:]
-        mid, end = rest.split(r)
-        if mid:  # text between the generation prompt and the content: not a plain pattern
-            return None
-        pattern = (before, after_prompt, end)
-        probes = [
-            ("a", "b"),
-            ("  lead\n\ntrail  ", "\n{{ x }} {% y %}\t"),
-            ("é ñ", ""),
-            ("<|user|> <s> </s> [INST]", "'\"\\ \r\n done\n"),
-        ]
-        for probe in probes:
-            try:
-                if self.pattern_pair(pattern, *probe) != self._jinja_pair(*probe):
-                    return None
-            except TemplateError:
-                return None
-        return pattern
-
-    @staticmethod
-    def pattern_pair(pattern: tuple[str, str, str], prompt: str, response: str) -> tuple[str, Span]:
-        before, after_prompt, end = pattern
-        head = before + prompt + after_prompt
-        full = head + response + end
-        return full, (len(head), len(full))
-
-    def pair(self, prompt: str, response: str) -> tuple[str, list[Span]]:
-        """Rendered text of a prompt/response pair and the span the model is trained on."""
-        if self._pattern is not None:
-            rendered = self.pattern_pair(self._pattern, prompt, response)
-            if self._verified < self._VERIFY_FIRST:
-                self._verified += 1
-                if rendered != self._jinja_pair(prompt, response):
-                    self._pattern, self.fast_path_disabled = None, True
-                    rendered = self._jinja_pair(prompt, response)
-        else:
-            rendered = self._jinja_pair(prompt, response)
-        return rendered[0], [rendered[1]]
-
-    def conversation(self, messages: Sequence[dict]) -> tuple[str, list[Span]]:
-        """Rendered multi-turn conversation; every assistant turn is a target span."""
-        full = self._render(messages)
-        spans = []
-        for i, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            head = self._render(messages[:i], generation_prompt=True)
-            upto = self._render(messages[: i + 1])
-            if not (upto.startswith(head) and full.startswith(upto)):
-                raise TemplateError(
-                    "the chat template does not render conversations prefix-consistently"
-                )
-            spans.append((len(head), len(upto)))
-        return full, spans
-
-
-class TemplateError(Exception):
-    """A record the chat template cannot render into prompt/target spans."""
 
 
 @dataclass

@@ -15,18 +15,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.packing import pack_exact, pack_offline, pack_streaming, rows_from_bins
 from beam_preprocess.readers import ReadRecords
+from beam_preprocess.record_steps import Clean, Deduplicate, Split, Validate, split_of
 from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS
-from beam_preprocess.transforms import (
-    TABLES,
-    TAIL_TABLES,
-    Clean,
-    Deduplicate,
-    Pack,
-    Split,
-    Tokenize,
-    Validate,
-    split_of,
-)
+from beam_preprocess.token_steps import TABLES, TAIL_TABLES, Pack, Tokenize
 
 
 def _pipeline() -> BeamTestPipeline:
@@ -342,7 +333,7 @@ def test_packers_never_split_and_position_ids_restart():
 def test_chat_fast_path_only_when_it_matches_jinja(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
-    from beam_preprocess.tokenize import ChatRenderer
+    from beam_preprocess.chat_template import ChatRenderer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     renderer = ChatRenderer(tok)
