@@ -35,12 +35,12 @@ from typing import Any
 from kfp import dsl
 
 from components import kfp_components as c
+from components.param_checks import TARGETS as BUILD_TARGETS
 from components.run_params import RunParams, defaults, pipeline_docstring, pipeline_signature
 
 PIPELINE_NAME = "llmft-fine-tune"
-TARGETS = ("vertex", "kfp")
+TARGETS = tuple(target for target in BUILD_TARGETS if target != "local")
 """The compile targets (compiled/fine_tune.<target>.yaml); "local" is built, never compiled."""
-BUILD_TARGETS = (*TARGETS, "local")
 DESCRIPTION = (
     "Fine-tune a causal LM: Beam preprocessing to packed shards, a per-run etcd, multi-node "
     "FSDP2 training (local torchrun agents, PyTorchJob on GKE or Vertex CustomJob), "

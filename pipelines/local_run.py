@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from components.run_identity import STATE_DIR_ENV
 from components.run_params import RunParams
 from pipelines.local_progress import RunWatcher, follow_file, watching
@@ -91,15 +89,10 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
 
 def _read_config(path: Path) -> dict[str, Any]:
     """A YAML mapping of parameter: value (or a deploy config with a `parameters:` section)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
-    try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(
-            f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
-        ) from None
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("parameters", {}), dict):
+    from trainer.config_file import read_yaml_mapping
+
+    loaded = read_yaml_mapping(path)
+    if not isinstance(loaded.get("parameters", {}), dict):
         raise ValueError(f"config file {path} must be a YAML mapping of parameter: value")
     return dict(loaded.get("parameters", loaded))
 

@@ -63,7 +63,8 @@ def upload_cmd(
     description: Annotated[str | None, typer.Option(help="KFP: version description.")] = None,
 ) -> None:
     """Publish a compiled pipeline: Vertex -> Artifact Registry (prints the sha256 version), KFP -> pipeline version."""
-    from pipelines.deploy.config import Backend, load_for, validate
+    from pipelines.deploy.checks import validate
+    from pipelines.deploy.config import Backend, load_for
 
     backend = check_choice(target, typing.get_args(Backend), "--target")
     flags: dict[str, Any] = {"template": str(template) if template else None}

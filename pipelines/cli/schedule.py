@@ -127,12 +127,18 @@ def _do(action: str, cfg: Any, target: Any, schedule_id: str, display_name: str 
         sched.manage_schedule(
             cfg, target, typing.cast(sched.Action, action), schedule_id, report=typer.echo
         )
-    elif action == "update":
-        update = sched.update_vertex_schedules if target == "vertex" else sched.update_kfp_schedules
-        update(cfg, report=typer.echo)
+    elif target == "vertex":
+        from pipelines.deploy import schedule_vertex as vertex
+
+        run = (
+            vertex.update_vertex_schedules if action == "update" else vertex.create_vertex_schedule
+        )
+        run(cfg, report=typer.echo)
     else:
-        create = sched.create_vertex_schedule if target == "vertex" else sched.create_kfp_schedule
-        create(cfg, report=typer.echo)
+        from pipelines.deploy import schedule_kfp as kfp
+
+        run_kfp = kfp.update_kfp_schedules if action == "update" else kfp.create_kfp_schedule
+        run_kfp(cfg, report=typer.echo)
 
 
 def _print_schedules(rows: list[Any]) -> None:
