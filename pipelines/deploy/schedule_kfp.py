@@ -74,47 +74,11 @@ def create_kfp_schedule(
         config = dataclasses.replace(config, parameters=merged)
     params = prepare_parameters(config, "kfp", schedule_time=None, recurring=True)
     client = client or kfp_client(k)
-    kwargs: dict[str, Any]
     if replace is None:
-        assert s.cron
-        cron = parse_cron(s.cron).to_kfp()
-        report(
-            f"KFP cron {cron!r}: translated from {s.cron!r} (KFP takes six fields, seconds first)"
-        )
-        for name, ignored in (
-            ("max_run_count", s.max_run_count),
-            ("allow_queueing", s.allow_queueing),
-        ):
-            if ignored:
-                report(
-                    f"warning: schedule.{name} is ignored on KFP (no such setting; use end_time)"
-                )
-        kwargs = dict(
-            cron_expression=cron,
-            start_time=s.start_time,
-            end_time=s.end_time,
-            max_concurrency=s.max_concurrent_runs,
-            no_catchup=not s.catchup,
-            enabled=True,
-            service_account=k.service_account,
-            pipeline_root=k.pipeline_root,
-        )
+        cron, kwargs = _new_trigger(config, report)
         display_name = s.display_name
     else:
-        trigger = replace.trigger.cron_schedule or replace.trigger.periodic_schedule
-        cron = getattr(trigger, "cron", None) or f"every {trigger.interval_second}s"
-        runtime = replace.runtime_config
-        kwargs = dict(
-            cron_expression=getattr(trigger, "cron", None),
-            interval_second=getattr(trigger, "interval_second", None),
-            start_time=trigger.start_time,
-            end_time=trigger.end_time,
-            max_concurrency=replace.max_concurrency,
-            no_catchup=replace.no_catchup,
-            enabled=replace.mode != "DISABLE",
-            service_account=k.service_account or replace.service_account,
-            pipeline_root=k.pipeline_root or (runtime.pipeline_root if runtime else None),
-        )
+        cron, kwargs = _copied_trigger(config, replace)
         display_name = replace.display_name
     with cloud_errors("creating the KFP recurring run"):
         experiment = client.create_experiment(k.experiment, namespace=k.namespace)
@@ -131,6 +95,49 @@ def create_kfp_schedule(
     url = kfp_ui_url(kfp_host(k), "recurringrun", created.recurring_run_id)
     report(f"created recurring run {created.recurring_run_id} ({display_name})\n{url}")
     return Scheduled("kfp", created.recurring_run_id, url, str(cron))
+
+
+def _new_trigger(config: DeployConfig, report: Report) -> tuple[str, dict[str, Any]]:
+    """The KFP cron (reported) and recurring-run settings from the config's schedule section."""
+    k, s = config.kfp, config.schedule
+    assert s.cron
+    cron = parse_cron(s.cron).to_kfp()
+    report(f"KFP cron {cron!r}: translated from {s.cron!r} (KFP takes six fields, seconds first)")
+    for name, ignored in (
+        ("max_run_count", s.max_run_count),
+        ("allow_queueing", s.allow_queueing),
+    ):
+        if ignored:
+            report(f"warning: schedule.{name} is ignored on KFP (no such setting; use end_time)")
+    return cron, dict(
+        cron_expression=cron,
+        start_time=s.start_time,
+        end_time=s.end_time,
+        max_concurrency=s.max_concurrent_runs,
+        no_catchup=not s.catchup,
+        enabled=True,
+        service_account=k.service_account,
+        pipeline_root=k.pipeline_root,
+    )
+
+
+def _copied_trigger(config: DeployConfig, replace: Any) -> tuple[str, dict[str, Any]]:
+    """The trigger, concurrency, catch-up and enabled state of the recurring run replaced."""
+    k = config.kfp
+    trigger = replace.trigger.cron_schedule or replace.trigger.periodic_schedule
+    cron = getattr(trigger, "cron", None) or f"every {trigger.interval_second}s"
+    runtime = replace.runtime_config
+    return cron, dict(
+        cron_expression=getattr(trigger, "cron", None),
+        interval_second=getattr(trigger, "interval_second", None),
+        start_time=trigger.start_time,
+        end_time=trigger.end_time,
+        max_concurrency=replace.max_concurrency,
+        no_catchup=replace.no_catchup,
+        enabled=replace.mode != "DISABLE",
+        service_account=k.service_account or replace.service_account,
+        pipeline_root=k.pipeline_root or (runtime.pipeline_root if runtime else None),
+    )
 
 
 def update_kfp_schedules(
