@@ -28,13 +28,21 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def parse_params(pairs: list[str] | None) -> dict[str, Any]:
-    """KEY=VALUE pairs; values are parsed as JSON when they parse (numbers, bools, lists)."""
-    params: dict[str, Any] = {}
+def split_pairs(pairs: list[str] | None, flag: str) -> list[tuple[str, str]]:
+    """Repeated `FLAG KEY=VALUE` values as (key, value); anything else is a user error."""
+    split = []
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--param {pair!r} is not KEY=VALUE")
+            raise ValueError(f"{flag} {pair!r} is not KEY=VALUE")
+        split.append((key, value))
+    return split
+
+
+def parse_params(pairs: list[str] | None) -> dict[str, Any]:
+    """KEY=VALUE pairs; values are parsed as JSON when they parse (numbers, bools, lists)."""
+    params: dict[str, Any] = {}
+    for key, value in split_pairs(pairs, "--param"):
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -44,13 +52,7 @@ def parse_params(pairs: list[str] | None) -> dict[str, Any]:
 
 def parse_labels(pairs: list[str] | None) -> dict[str, str]:
     """`--label KEY=VALUE` pairs as a dict (values stay strings)."""
-    labels = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--label {pair!r} is not KEY=VALUE")
-        labels[key] = value
-    return labels
+    return dict(split_pairs(pairs, "--label"))
 
 
 def check_choice(value: str, allowed: tuple[str, ...], flag: str = "--backend") -> Any:
@@ -86,9 +88,6 @@ def trainer_config(
     argv = ["--model", model, "--data", data, "--output", output]
     argv += ["--config", config] if config else []
     argv += ["--max-steps", str(max_steps)] if max_steps is not None else []
-    for pair in set_ or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set {pair!r} is not KEY=VALUE")
+    for key, value in split_pairs(set_, "--set"):
         argv += [f"--{key}", value]
     return load_config(argv)
