@@ -96,7 +96,7 @@ def _vertex_errors(v: VertexSettings, purpose: Purpose, errors: list[str]) -> No
         )
 
 
-def _kfp_errors(k: KfpSettings, purpose: Purpose, errors: list[str]) -> None:
+def _kfp_errors(k: KfpSettings, errors: list[str]) -> None:
     if k.host is not None and not _is_url(k.host):
         errors.append(f"kfp.host: {k.host!r} must start with http:// or https://")
     if k.namespace is not None and not _K8S_NAME.match(k.namespace):
@@ -158,7 +158,7 @@ def validate(config: DeployConfig, backend: Backend, purpose: Purpose) -> None:
     if backend == "vertex":
         _vertex_errors(config.vertex, purpose, errors)
     else:
-        _kfp_errors(config.kfp, purpose, errors)
+        _kfp_errors(config.kfp, errors)
     if purpose == "schedule":
         _schedule_errors(config.schedule, backend, errors)
     if errors:

@@ -120,7 +120,7 @@ def update_vertex_schedules(
     credentials = google_credentials(credentials)
     info = remote_template(config, credentials) or read_template(config.template)
     known = set(info.parameters)
-    svc = schedule_service(config.vertex.project or "", config.vertex.region, credentials)
+    svc = schedule_service(config.vertex.region, credentials)
     display_name = config.schedule.display_name
     updated = []
     with cloud_errors("updating Vertex AI schedules"):
@@ -175,9 +175,7 @@ def list_vertex_schedules(
 ) -> list[ScheduleSummary]:
     """The project's pipeline schedules (optionally only those named `display_name`)."""
     validate(config, "vertex", "manage")
-    svc = schedule_service(
-        config.vertex.project or "", config.vertex.region, google_credentials(credentials)
-    )
+    svc = schedule_service(config.vertex.region, google_credentials(credentials))
     with cloud_errors("listing Vertex AI schedules"):
         return [_vertex_summary(s) for s in _vertex_list(config, svc, display_name)]
 
@@ -191,9 +189,7 @@ def manage_vertex_schedule(
 ) -> None:
     """Pause, resume or delete one schedule (id or resource name)."""
     validate(config, "vertex", "manage")
-    svc = schedule_service(
-        config.vertex.project or "", config.vertex.region, google_credentials(credentials)
-    )
+    svc = schedule_service(config.vertex.region, google_credentials(credentials))
     name = _vertex_name(config, ident)
     with cloud_errors(f"{action} {name}"):
         if action == "pause":
