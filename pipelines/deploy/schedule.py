@@ -1,17 +1,10 @@
 """Recurring fine-tunes: create, list, pause, resume, delete and repoint schedules.
 
-Vertex AI: a `PipelineJobSchedule` (five-field cron with optional `CRON_TZ=`, max concurrent runs,
-start/end time, max run count). A schedule stores its own copy of the pipeline spec, so
-publishing a new template version does not reach it: `update_schedules` rewrites the copy
-(`UpdateSchedule` on `create_pipeline_job_request`), keeping each schedule's parameter values.
-
-KFP: a recurring run in an experiment. Its cron has six fields, seconds first, and is translated
-(and the translation reported). Recurring runs cannot be edited, so `update_schedules` creates
-the replacement first and deletes the old one after, keeping trigger, concurrency and parameters.
-
-The backends' own modules: pipelines/deploy/schedule_vertex.py and schedule_kfp.py; this one holds
-what they share and the commands that serve both. Recurring runs should do new work each time; see pipelines/deploy/template.py for the
-schedule-time placeholder in the input URI and the `latest-registered` starting model.
+Creating and repointing differ per backend and live in their own modules:
+`schedule_vertex` (Vertex AI `PipelineJobSchedule`s) and `schedule_kfp` (KFP recurring runs).
+This module holds what both return and the commands that look the same on both (list, pause,
+resume, delete). Recurring runs should do new work each time; see pipelines/deploy/template.py
+for the schedule-time placeholder in the input URI and the `latest-registered` starting model.
 """
 
 from __future__ import annotations
