@@ -130,7 +130,7 @@ def _validate(p: RunParams, run_id: str, target: str, schedule_time: bool) -> An
 
 
 def _preprocess(p: RunParams, run_id: str, validated: Any) -> Any:
-    """Beam: raw records to packed shards (no retry: its failures are permanent)."""
+    """Beam: raw records to packed shards, in the task (DirectRunner) or on Dataflow."""
     # No retry: Beam and Dataflow retry failed bundles themselves; what fails the step
     # (bad input, a rejected-fraction over the limit, no training rows) is permanent.
     return c.preprocess(
