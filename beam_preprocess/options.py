@@ -9,6 +9,7 @@ frozen dataclass that pickles to workers).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,7 +29,15 @@ NORMALIZATIONS = ("NFC", "NFKC", "none")
 
 
 def add_preprocess_arguments(parser: Any) -> None:
-    """The pipeline's own flags (Beam's runner flags such as --runner are parsed by Beam)."""
+    """The pipeline's own flags (Beam's runner flags such as --runner are parsed by Beam), in the
+    order `--help` lists them."""
+    add = _adder(parser)
+    for group in (_io_arguments, _record_arguments, _cleaning_arguments, _packing_arguments):
+        group(add)
+
+
+def _adder(parser: Any) -> Callable[..., None]:
+    """`parser.add_argument` that also accepts each dashed flag's underscored spelling."""
 
     def add(*names: str, **kwargs: Any) -> None:
         # Dashed and underscored spellings, so both `--seq-len` and Beam-style `--seq_len` work.
@@ -39,6 +48,11 @@ def add_preprocess_arguments(parser: Any) -> None:
                 spellings.append(other)
         parser.add_argument(*spellings, **kwargs)
 
+    return add
+
+
+def _io_arguments(add: Callable[..., None]) -> None:
+    """Where the records come from and go to, the tokenizer and the row length."""
     add(
         "--input",
         dest="input",
@@ -67,6 +81,10 @@ def add_preprocess_arguments(parser: Any) -> None:
         choices=FORMATS,
         help="Input format; auto picks it from each file's suffix.",
     )
+
+
+def _record_arguments(add: Callable[..., None]) -> None:
+    """Which fields hold the text, and how records are split into train and eval."""
     add("--prompt-field", dest="prompt_field", default="prompt", help="Field holding the prompt.")
     add(
         "--response-field",
@@ -101,6 +119,10 @@ def add_preprocess_arguments(parser: Any) -> None:
         default=False,
         help="Also train on prompt tokens (default: only response tokens are targets).",
     )
+
+
+def _cleaning_arguments(add: Callable[..., None]) -> None:
+    """What is filtered or rejected, and how text is normalised."""
     add(
         "--overlong",
         default="auto",
@@ -144,6 +166,10 @@ def add_preprocess_arguments(parser: Any) -> None:
         default=0.1,
         help="Fail (after writing rejected/) when more than this fraction of records is rejected.",
     )
+
+
+def _packing_arguments(add: Callable[..., None]) -> None:
+    """Packing and tokenizing throughput, and overwriting an existing dataset."""
     add(
         "--pack-groups",
         dest="pack_groups",

@@ -8,13 +8,19 @@ run created by label, and every step names what it creates from the same run id
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import tempfile
+from pathlib import Path
 
 MANAGED_BY = "llmft"
 K8S_RUN_LABEL = "llmft.dev/run-id"
 """Kubernetes label key (prefix/name form) carried by every object a run creates."""
 VERTEX_RUN_LABEL = "llmft-run-id"
 """Vertex AI label key (no '/' or '.' allowed there) carried by every job a run creates."""
+
+STATE_DIR_ENV = "LLMFT_STATE_DIR"
+"""Root of local runs' state; `llmft run --backend local` points it at `<workdir>/state`."""
 
 _MAX = 40
 
@@ -58,3 +64,19 @@ def vertex_labels(run_id: str) -> dict[str, str]:
 def resource_name(kind: str, run_id: str) -> str:
     """`llmft-<kind>-<run>`: a DNS-1123 label (<= 63 chars) unique per run and kind."""
     return f"{MANAGED_BY}-{kind}-{safe_run_id(run_id)}"[:63].rstrip("-")
+
+
+def state_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """Root of local per-run state: `root`, else $LLMFT_STATE_DIR, else `<tmp>/llmft-runs`.
+
+    Read at call time: the local pipeline's tasks are separate processes that find what an
+    earlier task started (etcd pid, launcher processes) under the same root.
+    """
+    if root is not None:
+        return Path(root)
+    return Path(os.environ.get(STATE_DIR_ENV) or Path(tempfile.gettempdir()) / "llmft-runs")
+
+
+def run_state_dir(run_id: str, root: str | os.PathLike[str] | None = None) -> Path:
+    """A local run's state directory: `<state_root(root)>/<safe run id>`."""
+    return state_root(root) / safe_run_id(run_id)

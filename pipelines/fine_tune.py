@@ -35,12 +35,12 @@ from typing import Any
 from kfp import dsl
 
 from components import kfp_components as c
+from components.param_checks import TARGETS as BUILD_TARGETS
 from components.run_params import RunParams, defaults, pipeline_docstring, pipeline_signature
 
 PIPELINE_NAME = "llmft-fine-tune"
-TARGETS = ("vertex", "kfp")
+TARGETS = tuple(target for target in BUILD_TARGETS if target != "local")
 """The compile targets (compiled/fine_tune.<target>.yaml); "local" is built, never compiled."""
-BUILD_TARGETS = (*TARGETS, "local")
 DESCRIPTION = (
     "Fine-tune a causal LM: Beam preprocessing to packed shards, a per-run etcd, multi-node "
     "FSDP2 training (local torchrun agents, PyTorchJob on GKE or Vertex CustomJob), "
@@ -77,105 +77,14 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
     def fine_tune(*args: Any) -> None:
         p = RunParams(*args)  # KFP passes one channel per parameter, in signature order
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-        cleanup_task = c.cleanup(
-            backend=p.backend,
-            run_id=run_id,
-            namespace=p.namespace,
-            gke_cluster=p.gke_cluster,
-            project=p.project,
-            region=p.region,
-        ).set_caching_options(False)
-        cleanup_task.set_display_name("cleanup")
-
+        cleanup_task = _cleanup(p, run_id)
         with dsl.ExitHandler(cleanup_task, name="fine-tune"):
-            validated = c.validate_inputs(
-                **p.as_dict(),
-                target=target,
-                run_id=run_id,
-                schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
-                if schedule_time
-                else "",
-            ).set_caching_options(False)  # "latest-registered" must be looked up on every run
-            prep = c.preprocess(
-                train_data_uri=validated.outputs["train_data_uri"],
-                base_model=validated.outputs["base_model"],
-                data_kind=p.data_kind,
-                seq_len=p.seq_len,
-                eval_fraction=p.eval_fraction,
-                runner=p.preprocess_runner,
-                project=p.project,
-                region=p.region,
-                work_uri=p.work_uri,
-                run_id=run_id,
-                dataflow_options=p.dataflow_options,
-                dataflow_service_account=p.dataflow_service_account,
-                hf_token_secret=p.hf_token_secret,
-            )
-            # No retry: Beam and Dataflow retry failed bundles themselves; what fails the step
-            # (bad input, a rejected-fraction over the limit, no training rows) is permanent.
-            etcd = c.etcd_up(
-                backend=p.backend,
-                run_id=run_id,
-                rdzv_backend=p.rdzv_backend,
-                namespace=p.namespace,
-                gke_cluster=p.gke_cluster,
-                project=p.project,
-            ).set_caching_options(False)
-            etcd.after(prep)  # start the per-run etcd only once its data is ready
-            etcd.set_retry(num_retries=2, backoff_duration="10s")
-            trained = c.train(
-                backend=p.backend,
-                run_id=run_id,
-                base_model=validated.outputs["base_model"],
-                dataset=prep.outputs["dataset"],
-                rdzv_endpoint=etcd.output,
-                rdzv_backend=p.rdzv_backend,
-                nodes=p.nodes,
-                nproc_per_node=p.nproc_per_node,
-                max_steps=p.max_steps,
-                learning_rate=p.learning_rate,
-                trainer_overrides=p.trainer_overrides,
-                project=p.project,
-                region=p.region,
-                work_uri=p.work_uri,
-                namespace=p.namespace,
-                gke_cluster=p.gke_cluster,
-                machine_type=p.machine_type,
-                accelerator_type=p.accelerator_type,
-                accelerator_count=p.accelerator_count,
-                service_account=p.service_account,
-                hf_token_secret=p.hf_token_secret,
-            ).set_caching_options(False)
-            # Safe to retry: the trainer resumes from its latest complete checkpoint.
-            trained.set_retry(num_retries=1, backoff_duration="60s")
-            evaluated = c.evaluate(
-                base_model=validated.outputs["base_model"],
-                tuned_model=trained.outputs["model"],
-                dataset=prep.outputs["dataset"],
-                max_eval_examples=p.max_eval_examples,
-                min_loss_improvement=p.min_loss_improvement,
-                min_exact_match=p.min_exact_match,
-                champion_model=validated.outputs["champion_model"],
-                min_general_retained=p.min_general_retained,
-                project=p.project,
-                hf_token_secret=p.hf_token_secret,
-            )
-            if target == "vertex":
-                evaluated.set_accelerator_type(p.eval_accelerator_type)
-            elif target == "kfp":
-                evaluated.set_accelerator_type(GKE_EVAL_GPU)
-            if target != "local":
-                evaluated.set_accelerator_limit(p.eval_accelerator_count)
-            with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
-                with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
-                    registered = c.register(
-                        tuned_model=trained.outputs["model"],
-                        run_id=run_id,
-                        project=p.project,
-                        region=p.region,
-                        registered_model=p.registered_model,
-                        serving_image=p.serving_image,
-                    ).set_caching_options(False)
+            validated = _validate(p, run_id, target, schedule_time)
+            prep = _preprocess(p, run_id, validated)
+            etcd = _etcd_up(p, run_id, prep)
+            trained = _train(p, run_id, validated, prep, etcd)
+            evaluated = _evaluate(p, target, validated, prep, trained)
+            registered = _register(p, run_id, evaluated, trained)
 
         for task in (cleanup_task, validated, prep, etcd, trained, evaluated, registered):
             cpu, memory = STEP_RESOURCES[task.name]
@@ -191,6 +100,136 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
         "Fine-tune a causal language model and evaluate it against its base."
     )
     return dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION)(fine_tune)
+
+
+# -- one function per stage of the DAG; `p` holds the pipeline's parameter channels ------------
+
+
+def _cleanup(p: RunParams, run_id: str) -> Any:
+    """The exit handler: deletes everything labelled with the run id, whatever happened."""
+    cleanup_task = c.cleanup(
+        backend=p.backend,
+        run_id=run_id,
+        namespace=p.namespace,
+        gke_cluster=p.gke_cluster,
+        project=p.project,
+        region=p.region,
+    ).set_caching_options(False)
+    cleanup_task.set_display_name("cleanup")
+    return cleanup_task
+
+
+def _validate(p: RunParams, run_id: str, target: str, schedule_time: bool) -> Any:
+    """First step: every parameter checked (and "latest-registered" resolved) before work starts."""
+    return c.validate_inputs(
+        **p.as_dict(),
+        target=target,
+        run_id=run_id,
+        schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER if schedule_time else "",
+    ).set_caching_options(False)  # "latest-registered" must be looked up on every run
+
+
+def _preprocess(p: RunParams, run_id: str, validated: Any) -> Any:
+    """Beam: raw records to packed shards, in the task (DirectRunner) or on Dataflow."""
+    # No retry: Beam and Dataflow retry failed bundles themselves; what fails the step
+    # (bad input, a rejected-fraction over the limit, no training rows) is permanent.
+    return c.preprocess(
+        train_data_uri=validated.outputs["train_data_uri"],
+        base_model=validated.outputs["base_model"],
+        data_kind=p.data_kind,
+        seq_len=p.seq_len,
+        eval_fraction=p.eval_fraction,
+        runner=p.preprocess_runner,
+        project=p.project,
+        region=p.region,
+        work_uri=p.work_uri,
+        run_id=run_id,
+        dataflow_options=p.dataflow_options,
+        dataflow_service_account=p.dataflow_service_account,
+        hf_token_secret=p.hf_token_secret,
+    )
+
+
+def _etcd_up(p: RunParams, run_id: str, prep: Any) -> Any:
+    """The run's rendezvous etcd, started only once the data is ready."""
+    etcd = c.etcd_up(
+        backend=p.backend,
+        run_id=run_id,
+        rdzv_backend=p.rdzv_backend,
+        namespace=p.namespace,
+        gke_cluster=p.gke_cluster,
+        project=p.project,
+    ).set_caching_options(False)
+    etcd.after(prep)  # start the per-run etcd only once its data is ready
+    etcd.set_retry(num_retries=2, backoff_duration="10s")
+    return etcd
+
+
+def _train(p: RunParams, run_id: str, validated: Any, prep: Any, etcd: Any) -> Any:
+    """Launch and follow the training job on the chosen backend."""
+    trained = c.train(
+        backend=p.backend,
+        run_id=run_id,
+        base_model=validated.outputs["base_model"],
+        dataset=prep.outputs["dataset"],
+        rdzv_endpoint=etcd.output,
+        rdzv_backend=p.rdzv_backend,
+        nodes=p.nodes,
+        nproc_per_node=p.nproc_per_node,
+        max_steps=p.max_steps,
+        learning_rate=p.learning_rate,
+        trainer_overrides=p.trainer_overrides,
+        project=p.project,
+        region=p.region,
+        work_uri=p.work_uri,
+        namespace=p.namespace,
+        gke_cluster=p.gke_cluster,
+        machine_type=p.machine_type,
+        accelerator_type=p.accelerator_type,
+        accelerator_count=p.accelerator_count,
+        service_account=p.service_account,
+        hf_token_secret=p.hf_token_secret,
+    ).set_caching_options(False)
+    # Safe to retry: the trainer resumes from its latest complete checkpoint.
+    trained.set_retry(num_retries=1, backoff_duration="60s")
+    return trained
+
+
+def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any) -> Any:
+    """Base vs tuned with the quality gate, on a GPU except in the local build."""
+    evaluated = c.evaluate(
+        base_model=validated.outputs["base_model"],
+        tuned_model=trained.outputs["model"],
+        dataset=prep.outputs["dataset"],
+        max_eval_examples=p.max_eval_examples,
+        min_loss_improvement=p.min_loss_improvement,
+        min_exact_match=p.min_exact_match,
+        champion_model=validated.outputs["champion_model"],
+        min_general_retained=p.min_general_retained,
+        project=p.project,
+        hf_token_secret=p.hf_token_secret,
+    )
+    if target == "vertex":
+        evaluated.set_accelerator_type(p.eval_accelerator_type)
+    elif target == "kfp":
+        evaluated.set_accelerator_type(GKE_EVAL_GPU)
+    if target != "local":
+        evaluated.set_accelerator_limit(p.eval_accelerator_count)
+    return evaluated
+
+
+def _register(p: RunParams, run_id: str, evaluated: Any, trained: Any) -> Any:
+    """Upload to the Model Registry when the gate passed and registration is on."""
+    with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
+        with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
+            return c.register(
+                tuned_model=trained.outputs["model"],
+                run_id=run_id,
+                project=p.project,
+                region=p.region,
+                registered_model=p.registered_model,
+                serving_image=p.serving_image,
+            ).set_caching_options(False)
 
 
 def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from components.run_identity import STATE_DIR_ENV
 from components.run_params import RunParams
 from pipelines.local_progress import RunWatcher, follow_file, watching
 
@@ -90,15 +89,10 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
 
 def _read_config(path: Path) -> dict[str, Any]:
     """A YAML mapping of parameter: value (or a deploy config with a `parameters:` section)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
-    try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(
-            f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
-        ) from None
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("parameters", {}), dict):
+    from trainer.config_file import read_yaml_mapping
+
+    loaded = read_yaml_mapping(path)
+    if not isinstance(loaded.get("parameters", {}), dict):
         raise ValueError(f"config file {path} must be a YAML mapping of parameter: value")
     return dict(loaded.get("parameters", loaded))
 
@@ -160,29 +154,40 @@ def run_local(
     live step table; `verbose` also streams that log to the terminal. Step states and the verdict
     come from `pipelines.local_progress`, which never reads the log.
     """
-    from kfp import local
-
-    from pipelines.fine_tune import build_fine_tune
-
     params_, workdir = resolve_parameters(params, config_file)  # checked: nothing written yet
     workdir.mkdir(parents=True, exist_ok=True)
     prepare_quickstart_assets(params_, workdir)
     resolved = params_.as_dict()
-
     state_dir = workdir / "state"
     # The tasks' local etcd/launcher state lives here.
-    os.environ["LLMFT_STATE_DIR"] = str(state_dir)
-    pipeline_root = workdir / "pipeline_root"
+    os.environ[STATE_DIR_ENV] = str(state_dir)
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}.log"
 
-    from rich.console import Console
-    from rich.live import Live
-
     sys.stdout.flush()
     sys.stderr.flush()
     terminal_fd = os.dup(1)
+    console = _start(workdir, resolved, log_file, terminal_fd)
+    watcher = RunWatcher(
+        pipeline_root=workdir / "pipeline_root",
+        workdir=workdir,
+        total_steps=int(resolved.get("max_steps") or 0) or None,
+    )
+    interrupted = _execute(resolved, watcher, console, log_file, terminal_fd, verbose, state_dir)
+    result = _collect(watcher, interrupted, log_file)
+    console.print(watcher.renderable())
+    _print_summary(console, result)
+    console.file.flush()
+    os.close(terminal_fd)
+    return result
+
+
+def _start(workdir: Path, resolved: dict[str, Any], log_file: Path, terminal_fd: int) -> Any:
+    """Point kfp.local at the work dir and log every resolved setting once, on the terminal."""
+    from kfp import local
+    from rich.console import Console
+
     console = Console(file=open(terminal_fd, "w", buffering=1, closefd=False))  # noqa: SIM115
     # kfp.local warns for any image without "python" in its name; ours has the package and runs
     # here in this very environment, which is the point of the local backend.
@@ -195,17 +200,30 @@ def run_local(
     console.print(f"  log: {log_file}", highlight=False)
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
-        pipeline_root=str(pipeline_root),
+        pipeline_root=str(workdir / "pipeline_root"),
         raise_on_error=False,
     )
-    watcher = RunWatcher(
-        pipeline_root=pipeline_root,
-        workdir=workdir,
-        total_steps=int(resolved.get("max_steps") or 0) or None,
-    )
-    # SIGTERM (e.g. from a scheduler) is handled like Ctrl-C so the cleanup below always runs.
+    return console
+
+
+def _execute(
+    resolved: dict[str, Any],
+    watcher: RunWatcher,
+    console: Any,
+    log_file: Path,
+    terminal_fd: int,
+    verbose: bool,
+    state_dir: Path,
+) -> bool:
+    """Run the local build of the pipeline with output to the log; True when interrupted.
+    Whatever happens, the run's local state (processes, etcd) is swept afterwards."""
+    from rich.live import Live
+
+    from components.cleanup_step import cleanup_local_state
+    from pipelines.fine_tune import build_fine_tune
+
+    # SIGTERM (e.g. from a scheduler) is handled like Ctrl-C so the cleanup after this runs.
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    interrupted = False
     follow_stop = threading.Event()
     follower: threading.Thread | None = None
     try:
@@ -226,16 +244,19 @@ def run_local(
             )
             with live as display, watching(watcher, display if live_table else None):
                 build_fine_tune("local")(**resolved)
+        return False
     except KeyboardInterrupt:
-        interrupted = True
+        return True
     finally:
         signal.signal(signal.SIGTERM, previous)
-        from components.cleanup_step import cleanup_local_state
-
         cleanup_local_state(state_dir)  # whatever the exit handler could not reach
         follow_stop.set()
         if follower is not None:
             follower.join()
+
+
+def _collect(watcher: RunWatcher, interrupted: bool, log_file: Path) -> LocalRunResult:
+    """The run's outcome, also written to `<run_dir>/metrics.json` when evaluation ran."""
     watcher.finish()
     run_dir = watcher.run_dir
     result = LocalRunResult(
@@ -250,10 +271,6 @@ def run_local(
         # One file with the run's outcome: the Metrics artifact lives only in kfp.local's records.
         summary = {"succeeded": result.succeeded, "metrics": result.metrics, "model": result.model}
         (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    console.print(watcher.renderable())
-    _print_summary(console, result)
-    console.file.flush()
-    os.close(terminal_fd)
     return result
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from deploy_pipeline import small_templates
 
-from pipelines.deploy.config import flag_overrides, load_config, load_for, validate
+from pipelines.deploy.checks import validate
+from pipelines.deploy.config import flag_overrides, load_config, load_for
 from pipelines.deploy.cron import parse_cron
 from pipelines.deploy.submit import prepare_parameters
 from pipelines.deploy.template import (

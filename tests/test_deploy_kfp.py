@@ -16,12 +16,8 @@ from deploy_pipeline import small_templates
 
 from pipelines.deploy.clients import kfp_client
 from pipelines.deploy.config import load_for
-from pipelines.deploy.schedule import (
-    create_kfp_schedule,
-    list_schedules,
-    manage_schedule,
-    update_kfp_schedules,
-)
+from pipelines.deploy.schedule import list_schedules, manage_schedule
+from pipelines.deploy.schedule_kfp import create_kfp_schedule, update_kfp_schedules
 from pipelines.deploy.submit import submit_kfp
 from pipelines.deploy.template import SCHEDULE_TIME_PLACEHOLDER
 from pipelines.deploy.upload import default_tags, upload_to_kfp, upload_to_registry

@@ -14,12 +14,8 @@ from deploy_pipeline import small_templates
 from google.auth.credentials import AnonymousCredentials
 
 from pipelines.deploy.config import load_for
-from pipelines.deploy.schedule import (
-    create_vertex_schedule,
-    list_schedules,
-    manage_schedule,
-    update_vertex_schedules,
-)
+from pipelines.deploy.schedule import list_schedules, manage_schedule
+from pipelines.deploy.schedule_vertex import create_vertex_schedule, update_vertex_schedules
 from pipelines.deploy.submit import submit_vertex
 from pipelines.deploy.template import SCHEDULE_TIME_PLACEHOLDER
 

@@ -23,7 +23,8 @@ def _outputs_file(tmp_path: Path, config: dict) -> Path:
 
 
 def test_vertex_stack_to_a_runnable_config(tmp_path, monkeypatch):
-    from pipelines.deploy.config import load_config, validate
+    from pipelines.deploy.checks import validate
+    from pipelines.deploy.config import load_config
 
     out = tmp_path / "deploy.yaml"
     result = CliRunner().invoke(

@@ -15,6 +15,7 @@ from components.run_params import (
     LATEST_REGISTERED,
     SCHEDULE_TIME_PLACEHOLDER,
     RunParams,
+    choices,
     defaults,
     describe,
     field_errors,
@@ -64,9 +65,11 @@ def test_types_and_unknown_names_are_reported_together() -> None:
 
 def test_one_rule_per_parameter_everywhere() -> None:
     """The bounds the issue found disagreeing now come from one place."""
+    from beam_preprocess.options import DATA_KINDS
     from trainer.packed_data.format import SEQ_LEN_MIN
 
     assert RunParams.learning_rate == TrainConfig.lr  # the trainer's default, not a second one
+    assert choices("data_kind") == DATA_KINDS  # the Literal spells the preprocessing's choices
     assert params_from_mapping({"seq_len": SEQ_LEN_MIN - 1}).errors()[2:] == [
         f"seq_len={SEQ_LEN_MIN - 1}: use a value >= {SEQ_LEN_MIN} and <= 131072"
     ]

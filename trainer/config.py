@@ -10,12 +10,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer import storage
+from trainer.config_file import coerce_field, read_yaml_mapping
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 
 
@@ -258,47 +257,6 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(TrainConfig)
 
 
-def _coerce(name: str, raw: Any, annotation: Any) -> Any:
-    """Turn a YAML value or a command-line string into the field's type, or raise ValueError."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", "")):
-            return None
-        (annotation,) = [a for a in args if a is not type(None)]
-        origin = typing.get_origin(annotation)
-    if origin is list:
-        if isinstance(raw, str):
-            raw = json.loads(raw) if raw.strip().startswith("[") else raw.split(",")
-        if not isinstance(raw, list):
-            raise ValueError(f"{name} must be a list (got {raw!r})")
-        return [str(item).strip() for item in raw]
-    if annotation is bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(raw, str) and raw.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"{name} must be true or false (got {raw!r})")
-    if annotation is int:
-        if isinstance(raw, bool):
-            raise ValueError(f"{name} must be an integer (got {raw!r})")
-        try:
-            value = float(raw) if isinstance(raw, str) else raw
-            if not isinstance(value, int | float) or int(value) != value:
-                raise ValueError
-            return int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be an integer (got {raw!r})") from None
-    if annotation is float:
-        try:
-            return float(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number (got {raw!r})") from None
-    return str(raw)
-
-
 def config_from_mapping(values: dict[str, Any]) -> TrainConfig:
     """A TrainConfig from field values of any source (YAML, JSON, a pipeline's overrides), each
     coerced to its field's type. Unknown fields and bad values are reported together; the
@@ -308,7 +266,7 @@ def config_from_mapping(values: dict[str, Any]) -> TrainConfig:
     kwargs = {}
     for name in types_by_name.keys() & values.keys():
         try:
-            kwargs[name] = _coerce(name, values[name], types_by_name[name])
+            kwargs[name] = coerce_field(name, values[name], types_by_name[name])
         except ValueError as exc:
             errors.append(str(exc))
     if errors:
@@ -379,7 +337,7 @@ def load_config(argv: list[str]) -> TrainConfig:
     kwargs = {}
     for name, raw in values.items():
         try:
-            kwargs[name] = _coerce(name, raw, types_by_name[name])
+            kwargs[name] = coerce_field(name, raw, types_by_name[name])
         except ValueError as exc:
             errors.append(str(exc))
     config = TrainConfig(**kwargs)
@@ -390,19 +348,11 @@ def load_config(argv: list[str]) -> TrainConfig:
 
 
 def _read_yaml(path: str, types_by_name: dict[str, Any], errors: list[str]) -> dict[str, Any]:
-    import yaml
-
+    """The known fields of a `--config` file; problems go to `errors` (reported together)."""
     try:
-        with storage.open(path, "r") as f:
-            data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        errors.append(f"config file {path!r} does not exist")
-        return {}
-    except yaml.YAMLError as exc:
-        errors.append(f"config file {path!r} is not valid YAML: {exc}")
-        return {}
-    if not isinstance(data, dict):
-        errors.append(f"config file {path!r} must hold a mapping of field: value")
+        data = read_yaml_mapping(path)
+    except (FileNotFoundError, ValueError) as exc:
+        errors.append(str(exc))
         return {}
     unknown = sorted(set(data) - set(types_by_name))
     if unknown:

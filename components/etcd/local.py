@@ -30,12 +30,11 @@ from pathlib import Path
 
 import requests
 
-from components.run_identity import safe_run_id
+from components.run_identity import run_state_dir, safe_run_id
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "etcd.json"
-STATE_DIR_ENV = "LLMFT_STATE_DIR"
 INSTALL_HINT = (
     "install it (Debian/Ubuntu: `apt-get install etcd-server`; elsewhere an etcd release from "
     "https://github.com/etcd-io/etcd/releases), or use `--rdzv-backend c10d`, which needs no etcd"
@@ -60,15 +59,8 @@ class LocalEtcd:
     detached: bool
 
 
-def state_root(root: str | Path | None = None) -> Path:
-    """Root of per-run state: `root`, else $LLMFT_STATE_DIR, else `<tmp>/llmft-runs`."""
-    if root is not None:
-        return Path(root)
-    return Path(os.environ.get(STATE_DIR_ENV) or Path(tempfile.gettempdir()) / "llmft-runs")
-
-
 def state_file(run_id: str, root: str | Path | None = None) -> Path:
-    return state_root(root) / safe_run_id(run_id) / STATE_FILE
+    return run_state_dir(run_id, root) / STATE_FILE
 
 
 def find_etcd(binary: str | None = None) -> str:

@@ -25,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -44,17 +43,12 @@ from components.launchers.base import (
     LogSink,
     TrainLaunch,
 )
-from components.run_identity import safe_run_id
+from components.run_identity import run_state_dir, safe_run_id
 from trainer import storage
 
 MARKER_ENV = "LLMFT_LAUNCHER_RUN"
 """Environment variable that marks every process of a local run (inherited by torchrun workers)."""
 STATE_FILE = "launcher.json"
-
-
-def default_state_root() -> Path:
-    """Where per-run state lives: $LLMFT_STATE_DIR, else <tmp>/llmft-runs (read at call time)."""
-    return Path(os.environ.get("LLMFT_STATE_DIR") or Path(tempfile.gettempdir()) / "llmft-runs")
 
 
 def free_port() -> int:
@@ -154,7 +148,7 @@ class LocalLauncher(Launcher):
         log: sink for the prefixed log lines (default: stdout).
         log_dir: where each node's log goes (`node<i>.log`) and torchrun's per-rank files;
             default `<output>/logs` (`<state dir>/logs` when the output is remote, e.g. gs://).
-        state_root: parent of the per-run state directory; default `default_state_root()`.
+        state_root: parent of the per-run state directory; default `run_identity.state_root()`.
         python: interpreter for the agents (default: this one, so the same venv).
         grace_s: how long stopped agents get to stop their workers before SIGKILL.
         tail_lines: how many of the failing node's last lines a failure reports.
@@ -193,7 +187,7 @@ class LocalLauncher(Launcher):
     # ---- paths and state ----------------------------------------------------------------------
 
     def state_dir(self, run_id: str) -> Path:
-        return (self._state_root or default_state_root()) / safe_run_id(run_id)
+        return run_state_dir(run_id, self._state_root)
 
     def _read_state(self, run_id: str) -> _RunState | None:
         path = self.state_dir(run_id) / STATE_FILE
@@ -451,7 +445,7 @@ def _failure_tail(node: _Node) -> list[str]:
 
 def describe_state(run_id: str, state_root: Path | None = None) -> dict[str, Any] | None:
     """The recorded state of a local run (for `llmft` status output), or None."""
-    path = (state_root or default_state_root()) / safe_run_id(run_id) / STATE_FILE
+    path = run_state_dir(run_id, state_root) / STATE_FILE
     try:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):

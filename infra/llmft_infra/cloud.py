@@ -150,7 +150,19 @@ def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
         for api in APIS
     }
     after_apis = pulumi.ResourceOptions(depends_on=list(apis.values()))
+    bucket = _bucket(settings, after_apis)
+    docker_repo, kfp_repo, hf_token = _repositories_and_secret(settings, names, after_apis)
+    accounts = _accounts(project, names, after_apis)
+    cloud = Cloud(apis, bucket, docker_repo, kfp_repo, hf_token, accounts)
+    grants = Grants(settings, cloud.grants)
+    _grant_service_accounts(grants, cloud)
+    _grant_deployers(grants, cloud, settings.deployers)
+    return cloud, grants
 
+
+def _bucket(settings: Settings, after_apis: pulumi.ResourceOptions) -> gcp.storage.Bucket:
+    """The one bucket: versioned, never public, run scratch expiring."""
+    project = settings.project
     bucket = gcp.storage.Bucket(
         "bucket",
         name=settings.bucket,
@@ -180,6 +192,16 @@ def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
         labels=settings.labels,
         opts=after_apis,
     )
+    return bucket
+
+
+def _repositories_and_secret(
+    settings: Settings, names: Names, after_apis: pulumi.ResourceOptions
+) -> tuple[
+    gcp.artifactregistry.Repository, gcp.artifactregistry.Repository, gcp.secretmanager.Secret
+]:
+    """The image and pipeline-template repositories, and the (empty) HF token secret."""
+    project = settings.project
     docker_repo = gcp.artifactregistry.Repository(
         "docker-repo",
         project=project,
@@ -209,6 +231,13 @@ def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
         labels=settings.labels,
         opts=after_apis,
     )
+    return docker_repo, kfp_repo, hf_token
+
+
+def _accounts(
+    project: str, names: Names, after_apis: pulumi.ResourceOptions
+) -> dict[str, gcp.serviceaccount.Account]:
+    """One service account per job: pipeline, trainer, Dataflow workers, Cloud Build."""
 
     def account(key: str, account_id: str, what: str) -> gcp.serviceaccount.Account:
         return gcp.serviceaccount.Account(
@@ -232,8 +261,17 @@ def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
         "dataflow": account("dataflow", DATAFLOW_ACCOUNT, "llmft Dataflow preprocessing workers"),
         "builder": account("builder", BUILDER_ACCOUNT, "Cloud Build of the llmft image"),
     }
-    cloud = Cloud(apis, bucket, docker_repo, kfp_repo, hf_token, accounts)
-    grants = Grants(settings, cloud.grants)
+    return accounts
+
+
+def _grant_service_accounts(grants: Grants, cloud: Cloud) -> None:
+    """What each service account may do, at the narrowest scope the permission exists at."""
+    bucket, docker_repo, hf_token, accounts = (
+        cloud.bucket,
+        cloud.docker_repo,
+        cloud.hf_token,
+        cloud.accounts,
+    )
     pipeline, trainer = member_of(accounts["pipeline"]), member_of(accounts["trainer"])
     dataflow, builder = member_of(accounts["dataflow"]), member_of(accounts["builder"])
 
@@ -262,8 +300,16 @@ def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
     grants.repository(docker_repo, "roles/artifactregistry.writer", "builder", builder)
     grants.project("roles/logging.logWriter", "builder", builder)
 
-    # People (or a CI identity) who build, publish and launch.
-    for index, member in enumerate(settings.deployers):
+
+def _grant_deployers(grants: Grants, cloud: Cloud, deployers: tuple[str, ...]) -> None:
+    """People (or a CI identity) who build, publish and launch."""
+    bucket, docker_repo, kfp_repo, accounts = (
+        cloud.bucket,
+        cloud.docker_repo,
+        cloud.kfp_repo,
+        cloud.accounts,
+    )
+    for index, member in enumerate(deployers):
         who = f"deployer{index}"
         grants.project("roles/aiplatform.user", who, member)
         grants.project("roles/dataflow.developer", who, member)
@@ -273,4 +319,3 @@ def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
         grants.repository(kfp_repo, "roles/artifactregistry.writer", who, member)
         for key in ("pipeline", "dataflow", "builder"):
             grants.account(accounts[key], "roles/iam.serviceAccountUser", who, member)
-    return cloud, grants

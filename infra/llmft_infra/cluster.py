@@ -25,6 +25,7 @@ from llmft_infra.settings import (
     RBAC_FILE,
     TRAINER_ACCOUNT,
     TRAINING_OPERATOR_FILE,
+    GkeSettings,
     Names,
     Settings,
 )
@@ -147,6 +148,21 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
     """Create the cluster and everything in it; IAM for its accounts goes through `grants`."""
     gke = settings.gke
     assert gke is not None
+    api, nodes = _node_account(settings, cloud, grants)
+    cluster = _cluster(settings, api, nodes, cloud)
+    cpu_pool, gpu_pool = _node_pools(gke, settings.project, cluster, nodes)
+    provider, namespaces = _namespaces(gke, cluster, cpu_pool)
+    _workload_identity(gke, settings.project, names, cloud, grants, cluster)
+    trainer_ksa, rbac, operator = _kubernetes_objects(
+        gke, settings.project, names, cloud, provider, namespaces
+    )
+    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, trainer_ksa, rbac, operator)
+
+
+def _node_account(
+    settings: Settings, cloud: Cloud, grants: Grants
+) -> tuple[gcp.projects.Service, gcp.serviceaccount.Account]:
+    """The GKE API and the nodes' own account (node role and image pulls only)."""
     project = settings.project
     api = gcp.projects.Service(
         "api-container",
@@ -167,7 +183,16 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
     node_member = member_of(nodes)
     grants.project("roles/container.defaultNodeServiceAccount", "nodes", node_member)
     grants.repository(cloud.docker_repo, "roles/artifactregistry.reader", "nodes", node_member)
+    return api, nodes
 
+
+def _cluster(
+    settings: Settings, api: Any, nodes: gcp.serviceaccount.Account, cloud: Cloud
+) -> gcp.container.Cluster:
+    """The cluster, with Workload Identity and no default pool."""
+    gke = settings.gke
+    assert gke is not None
+    project = settings.project
     cluster = gcp.container.Cluster(
         "gke",
         name=CLUSTER_NAME,
@@ -184,6 +209,16 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
         resource_labels=settings.labels,
         opts=pulumi.ResourceOptions(depends_on=[api, cloud.apis["compute.googleapis.com"]]),
     )
+    return cluster
+
+
+def _node_pools(
+    gke: GkeSettings,
+    project: str,
+    cluster: gcp.container.Cluster,
+    nodes: gcp.serviceaccount.Account,
+) -> tuple[gcp.container.NodePool, gcp.container.NodePool]:
+    """A CPU pool for KFP, etcd and component pods; a GPU pool that scales from zero."""
     cpu_pool = gcp.container.NodePool(
         "cpu-pool",
         name="cpu",
@@ -225,7 +260,13 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
             ],
         ),
     )
+    return cpu_pool, gpu_pool
 
+
+def _namespaces(
+    gke: GkeSettings, cluster: gcp.container.Cluster, cpu_pool: gcp.container.NodePool
+) -> tuple[k8s.Provider, dict[str, k8s.core.v1.Namespace]]:
+    """A Kubernetes provider bound to the cluster, and the run and operator namespaces."""
     provider = k8s.Provider(
         "gke-cluster",
         kubeconfig=kubeconfig(cluster),
@@ -241,8 +282,19 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
         )
         for ns in sorted({gke.namespace, TRAINING_OPERATOR_NAMESPACE})
     }
-    in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespaces[gke.namespace]])
 
+    return provider, namespaces
+
+
+def _workload_identity(
+    gke: GkeSettings,
+    project: str,
+    names: Names,
+    cloud: Cloud,
+    grants: Grants,
+    cluster: gcp.container.Cluster,
+) -> None:
+    """Which Google accounts the cluster's Kubernetes service accounts act as."""
     # Workload Identity: the pipeline's pods (rbac.yaml's service account) act as the pipeline
     # account, the PyTorchJob pods as the trainer account.
     pool = f"serviceAccount:{project}.svc.id.goog"
@@ -261,6 +313,17 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
         "roles/container.clusterViewer", "pipeline", member_of(cloud.accounts["pipeline"])
     )
 
+
+def _kubernetes_objects(
+    gke: GkeSettings,
+    project: str,
+    names: Names,
+    cloud: Cloud,
+    provider: k8s.Provider,
+    namespaces: dict[str, k8s.core.v1.Namespace],
+) -> tuple[k8s.core.v1.ServiceAccount, k8s.yaml.ConfigFile, k8s.yaml.ConfigFile | None]:
+    """The trainer's service account, docs/deploy/rbac.yaml and the Training Operator."""
+    in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespaces[gke.namespace]])
     trainer_ksa = k8s.core.v1.ServiceAccount(
         "ksa-trainer",
         metadata={
@@ -287,4 +350,4 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
                 provider=provider, depends_on=[namespaces[TRAINING_OPERATOR_NAMESPACE]]
             ),
         )
-    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, trainer_ksa, rbac, operator)
+    return trainer_ksa, rbac, operator

@@ -193,7 +193,7 @@ def vertex_schedule_url(project: str, location: str, schedule_id: str) -> str:
     )
 
 
-def schedule_service(project: str, location: str, credentials: Credentials) -> Any:
+def schedule_service(location: str, credentials: Credentials) -> Any:
     """A regional `ScheduleServiceClient` (list, pause, resume, delete, update schedules)."""
     from google.cloud import aiplatform_v1
 

@@ -94,13 +94,9 @@ def write_config(outputs: dict[str, Any], path: Path) -> dict[str, Any]:
     import yaml
 
     from pipelines.deploy.config import load_config
+    from trainer.config_file import read_yaml_mapping
 
-    base: dict[str, Any] = {}
-    if path.exists():
-        loaded = yaml.safe_load(path.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a YAML mapping to update")
-        base = loaded or {}
+    base = read_yaml_mapping(path) if path.exists() else {}
     config = _merge(base, config_from_stack(outputs))
     text = yaml.safe_dump(config, sort_keys=False)
     header = "# Written by `llmft config from-stack` from the infra stack's outputs; edit freely.\n"

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipelines.deploy.checks import validate
 from pipelines.deploy.clients import (
     cloud_errors,
     google_credentials,
@@ -25,7 +26,7 @@ from pipelines.deploy.clients import (
     kfp_ui_url,
     vertex_run_url,
 )
-from pipelines.deploy.config import DeployConfig, validate
+from pipelines.deploy.config import DeployConfig
 from pipelines.deploy.template import (
     TemplateInfo,
     check_for_backend,

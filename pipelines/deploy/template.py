@@ -20,13 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kfp import dsl
-
-SCHEDULE_TIME_PLACEHOLDER = dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER
-"""`{{$.pipeline_job_schedule_time_utc}}`: write it in a parameter to read the run's window."""
-
-LATEST_REGISTERED = "latest-registered"
-"""`base_model` value that starts from the newest model that passed evaluation (components/registry.py)."""
+from components.run_params import SCHEDULE_TIME_PLACEHOLDER
 
 _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
     "STRING": (str,),

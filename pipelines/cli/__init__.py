@@ -1,0 +1,54 @@
+"""`llmft`: the command line. Every command's work lives in an importable module; the modules of
+this package only parse flags and turn user errors (ValueError, FileNotFoundError) into a one-line
+message and exit code 2, never a stack trace (`common.user_errors`).
+
+Heavy imports (torch, Beam, KFP, Google SDKs) happen inside each command so `llmft --help` is fast.
+The commands are registered below, in the order `llmft --help` lists them.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from pipelines.cli import deploy, quickstart, run, schedule, steps
+from pipelines.cli.options import parameters_epilog
+
+app = typer.Typer(
+    name="llmft",
+    help="Fine-tune LLMs with Kubeflow Pipelines: locally, on Vertex AI, or on KFP on GKE.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("sample-data")(quickstart.sample_data)
+app.command("tiny-model")(quickstart.tiny_model)
+app.command("compile")(deploy.compile_cmd)
+app.command("image-tag")(deploy.image_tag)
+app.command("upload")(deploy.upload_cmd)
+app.command("run", epilog=parameters_epilog())(run.run_cmd)
+app.command("schedule", epilog=parameters_epilog())(schedule.schedule_cmd)
+app.command("train")(steps.train_cmd)
+# Beam's own argparse parses (and documents) every flag: pass them all through.
+app.command(
+    "preprocess",
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
+    add_help_option=False,
+)(steps.preprocess_cmd)
+app.command("evaluate")(steps.evaluate_cmd)
+
+render_app = typer.Typer(help="Print manifests without creating anything.", no_args_is_help=True)
+render_app.command("pytorchjob")(steps.render_pytorchjob)
+app.add_typer(render_app, name="render")
+
+config_app = typer.Typer(help="Write deploy configs.", no_args_is_help=True)
+config_app.command("from-stack")(deploy.config_from_stack_cmd)
+app.add_typer(config_app, name="config")
+
+
+def main() -> None:
+    """Console entry point (`python -m pipelines.cli`)."""
+    app()

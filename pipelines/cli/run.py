@@ -1,0 +1,137 @@
+"""`llmft run`: the fine-tune pipeline on this machine (kfp.local), on Vertex AI Pipelines or on
+KFP. Phases: check the backend, then either run locally or load the deploy config and submit."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pipelines.cli.common import check_choice, parse_labels, parse_params, user_errors
+from pipelines.cli.options import (
+    AccountOpt,
+    CachingOpt,
+    ConfigOpt,
+    HostOpt,
+    LabelOpt,
+    NamespaceOpt,
+    NetworkOpt,
+    ParamOpt,
+    PipelineIdOpt,
+    ProjectOpt,
+    RegionOpt,
+    RootOpt,
+    TemplateOpt,
+    VersionIdOpt,
+)
+
+BackendOpt = Annotated[
+    str, typer.Option(help="local (this machine), vertex (Vertex AI Pipelines) or kfp (KFP).")
+]
+DisplayNameOpt = Annotated[str | None, typer.Option(help="Run name prefix.")]
+ExperimentOpt = Annotated[
+    str | None, typer.Option(help="Vertex AI Experiment / KFP experiment to file the run in.")
+]
+FailurePolicyOpt = Annotated[str | None, typer.Option(help="Vertex: fast or slow [default: slow].")]
+ScheduleTimeOpt = Annotated[
+    str | None,
+    typer.Option(help="Fill the schedule-time placeholder (backfill), e.g. 2026-01-05T03:00:00Z."),
+]
+WaitOpt = Annotated[bool, typer.Option(help="Follow the run and exit non-zero if it fails.")]
+VerboseOpt = Annotated[
+    bool, typer.Option(help="Local: also stream the tasks' logs to the terminal.")
+]
+
+
+@user_errors
+def run_cmd(
+    backend: BackendOpt = "local",
+    config: ConfigOpt = None,
+    param: ParamOpt = None,
+    template: TemplateOpt = None,
+    display_name: DisplayNameOpt = None,
+    project: ProjectOpt = None,
+    region: RegionOpt = None,
+    pipeline_root: RootOpt = None,
+    service_account: AccountOpt = None,
+    network: NetworkOpt = None,
+    label: LabelOpt = None,
+    experiment: ExperimentOpt = None,
+    enable_caching: CachingOpt = None,
+    failure_policy: FailurePolicyOpt = None,
+    host: HostOpt = None,
+    namespace: NamespaceOpt = None,
+    pipeline_id: PipelineIdOpt = None,
+    version_id: VersionIdOpt = None,
+    schedule_time: ScheduleTimeOpt = None,
+    wait: WaitOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP."""
+    from components.param_checks import TARGETS
+
+    params = parse_params(param)
+    # Keyed as the deploy config names them (pipelines/deploy/config.py: flag_overrides).
+    remote: dict[str, Any] = dict(
+        template=template, display_name=display_name, project=project, region=region,
+        pipeline_root=pipeline_root, service_account=service_account, network=network,
+        labels=label, experiment=experiment, enable_caching=enable_caching,
+        failure_policy=failure_policy, host=host, namespace=namespace, pipeline_id=pipeline_id,
+        version_id=version_id,
+    )  # fmt: skip
+    if check_choice(backend, TARGETS) == "local":
+        _warn_ignored({**remote, "schedule_time": schedule_time, "wait": wait or None})
+        _run_local(params, config, verbose)
+    else:
+        _submit(backend, config, params, remote, schedule_time, wait)
+
+
+def _warn_ignored(remote: dict[str, Any]) -> None:
+    """Warn about each remote-only flag given with `--backend local` (it would do nothing)."""
+    ignored = [
+        "--label" if name == "labels" else f"--{name.replace('_', '-')}"
+        for name, value in remote.items()
+        if value not in (None, [])
+    ]
+    if ignored:
+        typer.secho(f"warning: --backend local ignores {', '.join(ignored)}", err=True)
+
+
+def _run_local(params: dict[str, Any], config: Path | None, verbose: bool) -> None:
+    """The pipeline through kfp.local; exit code 1 when a required step failed."""
+    from pipelines.local_run import run_local
+
+    result = run_local(params, config, verbose=verbose)
+    if not result.succeeded:
+        raise typer.Exit(1)
+
+
+def parse_schedule_time(text: str | None) -> dt.datetime | None:
+    """`--schedule-time` as a datetime (a trailing Z means UTC), None when not given."""
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--schedule-time {text!r} is not like 2026-01-05T03:00:00Z") from None
+
+
+def _submit(
+    backend: Any,
+    config: Path | None,
+    params: dict[str, Any],
+    remote: dict[str, Any],
+    schedule_time: str | None,
+    wait: bool,
+) -> None:
+    """Load the deploy config (file + flags) and submit one run to Vertex AI or KFP."""
+    from pipelines.deploy.config import load_for
+    from pipelines.deploy.submit import submit_kfp, submit_vertex
+
+    flags = {**remote, "labels": parse_labels(remote["labels"])}
+    cfg = load_for(backend, config, parameters=params, **flags)
+    when = parse_schedule_time(schedule_time)
+    submit = submit_vertex if backend == "vertex" else submit_kfp
+    submit(cfg, schedule_time=when, wait=wait, report=typer.echo)

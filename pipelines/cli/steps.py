@@ -1,0 +1,238 @@
+"""`llmft train`, `preprocess`, `evaluate` and `render pytorchjob`: one pipeline step run by
+hand, each a thin layer over the module the pipeline's component calls."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from components.run_params import RunParams
+from pipelines.cli.common import not_a_file, print_json, trainer_config, user_errors
+
+
+@user_errors
+def train_cmd(
+    model: Annotated[
+        str, typer.Option(help="Base model: HF save_pretrained directory or .gguf file.")
+    ],
+    data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
+    output: Annotated[
+        str, typer.Option(help="Run directory: model/, metrics.jsonl, summary.json, logs/.")
+    ],
+    backend: Annotated[
+        str, typer.Option(help="Where to run: local (torchrun agents here).")
+    ] = "local",
+    nodes: Annotated[int, typer.Option(help="Nodes: separate torchrun agents.")] = RunParams.nodes,
+    nproc_per_node: Annotated[
+        int, typer.Option(help="Worker processes per node (0: one).")
+    ] = RunParams.nproc_per_node,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Optimizer steps (default: the trainer's `epochs`).")
+    ] = None,
+    rdzv_backend: Annotated[
+        str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")
+    ] = RunParams.rdzv_backend,
+    rdzv_endpoint: Annotated[
+        str,
+        typer.Option(help="host:port; empty starts a local etcd for the run (c10d: a free port)."),
+    ] = "",
+    run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
+    config: Annotated[
+        str | None, typer.Option(help="Trainer YAML config (--config of the trainer).")
+    ] = None,
+    max_restarts: Annotated[
+        int, typer.Option(help="torchrun restarts after a worker failure.")
+    ] = 0,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
+    ] = None,
+) -> None:
+    """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
+    import uuid
+
+    from components.launchers.base import LaunchCancelled, LaunchFailed
+    from components.param_checks import resolve_nproc_per_node
+    from components.train_step import run_train_step
+
+    if backend != "local":
+        raise ValueError(
+            f"--backend {backend}: `llmft train` runs locally; use `llmft run --backend {backend}` "
+            "(the pipeline) or `llmft render pytorchjob` for GKE"
+        )
+    not_a_file(output, "--output")
+    trainer = trainer_config(model, data, output, config, max_steps, set_)
+    try:
+        metadata = run_train_step(
+            backend="local", run_id=run_id or f"local-{uuid.uuid4().hex[:10]}",
+            trainer=trainer, nodes=nodes,
+            nproc_per_node=resolve_nproc_per_node("local", nproc_per_node, 0),
+            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts,
+        )  # fmt: skip
+    except LaunchFailed as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(130 if isinstance(exc, LaunchCancelled) else 1) from None
+    print_json(metadata)
+
+
+@user_errors
+def render_pytorchjob(
+    model: Annotated[
+        str, typer.Option(help="Base model URI as the pods see it.")
+    ] = "gs://BUCKET/models/base",
+    data: Annotated[str, typer.Option(help="Packed dataset URI.")] = "gs://BUCKET/runs/RUN/dataset",
+    output: Annotated[str, typer.Option(help="Run directory URI.")] = "gs://BUCKET/runs/RUN/train",
+    run_id: Annotated[
+        str, typer.Option(help="Run id (names, labels, rendezvous id).")
+    ] = "example-run",
+    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = RunParams.namespace,
+    nodes: Annotated[int, typer.Option(help="Worker pods.")] = RunParams.nodes,
+    nproc_per_node: Annotated[
+        int,
+        typer.Option(
+            help=f"Processes (GPUs) per pod; 0: one per GPU ({RunParams.accelerator_count} with "
+            "an accelerator, else 1)."
+        ),
+    ] = RunParams.nproc_per_node,
+    rdzv_backend: Annotated[
+        str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")
+    ] = RunParams.rdzv_backend,
+    rdzv_endpoint: Annotated[
+        str, typer.Option(help="host:port (default: the run's etcd Service).")
+    ] = "",
+    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
+    image: Annotated[str | None, typer.Option(help="Image (default: the project image).")] = None,
+    accelerator: Annotated[
+        str,
+        typer.Option(help="Vertex accelerator name or GKE accelerator label; '' for CPU."),
+    ] = RunParams.accelerator_type,
+    cpu: Annotated[str | None, typer.Option(help="CPU per pod.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory per pod.")] = None,
+    shm_size: Annotated[str, typer.Option(help="/dev/shm size.")] = "64Gi",
+    service_account: Annotated[
+        str, typer.Option(help="Workload Identity KSA ('' for the namespace's default).")
+    ] = RunParams.service_account,
+    hf_token_secret: Annotated[
+        str, typer.Option(help="Secret with the HF token (name[:key]; '' for none).")
+    ] = RunParams.hf_token_secret,
+    gang_scheduling: Annotated[
+        bool, typer.Option(help="All pods or none (needs a gang scheduler).")
+    ] = False,
+    active_deadline_seconds: Annotated[
+        int | None, typer.Option(help="Hard run-time limit.")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
+    ] = None,
+) -> None:
+    """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
+    from components.image import DEFAULT_IMAGE
+    from components.launchers.base import TrainLaunch
+    from components.launchers.gke import build_pytorchjob, to_yaml
+    from components.param_checks import resolve_nproc_per_node
+    from components.train_step import gke_accelerator
+
+    gpus = RunParams.accelerator_count if accelerator else 0
+    launch = TrainLaunch(
+        run_id=run_id, trainer=trainer_config(model, data, output, None, max_steps, set_),
+        nodes=nodes, nproc_per_node=resolve_nproc_per_node("gke", nproc_per_node, gpus),
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+    )  # fmt: skip
+    job = build_pytorchjob(
+        launch=launch, namespace=namespace, image=image or DEFAULT_IMAGE,
+        accelerator=gke_accelerator(accelerator), cpu=cpu, memory=memory, shm_size=shm_size,
+        service_account=service_account or None, hf_token_secret=hf_token_secret or None,
+        gang_scheduling=gang_scheduling, active_deadline_seconds=active_deadline_seconds,
+    )  # fmt: skip
+    typer.echo(to_yaml(job), nl=False)
+
+
+def preprocess_cmd(ctx: typer.Context) -> None:
+    """Raw records -> packed, tokenized Parquet shards + manifest.json (Beam; --help for flags).
+
+    Example: llmft preprocess --input 'data/*.jsonl' --output out/ --tokenizer tok/ --seq-len 512
+    """
+    from beam_preprocess.cli import main as preprocess_main
+
+    args = list(ctx.args)
+    if any(arg.lower().endswith(".gguf") for arg in args):
+        from components.preprocess_step import resolve_gguf_tokenizer
+
+        try:
+            args = resolve_gguf_tokenizer(args)
+        except ValueError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+    code = preprocess_main(args, prog="llmft preprocess")
+    if code:
+        raise typer.Exit(code)
+
+
+@user_errors
+def evaluate_cmd(
+    base: Annotated[str, typer.Option(help="Base model directory or .gguf file (local or gs://).")],
+    tuned: Annotated[str, typer.Option(help="Fine-tuned model directory (the trainer's model/).")],
+    data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
+    output: Annotated[
+        str, typer.Option(help="Where to write metrics.json, generations.jsonl, report.html.")
+    ],
+    heldout: Annotated[
+        str | None,
+        typer.Option(help="Prompt/response JSONL for generation (default: DATA/eval_records/)."),
+    ] = None,
+    max_examples: Annotated[
+        int, typer.Option(help="Held-out prompts to generate for (0: loss only).")
+    ] = 64,
+    max_eval_rows: Annotated[
+        int | None, typer.Option(help="Packed eval rows to score (default: all).")
+    ] = None,
+    train_metrics: Annotated[
+        str | None, typer.Option(help="Trainer metrics JSONL to plot.")
+    ] = None,
+    champion: Annotated[
+        str | None, typer.Option(help="Currently registered model to compare against.")
+    ] = None,
+    min_loss_improvement: Annotated[
+        float, typer.Option(help="Gate: base loss - tuned loss must be >= this.")
+    ] = 0.0,
+    min_exact_match: Annotated[
+        float, typer.Option(help="Gate: tuned exact match must be >= this (0 disables).")
+    ] = 0.0,
+    min_general_retained: Annotated[
+        float,
+        typer.Option(
+            help="Gate: fraction of the general probes the base answers that the tuned "
+            "model must still answer (0 disables)."
+        ),
+    ] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Generation length limit.")] = 64,
+    device: Annotated[
+        str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")
+    ] = None,
+    require_pass: Annotated[bool, typer.Option(help="Exit 1 when the quality gate fails.")] = False,
+) -> None:
+    """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, HTML report."""
+    import logging
+
+    from components.evaluation.evaluate import run_evaluation
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    result = run_evaluation(
+        base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
+        max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
+        champion=champion, min_loss_improvement=min_loss_improvement,
+        min_exact_match=min_exact_match, min_general_retained=min_general_retained,
+        max_new_tokens=max_new_tokens, device=device,
+    )  # fmt: skip
+    print_json(
+        {
+            "passed": result.passed,
+            "failures": result.decision.failures,
+            "metrics": result.metrics,
+            "report": result.report_path,
+            "metrics_file": result.metrics_path,
+        }
+    )
+    if require_pass and not result.passed:
+        raise typer.Exit(1)
