@@ -19,8 +19,8 @@ from google.cloud import aiplatform_v1
 from launcher_fakes import FakeHttp, Recorded, Router
 
 from components.launchers import TrainLaunch
-from components.launchers.local import free_port
 from components.launchers.vertex import VertexLauncher, build_custom_job
+from components.ports import ReservedPort
 from trainer.config import TrainConfig
 
 RUN = "fine-tune-20261202-abc"
@@ -243,8 +243,8 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
         ),
         accelerator_type=None,
     )
-    port = free_port()
-    spec = {"cluster": {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": ["127.0.0.1:1"]}}
+    port = ReservedPort()  # held until the primary's c10d store listens on it
+    spec = {"cluster": {"workerpool0": [port.endpoint], "workerpool1": ["127.0.0.1:1"]}}
     env = {
         **os.environ,
         "CLUSTER_SPEC": json.dumps(spec),
@@ -264,7 +264,8 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
         )
         for pool in job.job_spec.worker_pool_specs
     ]
-    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    with port:
+        outputs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert json.loads((tmp_path / "summary.json").read_text())["world_size"] == 2
 
