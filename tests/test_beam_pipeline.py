@@ -289,16 +289,11 @@ def test_dataflow_job_request_is_built_offline():
 
 def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, monkeypatch):
     """Submission is the cloud boundary: a fake result stands in for DataflowPipelineResult."""
+    from fakes.dataflow import FakeDataflowResult
+
     import beam_preprocess.pipeline as pipeline_module
     from beam_preprocess.schema import Manifest, SplitInfo, TokenizerIdentity
     from components.preprocess_step import run_preprocess_step
-
-    class FakeDataflowResult:
-        def job_id(self) -> str:
-            return "2026-12-02_10_00_00-123"
-
-        def wait_until_finish(self) -> str:
-            return "JOB_STATE_DONE"
 
     seen = {}
 

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_fakes import FakeKfp, FakeRegistry, FakeVertex, service_account_key
 from deploy_pipeline import small_templates
+from fakes.google_auth import service_account_key
+from fakes.kfp_api import FakeKfp, FakeRegistry
+from fakes.vertex import FakeVertex
 from typer.testing import CliRunner
 
 from components.ports import ReservedPort

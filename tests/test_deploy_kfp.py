@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_fakes import FakeKfp, FakeRegistry
 from deploy_pipeline import small_templates
+from fakes.kfp_api import FakeKfp, FakeRegistry
 
 from pipelines.deploy.clients import kfp_client
 from pipelines.deploy.config import load_for

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_fakes import FakeVertex
 from deploy_pipeline import small_templates
+from fakes.vertex import FakeVertex
 from google.auth.credentials import AnonymousCredentials
 
 from pipelines.deploy.config import load_for

@@ -1,6 +1,6 @@
 """GKE launcher: the PyTorchJob manifest (validated against the Training Operator's CRD and the
 pod against Kubernetes' own schema), and the launcher's API conversation, answered from canned
-API responses at the HTTP boundary of a real kubernetes ApiClient (tests/launcher_fakes.py)."""
+API responses at the HTTP boundary of a real kubernetes ApiClient (tests/fakes/k8s_api.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from launcher_fakes import Recorded, fake_kube
+from fakes.k8s_api import fake_kube
+from fakes.recording import Recorded
 
 from components.launchers import TrainLaunch
 from components.launchers.gke import GkeLauncher, build_pytorchjob, job_name

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.recording import Recorded, Router
+from fakes.vertex import FakeHttp
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1
-from launcher_fakes import FakeHttp, Recorded, Router
 
 from components.launchers import TrainLaunch
 from components.launchers.vertex import VertexLauncher, build_custom_job
