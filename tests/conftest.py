@@ -74,3 +74,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the full gs:// chain (tests/test_gcs_chain.py) instead of its short version",
     )
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        default=False,
+        help="rewrite tests/golden/ from what the code produces now (review the diff!)",
+    )
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest):
+    """`golden.check("name.json", data)`: compare with a reviewed file under tests/golden/."""
+    from goldens import Golden
+
+    return Golden(update=request.config.getoption("--update-goldens"))

@@ -54,7 +54,9 @@ def seven_b_launch(rdzv: str = "etcd-v3") -> TrainLaunch:
     )
 
 
-def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(pytorchjob_schema: dict) -> None:
+def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(
+    pytorchjob_schema: dict, golden: Any
+) -> None:
     job = build_pytorchjob(
         launch=seven_b_launch(),
         namespace="ml",
@@ -68,6 +70,7 @@ def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(pytorchjob_schema
         scheduling_queue="gpu-queue",
     )
     jsonschema.validate(job, pytorchjob_schema)
+    golden.check("pytorchjob_7b_etcd_v3.json", job)
     spec = job["spec"]
     worker = spec["pytorchReplicaSpecs"]["Worker"]
     pod = worker["template"]["spec"]
@@ -350,7 +353,7 @@ def small_launch() -> TrainLaunch:
     )
 
 
-def test_create_then_succeed_when_every_worker_succeeded() -> None:
+def test_create_then_succeed_when_every_worker_succeeded(golden: Any) -> None:
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
         watched(
@@ -379,9 +382,7 @@ def test_create_then_succeed_when_every_worker_succeeded() -> None:
     assert result.ok, result.describe()
     assert result.message == "all 2 workers succeeded"
     [create] = router.sent("POST", JOBS)
-    assert create.body == build_pytorchjob(
-        launch=small_launch(), namespace="ml", accelerator="nvidia-l4"
-    )
+    golden.check("gke_create_pytorchjob.json", create.body)
     [pod_list, *_] = router.sent("GET", "/api/v1/namespaces/ml/pods")
     assert pod_list.query["labelSelector"] == f"training.kubeflow.org/job-name={NAME}"
     # The job was "Succeeded" while worker 0 still ran: we waited for it, following the job with

@@ -55,9 +55,12 @@ def _status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
     [{}, {"storage_class": "premium-rwo", "storage_size": "2Gi"}, {"tls_secret": "etcd-tls"}],
     ids=["emptydir", "ssd-pvc", "tls"],
 )
-def test_manifests_validate_against_kubernetes_schemas(options: dict[str, Any]) -> None:
+def test_manifests_validate_against_kubernetes_schemas(
+    options: dict[str, Any], golden: Any, request: pytest.FixtureRequest
+) -> None:
     manifests = k8s_etcd.build_etcd_manifests(run_id=RUN_ID, namespace=NS, **options)
     assert [m["kind"] for m in manifests] == ["StatefulSet", "Service", "NetworkPolicy"]
+    golden.check(f"etcd_manifests_{request.node.callspec.id}.json", manifests)
     for manifest in manifests:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         labels = manifest["metadata"]["labels"]
@@ -136,7 +139,7 @@ def _created(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
 
 
 def test_create_posts_statefulset_then_owned_service_and_network_policy(
-    fake_api: Callable[[Responder], KubeApiServer],
+    fake_api: Callable[[Responder], KubeApiServer], golden: Any
 ) -> None:
     server = fake_api(_created)
     endpoint = k8s_etcd.create_etcd(
@@ -148,19 +151,14 @@ def test_create_posts_statefulset_then_owned_service_and_network_policy(
         ("POST", f"/api/v1/namespaces/{NS}/services"),
         ("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"),
     ]
-    sts, service, policy = k8s_etcd.build_etcd_manifests(
-        run_id=RUN_ID, namespace=NS, enable_v2=True
-    )
-    by_sts = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "name": sts["metadata"]["name"],
-        "uid": "uid-StatefulSet",
-    }
-    sts["metadata"]["ownerReferences"] = [WORKFLOW]
-    service["metadata"]["ownerReferences"] = [by_sts]
-    policy["metadata"]["ownerReferences"] = [by_sts]
-    assert [r.body for r in server.requests] == [sts, service, policy]
+    bodies = [r.body for r in server.requests]
+    golden.check("k8s_create_etcd_requests.json", bodies)
+    # The StatefulSet belongs to the run's Workflow; the Service and the policy to the StatefulSet.
+    sts, service, policy = bodies
+    assert sts["metadata"]["ownerReferences"] == [WORKFLOW]
+    by_sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "uid": "uid-StatefulSet"}
+    for owned in (service, policy):
+        assert owned["metadata"]["ownerReferences"] == [{**by_sts, "name": sts["metadata"]["name"]}]
     for manifest in (sts, service, policy):
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
