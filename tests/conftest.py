@@ -1,8 +1,10 @@
-"""Shared fixtures: the quickstart assets every suite builds on, made once per session."""
+"""Shared fixtures (the quickstart assets every suite builds on, made once per session), the
+golden-file option, the per-test RBAC check of the Kubernetes fakes' requests, and the tiers."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,36 @@ def golden(request: pytest.FixtureRequest):
     from goldens import Golden
 
     return Golden(update=request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture(autouse=True)
+def _k8s_requests_need_only_reviewed_permissions(request: pytest.FixtureRequest):
+    """A Kubernetes API request that needs a permission missing from tests/golden/rbac_permissions.json
+    (held against docs/deploy/rbac.yaml by tests/test_rbac.py) fails the test that made it."""
+    yield
+    k8s_api = sys.modules.get("fakes.k8s_api")
+    if k8s_api is None or request.config.getoption("--update-goldens"):
+        return
+    from goldens import rbac_permissions
+
+    missing = k8s_api.take_unchecked() - rbac_permissions()
+    assert not missing, (
+        f"the code now needs {sorted(missing)}: grant it in docs/deploy/rbac.yaml and "
+        "rerun the suite with --update-goldens (tests/golden/README.md)"
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In update mode, rewrite the RBAC golden from what the Kubernetes fakes were asked for."""
+    k8s_api = sys.modules.get("fakes.k8s_api")
+    if k8s_api is None or not session.config.getoption("--update-goldens"):
+        return
+    from goldens import RBAC_PERMISSIONS, RBAC_SOURCES, Golden
+
+    if set(RBAC_SOURCES) <= {item.path.name for item in session.items}:
+        Golden(update=True).check(RBAC_PERMISSIONS, sorted(k8s_api.OBSERVED_PERMISSIONS))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """test_rbac.py last: it compares the golden with what the other tests' fakes observed."""
+    items.sort(key=lambda item: item.path.name == "test_rbac.py")

@@ -19,6 +19,25 @@ GOLDEN_DIR = Path(__file__).parent / "golden"
 UPDATE_ENV = "LLMFT_UPDATE_GOLDENS"
 
 
+RBAC_PERMISSIONS = "rbac_permissions.json"
+"""The (apiGroup, resource, verb) triples the Kubernetes fakes were asked for (tests/fakes/k8s_api.py),
+written from a whole run in update mode."""
+
+
+RBAC_SOURCES = (
+    "test_launcher_gke.py",
+    "test_rendezvous_kubernetes.py",
+    "test_rendezvous_local_etcd.py",
+)
+"""The test modules whose Kubernetes fakes see every request our code makes (launcher, etcd,
+cleanup): the RBAC golden is rewritten, and checked for stale entries, only when all of them ran."""
+
+
+def rbac_permissions() -> set[tuple[str, str, str]]:
+    """The reviewed permissions our code needs, from tests/golden/rbac_permissions.json."""
+    return {tuple(p) for p in json.loads((GOLDEN_DIR / RBAC_PERMISSIONS).read_text())}  # type: ignore[misc]
+
+
 def without_timestamp(name: str) -> str:
     """A generated run name or job id with its creation time (`-YYYYMMDD-HHMMSS` or
     `-YYYYMMDDHHMMSS`) replaced, so that a golden file can hold it."""

@@ -6,8 +6,9 @@
   body)`, for code that must go through the client's whole HTTP stack.
 
 Both record every request, and every request is also classified as the RBAC permission it needs
-(`rbac_permission`) in `OBSERVED_PERMISSIONS`, which tests/test_rbac.py holds against
-docs/deploy/rbac.yaml and tests/golden/rbac_permissions.json.
+(`rbac_permission`): tests/conftest.py fails a test whose requests need a permission missing from
+tests/golden/rbac_permissions.json, and tests/test_rbac.py holds that file against the Role in
+docs/deploy/rbac.yaml.
 """
 
 from __future__ import annotations
@@ -30,6 +31,21 @@ Permission = tuple[str, str, str]
 
 OBSERVED_PERMISSIONS: set[Permission] = set()
 """Every permission a Kubernetes fake was asked for in this test session."""
+_UNCHECKED: set[Permission] = set()
+
+
+def observe(method: str, path: str, query: dict[str, str]) -> None:
+    """Record the permission a request needs (called by every Kubernetes fake)."""
+    permission = rbac_permission(method, path, query)
+    OBSERVED_PERMISSIONS.add(permission)
+    _UNCHECKED.add(permission)
+
+
+def take_unchecked() -> set[Permission]:
+    """The permissions observed since the last call (tests/conftest.py checks them per test)."""
+    taken = set(_UNCHECKED)
+    _UNCHECKED.clear()
+    return taken
 
 
 def rbac_permission(method: str, path: str, query: dict[str, str]) -> Permission:
@@ -58,7 +74,7 @@ def rbac_permission(method: str, path: str, query: dict[str, str]) -> Permission
 
 class _RecordingRouter(Router):
     def answer(self, recorded: Recorded) -> Reply:
-        OBSERVED_PERMISSIONS.add(rbac_permission(recorded.method, recorded.path, recorded.query))
+        observe(recorded.method, recorded.path, recorded.query)
         return super().answer(recorded)
 
 
@@ -133,7 +149,7 @@ class KubeApiServer(LocalHttpServer):
         self.api_client = client.ApiClient(config)
 
     def handle(self, rec: Recorded) -> Reply:
-        OBSERVED_PERMISSIONS.add(rbac_permission(rec.method, rec.path, rec.query))
+        observe(rec.method, rec.path, rec.query)
         return self._respond(rec.method, rec.path, rec.body)
 
     def close(self) -> None:
