@@ -120,6 +120,45 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         Golden(update=True).check(RBAC_PERMISSIONS, sorted(k8s_api.OBSERVED_PERMISSIONS))
 
 
+TIERS = {
+    "unit": (
+        "test_artifacts.py", "test_beam_transforms.py", "test_cli_errors.py",
+        "test_deploy_config.py", "test_deploy_image.py", "test_deploy_kfp.py",
+        "test_deploy_vertex.py", "test_evaluate_registry.py", "test_evaluate_units.py",
+        "test_flex_template.py", "test_infra_from_stack.py", "test_infra_policy.py",
+        "test_infra_stack.py", "test_launcher_gke.py", "test_launcher_vertex.py", "test_rbac.py",
+        "test_rendezvous_kubernetes.py", "test_train_step.py", "test_trainer_config.py",
+        "test_validation.py",
+    ),
+    "integration": (
+        "test_beam_pipeline.py", "test_compile.py", "test_component_signals.py", "test_gpu.py",
+        "test_launcher_local.py", "test_model_families.py", "test_quickstart.py",
+        "test_real_model.py", "test_rendezvous_etcd_v3.py", "test_rendezvous_local_etcd.py",
+        "test_rendezvous_torchrun.py", "test_storage.py", "test_trainer_data.py",
+        "test_trainer_distributed.py", "test_trainer_single.py",
+    ),
+    "e2e": (
+        "test_deploy_cli.py", "test_evaluate_end_to_end.py", "test_gcs_chain.py",
+        "test_pipeline_local.py",
+    ),
+}  # fmt: skip
+"""Each test file's tier (docs/testing.md); a test may carry another tier's marker itself.
+unit: in process, cloud APIs faked at their boundary; integration: real processes and services
+(etcd, torchrun, Beam, the KFP local runner, a GCS emulator); e2e: a user's command end to end."""
+_TIER_OF_FILE = {name: tier for tier, names in TIERS.items() for name in names}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """test_rbac.py last: it compares the golden with what the other tests' fakes observed."""
+    """Give every test exactly one tier; run test_rbac.py last (it compares the RBAC golden with
+    what the other tests' fakes observed)."""
+    for item in items:
+        own = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+        if len(own) > 1:
+            raise pytest.UsageError(f"{item.nodeid}: more than one tier ({sorted(own)})")
+        if not own:
+            tier = _TIER_OF_FILE.get(item.path.name)
+            if tier is None:
+                raise pytest.UsageError(f"{item.path.name}: give it a tier in tests/conftest.py")
+            item.add_marker(tier)
     items.sort(key=lambda item: item.path.name == "test_rbac.py")

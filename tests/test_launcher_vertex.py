@@ -225,6 +225,7 @@ def test_cleanup_cancels_active_jobs_with_the_run_label() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # two real processes form a gloo group
 def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
     """Run the primary's and the worker pool's command as two local processes with the
     CLUSTER_SPEC Vertex would set: they must form one 2-process group."""
