@@ -11,13 +11,27 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 import requests
 from google.api_core import exceptions, operation
+from google.cloud.aiplatform.utils import gcs_utils
+from google.cloud.aiplatform_v1.services.metadata_service import MetadataServiceClient
+from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
+from google.cloud.aiplatform_v1.services.schedule_service import ScheduleServiceClient
+from google.cloud.aiplatform_v1.types import (
+    Context,
+    CreatePipelineJobRequest,
+    CreateScheduleRequest,
+    MetadataStore,
+    PipelineJob,
+    PipelineState,
+    Schedule,
+    UpdateScheduleRequest,
+    model_service,
+)
 from google.cloud.aiplatform_v1.types import model as gca_model
-from google.cloud.aiplatform_v1.types import model_service
 from google.longrunning import operations_pb2
 from google.protobuf import any_pb2, timestamp_pb2
 
@@ -57,24 +71,19 @@ class FakeHttp(requests.adapters.BaseAdapter):
 
 
 class FakeVertex:
-    """Records the request protos the aiplatform SDK sends to PipelineService and ScheduleService."""
+    """Records the request protos the aiplatform SDK sends to PipelineService, ScheduleService
+    and MetadataService, and answers like them (in memory)."""
+
+    _METHODS: ClassVar[dict[type, tuple[str, ...]]] = {
+        PipelineServiceClient: ("create_pipeline_job", "get_pipeline_job"),
+        ScheduleServiceClient: (
+            "create_schedule", "list_schedules", "update_schedule", "pause_schedule",
+            "resume_schedule", "delete_schedule",
+        ),
+        MetadataServiceClient: ("get_metadata_store", "get_context", "add_context_children"),
+    }  # fmt: skip
 
     def __init__(self, monkeypatch: Any) -> None:
-        from google.cloud.aiplatform.utils import gcs_utils
-        from google.cloud.aiplatform_v1.services.metadata_service import MetadataServiceClient
-        from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
-        from google.cloud.aiplatform_v1.services.schedule_service import ScheduleServiceClient
-        from google.cloud.aiplatform_v1.types import (
-            Context,
-            CreatePipelineJobRequest,
-            CreateScheduleRequest,
-            MetadataStore,
-            PipelineJob,
-            PipelineState,
-            Schedule,
-            UpdateScheduleRequest,
-        )
-
         self.jobs: list[Any] = []  # CreatePipelineJobRequest
         self.schedules: dict[str, Any] = {}  # name -> Schedule
         self.created_schedules: list[Any] = []  # CreateScheduleRequest
@@ -82,101 +91,88 @@ class FakeVertex:
         self.calls: list[tuple[str, str]] = []
         self.experiment_children: list[tuple[str, list[str]]] = []
         self.states = ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"]
-        fake = self
-
-        def create_pipeline_job(self: Any, request: Any = None, **kw: Any) -> Any:
-            req = (
-                CreatePipelineJobRequest(request)
-                if request
-                else CreatePipelineJobRequest(
-                    parent=kw["parent"],
-                    pipeline_job=kw["pipeline_job"],
-                    pipeline_job_id=kw.get("pipeline_job_id"),
+        for cls, names in self._METHODS.items():
+            for name in names:
+                monkeypatch.setattr(
+                    cls, name, lambda client, *a, _m=name, **k: getattr(self, _m)(*a, **k)
                 )
-            )
-            fake.jobs.append(req)
-            job = PipelineJob(req.pipeline_job)
-            job.name = f"{req.parent}/pipelineJobs/{req.pipeline_job_id}"
-            job.state = PipelineState.PIPELINE_STATE_PENDING
-            job.job_detail.pipeline_run_context.name = (
-                f"{req.parent}/metadataStores/default/contexts/{req.pipeline_job_id}"
-            )
-            return job
-
-        def get_pipeline_job(self: Any, request: Any = None, *, name: str, **kw: Any) -> Any:
-            job = PipelineJob(fake.jobs[-1].pipeline_job, name=name)
-            job.job_detail.pipeline_run_context.name = f"{name}-context"
-            state = fake.states.pop(0) if fake.states else "PIPELINE_STATE_SUCCEEDED"
-            job.state = PipelineState[state]
-            return job
-
-        def create_schedule(self: Any, request: Any = None, **kw: Any) -> Any:
-            req = (
-                CreateScheduleRequest(request)
-                if request
-                else CreateScheduleRequest(parent=kw["parent"], schedule=kw["schedule"])
-            )
-            fake.created_schedules.append(req)
-            schedule = Schedule(req.schedule)
-            schedule.name = f"{req.parent}/schedules/{len(fake.schedules) + 100}"
-            schedule.state = Schedule.State.ACTIVE
-            fake.schedules[schedule.name] = schedule
-            return schedule
-
-        def list_schedules(self: Any, request: Any = None, **kw: Any) -> Any:
-            fake.calls.append(("list_schedules", request.filter))
-            wanted = request.filter.partition('"')[2].rstrip('"') if request.filter else None
-            return [s for s in fake.schedules.values() if wanted in (None, s.display_name)]
-
-        def update_schedule(self: Any, request: Any = None, **kw: Any) -> Any:
-            req = UpdateScheduleRequest(schedule=kw["schedule"], update_mask=kw["update_mask"])
-            fake.updates.append(req)
-            return req.schedule
-
-        def simple(name: str) -> Any:
-            def method(self: Any, request: Any = None, *, name: str = "", **kw: Any) -> None:
-                fake.calls.append((method_name, name))
-                if name not in fake.schedules:
-                    from google.api_core.exceptions import NotFound
-
-                    raise NotFound(f"Schedule {name} not found")
-
-            method_name = name
-            return method
-
-        def get_metadata_store(self: Any, request: Any = None, *, name: str, **kw: Any) -> Any:
-            return MetadataStore(name=name)
-
-        def get_context(self: Any, request: Any = None, *, name: str, **kw: Any) -> Any:
-            return Context(
-                name=name, schema_title="system.Experiment", metadata={"experiment_deleted": False}
-            )
-
-        def add_context_children(
-            self: Any, request: Any = None, *, context: str, child_contexts: list[str], **kw: Any
-        ) -> None:
-            fake.experiment_children.append((context, list(child_contexts)))
-
-        for cls, name, func in (
-            (PipelineServiceClient, "create_pipeline_job", create_pipeline_job),
-            (PipelineServiceClient, "get_pipeline_job", get_pipeline_job),
-            (ScheduleServiceClient, "create_schedule", create_schedule),
-            (ScheduleServiceClient, "list_schedules", list_schedules),
-            (ScheduleServiceClient, "update_schedule", update_schedule),
-            (ScheduleServiceClient, "pause_schedule", simple("pause_schedule")),
-            (ScheduleServiceClient, "resume_schedule", simple("resume_schedule")),
-            (ScheduleServiceClient, "delete_schedule", simple("delete_schedule")),
-            (MetadataServiceClient, "get_metadata_store", get_metadata_store),
-            (MetadataServiceClient, "get_context", get_context),
-            (MetadataServiceClient, "add_context_children", add_context_children),
-        ):
-            monkeypatch.setattr(cls, name, func)
         # PipelineJob.submit creates the pipeline-root bucket through Cloud Storage first.
         monkeypatch.setattr(
             gcs_utils,
             "create_gcs_bucket_for_pipeline_artifacts_if_it_does_not_exist",
             lambda **kw: None,
         )
+
+    def create_pipeline_job(self, request: Any = None, **kw: Any) -> Any:
+        req = CreatePipelineJobRequest(request) if request else CreatePipelineJobRequest(
+            parent=kw["parent"], pipeline_job=kw["pipeline_job"],
+            pipeline_job_id=kw.get("pipeline_job_id"),
+        )  # fmt: skip
+        self.jobs.append(req)
+        job = PipelineJob(req.pipeline_job)
+        job.name = f"{req.parent}/pipelineJobs/{req.pipeline_job_id}"
+        job.state = PipelineState.PIPELINE_STATE_PENDING
+        job.job_detail.pipeline_run_context.name = (
+            f"{req.parent}/metadataStores/default/contexts/{req.pipeline_job_id}"
+        )
+        return job
+
+    def get_pipeline_job(self, request: Any = None, *, name: str, **kw: Any) -> Any:
+        job = PipelineJob(self.jobs[-1].pipeline_job, name=name)
+        job.job_detail.pipeline_run_context.name = f"{name}-context"
+        state = self.states.pop(0) if self.states else "PIPELINE_STATE_SUCCEEDED"
+        job.state = PipelineState[state]
+        return job
+
+    def create_schedule(self, request: Any = None, **kw: Any) -> Any:
+        req = (
+            CreateScheduleRequest(request)
+            if request
+            else CreateScheduleRequest(parent=kw["parent"], schedule=kw["schedule"])
+        )
+        self.created_schedules.append(req)
+        schedule = Schedule(req.schedule)
+        schedule.name = f"{req.parent}/schedules/{len(self.schedules) + 100}"
+        schedule.state = Schedule.State.ACTIVE
+        self.schedules[schedule.name] = schedule
+        return schedule
+
+    def list_schedules(self, request: Any = None, **kw: Any) -> Any:
+        self.calls.append(("list_schedules", request.filter))
+        wanted = request.filter.partition('"')[2].rstrip('"') if request.filter else None
+        return [s for s in self.schedules.values() if wanted in (None, s.display_name)]
+
+    def update_schedule(self, request: Any = None, **kw: Any) -> Any:
+        req = UpdateScheduleRequest(schedule=kw["schedule"], update_mask=kw["update_mask"])
+        self.updates.append(req)
+        return req.schedule
+
+    def _by_name(self, method: str, name: str) -> None:
+        self.calls.append((method, name))
+        if name not in self.schedules:
+            raise exceptions.NotFound(f"Schedule {name} not found")
+
+    def pause_schedule(self, request: Any = None, *, name: str = "", **kw: Any) -> None:
+        self._by_name("pause_schedule", name)
+
+    def resume_schedule(self, request: Any = None, *, name: str = "", **kw: Any) -> None:
+        self._by_name("resume_schedule", name)
+
+    def delete_schedule(self, request: Any = None, *, name: str = "", **kw: Any) -> None:
+        self._by_name("delete_schedule", name)
+
+    def get_metadata_store(self, request: Any = None, *, name: str, **kw: Any) -> Any:
+        return MetadataStore(name=name)
+
+    def get_context(self, request: Any = None, *, name: str, **kw: Any) -> Any:
+        return Context(
+            name=name, schema_title="system.Experiment", metadata={"experiment_deleted": False}
+        )
+
+    def add_context_children(
+        self, request: Any = None, *, context: str, child_contexts: list[str], **kw: Any
+    ) -> None:
+        self.experiment_children.append((context, list(child_contexts)))
 
 
 class FakeModelService:
