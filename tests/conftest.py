@@ -127,7 +127,7 @@ TIERS = {
         "test_deploy_vertex.py", "test_evaluate_registry.py", "test_evaluate_units.py",
         "test_flex_template.py", "test_infra_from_stack.py", "test_infra_policy.py",
         "test_infra_stack.py", "test_launcher_gke.py", "test_launcher_vertex.py",
-        "test_pytorchjob_manifest.py", "test_rbac.py",
+        "test_pytorchjob_manifest.py", "test_rbac.py", "test_secrets.py",
         "test_rendezvous_kubernetes.py", "test_train_step.py", "test_trainer_config.py",
         "test_validation.py",
     ),

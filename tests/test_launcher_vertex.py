@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.recording import Recorded, Router
-from fakes.vertex import FakeHttp
+from fakes.recording import FakeHttp, Recorded, Router
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1
 
@@ -403,60 +402,3 @@ def test_the_hf_token_is_read_at_run_time_by_secret_name(tmp_path: Path, golden:
     golden.check("vertex_create_custom_job.json", create.body)
     with pytest.raises(ValueError, match="must not carry the HF token"):
         build_custom_job(launch=launch(), env={"HF_TOKEN": "x"})
-
-
-def test_secret_manager_read_is_optional() -> None:
-    """components/secrets.py against Secret Manager's REST API (answered at the HTTP boundary):
-    the value when the secret exists, None (and a note) when it is missing or not readable."""
-    import base64
-
-    from google.cloud import secretmanager
-
-    from components.secrets import read_secret, secret_version_name
-
-    name = secret_version_name("llmft-hf-token", "p")
-    assert name == "projects/p/secrets/llmft-hf-token/versions/latest"
-    assert secret_version_name("projects/q/secrets/s/versions/3", "p").startswith("projects/q/")
-    router = Router()
-    payload = {"data": base64.b64encode(b"the-value\n").decode()}
-    router.on("GET", f"/v1/{name}:access", (200, {"name": name, "payload": payload}))
-    router.on(
-        "GET",
-        "/v1/projects/p/secrets/denied/versions/latest:access",
-        (403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}),
-    )
-    client = secretmanager.SecretManagerServiceClient(
-        credentials=AnonymousCredentials(), transport="rest"
-    )
-    client._transport._session.mount("https://", FakeHttp(router))
-    assert read_secret(name, client) == "the-value"
-    assert read_secret("projects/p/secrets/missing/versions/latest", client) is None
-    assert read_secret("projects/p/secrets/denied/versions/latest", client) is None
-
-
-def test_pipeline_tasks_load_the_token_only_when_needed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tasks on Vertex (evaluate, preprocess) read the token by name into their own env; an
-    HF_TOKEN already set (KFP mounts the Secret) or no project/secret (local) is left alone."""
-    import base64
-
-    from google.cloud import secretmanager
-
-    from components.secrets import load_hf_token
-
-    name = "projects/p/secrets/llmft-hf-token/versions/latest"
-    router = Router()
-    router.on(
-        "GET",
-        f"/v1/{name}:access",
-        (200, {"name": name, "payload": {"data": base64.b64encode(b"tok").decode()}}),
-    )
-    client = secretmanager.SecretManagerServiceClient(
-        credentials=AnonymousCredentials(), transport="rest"
-    )
-    client._transport._session.mount("https://", FakeHttp(router))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    assert not load_hf_token(project="", secret="llmft-hf-token", client=client)
-    assert load_hf_token(project="p", secret="llmft-hf-token", client=client)
-    assert os.environ["HF_TOKEN"] == "tok"
-    assert not load_hf_token(project="p", secret="llmft-hf-token", client=client)  # already set
-    assert len(router.requests) == 1

@@ -1,6 +1,7 @@
 """Fakes at the cloud control-plane boundary, one module per service, and nothing else.
 
-- `recording`: what they share: the recorded request, a route table, a loopback HTTP server;
+- `recording`: what they share: the recorded request, a route table, a `requests` transport
+  answering from it (Google REST clients: Vertex, Secret Manager), a loopback HTTP server;
 - `k8s_api`: the Kubernetes API (in-process REST layer or a loopback server), with the RBAC
   permission each request needs;
 - `vertex`: Vertex AI's REST transport (CustomJobs) and GAPIC clients (pipelines, schedules);

@@ -1,7 +1,9 @@
 """What every fake here shares: the recorded request, a route table, a local HTTP server.
 
 `Router` answers requests from canned replies per (method, path regex), in order, and records them;
-`LocalHttpServer` is a real HTTP server on loopback for SDKs that must be exercised over the wire.
+`FakeHttp` answers from a `Router` as a `requests` transport adapter (Google's REST clients: mount
+it on the client's session); `LocalHttpServer` is a real HTTP server on loopback for SDKs that must
+be exercised over the wire.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import requests
 
 Reply = tuple[int, Any]
 
@@ -149,3 +154,35 @@ class LocalHttpServer:
 
     def calls(self, method: str, path: str) -> list[Recorded]:
         return [r for r in self.requests if r.method == method and r.path == path]
+
+
+class FakeHttp(requests.adapters.BaseAdapter):
+    """A `requests` transport adapter answering from a `Router` (mount it on a session)."""
+
+    def __init__(self, router: Router) -> None:
+        super().__init__()
+        self.router = router
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        parts = urlsplit(request.url or "")
+        body = request.body
+        if isinstance(body, bytes):
+            body = body.decode()
+        status, payload = self.router.answer(
+            Recorded(
+                request.method or "",
+                parts.path,
+                dict(parse_qsl(parts.query)),
+                json.loads(body) if body else None,
+            )
+        )
+        response = requests.Response()
+        response.status_code = status
+        response._content = json.dumps(payload).encode()
+        response.headers["content-type"] = "application/json"
+        response.request = request
+        response.url = request.url or ""
+        return response
+
+    def close(self) -> None:
+        pass

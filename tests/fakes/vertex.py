@@ -1,7 +1,6 @@
 """Vertex AI, faked at its two client boundaries.
 
-- `FakeHttp`: a `requests` transport adapter answering from a `Router` (the REST transport the
-  Vertex CustomJob launcher uses): mount it on a session.
+- the CustomJob launcher's REST transport: mount `fakes.recording.FakeHttp` on its session;
 - `FakeModelService`: an in-memory Model Registry behind ModelServiceClient's methods;
 - `FakeVertex`: replaces methods of the GAPIC service clients (PipelineService, ScheduleService,
   MetadataService: the gRPC boundary) and records the request protos the real `aiplatform` SDK
@@ -10,11 +9,8 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlsplit
 
-import requests
 from google.api_core import exceptions, operation
 from google.cloud.aiplatform.utils import gcs_utils
 from google.cloud.aiplatform_v1.services.metadata_service import MetadataServiceClient
@@ -34,40 +30,6 @@ from google.cloud.aiplatform_v1.types import (
 from google.cloud.aiplatform_v1.types import model as gca_model
 from google.longrunning import operations_pb2
 from google.protobuf import any_pb2, timestamp_pb2
-
-from fakes.recording import Recorded, Router
-
-
-class FakeHttp(requests.adapters.BaseAdapter):
-    """A `requests` transport adapter answering from a `Router` (mount it on a session)."""
-
-    def __init__(self, router: Router) -> None:
-        super().__init__()
-        self.router = router
-
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
-        parts = urlsplit(request.url or "")
-        body = request.body
-        if isinstance(body, bytes):
-            body = body.decode()
-        status, payload = self.router.answer(
-            Recorded(
-                request.method or "",
-                parts.path,
-                dict(parse_qsl(parts.query)),
-                json.loads(body) if body else None,
-            )
-        )
-        response = requests.Response()
-        response.status_code = status
-        response._content = json.dumps(payload).encode()
-        response.headers["content-type"] = "application/json"
-        response.request = request
-        response.url = request.url or ""
-        return response
-
-    def close(self) -> None:
-        pass
 
 
 class FakeVertex:
