@@ -85,6 +85,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture
+def fake_registry(monkeypatch: pytest.MonkeyPatch):
+    """Vertex Model Registry in memory (project my-project, us-central1) under the real SDK."""
+    from fakes.vertex import install_model_registry
+
+    return install_model_registry(monkeypatch, "my-project", "us-central1")
+
+
+@pytest.fixture
 def golden(request: pytest.FixtureRequest):
     """`golden.check("name.json", data)`: compare with a reviewed file under tests/golden/."""
     from goldens import Golden

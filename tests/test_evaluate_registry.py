@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 from fakes.vertex import FakeModelService
 from google.auth.credentials import AnonymousCredentials
-from google.cloud.aiplatform import initializer
-from google.cloud.aiplatform_v1.services.model_service import ModelServiceClient
 from google.cloud.aiplatform_v1.types import model_service
 
 from components import registry
@@ -22,21 +20,6 @@ from components import registry
 PROJECT, LOCATION = "my-project", "us-central1"
 PARENT = f"projects/{PROJECT}/locations/{LOCATION}"
 IMAGE = "us-docker.pkg.dev/my-project/serving/vllm:0.11.0"
-
-
-@pytest.fixture
-def fake_registry(monkeypatch: pytest.MonkeyPatch) -> FakeModelService:
-    fake = FakeModelService(PARENT)
-    for method in ("upload_model", "get_model", "list_models", "list_model_versions"):
-        monkeypatch.setattr(
-            ModelServiceClient, method, lambda self, *a, _m=method, **k: getattr(fake, _m)(*a, **k)
-        )
-    # A fresh SDK config per test: the SDK resolves some objects with its global credentials.
-    monkeypatch.setattr(initializer, "global_config", initializer._Config())
-    initializer.global_config.init(
-        project=PROJECT, location=LOCATION, credentials=AnonymousCredentials()
-    )
-    return fake
 
 
 def _register(**overrides: Any) -> registry.RegisteredVersion:

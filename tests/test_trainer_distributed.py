@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from packed_fixtures import read_jsonl, write_packed_dataset
+from trainer_pause.sitecustomize import pause_env
 
 from components.ports import ReservedPort
 
@@ -39,7 +40,6 @@ SHARDED = ("--data-parallel", "shard")
 EVAL_ROWS = 3
 
 
-PAUSED_TRAINER = str(REPO / "tests" / "launcher_workers" / "paused_trainer.py")
 PAUSE_AT_STEP = 2
 
 
@@ -50,7 +50,7 @@ def start_run(
     nodes: int = 2,
     nproc: int = 2,
     extra: tuple[str, ...] = (),
-    entry: tuple[str, ...] = ("-m", "trainer"),
+    env: dict[str, str] | None = None,
 ):
     """`nodes` torchrun agents (own sessions, like separate machines) running the trainer.
 
@@ -58,10 +58,9 @@ def start_run(
     out.mkdir(parents=True, exist_ok=True)
     port, rdzv_id = ReservedPort(), uuid.uuid4().hex[:12]
     env = {
-        **os.environ,
+        **(env or os.environ),
         "OMP_NUM_THREADS": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "LLMFT_TEST_PAUSE_AT_STEP": str(PAUSE_AT_STEP),
     }
     procs = []
     for node in range(nodes):
@@ -69,7 +68,7 @@ def start_run(
             sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
             f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={port.endpoint}",
             f"--rdzv-id={rdzv_id}", "--max-restarts=0", "--monitor-interval=0.2",
-            *entry, "--model", str(model), "--data", str(data), "--output", str(out),
+            "-m", "trainer", "--model", str(model), "--data", str(data), "--output", str(out),
             *ARGS, *extra,
         ]  # fmt: skip
         with open(out / f"agent{node}.log", "ab") as log:
@@ -195,10 +194,13 @@ def test_sigterm_saves_and_rerun_resumes_matching_uninterrupted(
     uninterrupted: Path, tiny_model_dir: Path, packed_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run_b"
-    procs = start_run(tiny_model_dir, packed_dir, out, extra=SHARDED, entry=(PAUSED_TRAINER,))
+    paused = tmp_path / "paused"
+    paused.mkdir()
+    env = pause_env(PAUSE_AT_STEP, str(paused))
+    procs = start_run(tiny_model_dir, packed_dir, out, extra=SHARDED, env=env)
     try:
         # Every rank waits after step PAUSE_AT_STEP until its SIGTERM arrives: preempt then.
-        while len(list(out.glob("paused.rank*"))) < 4:
+        while len(list(paused.glob("paused.rank*"))) < 4:
             if any(p.poll() is not None for p in procs):
                 pytest.fail("a run ended before it was preempted:\n" + logs(out))
             time.sleep(0.1)  # polling for the files, not waiting for time to pass

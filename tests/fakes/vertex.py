@@ -1,7 +1,8 @@
 """Vertex AI, faked at its two client boundaries.
 
 - the CustomJob launcher's REST transport: mount `fakes.recording.FakeHttp` on its session;
-- `FakeModelService`: an in-memory Model Registry behind ModelServiceClient's methods;
+- `FakeModelService`: an in-memory Model Registry behind ModelServiceClient's methods
+  (`install_model_registry`; the `fake_registry` fixture in tests/conftest.py);
 - `FakeVertex`: replaces methods of the GAPIC service clients (PipelineService, ScheduleService,
   MetadataService: the gRPC boundary) and records the request protos the real `aiplatform` SDK
   builds.
@@ -212,3 +213,22 @@ class FakeModelService:
         if request.name not in self.models:
             raise exceptions.NotFound(f"model {request.name} not found")
         return list(self.models[request.name])
+
+
+def install_model_registry(monkeypatch: Any, project: str, location: str) -> FakeModelService:
+    """Put a `FakeModelService` behind ModelServiceClient and give the SDK a fresh config with
+    anonymous credentials (it resolves some objects with its global credentials)."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud.aiplatform import initializer
+    from google.cloud.aiplatform_v1.services.model_service import ModelServiceClient
+
+    fake = FakeModelService(f"projects/{project}/locations/{location}")
+    for method in ("upload_model", "get_model", "list_models", "list_model_versions"):
+        monkeypatch.setattr(
+            ModelServiceClient, method, lambda self, *a, _m=method, **k: getattr(fake, _m)(*a, **k)
+        )
+    monkeypatch.setattr(initializer, "global_config", initializer._Config())
+    initializer.global_config.init(
+        project=project, location=location, credentials=AnonymousCredentials()
+    )
+    return fake
