@@ -484,7 +484,7 @@ def tls_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
         )
         import time
 
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a failsafe: it returns as soon as etcd is healthy
         while not client.healthy():
             assert time.monotonic() < deadline and proc.poll() is None, "TLS etcd did not start"
             time.sleep(0.1)
