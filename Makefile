@@ -9,7 +9,7 @@ DEMO_REAL_DIR ?= runs/demo-real
 .PHONY: help install demo demo-real test test-fast test-unit test-integration test-e2e rehearsal lint format compile clean
 
 help:  ## show this help
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v etcd >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
