@@ -6,10 +6,10 @@ PIP := $(VENV)/bin/pip
 DEMO_DIR ?= runs/demo
 DEMO_REAL_DIR ?= runs/demo-real
 
-.PHONY: help install demo demo-real test test-fast rehearsal lint format compile clean
+.PHONY: help install demo demo-real test test-fast test-unit test-integration test-e2e rehearsal lint format compile clean
 
 help:  ## show this help
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v etcd >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
@@ -38,8 +38,17 @@ demo-real: install  ## the same pipeline on a real pretrained model: SmolLM2-135
 test: install lint  ## lint, type-check and run the test suite (CPU)
 	$(VENV)/bin/pytest -q
 
-test-fast: install  ## tests without the slow end-to-end ones
-	$(VENV)/bin/pytest -q -m 'not slow and not gpu and not cloud'
+test-fast: install  ## tests without the slow ones
+	$(VENV)/bin/pytest -q -m 'not slow and not gpu'
+
+test-unit: install  ## unit tier: in process, cloud APIs faked at their boundary (docs/testing.md)
+	$(VENV)/bin/pytest -q -m 'unit and not gpu'
+
+test-integration: install  ## integration tier: real etcd, torchrun, Beam, kfp.local, GCS emulator
+	$(VENV)/bin/pytest -q -m 'integration and not gpu'
+
+test-e2e: install  ## e2e tier: a user's command end to end
+	$(VENV)/bin/pytest -q -m 'e2e and not gpu'
 
 rehearsal: install  ## the whole chain with every URI on gs:// (a local GCS emulator), full size
 	$(VENV)/bin/pytest -q --rehearsal tests/test_gcs_chain.py tests/test_storage.py

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,21 +45,17 @@ def worker() -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_once(backend: str, nnodes: int, nproc: int) -> dict[str, float]:
     from components.etcd import local as etcd_local
+    from components.ports import ReservedPort
 
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         start = time.time()
         if backend == "c10d":
-            endpoint = f"127.0.0.1:{_free_port()}"
+            store_port = ReservedPort()  # held until the agents are done (components/ports.py)
+            endpoint = store_port.endpoint
         else:
             endpoint = etcd_local.start(run_id, root=out / "state", enable_v2=backend == "etcd-v2")
         healthy = time.time()
@@ -80,7 +75,9 @@ def run_once(backend: str, nnodes: int, nproc: int) -> dict[str, float]:
             codes = [agent.wait(timeout=300) for agent in agents]
             done = time.time()
         finally:
-            if backend != "c10d":
+            if backend == "c10d":
+                store_port.release()
+            else:
                 etcd_local.stop(run_id, root=out / "state")
         if codes != [0] * nnodes:
             raise SystemExit(f"agents failed with exit codes {codes}")

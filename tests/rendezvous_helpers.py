@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from components.etcd import local as etcd_local
 
@@ -98,46 +94,3 @@ def agent_logs(out: Path) -> str:
         f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
         for p in sorted(out.glob("agent*.log"))
     )
-
-
-Responder = Callable[[str, str, dict[str, Any] | None], tuple[int, dict[str, Any]]]
-
-
-class FakeApiServer:
-    """Records requests; `respond(method, path, body) -> (status, json)` answers them."""
-
-    def __init__(self, respond: Responder) -> None:
-        self.requests: list[tuple[str, str, dict[str, Any] | None]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                server.requests.append((self.command, self.path, body))
-                status, payload = respond(self.command, self.path, body)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_DELETE = do_PATCH = _handle
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
-        from kubernetes import client
-
-        config = client.Configuration()
-        config.host = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self.api_client = client.ApiClient(config)
-
-    def close(self) -> None:
-        self.api_client.close()
-        self._httpd.shutdown()
-        self._httpd.server_close()

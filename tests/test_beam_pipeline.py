@@ -290,24 +290,19 @@ def test_dataflow_job_request_is_built_offline():
         assert step in names
 
 
-def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, monkeypatch):
+def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, monkeypatch, golden):
     """Submission is the cloud boundary: a fake result stands in for DataflowPipelineResult."""
+    from fakes.dataflow import FakeDataflowResult
+
     import beam_preprocess.pipeline as pipeline_module
     from components.preprocess_step import run_preprocess_step
     from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
 
-    class FakeDataflowResult:
-        def job_id(self) -> str:
-            return "2026-12-02_10_00_00-123"
-
-        def wait_until_finish(self) -> str:
-            return "JOB_STATE_DONE"
-
     seen = {}
 
     def fake_launch(argv):
-        _options, config = pipeline_module.parse_options(argv)  # the real validation
-        seen["argv"] = argv
+        options, config = pipeline_module.parse_options(argv)  # the real validation
+        seen["argv"], seen["options"] = argv, options.get_all_options(drop_default=True)
         identity = TokenizerIdentity("tok", 10, 1, 0, None, "f")
         return pipeline_module.LaunchedRun(FakeDataflowResult(), config, identity, "DataflowRunner")
 
@@ -339,7 +334,10 @@ def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, mon
         ]
     }
     assert result["metadata"]["rows"] == 1
-    assert "--project=llmft-project" in seen["argv"]
+    # What Dataflow is asked to run: the pipeline's argv and the options Beam parsed from it.
+    golden.check(
+        "dataflow_pipeline_options.json", {"argv": seen["argv"], "options": seen["options"]}
+    )
 
 
 def test_beam_side_never_imports_torch_or_trainer():

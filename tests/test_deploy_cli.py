@@ -7,16 +7,18 @@ import hashlib
 import json
 import re
 import shlex
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_fakes import FakeKfp, FakeRegistry, FakeVertex, service_account_key
 from deploy_pipeline import small_templates
+from fakes.google_auth import service_account_key
+from fakes.kfp_api import FakeKfp, FakeRegistry
+from fakes.vertex import FakeVertex
 from typer.testing import CliRunner
 
+from components.ports import ReservedPort
 from pipelines.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,10 +217,8 @@ def test_missing_or_unreachable_kfp_host_is_one_clear_line(
     ]
     line = _one_line_error(_invoke(args))
     assert "no KFP host: pass --host" in line and "kubectl port-forward" in line
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    line = _one_line_error(_invoke([*args, "--host", f"http://127.0.0.1:{port}"]))
+    with ReservedPort() as port:  # a port nobody listens on
+        line = _one_line_error(_invoke([*args, "--host", f"http://127.0.0.1:{port}"]))
     assert f"cannot reach KFP at http://127.0.0.1:{port}" in line
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_fakes import FakeKfp, FakeRegistry
 from deploy_pipeline import small_templates
+from fakes.kfp_api import FakeKfp, FakeRegistry
+from goldens import without_timestamp
 
 from pipelines.deploy.clients import kfp_client
 from pipelines.deploy.config import load_for
@@ -84,8 +85,19 @@ def test_upload_creates_the_pipeline_then_adds_versions(
     assert version_uploads[1].files["uploadfile"] == changed.read_bytes()
 
 
+def _stable(body: dict[str, Any]) -> dict[str, Any]:
+    """A request body without what changes per submission or per KFP release: the timestamp in
+    the generated display name, and the compiled template (checked by the asserts and by
+    tests/test_compile.py)."""
+    stable = dict(body)
+    stable["display_name"] = without_timestamp(stable["display_name"])
+    if "pipeline_spec" in stable:
+        stable["pipeline_spec"] = "<the compiled template>"
+    return stable
+
+
 def test_run_submits_into_the_experiment_and_follows_it(
-    kfp_api: FakeKfp, templates: dict[str, Path]
+    kfp_api: FakeKfp, templates: dict[str, Path], golden: Any
 ) -> None:
     import datetime as dt
 
@@ -121,6 +133,7 @@ def test_run_submits_into_the_experiment_and_follows_it(
         for t in spec["pipeline_spec"]["root"]["dag"]["tasks"].values()
     ]
     assert caching == [None, None]  # enable_caching=False clears every task's cache flag
+    golden.check("kfp_create_run.json", _stable(body))
     assert submitted.url == f"{kfp_api.url}/#/runs/details/{submitted.run_id}"
     assert submitted.state == "SUCCEEDED"
     assert [line.split(" ", 1)[1] for line in lines[1:]] == ["RUNNING", "SUCCEEDED"]
@@ -148,7 +161,7 @@ def test_run_of_an_uploaded_version(kfp_api: FakeKfp, templates: dict[str, Path]
 
 
 def test_schedule_translates_cron_and_keeps_the_placeholder(
-    kfp_api: FakeKfp, templates: dict[str, Path]
+    kfp_api: FakeKfp, templates: dict[str, Path], golden: Any
 ) -> None:
     config = _config(
         kfp_api,
@@ -172,6 +185,7 @@ def test_schedule_translates_cron_and_keeps_the_placeholder(
     )
     (request,) = kfp_api.calls("POST", "/apis/v2beta1/recurringruns")
     body = request.body
+    golden.check("kfp_create_recurring_run.json", _stable(body))
     assert body["display_name"] == "weekly-fine-tune"
     assert body["trigger"] == {
         "cron_schedule": {

@@ -4,13 +4,15 @@ SDK builds from our settings (anonymous credentials; only the GAPIC methods are 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_fakes import FakeVertex
 from deploy_pipeline import small_templates
+from fakes.vertex import FakeVertex
+from goldens import without_timestamp
 from google.auth.credentials import AnonymousCredentials
 
 from pipelines.deploy.config import load_for
@@ -51,8 +53,23 @@ def _params(pipeline_job: Any) -> dict[str, Any]:
     return dict(pipeline_job.runtime_config.parameter_values)
 
 
+def _stable(request: Any) -> dict[str, Any]:
+    """The request proto as JSON without what changes per submission or per KFP release: the
+    generated job id and the compiled template (checked by the asserts and tests/test_compile.py)."""
+    data = json.loads(
+        type(request).to_json(
+            request, use_integers_for_enums=False, always_print_fields_with_no_presence=False
+        )
+    )
+    job = data.get("pipelineJob") or data["schedule"]["createPipelineJobRequest"]["pipelineJob"]
+    job["pipelineSpec"] = "<the compiled template>"
+    if "pipelineJobId" in data:
+        data["pipelineJobId"] = without_timestamp(data["pipelineJobId"])
+    return data
+
+
 def test_submit_builds_the_pipeline_job_request(
-    vertex: FakeVertex, templates: dict[str, Path]
+    vertex: FakeVertex, templates: dict[str, Path], golden: Any
 ) -> None:
     from google.cloud.aiplatform_v1.types import PipelineFailurePolicy
 
@@ -74,6 +91,7 @@ def test_submit_builds_the_pipeline_job_request(
         report=lines.append,
     )
     (request,) = vertex.jobs
+    golden.check("vertex_create_pipeline_job.json", _stable(request))
     job = request.pipeline_job
     assert request.parent == PARENT
     assert request.pipeline_job_id.startswith("llmft-fine-tune-")
@@ -149,7 +167,7 @@ def test_nothing_is_sent_when_the_config_or_template_is_wrong(
 
 
 def test_schedule_builds_the_create_schedule_request(
-    vertex: FakeVertex, templates: dict[str, Path]
+    vertex: FakeVertex, templates: dict[str, Path], golden: Any
 ) -> None:
     from google.cloud.aiplatform_v1.types import Schedule
 
@@ -167,6 +185,7 @@ def test_schedule_builds_the_create_schedule_request(
         config, credentials=AnonymousCredentials(), report=lambda _: None
     )
     (request,) = vertex.created_schedules
+    golden.check("vertex_create_schedule.json", _stable(request))
     schedule = request.schedule
     assert request.parent == PARENT
     assert schedule.display_name == "weekly-fine-tune"

@@ -11,110 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from google.api_core import exceptions, operation
+from fakes.vertex import FakeModelService
 from google.auth.credentials import AnonymousCredentials
-from google.cloud.aiplatform import initializer
-from google.cloud.aiplatform_v1.services.model_service import ModelServiceClient
-from google.cloud.aiplatform_v1.types import model as gca_model
 from google.cloud.aiplatform_v1.types import model_service
-from google.longrunning import operations_pb2
-from google.protobuf import any_pb2, timestamp_pb2
 
 from components import registry
 
 PROJECT, LOCATION = "my-project", "us-central1"
 PARENT = f"projects/{PROJECT}/locations/{LOCATION}"
 IMAGE = "us-docker.pkg.dev/my-project/serving/vllm:0.11.0"
-
-
-class FakeModelService:
-    """An in-memory Model Registry behind ModelServiceClient's methods."""
-
-    def __init__(self) -> None:
-        self.requests: list[Any] = []
-        self.models: dict[str, list[gca_model.Model]] = {}  # model name -> versions
-
-    def _add(self, model: gca_model.Model, parent_model: str | None) -> gca_model.Model:
-        name = parent_model or f"{PARENT}/models/{1000 + len(self.models)}"
-        versions = self.models.setdefault(name, [])
-        stored = gca_model.Model(model)
-        stored.name = name
-        stored.version_id = str(len(versions) + 1)
-        stored.version_create_time = timestamp_pb2.Timestamp(seconds=1_700_000_000 + len(versions))
-        if parent_model and versions:
-            stored.display_name = versions[0].display_name
-        if "default" in stored.version_aliases:
-            for other in versions:
-                other.version_aliases = [a for a in other.version_aliases if a != "default"]
-        versions.append(stored)
-        return stored
-
-    def upload_model(self, request: Any = None, **_: Any) -> operation.Operation:
-        self.requests.append(request)
-        stored = self._add(request.model, request.parent_model or None)
-        response = model_service.UploadModelResponse(
-            model=stored.name, model_version_id=stored.version_id
-        )
-        packed = any_pb2.Any()
-        packed.Pack(model_service.UploadModelResponse.pb(response))
-        op = operations_pb2.Operation(
-            name=f"{stored.name}/operations/1", done=True, response=packed
-        )
-        return operation.Operation(
-            op,
-            refresh=lambda: op,
-            cancel=lambda: None,
-            result_type=model_service.UploadModelResponse,
-            metadata_type=model_service.UploadModelOperationMetadata,
-        )
-
-    def get_model(self, request: Any = None, name: str | None = None, **_: Any) -> gca_model.Model:
-        full = name or request.name
-        self.requests.append(model_service.GetModelRequest(name=full))
-        base, _, version = full.partition("@")
-        versions = self.models.get(base)
-        if not versions:
-            raise exceptions.NotFound(f"model {full} not found")
-        for v in versions:
-            if version in (v.version_id, *v.version_aliases) or (
-                not version and "default" in v.version_aliases
-            ):
-                return v
-        raise exceptions.NotFound(f"version {full} not found")
-
-    def list_models(self, request: Any = None, **_: Any) -> list[gca_model.Model]:
-        # Like the GAPIC client, accept a dict (the SDK's list helpers pass one) or the proto.
-        request = model_service.ListModelsRequest(request)
-        self.requests.append(request)
-        wanted = request.filter.partition("=")[2].strip('"')
-        found = [
-            next(v for v in versions if "default" in v.version_aliases)
-            for versions in self.models.values()
-            if versions[0].display_name == wanted
-        ]
-        return list(reversed(found))
-
-    def list_model_versions(self, request: Any = None, **_: Any) -> list[gca_model.Model]:
-        request = model_service.ListModelVersionsRequest(request)
-        self.requests.append(request)
-        if request.name not in self.models:
-            raise exceptions.NotFound(f"model {request.name} not found")
-        return list(self.models[request.name])
-
-
-@pytest.fixture
-def fake_registry(monkeypatch: pytest.MonkeyPatch) -> FakeModelService:
-    fake = FakeModelService()
-    for method in ("upload_model", "get_model", "list_models", "list_model_versions"):
-        monkeypatch.setattr(
-            ModelServiceClient, method, lambda self, *a, _m=method, **k: getattr(fake, _m)(*a, **k)
-        )
-    # A fresh SDK config per test: the SDK resolves some objects with its global credentials.
-    monkeypatch.setattr(initializer, "global_config", initializer._Config())
-    initializer.global_config.init(
-        project=PROJECT, location=LOCATION, credentials=AnonymousCredentials()
-    )
-    return fake
 
 
 def _register(**overrides: Any) -> registry.RegisteredVersion:

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_evaluate_registry import FakeModelService, fake_registry  # noqa: F401 (fixture)
+from fakes.vertex import FakeModelService
+from trainer_pause.sitecustomize import pause_env
 
 from trainer import storage
 
@@ -54,6 +55,9 @@ class Chain:
     @property
     def max_steps(self) -> int:
         return 40 if self.full else 12
+
+
+PAUSE_AT_STEP = 2
 
 
 def _lines(path: Path, n: int | None) -> str:
@@ -130,11 +134,11 @@ def test_preprocess_writes_dataset_rejected_and_manifest_to_gcs(chain: Chain) ->
 class Follower:
     """A running `llmft train`: its output lines, read as they come."""
 
-    def __init__(self, chain: Chain, *args: str) -> None:
+    def __init__(self, chain: Chain, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pipelines.cli", "train", *args],
             cwd=REPO,
-            env=chain.env,
+            env=env or chain.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -185,8 +189,8 @@ class Follower:
 
 
 @contextlib.contextmanager
-def following(chain: Chain, *args: str) -> Iterator[Follower]:
-    run = Follower(chain, *args)
+def following(chain: Chain, *args: str, env: dict[str, str] | None = None) -> Iterator[Follower]:
+    run = Follower(chain, *args, env=env)
     try:
         yield run
     finally:
@@ -227,7 +231,7 @@ def _metric_steps(chain: Chain) -> list[int]:
     ]
 
 
-def test_train_on_gcs_is_interrupted_and_resumes(chain: Chain) -> None:
+def test_train_on_gcs_is_interrupted_and_resumes(chain: Chain, tmp_path: Path) -> None:
     run_id = "gcs-chain"
     args = [
         "--model", chain.uri("models/base"), "--data", chain.uri("dataset"),
@@ -237,7 +241,12 @@ def test_train_on_gcs_is_interrupted_and_resumes(chain: Chain) -> None:
         "--set", "log_every=1", "--set", "micro_batch_size=2", "--set", "tensorboard=false",
         "--set", "eval_max_rows=8", "--set", f"eval_at_end={str(chain.full).lower()}",
     ]  # fmt: skip
-    with following(chain, *args) as run:
+    # The short run preempts where every rank waits (tests/trainer_pause); the full one after a
+    # restart, once a step past the restart was logged.
+    paused = tmp_path / "paused"
+    paused.mkdir()
+    env = None if chain.full else pause_env(PAUSE_AT_STEP, str(paused), chain.env)
+    with following(chain, *args, env=env) as run:
         if chain.full:
             # kill -9 of one worker: torchrun restarts the group, which resumes from the gs://
             # checkpoint. (Left to the rehearsal: a restart costs about a minute here.)
@@ -252,7 +261,7 @@ def test_train_on_gcs_is_interrupted_and_resumes(chain: Chain) -> None:
                 lambda: any("[trainer.metrics] step" in x for x in run.lines[resumed_at:]),
             )
         else:
-            run.wait_for("a metrics line in the bucket", lambda: bool(_metric_steps(chain)))
+            run.wait_for("every rank paused", lambda: len(list(paused.glob("paused.*"))) == 4)
         # SIGTERM (a preemption) to `llmft train`: every rank saves, then the run stops.
         run.proc.send_signal(signal.SIGTERM)
         code = run.finish()
@@ -260,6 +269,8 @@ def test_train_on_gcs_is_interrupted_and_resumes(chain: Chain) -> None:
     assert any("SIGTERM: saved step" in line for line in run.lines), run.tail()
     saved = max(_complete_steps(chain))
     assert saved < chain.max_steps
+    if not chain.full:  # the ranks agree to stop in the step after the pause
+        assert saved == PAUSE_AT_STEP + 1, run.tail()
     assert not storage.exists(chain.uri("run/summary.json"))
 
     done = llmft(chain, "train", *[a if a != run_id else f"{run_id}-2" for a in args])
@@ -289,7 +300,7 @@ def test_evaluate_reads_and_writes_gcs(chain: Chain) -> None:
     assert storage.exists(chain.uri("eval/generations.jsonl"))
 
 
-def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelService) -> None:  # noqa: F811
+def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelService) -> None:
     from components.registry import register_model_artifact
 
     summary = json.loads(storage.read_text(chain.uri("run/summary.json")))

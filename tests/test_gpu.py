@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from packed_fixtures import read_jsonl, write_packed_dataset
+
+from components.ports import ReservedPort
 
 pytestmark = [
     pytest.mark.gpu,
@@ -37,18 +38,17 @@ def test_trainer_bf16_fsdp2_on_one_gpu_learns_and_exports(
         {"train": records, "eval": records[:40]},
         seq_len=256,
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ReservedPort()  # held until the trainer's store listens on it, i.e. for the run
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)}  # fmt: skip
     out = tmp_path / "run"
-    proc = subprocess.run(
+    with port:
+        proc = subprocess.run(
         [sys.executable, "-m", "trainer", "--model", str(tiny_model_dir), "--data", str(data),
          "--output", str(out), "--max-steps", "30", "--lr", "3e-3", "--log-every", "1",
          "--tensorboard", "false"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = [
         json.loads(line)["loss"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infra_mocks import GKE_CONFIG, VERTEX_CONFIG, stack
+from fakes.pulumi_mocks import GKE_CONFIG, VERTEX_CONFIG, stack
 from typer.testing import CliRunner
 
 from pipelines.cli import app

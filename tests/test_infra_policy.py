@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from infra_mocks import GKE_CONFIG, VERTEX_CONFIG, RecordingMocks, run_stack, stack
+from fakes.pulumi_mocks import GKE_CONFIG, VERTEX_CONFIG, RecordingMocks, run_stack, stack
 
 
 def _pairs(mocks: RecordingMocks) -> list[tuple[str, dict[str, Any]]]:

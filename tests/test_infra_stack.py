@@ -1,6 +1,6 @@
 """The Pulumi program in infra/, run under Pulumi's unit-test mocks: every resource and grant.
 
-No Pulumi service, CLI or cloud: `tests/infra_mocks.py` records what the program registers.
+No Pulumi service, CLI or cloud: `tests/fakes/pulumi_mocks.py` records what the program registers.
 The expected grants below are the review copy of docs/deploy/README.md's IAM section.
 """
 
@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
-from infra_mocks import GKE_CONFIG, INFRA_DIR, VERTEX_CONFIG, RecordingMocks, run_stack, stack
+from fakes.pulumi_mocks import (
+    GKE_CONFIG,
+    INFRA_DIR,
+    VERTEX_CONFIG,
+    RecordingMocks,
+    run_stack,
+    stack,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "my-project"

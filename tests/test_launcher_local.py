@@ -102,15 +102,15 @@ def test_two_nodes_two_procs_succeed(tmp_path: Path) -> None:
 def test_failing_node_stops_the_others_and_is_reported(tmp_path: Path) -> None:
     launcher = LocalLauncher(log=lambda line: None, state_root=tmp_path / "state", grace_s=5)
     launch = _launch(tmp_path, "fail")
-    started = time.monotonic()
     result = launcher.run(launch, timeout=240)
 
     assert result.status == "failed"
     # The last global rank lives on one node; that node's agent fails, the other is stopped.
     assert result.failed_node in (0, 1) and result.exit_code not in (0, None)
+    # The survivors sleep for an hour: a node's exit status (not "timed out") as the result means
+    # the healthy node was stopped, not waited for.
     assert f"node {result.failed_node} exited with status" in result.message
     assert any("boom: simulated worker failure" in line for line in result.log_tail)
-    assert time.monotonic() - started < 120  # the healthy node was stopped, not waited for
     with pytest.raises(LaunchFailed, match="boom"):
         result.raise_for_status()
     _assert_nothing_left(launcher, launch.run_id)
@@ -176,7 +176,8 @@ def test_cleanup_from_another_launcher_kills_the_run(tmp_path: Path) -> None:
     owner.start(launch)
     try:
         deadline = time.monotonic() + 120
-        while not any("] ready " in line for line in ready) and time.monotonic() < deadline:
+        while not any("] ready " in line for line in ready):  # the worker says it is up
+            assert time.monotonic() < deadline, ready
             time.sleep(0.2)
         assert (state_root / launch.rdzv_id / "launcher.json").exists()
         removed = get_launcher("local", state_root=state_root, grace_s=5).cleanup(launch.run_id)

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.recording import FakeHttp, Recorded, Router
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1
-from launcher_fakes import FakeHttp, Recorded, Router
 
 from components.launchers import TrainLaunch
-from components.launchers.local import free_port
 from components.launchers.vertex import VertexLauncher, build_custom_job
+from components.ports import ReservedPort
 from trainer.config import TrainConfig
 
 RUN = "fine-tune-20261202-abc"
@@ -106,7 +106,7 @@ def test_custom_job_proto_has_two_pools_and_the_rendezvous_at_the_primary() -> N
     assert "use c10d" in str(err.value) and "accelerator_type='H100'" in str(err.value)
 
 
-def test_create_request_gcp_resources_and_success(tmp_path: Path) -> None:
+def test_create_request_gcp_resources_and_success(tmp_path: Path, golden: Any) -> None:
     router = Router()
     no_previous_jobs(router)
     router.on(
@@ -125,16 +125,9 @@ def test_create_request_gcp_resources_and_success(tmp_path: Path) -> None:
 
     assert result.ok and result.details["job"] == JOB
     [create] = router.sent("POST", JOBS)
-    expected = build_custom_job(
-        launch=launch(),
-        machine_type="a3-highgpu-8g",
-        service_account="trainer@p.iam.gserviceaccount.com",
-        network="projects/42/global/networks/vpc",
-        reserved_ip_ranges=["training-range"],
-        timeout_s=3600,
-    )
-    # The wire body, parsed back with the SDK's own type, is exactly the job we built.
-    assert aiplatform_v1.CustomJob.from_json(json.dumps(create.body)) == expected
+    golden.check("vertex_create_custom_job_a3.json", create.body)
+    # The wire body parses back with the SDK's own type (no unknown field).
+    aiplatform_v1.CustomJob.from_json(json.dumps(create.body))
     assert create.body["jobSpec"]["reservedIpRanges"] == ["training-range"]
     assert create.body["jobSpec"]["scheduling"]["timeout"] == "3600s"
     assert json.loads(gcp_resources.read_text()) == {
@@ -231,6 +224,7 @@ def test_cleanup_cancels_active_jobs_with_the_run_label() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # two real processes form a gloo group
 def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
     """Run the primary's and the worker pool's command as two local processes with the
     CLUSTER_SPEC Vertex would set: they must form one 2-process group."""
@@ -243,8 +237,8 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
         ),
         accelerator_type=None,
     )
-    port = free_port()
-    spec = {"cluster": {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": ["127.0.0.1:1"]}}
+    port = ReservedPort()  # held until the primary's c10d store listens on it
+    spec = {"cluster": {"workerpool0": [port.endpoint], "workerpool1": ["127.0.0.1:1"]}}
     env = {
         **os.environ,
         "CLUSTER_SPEC": json.dumps(spec),
@@ -264,7 +258,8 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
         )
         for pool in job.job_spec.worker_pool_specs
     ]
-    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    with port:
+        outputs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert json.loads((tmp_path / "summary.json").read_text())["world_size"] == 2
 
@@ -387,7 +382,7 @@ def test_a_launcher_that_fails_cancels_the_job_it_started() -> None:
     assert len(router.sent("POST", f"/v1/{JOB}:cancel")) == 1
 
 
-def test_the_hf_token_is_read_at_run_time_by_secret_name(tmp_path: Path) -> None:
+def test_the_hf_token_is_read_at_run_time_by_secret_name(tmp_path: Path, golden: Any) -> None:
     """The create request (golden file, reviewed) names the secret; no token value anywhere."""
     router = Router()
     no_previous_jobs(router)
@@ -404,66 +399,6 @@ def test_the_hf_token_is_read_at_run_time_by_secret_name(tmp_path: Path) -> None
     )
     assert launcher.run(launch(nodes=2, nproc_per_node=2), timeout=30).ok
     [create] = router.sent("POST", JOBS)
-    golden = json.loads(
-        (Path(__file__).parent / "golden" / "vertex_create_custom_job.json").read_text()
-    )
-    assert create.body == golden
+    golden.check("vertex_create_custom_job.json", create.body)
     with pytest.raises(ValueError, match="must not carry the HF token"):
         build_custom_job(launch=launch(), env={"HF_TOKEN": "x"})
-
-
-def test_secret_manager_read_is_optional() -> None:
-    """components/secrets.py against Secret Manager's REST API (answered at the HTTP boundary):
-    the value when the secret exists, None (and a note) when it is missing or not readable."""
-    import base64
-
-    from google.cloud import secretmanager
-
-    from components.secrets import read_secret, secret_version_name
-
-    name = secret_version_name("llmft-hf-token", "p")
-    assert name == "projects/p/secrets/llmft-hf-token/versions/latest"
-    assert secret_version_name("projects/q/secrets/s/versions/3", "p").startswith("projects/q/")
-    router = Router()
-    payload = {"data": base64.b64encode(b"the-value\n").decode()}
-    router.on("GET", f"/v1/{name}:access", (200, {"name": name, "payload": payload}))
-    router.on(
-        "GET",
-        "/v1/projects/p/secrets/denied/versions/latest:access",
-        (403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}),
-    )
-    client = secretmanager.SecretManagerServiceClient(
-        credentials=AnonymousCredentials(), transport="rest"
-    )
-    client._transport._session.mount("https://", FakeHttp(router))
-    assert read_secret(name, client) == "the-value"
-    assert read_secret("projects/p/secrets/missing/versions/latest", client) is None
-    assert read_secret("projects/p/secrets/denied/versions/latest", client) is None
-
-
-def test_pipeline_tasks_load_the_token_only_when_needed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tasks on Vertex (evaluate, preprocess) read the token by name into their own env; an
-    HF_TOKEN already set (KFP mounts the Secret) or no project/secret (local) is left alone."""
-    import base64
-
-    from google.cloud import secretmanager
-
-    from components.secrets import load_hf_token
-
-    name = "projects/p/secrets/llmft-hf-token/versions/latest"
-    router = Router()
-    router.on(
-        "GET",
-        f"/v1/{name}:access",
-        (200, {"name": name, "payload": {"data": base64.b64encode(b"tok").decode()}}),
-    )
-    client = secretmanager.SecretManagerServiceClient(
-        credentials=AnonymousCredentials(), transport="rest"
-    )
-    client._transport._session.mount("https://", FakeHttp(router))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    assert not load_hf_token(project="", secret="llmft-hf-token", client=client)
-    assert load_hf_token(project="p", secret="llmft-hf-token", client=client)
-    assert os.environ["HF_TOKEN"] == "tok"
-    assert not load_hf_token(project="p", secret="llmft-hf-token", client=client)  # already set
-    assert len(router.requests) == 1

@@ -23,6 +23,7 @@ from rendezvous_helpers import local_etcd
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from components.etcd import local as etcd_local
+from components.ports import ReservedPort
 from trainer.rendezvous.etcd_v3 import handler_entry_point
 from trainer.rendezvous.etcd_v3_client import (
     EtcdV3Client,
@@ -129,7 +130,8 @@ def test_lease_expiry_and_revoke_delete_keys(client: EtcdV3Client) -> None:
 
 
 def test_fails_over_to_a_live_endpoint(endpoint: str) -> None:
-    dead = f"127.0.0.1:{etcd_local._free_port()}"
+    reserved = ReservedPort()  # nobody listens on it while the test holds it
+    dead = reserved.endpoint
     client = EtcdV3Client([dead, endpoint], timeout=2)
     assert client.healthy()
     client.put("/failover", b"1")
@@ -137,6 +139,7 @@ def test_fails_over_to_a_live_endpoint(endpoint: str) -> None:
     client.delete("/failover")
     with pytest.raises(EtcdV3ConnectionError, match=dead):
         EtcdV3Client([dead], timeout=1).get("/x")
+    reserved.release()
 
 
 # -- backend ----------------------------------------------------------------------------------
@@ -286,7 +289,7 @@ def test_crashed_agent_registration_expires(client: EtcdV3Client) -> None:
     survivor = _lease(client, prefix, "survivor")
     import time
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # etcd expires the 3 s lease; generous for a loaded machine
     while client.count_prefix(prefix + "nodes/") > 1:
         assert time.monotonic() < deadline
         time.sleep(0.2)
@@ -456,7 +459,8 @@ def tls_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
             f"{name}.crt",
             cwd=d,
         )
-    port, peer = etcd_local._free_port(), etcd_local._free_port()
+    reserved, reserved_peer = ReservedPort(), ReservedPort()  # released once etcd listens
+    port, peer = reserved.port, reserved_peer.port
     url = f"https://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [
@@ -481,10 +485,12 @@ def tls_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
         )
         import time
 
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a failsafe: it returns as soon as etcd is healthy
         while not client.healthy():
             assert time.monotonic() < deadline and proc.poll() is None, "TLS etcd did not start"
             time.sleep(0.1)
+        reserved.release()
+        reserved_peer.release()
         yield f"127.0.0.1:{port}", d
     finally:
         proc.terminate()

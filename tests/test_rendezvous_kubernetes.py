@@ -12,8 +12,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from fakes.k8s_api import KubeApiServer, Responder
 from kubernetes import client
-from rendezvous_helpers import FakeApiServer, Responder
 
 from components.etcd import kubernetes as k8s_etcd
 from components.run_identity import K8S_RUN_LABEL, safe_run_id
@@ -24,11 +24,11 @@ K8S_VERSION = "1.30.0"
 
 
 @pytest.fixture
-def fake_api() -> Iterator[Callable[[Responder], FakeApiServer]]:
-    servers: list[FakeApiServer] = []
+def fake_api() -> Iterator[Callable[[Responder], KubeApiServer]]:
+    servers: list[KubeApiServer] = []
 
-    def make(respond: Responder) -> FakeApiServer:
-        servers.append(FakeApiServer(respond))
+    def make(respond: Responder) -> KubeApiServer:
+        servers.append(KubeApiServer(respond))
         return servers[-1]
 
     yield make
@@ -55,9 +55,12 @@ def _status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
     [{}, {"storage_class": "premium-rwo", "storage_size": "2Gi"}, {"tls_secret": "etcd-tls"}],
     ids=["emptydir", "ssd-pvc", "tls"],
 )
-def test_manifests_validate_against_kubernetes_schemas(options: dict[str, Any]) -> None:
+def test_manifests_validate_against_kubernetes_schemas(
+    options: dict[str, Any], golden: Any, request: pytest.FixtureRequest
+) -> None:
     manifests = k8s_etcd.build_etcd_manifests(run_id=RUN_ID, namespace=NS, **options)
     assert [m["kind"] for m in manifests] == ["StatefulSet", "Service", "NetworkPolicy"]
+    golden.check(f"etcd_manifests_{request.node.callspec.id}.json", manifests)
     for manifest in manifests:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         labels = manifest["metadata"]["labels"]
@@ -136,31 +139,26 @@ def _created(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
 
 
 def test_create_posts_statefulset_then_owned_service_and_network_policy(
-    fake_api: Callable[[Responder], FakeApiServer],
+    fake_api: Callable[[Responder], KubeApiServer], golden: Any
 ) -> None:
     server = fake_api(_created)
     endpoint = k8s_etcd.create_etcd(
         server.api_client, run_id=RUN_ID, namespace=NS, owner=WORKFLOW, enable_v2=True
     )
     assert endpoint == f"llmft-etcd-{safe_run_id(RUN_ID)}.{NS}.svc.cluster.local:2379"
-    assert [(m, p) for m, p, _ in server.requests] == [
+    assert [(r.method, r.path) for r in server.requests] == [
         ("POST", f"/apis/apps/v1/namespaces/{NS}/statefulsets"),
         ("POST", f"/api/v1/namespaces/{NS}/services"),
         ("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"),
     ]
-    sts, service, policy = k8s_etcd.build_etcd_manifests(
-        run_id=RUN_ID, namespace=NS, enable_v2=True
-    )
-    by_sts = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "name": sts["metadata"]["name"],
-        "uid": "uid-StatefulSet",
-    }
-    sts["metadata"]["ownerReferences"] = [WORKFLOW]
-    service["metadata"]["ownerReferences"] = [by_sts]
-    policy["metadata"]["ownerReferences"] = [by_sts]
-    assert [body for _, _, body in server.requests] == [sts, service, policy]
+    bodies = [r.body for r in server.requests]
+    golden.check("k8s_create_etcd_requests.json", bodies)
+    # The StatefulSet belongs to the run's Workflow; the Service and the policy to the StatefulSet.
+    sts, service, policy = bodies
+    assert sts["metadata"]["ownerReferences"] == [WORKFLOW]
+    by_sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "uid": "uid-StatefulSet"}
+    for owned in (service, policy):
+        assert owned["metadata"]["ownerReferences"] == [{**by_sts, "name": sts["metadata"]["name"]}]
     for manifest in (sts, service, policy):
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
@@ -186,7 +184,7 @@ def test_network_policy_admits_only_the_runs_pods() -> None:
 
 
 def test_adopt_gives_an_ownerless_statefulset_to_the_training_job(
-    fake_api: Callable[[Responder], FakeApiServer],
+    fake_api: Callable[[Responder], KubeApiServer],
 ) -> None:
     job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j", "uid": "job-1"}
     owners: list[Any] = []
@@ -200,12 +198,12 @@ def test_adopt_gives_an_ownerless_statefulset_to_the_training_job(
     server = fake_api(respond)
     assert k8s_etcd.adopt_etcd(server.api_client, run_id=RUN_ID, namespace=NS, owner=job)
     patch = server.requests[-1]
-    assert patch[0] == "PATCH" and patch[2] == {"metadata": {"ownerReferences": [job]}}
+    assert patch.method == "PATCH" and patch.body == {"metadata": {"ownerReferences": [job]}}
     owners.append(WORKFLOW)  # owned by the run's Workflow already: left alone
     assert not k8s_etcd.adopt_etcd(server.api_client, run_id=RUN_ID, namespace=NS, owner=job)
 
 
-def test_create_reuses_existing_objects(fake_api: Callable[[Responder], FakeApiServer]) -> None:
+def test_create_reuses_existing_objects(fake_api: Callable[[Responder], KubeApiServer]) -> None:
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "GET":  # the existing StatefulSet, read for its uid
             return 200, {"kind": "StatefulSet", "metadata": {"name": "x", "uid": "sts-1"}}
@@ -213,18 +211,18 @@ def test_create_reuses_existing_objects(fake_api: Callable[[Responder], FakeApiS
 
     server = fake_api(respond)
     k8s_etcd.create_etcd(server.api_client, run_id=RUN_ID, namespace=NS)  # no exception
-    assert [m for m, _, _ in server.requests] == ["POST", "GET", "POST", "POST"]
-    assert server.requests[2][2]["metadata"]["ownerReferences"][0]["uid"] == "sts-1"
+    assert [r.method for r in server.requests] == ["POST", "GET", "POST", "POST"]
+    assert server.requests[2].body["metadata"]["ownerReferences"][0]["uid"] == "sts-1"
 
 
-def test_create_raises_other_errors(fake_api: Callable[[Responder], FakeApiServer]) -> None:
+def test_create_raises_other_errors(fake_api: Callable[[Responder], KubeApiServer]) -> None:
     server = fake_api(lambda method, path, body: _status(403, "Forbidden"))
     with pytest.raises(client.ApiException) as info:
         k8s_etcd.create_etcd(server.api_client, run_id=RUN_ID, namespace=NS)
     assert info.value.status == 403
 
 
-def test_wait_returns_when_ready(fake_api: Callable[[Responder], FakeApiServer]) -> None:
+def test_wait_returns_when_ready(fake_api: Callable[[Responder], KubeApiServer]) -> None:
     polls = iter([0, 0, 1])
 
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -239,14 +237,14 @@ def test_wait_returns_when_ready(fake_api: Callable[[Responder], FakeApiServer])
     naps: list[float] = []
     k8s_etcd.wait_etcd_ready(server.api_client, run_id=RUN_ID, namespace=NS, sleep=naps.append)
     name = k8s_etcd.etcd_name(RUN_ID)
-    assert [p for _, p, _ in server.requests] == [
+    assert [r.path for r in server.requests] == [
         f"/apis/apps/v1/namespaces/{NS}/statefulsets/{name}/status"
     ] * 3
     assert naps == [2.0, 2.0]
 
 
 def test_wait_timeout_reports_pod_state_and_events(
-    fake_api: Callable[[Responder], FakeApiServer],
+    fake_api: Callable[[Responder], KubeApiServer],
 ) -> None:
     pod_name = f"{k8s_etcd.etcd_name(RUN_ID)}-0"
 
@@ -312,13 +310,13 @@ def test_wait_timeout_reports_pod_state_and_events(
     message = str(info.value)
     assert "ImagePullBackOff" in message and "Failed to pull image" in message
     assert "Pending" in message
-    pod_query = next(p for _, p, _ in server.requests if "/pods" in p)
-    assert "labelSelector=" in pod_query and "app.kubernetes.io%2Fcomponent%3Detcd" in pod_query
-    event_query = next(p for _, p, _ in server.requests if "/events" in p)
-    assert f"involvedObject.name%3D{pod_name}" in event_query
+    pod_query = next(r.query for r in server.requests if "/pods" in r.path)
+    assert "app.kubernetes.io/component=etcd" in pod_query["labelSelector"]
+    event_query = next(r.query for r in server.requests if "/events" in r.path)
+    assert f"involvedObject.name={pod_name}" in event_query["fieldSelector"]
 
 
-def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], FakeApiServer]) -> None:
+def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], KubeApiServer]) -> None:
     name = k8s_etcd.etcd_name(RUN_ID)
 
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -335,10 +333,10 @@ def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], FakeA
     server = fake_api(respond)
     deleted = k8s_etcd.delete_etcd(server.api_client, run_id=RUN_ID, namespace=NS)
     assert deleted == [f"StatefulSet/{name}"]
-    lists = [p for m, p, _ in server.requests if m == "GET"]
+    lists = [r.query for r in server.requests if r.method == "GET"]
     assert len(lists) == 4
-    assert all(f"{K8S_RUN_LABEL.replace('/', '%2F')}%3D{safe_run_id(RUN_ID)}" in p for p in lists)
-    deletes = [(p, b) for m, p, b in server.requests if m == "DELETE"]
+    assert all(f"{K8S_RUN_LABEL}={safe_run_id(RUN_ID)}" in q["labelSelector"] for q in lists)
+    deletes = [(r.path, r.body) for r in server.requests if r.method == "DELETE"]
     assert [p for p, _ in deletes] == [
         f"/apis/apps/v1/namespaces/{NS}/statefulsets/{name}",
         f"/api/v1/namespaces/{NS}/services/{name}",
@@ -347,7 +345,7 @@ def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], FakeA
 
 
 def test_run_owner_is_the_kfp_runs_workflow(
-    fake_api: Callable[[Responder], FakeApiServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    fake_api: Callable[[Responder], KubeApiServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     """A KFP task pod (KFP_POD_NAME) in the objects' namespace: its Argo Workflow owns them."""
     from components import k8s_client

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import requests
-from rendezvous_helpers import FakeApiServer
+from fakes.k8s_api import KubeApiServer
 
 from components import etcd_step
 from components.etcd import kubernetes as k8s_etcd
@@ -152,7 +152,7 @@ def test_step_gke_creates_waits_and_deletes() -> None:
             return 200, {"kind": "List", "items": [{"metadata": {"name": name}}]}
         return 200, {"kind": "Status", "status": "Success"}
 
-    server = FakeApiServer(respond)
+    server = KubeApiServer(respond)
     try:
         endpoint = etcd_step.etcd_up(
             backend="gke",
@@ -163,7 +163,7 @@ def test_step_gke_creates_waits_and_deletes() -> None:
             api_client=server.api_client,
         )
         assert endpoint == f"{name}.{ns}.svc.cluster.local:2379"
-        sts = next(b for m, p, b in server.requests if p.endswith("/statefulsets"))
+        sts = next(r.body for r in server.requests if r.path.endswith("/statefulsets"))
         assert "--enable-v2=true" in sts["spec"]["template"]["spec"]["containers"][0]["command"]
         assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "premium-rwo"
         removed = etcd_step.etcd_down(

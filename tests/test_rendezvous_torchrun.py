@@ -18,6 +18,7 @@ import pytest
 from rendezvous_helpers import agent_logs, local_etcd, start_agents, wait_agents
 
 from components.etcd import local as etcd_local
+from components.ports import ReservedPort
 from trainer.rendezvous.etcd_v3_client import EtcdV3Client
 from trainer.rendezvous.etcd_v3_config import DEFAULT_KEY_PREFIX
 from trainer.rendezvous.etcd_v3_lease import run_lease_id
@@ -62,10 +63,13 @@ def test_two_agents_rendezvous_and_all_reduce(backend: str, tmp_path: Path) -> N
     if backend == "c10d":
         # The agent whose address matches the endpoint hosts the store: on loopback one binds,
         # the other connects.
-        endpoint = f"127.0.0.1:{etcd_local._free_port()}"
-        rcs = wait_agents(
-            start_agents(backend=backend, endpoint=endpoint, rdzv_id=rdzv_id, out=out), 180
-        )
+        with ReservedPort() as port:  # the hosting agent's store takes it over
+            rcs = wait_agents(
+                start_agents(
+                    backend=backend, endpoint=f"127.0.0.1:{port}", rdzv_id=rdzv_id, out=out
+                ),
+                180,
+            )
         assert rcs == [0, 0], agent_logs(out)
         _assert_all_ranks(out)
         return

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 import torch
 from packed_fixtures import pack, read_jsonl, tokenize_record, write_packed_dataset
 
+from components.ports import ReservedPort
 from trainer.data import DataPosition, TrainBatches
 from trainer.packed_data.format import read_manifest
 
@@ -140,18 +140,14 @@ def test_loss_mask_never_targets_a_document_start(packed_dir: Path) -> None:
         assert set(np.unique(mb.labels()[mb.loss_mask == 0]).tolist()) == {-100}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_single(tmp_path: Path, model: Path, data: Path, *extra: str):
+    port = ReservedPort()  # held for the run: the trainer's store takes it over
     env = {
         **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port), "OMP_NUM_THREADS": "1",
     }  # fmt: skip
-    return subprocess.run(
+    with port:
+        return subprocess.run(
         [sys.executable, "-m", "trainer", "--model", str(model), "--data", str(data),
          "--output", str(tmp_path / "out"), "--max-steps", "2", *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,9 @@ from pathlib import Path
 
 import pytest
 from packed_fixtures import read_jsonl, write_packed_dataset
+from trainer_pause.sitecustomize import pause_env
+
+from components.ports import ReservedPort
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 8
@@ -38,24 +40,33 @@ SHARDED = ("--data-parallel", "shard")
 EVAL_ROWS = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PAUSE_AT_STEP = 2
 
 
 def start_run(
-    model: Path, data: Path, out: Path, nodes: int = 2, nproc: int = 2, extra: tuple[str, ...] = ()
+    model: Path,
+    data: Path,
+    out: Path,
+    nodes: int = 2,
+    nproc: int = 2,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ):
-    """`nodes` torchrun agents (own sessions, like separate machines) running the trainer."""
+    """`nodes` torchrun agents (own sessions, like separate machines) running the trainer.
+
+    The c10d store's port stays reserved while the agents start (the first one listens on it)."""
     out.mkdir(parents=True, exist_ok=True)
-    endpoint, rdzv_id = f"127.0.0.1:{_free_port()}", uuid.uuid4().hex[:12]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    port, rdzv_id = ReservedPort(), uuid.uuid4().hex[:12]
+    env = {
+        **(env or os.environ),
+        "OMP_NUM_THREADS": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
     procs = []
     for node in range(nodes):
         cmd = [
             sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-            f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={port.endpoint}",
             f"--rdzv-id={rdzv_id}", "--max-restarts=0", "--monitor-interval=0.2",
             "-m", "trainer", "--model", str(model), "--data", str(data), "--output", str(out),
             *ARGS, *extra,
@@ -71,7 +82,18 @@ def start_run(
                     start_new_session=True,
                 )
             )
+    _STORE_PORTS.append(port)  # released when the module's runs are over
     return procs
+
+
+_STORE_PORTS: list[ReservedPort] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_store_ports():
+    yield
+    for port in _STORE_PORTS:
+        port.release()
 
 
 def wait(procs, timeout: float = 300) -> list[int]:
@@ -172,15 +194,16 @@ def test_sigterm_saves_and_rerun_resumes_matching_uninterrupted(
     uninterrupted: Path, tiny_model_dir: Path, packed_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run_b"
-    procs = start_run(tiny_model_dir, packed_dir, out, extra=SHARDED)
+    paused = tmp_path / "paused"
+    paused.mkdir()
+    env = pause_env(PAUSE_AT_STEP, str(paused))
+    procs = start_run(tiny_model_dir, packed_dir, out, extra=SHARDED, env=env)
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline:  # preempt once a couple of steps are done
-            if (out / "metrics.jsonl").exists() and len(losses(out)) >= 2:
-                break
+        # Every rank waits after step PAUSE_AT_STEP until its SIGTERM arrives: preempt then.
+        while len(list(paused.glob("paused.rank*"))) < 4:
             if any(p.poll() is not None for p in procs):
                 pytest.fail("a run ended before it was preempted:\n" + logs(out))
-            time.sleep(0.05)
+            time.sleep(0.1)  # polling for the files, not waiting for time to pass
         for p in procs:
             os.kill(p.pid, signal.SIGTERM)
     finally:
@@ -192,7 +215,7 @@ def test_sigterm_saves_and_rerun_resumes_matching_uninterrupted(
     latest = latest_checkpoint(str(out / "checkpoints"))
     assert latest is not None, log_text
     saved_step = latest[0]
-    assert 2 <= saved_step < STEPS
+    assert saved_step == PAUSE_AT_STEP + 1  # the ranks agree to stop in the next step's all-reduce
     assert not (out / "summary.json").exists()
 
     codes = wait(start_run(tiny_model_dir, packed_dir, out, extra=SHARDED))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from packed_fixtures import read_jsonl, write_packed_dataset
+
+from components.ports import ReservedPort
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,14 +33,13 @@ def packed_dir(tmp_path_factory, tiny_model_dir: Path, sample_data_dir: Path) ->
 
 
 def run_trainer(model: Path, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ReservedPort()  # held for the run: the trainer's store takes it over
     env = {
         **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port), "OMP_NUM_THREADS": "1",
     }  # fmt: skip
-    return subprocess.run(
+    with port:
+        return subprocess.run(
         [sys.executable, "-m", "trainer", "--model", str(model), "--data", str(data),
          "--output", str(out), "--micro-batch-size", "2", "--log-every", "1",
          "--tensorboard", "false", *extra],

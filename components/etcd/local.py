@@ -1,4 +1,4 @@
-"""A per-run etcd as a local process: start it on free loopback ports, stop it by run id.
+"""A per-run etcd as a local process: start it on reserved loopback ports, stop it by run id.
 
 The KFP task that starts etcd is not the one that stops it (cleanup runs in an exit handler, or
 in `llmft cleanup` from a shell), so everything needed to stop it is written to a state file,
@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import requests
 
+from components.ports import LOOPBACK, ReservedPort
 from components.run_identity import run_state_dir, safe_run_id
 
 logger = logging.getLogger(__name__)
@@ -74,12 +74,6 @@ def find_etcd(binary: str | None = None) -> str:
         what = f"etcd binary {binary!r}" if binary else "no `etcd` binary on PATH"
         raise EtcdNotFoundError(f"{what} not found: {INSTALL_HINT}")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -158,47 +152,12 @@ def start(
         stop(run_id, root=root)  # unhealthy, or started with the other v2 setting
     executable = find_etcd(binary)
     path = state_file(run_id, root)
-    name = f"llmft-{safe_run_id(run_id)}"[:63]
-    last_error = ""
-    for _ in range(3):  # a free port can be taken between probing and etcd binding it
-        path.parent.mkdir(parents=True, exist_ok=True)  # a failed attempt's stop() removed it
-        client_port, peer_port = _free_port(), _free_port()
-        data_dir = tempfile.mkdtemp(prefix=f"{name}-", suffix=".etcd")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Both ports stay reserved until etcd listens on them (see components/ports.py).
+    with ReservedPort() as client_port, ReservedPort() as peer_port:
         log_file = str(path.parent / "etcd.log")
-        client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-        cmd = [
-            executable,
-            f"--name={name}",
-            f"--data-dir={data_dir}",
-            f"--listen-client-urls={client_url}",
-            f"--advertise-client-urls={client_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster={name}={peer_url}",
-            f"--initial-cluster-token={name}",
-            "--initial-cluster-state=new",
-        ]
-        if enable_v2:
-            cmd.append("--enable-v2=true")
-        # ETCD_* variables from the caller's environment would silently reconfigure etcd.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
-        with open(log_file, "ab") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=detached,
-            )
-        info = LocalEtcd(
-            run_id=run_id,
-            endpoint=f"127.0.0.1:{client_port}",
-            pid=proc.pid,
-            data_dir=data_dir,
-            log_file=log_file,
-            enable_v2=enable_v2,
-            detached=detached,
+        proc, info = _spawn(
+            executable, run_id, client_port, peer_port, log_file, enable_v2, detached
         )
         # Written before the health wait so that a cleanup racing with us can still stop it.
         path.write_text(json.dumps(asdict(info), indent=2))
@@ -211,18 +170,64 @@ def start(
                     info.endpoint,
                     proc.pid,
                     "on" if enable_v2 else "off",
-                    data_dir,
+                    info.data_dir,
                 )
                 return info.endpoint
-            time.sleep(0.1)
-        log_tail = _tail(log_file)
-        stop(run_id, root=root)
-        if proc.poll() is not None and "address already in use" in log_tail:
-            last_error = log_tail
-            continue
-        state = "exited" if proc.poll() is not None else f"was not healthy after {timeout_s:.0f} s"
-        raise RuntimeError(f"etcd for run {run_id} {state}; last log lines:\n{log_tail}")
-    raise RuntimeError(f"etcd for run {run_id} could not bind free ports:\n{last_error}")
+            time.sleep(0.1)  # polling /health, not waiting for time to pass
+    log_tail = _tail(info.log_file)
+    stop(run_id, root=root)
+    state = "exited" if proc.poll() is not None else f"was not healthy after {timeout_s:.0f} s"
+    raise RuntimeError(f"etcd for run {run_id} {state}; last log lines:\n{log_tail}")
+
+
+def _spawn(
+    executable: str,
+    run_id: str,
+    client_port: int,
+    peer_port: int,
+    log_file: str,
+    enable_v2: bool,
+    detached: bool,
+) -> tuple[subprocess.Popen[bytes], LocalEtcd]:
+    """Start a single-member etcd on the given loopback ports, in a fresh temp data dir."""
+    name = f"llmft-{safe_run_id(run_id)}"[:63]
+    data_dir = tempfile.mkdtemp(prefix=f"{name}-", suffix=".etcd")
+    client_url, peer_url = f"http://{LOOPBACK}:{client_port}", f"http://{LOOPBACK}:{peer_port}"
+    cmd = [
+        executable,
+        f"--name={name}",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster={name}={peer_url}",
+        f"--initial-cluster-token={name}",
+        "--initial-cluster-state=new",
+    ]
+    if enable_v2:
+        cmd.append("--enable-v2=true")
+    # ETCD_* variables from the caller's environment would silently reconfigure etcd.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=detached,
+        )
+    info = LocalEtcd(
+        run_id=run_id,
+        endpoint=f"{LOOPBACK}:{client_port}",
+        pid=proc.pid,
+        data_dir=data_dir,
+        log_file=log_file,
+        enable_v2=enable_v2,
+        detached=detached,
+    )
+    return proc, info
 
 
 def status(run_id: str, *, root: str | Path | None = None) -> LocalEtcd | None:

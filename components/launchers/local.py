@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -43,18 +42,13 @@ from components.launchers.base import (
     LogSink,
     TrainLaunch,
 )
+from components.ports import ReservedPort
 from components.run_identity import run_state_dir, safe_run_id
 from trainer import storage
 
 MARKER_ENV = "LLMFT_LAUNCHER_RUN"
 """Environment variable that marks every process of a local run (inherited by torchrun workers)."""
 STATE_FILE = "launcher.json"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def marked_pids(run_id: str) -> list[int]:
@@ -182,6 +176,7 @@ class LocalLauncher(Launcher):
         self._state: _RunState | None = None
         self._started_at = 0.0
         self._finished = False
+        self._store_port: ReservedPort | None = None
         self._lock = threading.Lock()
 
     # ---- paths and state ----------------------------------------------------------------------
@@ -242,8 +237,10 @@ class LocalLauncher(Launcher):
         assert self._state is not None
         if launch.rdzv_backend == "c10d":
             # The agent whose hostname matches the endpoint hosts the c10d store; on loopback the
-            # first agent to bind wins and the others connect (torch retries as a client).
-            return f"127.0.0.1:{free_port()}"
+            # first agent to bind wins and the others connect (torch retries as a client). The
+            # port stays reserved for the run (see components/ports.py), released in _finish.
+            self._store_port = ReservedPort()
+            return self._store_port.endpoint
         from components.etcd import local as etcd_local
 
         # Detached: a terminal's Ctrl-C reaches the whole foreground group; etcd must outlive the
@@ -394,6 +391,8 @@ class LocalLauncher(Launcher):
                 node.log_file.close()
             if node.proc.stdout is not None:
                 node.proc.stdout.close()
+        if self._store_port is not None:
+            self._store_port.release()
         if self._state.etcd_started:
             from components.etcd import local as etcd_local
 

@@ -17,7 +17,7 @@ from typing import Any
 import pulumi
 import yaml
 
-INFRA_DIR = Path(__file__).resolve().parents[1] / "infra"
+INFRA_DIR = Path(__file__).resolve().parents[2] / "infra"
 if str(INFRA_DIR) not in sys.path:
     sys.path.insert(0, str(INFRA_DIR))
 

@@ -1,0 +1,234 @@
+"""Vertex AI, faked at its two client boundaries.
+
+- the CustomJob launcher's REST transport: mount `fakes.recording.FakeHttp` on its session;
+- `FakeModelService`: an in-memory Model Registry behind ModelServiceClient's methods
+  (`install_model_registry`; the `fake_registry` fixture in tests/conftest.py);
+- `FakeVertex`: replaces methods of the GAPIC service clients (PipelineService, ScheduleService,
+  MetadataService: the gRPC boundary) and records the request protos the real `aiplatform` SDK
+  builds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from google.api_core import exceptions, operation
+from google.cloud.aiplatform.utils import gcs_utils
+from google.cloud.aiplatform_v1.services.metadata_service import MetadataServiceClient
+from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
+from google.cloud.aiplatform_v1.services.schedule_service import ScheduleServiceClient
+from google.cloud.aiplatform_v1.types import (
+    Context,
+    CreatePipelineJobRequest,
+    CreateScheduleRequest,
+    MetadataStore,
+    PipelineJob,
+    PipelineState,
+    Schedule,
+    UpdateScheduleRequest,
+    model_service,
+)
+from google.cloud.aiplatform_v1.types import model as gca_model
+from google.longrunning import operations_pb2
+from google.protobuf import any_pb2, timestamp_pb2
+
+
+class FakeVertex:
+    """Records the request protos the aiplatform SDK sends to PipelineService, ScheduleService
+    and MetadataService, and answers like them (in memory)."""
+
+    _METHODS: ClassVar[dict[type, tuple[str, ...]]] = {
+        PipelineServiceClient: ("create_pipeline_job", "get_pipeline_job"),
+        ScheduleServiceClient: (
+            "create_schedule", "list_schedules", "update_schedule", "pause_schedule",
+            "resume_schedule", "delete_schedule",
+        ),
+        MetadataServiceClient: ("get_metadata_store", "get_context", "add_context_children"),
+    }  # fmt: skip
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.jobs: list[Any] = []  # CreatePipelineJobRequest
+        self.schedules: dict[str, Any] = {}  # name -> Schedule
+        self.created_schedules: list[Any] = []  # CreateScheduleRequest
+        self.updates: list[Any] = []  # UpdateScheduleRequest
+        self.calls: list[tuple[str, str]] = []
+        self.experiment_children: list[tuple[str, list[str]]] = []
+        self.states = ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"]
+        for cls, names in self._METHODS.items():
+            for name in names:
+                monkeypatch.setattr(
+                    cls, name, lambda client, *a, _m=name, **k: getattr(self, _m)(*a, **k)
+                )
+        # PipelineJob.submit creates the pipeline-root bucket through Cloud Storage first.
+        monkeypatch.setattr(
+            gcs_utils,
+            "create_gcs_bucket_for_pipeline_artifacts_if_it_does_not_exist",
+            lambda **kw: None,
+        )
+
+    def create_pipeline_job(self, request: Any = None, **kw: Any) -> Any:
+        req = CreatePipelineJobRequest(request) if request else CreatePipelineJobRequest(
+            parent=kw["parent"], pipeline_job=kw["pipeline_job"],
+            pipeline_job_id=kw.get("pipeline_job_id"),
+        )  # fmt: skip
+        self.jobs.append(req)
+        job = PipelineJob(req.pipeline_job)
+        job.name = f"{req.parent}/pipelineJobs/{req.pipeline_job_id}"
+        job.state = PipelineState.PIPELINE_STATE_PENDING
+        job.job_detail.pipeline_run_context.name = (
+            f"{req.parent}/metadataStores/default/contexts/{req.pipeline_job_id}"
+        )
+        return job
+
+    def get_pipeline_job(self, request: Any = None, *, name: str, **kw: Any) -> Any:
+        job = PipelineJob(self.jobs[-1].pipeline_job, name=name)
+        job.job_detail.pipeline_run_context.name = f"{name}-context"
+        state = self.states.pop(0) if self.states else "PIPELINE_STATE_SUCCEEDED"
+        job.state = PipelineState[state]
+        return job
+
+    def create_schedule(self, request: Any = None, **kw: Any) -> Any:
+        req = (
+            CreateScheduleRequest(request)
+            if request
+            else CreateScheduleRequest(parent=kw["parent"], schedule=kw["schedule"])
+        )
+        self.created_schedules.append(req)
+        schedule = Schedule(req.schedule)
+        schedule.name = f"{req.parent}/schedules/{len(self.schedules) + 100}"
+        schedule.state = Schedule.State.ACTIVE
+        self.schedules[schedule.name] = schedule
+        return schedule
+
+    def list_schedules(self, request: Any = None, **kw: Any) -> Any:
+        self.calls.append(("list_schedules", request.filter))
+        wanted = request.filter.partition('"')[2].rstrip('"') if request.filter else None
+        return [s for s in self.schedules.values() if wanted in (None, s.display_name)]
+
+    def update_schedule(self, request: Any = None, **kw: Any) -> Any:
+        req = UpdateScheduleRequest(schedule=kw["schedule"], update_mask=kw["update_mask"])
+        self.updates.append(req)
+        return req.schedule
+
+    def _by_name(self, method: str, name: str) -> None:
+        self.calls.append((method, name))
+        if name not in self.schedules:
+            raise exceptions.NotFound(f"Schedule {name} not found")
+
+    def pause_schedule(self, request: Any = None, *, name: str = "", **kw: Any) -> None:
+        self._by_name("pause_schedule", name)
+
+    def resume_schedule(self, request: Any = None, *, name: str = "", **kw: Any) -> None:
+        self._by_name("resume_schedule", name)
+
+    def delete_schedule(self, request: Any = None, *, name: str = "", **kw: Any) -> None:
+        self._by_name("delete_schedule", name)
+
+    def get_metadata_store(self, request: Any = None, *, name: str, **kw: Any) -> Any:
+        return MetadataStore(name=name)
+
+    def get_context(self, request: Any = None, *, name: str, **kw: Any) -> Any:
+        return Context(
+            name=name, schema_title="system.Experiment", metadata={"experiment_deleted": False}
+        )
+
+    def add_context_children(
+        self, request: Any = None, *, context: str, child_contexts: list[str], **kw: Any
+    ) -> None:
+        self.experiment_children.append((context, list(child_contexts)))
+
+
+class FakeModelService:
+    """An in-memory Model Registry behind ModelServiceClient's methods (records request protos,
+    answers with real response protos). `parent`: `projects/P/locations/L`."""
+
+    def __init__(self, parent: str) -> None:
+        self.parent = parent
+        self.requests: list[Any] = []
+        self.models: dict[str, list[gca_model.Model]] = {}  # model name -> versions
+
+    def _add(self, model: gca_model.Model, parent_model: str | None) -> gca_model.Model:
+        name = parent_model or f"{self.parent}/models/{1000 + len(self.models)}"
+        versions = self.models.setdefault(name, [])
+        stored = gca_model.Model(model)
+        stored.name = name
+        stored.version_id = str(len(versions) + 1)
+        stored.version_create_time = timestamp_pb2.Timestamp(seconds=1_700_000_000 + len(versions))
+        if parent_model and versions:
+            stored.display_name = versions[0].display_name
+        if "default" in stored.version_aliases:
+            for other in versions:
+                other.version_aliases = [a for a in other.version_aliases if a != "default"]
+        versions.append(stored)
+        return stored
+
+    def upload_model(self, request: Any = None, **_: Any) -> operation.Operation:
+        self.requests.append(request)
+        stored = self._add(request.model, request.parent_model or None)
+        response = model_service.UploadModelResponse(
+            model=stored.name, model_version_id=stored.version_id
+        )
+        packed = any_pb2.Any()
+        packed.Pack(model_service.UploadModelResponse.pb(response))
+        op = operations_pb2.Operation(
+            name=f"{stored.name}/operations/1", done=True, response=packed
+        )
+        return operation.Operation(
+            op,
+            refresh=lambda: op,
+            cancel=lambda: None,
+            result_type=model_service.UploadModelResponse,
+            metadata_type=model_service.UploadModelOperationMetadata,
+        )
+
+    def get_model(self, request: Any = None, name: str | None = None, **_: Any) -> gca_model.Model:
+        full = name or request.name
+        self.requests.append(model_service.GetModelRequest(name=full))
+        base, _, version = full.partition("@")
+        versions = self.models.get(base)
+        if not versions:
+            raise exceptions.NotFound(f"model {full} not found")
+        for v in versions:
+            if version in (v.version_id, *v.version_aliases) or (
+                not version and "default" in v.version_aliases
+            ):
+                return v
+        raise exceptions.NotFound(f"version {full} not found")
+
+    def list_models(self, request: Any = None, **_: Any) -> list[gca_model.Model]:
+        # Like the GAPIC client, accept a dict (the SDK's list helpers pass one) or the proto.
+        request = model_service.ListModelsRequest(request)
+        self.requests.append(request)
+        wanted = request.filter.partition("=")[2].strip('"')
+        found = [
+            next(v for v in versions if "default" in v.version_aliases)
+            for versions in self.models.values()
+            if versions[0].display_name == wanted
+        ]
+        return list(reversed(found))
+
+    def list_model_versions(self, request: Any = None, **_: Any) -> list[gca_model.Model]:
+        request = model_service.ListModelVersionsRequest(request)
+        self.requests.append(request)
+        if request.name not in self.models:
+            raise exceptions.NotFound(f"model {request.name} not found")
+        return list(self.models[request.name])
+
+
+def install_model_registry(monkeypatch: Any, project: str, location: str) -> FakeModelService:
+    """Put a `FakeModelService` behind ModelServiceClient and give the SDK a fresh config with
+    anonymous credentials (it resolves some objects with its global credentials)."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud.aiplatform import initializer
+    from google.cloud.aiplatform_v1.services.model_service import ModelServiceClient
+
+    fake = FakeModelService(f"projects/{project}/locations/{location}")
+    for method in ("upload_model", "get_model", "list_models", "list_model_versions"):
+        monkeypatch.setattr(
+            ModelServiceClient, method, lambda self, *a, _m=method, **k: getattr(fake, _m)(*a, **k)
+        )
+    monkeypatch.setattr(initializer, "global_config", initializer._Config())
+    initializer.global_config.init(
+        project=project, location=location, credentials=AnonymousCredentials()
+    )
+    return fake
