@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import requests
 
 from components.etcd import local as etcd_local
 
@@ -28,6 +31,32 @@ def local_etcd(run_id: str, root: Path, *, enable_v2: bool = False) -> Iterator[
         yield endpoint
     finally:
         etcd_local.stop(run_id, root=root)
+
+
+# gRPC methods a rendezvous uses (the JSON gateway forwards each request as one of them).
+ETCD_METHODS = ("Range", "Txn", "Put", "DeleteRange", "LeaseGrant", "LeaseKeepAlive", "LeaseRevoke")
+_HANDLED = re.compile(r'^grpc_server_handled_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\S+)$', re.M)
+_GAUGES = {
+    "proposals": "etcd_server_proposals_committed_total",
+    "revision": "etcd_debugging_mvcc_current_revision",
+    "keys": "etcd_debugging_mvcc_keys_total",
+    "watchers": "etcd_debugging_mvcc_watcher_total",
+}
+
+
+def etcd_load(endpoint: str) -> dict[str, int]:
+    """etcd's own counters from its /metrics: requests handled per gRPC method (ETCD_METHODS),
+    raft proposals committed (every write, including a compare-and-set that failed), the
+    revision (successful writes), keys and watchers."""
+    text = requests.get(f"http://{endpoint}/metrics", timeout=10).text
+    load = dict.fromkeys(ETCD_METHODS, 0)
+    for method, value in _HANDLED.findall(text):
+        if method in load:
+            load[method] += int(float(value))
+    for name, metric in _GAUGES.items():
+        found = re.search(rf"^{metric} (\S+)$", text, re.M)
+        load[name] = int(float(found.group(1))) if found else -1
+    return load
 
 
 def start_agents(
