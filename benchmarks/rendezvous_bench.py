@@ -10,10 +10,13 @@ over `--procs` processes (threads inside each, as N torchrun agents would run th
 all (each grants/joins the run lease and registers its node), then release them at once into
 `next_rendezvous()` and wait until every one has its rank and the world size (including the
 MASTER_ADDR/PORT exchange through the store that torchrun's agents do). Reported per N:
-`all_joined_s` (release -> last agent has rank and world size) and the etcd load of that phase
-from etcd's own /metrics: requests by gRPC method, `requests_per_agent`, `txn_per_agent`,
-revisions written, keys and watchers. Request counts do not depend on the machine's speed the way
-wall time does, so their growth with N is the scaling figure.
+`all_joined_s` (release -> last agent has rank and world size), the CPU the agents and etcd spent
+(`agents_cpu_s`, `etcd_cpu_s`) and etcd's load over that phase from its own /metrics: requests
+by gRPC method (`requests_per_agent`, `txn_per_agent`, `range_per_agent`), `writes_per_agent`
+(raft proposals: every write, failed compare-and-sets included), revisions, keys and watchers.
+Counts depend on the machine's speed far less than wall time does, so their growth with N is the
+scaling figure: `writes_per_agent_growth` and `requests_per_agent_growth` compare the largest N
+with the smallest (1.0: the total load grows linearly).
 
 `--mode torchrun` (end to end): each repeat starts a fresh local etcd (none for c10d), launches
 `--nnodes` `torchrun` agents as processes (gloo, CPU) and has every worker record the time right
@@ -27,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -44,13 +46,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def _cpu_s() -> float:
-    self_, children = (
-        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-    )
-    return self_.ru_utime + self_.ru_stime + children.ru_utime + children.ru_stime
-
-
 # -- agents mode ------------------------------------------------------------------------------
 
 
@@ -58,8 +53,9 @@ def host_agents(endpoint: str, run_id: str, count: int, world: int) -> None:
     """A process hosting `count` handlers of a `world`-agent rendezvous (driven over stdin/out).
 
     Prints `READY` once its handlers exist, waits for `GO`, runs every handler's
-    next_rendezvous() in a thread, prints one JSON line per handler, then waits for `STOP` and
-    shuts them down.
+    next_rendezvous() in a thread, prints one JSON line (per handler: rank, world size, time
+    joined; and this process's CPU seconds over the rendezvous), then waits for `STOP` and shuts
+    them down.
     """
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -69,6 +65,7 @@ def host_agents(endpoint: str, run_id: str, count: int, world: int) -> None:
     print("READY", flush=True)
     assert sys.stdin.readline().strip() == "GO"
     results: list[dict[str, Any]] = [{} for _ in handlers]
+    cpu_start = time.process_time()
 
     def join(index: int) -> None:
         try:
@@ -82,7 +79,7 @@ def host_agents(endpoint: str, run_id: str, count: int, world: int) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    print(json.dumps(results), flush=True)
+    print(json.dumps({"agents": results, "cpu_s": time.process_time() - cpu_start}), flush=True)
     assert sys.stdin.readline().strip() == "STOP"
     for handler in handlers:
         handler.shutdown()
@@ -112,23 +109,23 @@ def run_agents(agents: int, procs: int) -> dict[str, Any]:
                 if line.strip() != "READY":
                     raise SystemExit(f"agent host failed to start (exit {host.wait()})")
             before = etcd_load(endpoint)
-            cpu_before = _cpu_s()
             start = time.time()
             for host in hosts:
                 assert host.stdin
                 host.stdin.write("GO\n")
                 host.stdin.flush()
-            results = []
+            results, agents_cpu = [], 0.0
             for host in hosts:
                 assert host.stdout
-                results.extend(json.loads(host.stdout.readline() or "[]"))
+                reply = json.loads(host.stdout.readline() or '{"agents": [], "cpu_s": 0}')
+                results.extend(reply["agents"])
+                agents_cpu += reply["cpu_s"]
             after = etcd_load(endpoint)
             for host in hosts:
                 assert host.stdin
                 host.stdin.write("STOP\n")
                 host.stdin.flush()
             codes = [host.wait(timeout=120) for host in hosts]
-            cpu = _cpu_s() - cpu_before
         finally:
             for host in hosts:
                 if host.poll() is None:
@@ -142,12 +139,14 @@ def run_agents(agents: int, procs: int) -> dict[str, Any]:
     if ranks != list(range(agents)) or {r["world"] for r in results} != {agents}:
         raise SystemExit(f"rendezvous of {agents} agents gave ranks {ranks[:8]}... worlds "
                          f"{sorted({r['world'] for r in results})}")  # fmt: skip
-    load = {key: after[key] - before[key] for key in (*ETCD_METHODS, "revision", "proposals")}
+    counters = (*ETCD_METHODS, "revision", "proposals", "cpu_ms")
+    load = {key: after[key] - before[key] for key in counters}
     requests_total = sum(load[m] for m in ETCD_METHODS)
     elapsed = max(r["t"] for r in results) - start
     return {
         "all_joined_s": round(elapsed, 3),
-        "cpu_s": round(cpu, 2),
+        "agents_cpu_s": round(agents_cpu, 2),
+        "etcd_cpu_s": round(load["cpu_ms"] / 1000, 2),
         "requests_per_agent": round(requests_total / agents, 2),
         "txn_per_agent": round(load["Txn"] / agents, 2),
         "writes_per_agent": round(load["proposals"] / agents, 2),
@@ -279,9 +278,10 @@ def main() -> None:
                 print(f"agents {agents} repeat {i}: {json.dumps(runs[-1])}", flush=True)
             result[f"agents_{agents}"] = _medians(runs)
         if len(args.agents) > 1:
-            small, large = min(args.agents), max(args.agents)
-            per_agent = [result[f"agents_{n}"]["txn_per_agent"] for n in (small, large)]
-            result["txn_per_agent_growth"] = round(per_agent[1] / max(per_agent[0], 1e-9), 2)
+            small, large = (result[f"agents_{n}"] for n in (min(args.agents), max(args.agents)))
+            for key in ("writes_per_agent", "requests_per_agent"):
+                growth = large[key] / max(small[key], 1e-9)
+                result[key.replace("_per_agent", "_per_agent_growth")] = round(growth, 2)
     result["load_avg_1m"] = round(os.getloadavg()[0], 2)
     print("RESULT " + json.dumps(result))
 

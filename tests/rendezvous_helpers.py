@@ -41,13 +41,14 @@ _GAUGES = {
     "revision": "etcd_debugging_mvcc_current_revision",
     "keys": "etcd_debugging_mvcc_keys_total",
     "watchers": "etcd_debugging_mvcc_watcher_total",
+    "cpu_ms": "process_cpu_seconds_total",
 }
 
 
 def etcd_load(endpoint: str) -> dict[str, int]:
     """etcd's own counters from its /metrics: requests handled per gRPC method (ETCD_METHODS),
     raft proposals committed (every write, including a compare-and-set that failed), the
-    revision (successful writes), keys and watchers."""
+    revision (successful writes), keys, watchers and etcd's CPU time in ms."""
     text = requests.get(f"http://{endpoint}/metrics", timeout=10).text
     load = dict.fromkeys(ETCD_METHODS, 0)
     for method, value in _HANDLED.findall(text):
@@ -55,7 +56,8 @@ def etcd_load(endpoint: str) -> dict[str, int]:
             load[method] += int(float(value))
     for name, metric in _GAUGES.items():
         found = re.search(rf"^{metric} (\S+)$", text, re.M)
-        load[name] = int(float(found.group(1))) if found else -1
+        scale = 1000 if name == "cpu_ms" else 1
+        load[name] = int(float(found.group(1)) * scale) if found else -1
     return load
 
 
