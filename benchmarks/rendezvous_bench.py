@@ -28,6 +28,7 @@ Every figure is the median over `--repeats`; the last line is `RESULT {json}`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -85,6 +86,15 @@ def host_agents(endpoint: str, run_id: str, count: int, world: int) -> None:
         handler.shutdown()
 
 
+def _tell(hosts: list[subprocess.Popen[str]], word: str) -> None:
+    """Send `word` to every agent host; a host that died is reported by its exit code instead."""
+    for host in hosts:
+        assert host.stdin
+        with contextlib.suppress(BrokenPipeError):
+            host.stdin.write(word + "\n")
+            host.stdin.flush()
+
+
 def run_agents(agents: int, procs: int) -> dict[str, Any]:
     """One rendezvous of `agents` handlers over `procs` processes against a fresh etcd."""
     from rendezvous_helpers import ETCD_METHODS, etcd_load
@@ -110,10 +120,7 @@ def run_agents(agents: int, procs: int) -> dict[str, Any]:
                     raise SystemExit(f"agent host failed to start (exit {host.wait()})")
             before = etcd_load(endpoint)
             start = time.time()
-            for host in hosts:
-                assert host.stdin
-                host.stdin.write("GO\n")
-                host.stdin.flush()
+            _tell(hosts, "GO")
             results, agents_cpu = [], 0.0
             for host in hosts:
                 assert host.stdout
@@ -121,10 +128,7 @@ def run_agents(agents: int, procs: int) -> dict[str, Any]:
                 results.extend(reply["agents"])
                 agents_cpu += reply["cpu_s"]
             after = etcd_load(endpoint)
-            for host in hosts:
-                assert host.stdin
-                host.stdin.write("STOP\n")
-                host.stdin.flush()
+            _tell(hosts, "STOP")
             codes = [host.wait(timeout=120) for host in hosts]
         finally:
             for host in hosts:
