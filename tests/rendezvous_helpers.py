@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import requests
 
 from components.etcd import local as etcd_local
 
@@ -24,6 +27,34 @@ def local_etcd(run_id: str, root: Path, *, enable_v2: bool = False) -> Iterator[
         yield endpoint
     finally:
         etcd_local.stop(run_id, root=root)
+
+
+# gRPC methods a rendezvous uses (the JSON gateway forwards each request as one of them).
+ETCD_METHODS = ("Range", "Txn", "Put", "DeleteRange", "LeaseGrant", "LeaseKeepAlive", "LeaseRevoke")
+_HANDLED = re.compile(r'^grpc_server_handled_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\S+)$', re.M)
+_GAUGES = {
+    "proposals": "etcd_server_proposals_committed_total",
+    "revision": "etcd_debugging_mvcc_current_revision",
+    "keys": "etcd_debugging_mvcc_keys_total",
+    "watchers": "etcd_debugging_mvcc_watcher_total",
+    "cpu_ms": "process_cpu_seconds_total",
+}
+
+
+def etcd_load(endpoint: str) -> dict[str, int]:
+    """etcd's own counters from its /metrics: requests handled per gRPC method (ETCD_METHODS),
+    raft proposals committed (every write, including a compare-and-set that failed), the
+    revision (successful writes), keys, watchers and etcd's CPU time in ms."""
+    text = requests.get(f"http://{endpoint}/metrics", timeout=10).text
+    load = dict.fromkeys(ETCD_METHODS, 0)
+    for method, value in _HANDLED.findall(text):
+        if method in load:
+            load[method] += int(float(value))
+    for name, metric in _GAUGES.items():
+        found = re.search(rf"^{metric} (\S+)$", text, re.M)
+        scale = 1000 if name == "cpu_ms" else 1
+        load[name] = int(float(found.group(1)) * scale) if found else -1
+    return load
 
 
 def start_agents(
