@@ -176,6 +176,13 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
             direct.direct_running_mode = (
                 "multi_processing" if direct.direct_num_workers > 1 else "in_memory"
             )
+        if direct.direct_running_mode == "multi_threading":
+            # Measured with Beam 2.77: 50k records in, 49,380 accounted for (the manifest check
+            # refuses such a run, but only after all the work).
+            raise ValueError(
+                "--direct_running_mode multi_threading loses records in Beam's local runner: "
+                "use multi_processing (the default with several workers) or in_memory"
+            )
     return options, config
 
 

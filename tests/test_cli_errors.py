@@ -165,6 +165,18 @@ def test_preprocess_refuses_an_output_that_is_a_file(
     assert_user_error(result, "is a file")
 
 
+def test_preprocess_refuses_the_local_runner_mode_that_loses_records(
+    tmp_path: Path, sample_data_dir: Path, tiny_model_dir: Path
+) -> None:
+    result = llmft(
+        "preprocess", "--input", str(sample_data_dir / "train.jsonl"),
+        "--output", str(tmp_path / "out"), "--tokenizer", str(tiny_model_dir), "--seq-len", "128",
+        "--direct_running_mode", "multi_threading",
+    )  # fmt: skip
+    assert_user_error(result, "multi_threading loses records")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_preprocess_fails_on_input_where_every_record_is_filtered(
     tmp_path: Path, tiny_model_dir: Path
