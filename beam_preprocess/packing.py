@@ -27,7 +27,7 @@ Document = tuple[np.ndarray, np.ndarray]
 
 
 @dataclass
-class PackedRows:
+class PackedBatch:
     """A batch of packed rows as [rows, seq_len] int32 arrays, plus what they contain."""
 
     input_ids: np.ndarray
@@ -127,7 +127,7 @@ def bin_tokens(bin_docs: list[Document]) -> int:
     return sum(len(d[0]) for d in bin_docs)
 
 
-def rows_from_bins(bins: list[list[Document]], seq_len: int, pad_id: int) -> PackedRows:
+def rows_from_bins(bins: list[list[Document]], seq_len: int, pad_id: int) -> PackedBatch:
     """Lay bins out as rows: documents back to back, then padding as a segment of its own.
 
     position_ids restart at 0 at every document and at the padding; the loss mask is 0 on padding
@@ -162,7 +162,7 @@ def rows_from_bins(bins: list[list[Document]], seq_len: int, pad_id: int) -> Pac
     position_ids = (np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)).astype(np.int32)
     loss_mask[starts] = 0  # first token of every segment (documents and padding)
     shape = (n_rows, seq_len)
-    return PackedRows(
+    return PackedBatch(
         input_ids=input_ids.reshape(shape).astype(np.int32, copy=False),
         loss_mask=loss_mask.reshape(shape),
         position_ids=position_ids.reshape(shape),

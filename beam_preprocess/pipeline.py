@@ -41,7 +41,7 @@ from beam_preprocess.records import (
 )
 from beam_preprocess.sinks import JSONL, PARQUET, CommitShards, Shards, WriteShards, temp_dir_for
 from beam_preprocess.stats import WriteStats, tagged
-from beam_preprocess.token_steps import TABLES, TAIL_TABLES, Pack, Tokenize, table_schema
+from beam_preprocess.token_steps import TABLES, TAIL_TABLES, Pack, Tokenize
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -54,6 +54,7 @@ from trainer.packed_data.format import (
     SplitInfo,
     TokenizerIdentity,
     read_manifest,
+    table_schema,
 )
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.packing import (
     Document,
-    PackedRows,
+    PackedBatch,
     WindowPacker,
     pack_best,
     rows_from_bins,
@@ -154,11 +154,11 @@ def _document(value: tuple[bytes, bytes]) -> Document:
     return np.frombuffer(ids, dtype=np.int32), np.frombuffer(mask, dtype=np.uint8)
 
 
-def rows_to_table(rows: PackedRows) -> Any:
-    """PackedRows -> pyarrow Table with the contract's COLUMNS as list<int32> (no Python loop)."""
+def rows_to_table(rows: PackedBatch) -> Any:
+    """PackedBatch -> pyarrow Table with the contract's COLUMNS as list<int32> (no Python loop)."""
     import pyarrow as pa
 
-    from trainer.packed_data.format import COLUMNS
+    from trainer.packed_data.format import COLUMNS, table_schema
 
     offsets = pa.array(np.arange(0, rows.rows + 1, dtype=np.int32) * rows.input_ids.shape[1])
     arrays = []
@@ -166,14 +166,6 @@ def rows_to_table(rows: PackedRows) -> Any:
         values = pa.array(getattr(rows, name).reshape(-1).astype(np.int32, copy=False))
         arrays.append(pa.ListArray.from_arrays(offsets, values))
     return pa.Table.from_arrays(arrays, schema=table_schema())
-
-
-def table_schema() -> Any:
-    import pyarrow as pa
-
-    from trainer.packed_data.format import COLUMNS
-
-    return pa.schema([(name, pa.list_(pa.int32())) for name in COLUMNS])
 
 
 class _RowEmitter:

@@ -50,6 +50,13 @@ EVAL_FRACTION_DEFAULT = 0.05
 """The held-out fraction when none is given (preprocessing and the pipeline)."""
 
 
+def table_schema() -> Any:
+    """The Parquet schema of train/ and eval/ shards: each column a list<int32> of seq_len values."""
+    import pyarrow as pa
+
+    return pa.schema([(name, pa.list_(pa.int32())) for name in COLUMNS])
+
+
 @dataclass
 class TokenizerIdentity:
     """What must match between the tokenizer that packed the data and the one that trains on it."""
