@@ -314,7 +314,7 @@ class RunParams:
                     "local files; upload the data to gs://"
                 )
         if self.backend == "gke":
-            from components.train_step import gke_accelerator
+            from components.launchers.pytorchjob import gke_accelerator
 
             try:
                 gke_accelerator(self.accelerator_type)

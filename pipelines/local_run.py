@@ -230,7 +230,7 @@ def run_local(
         interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-        from components.cleanup_step import cleanup_local_state
+        from components.steps.cleanup import cleanup_local_state
 
         cleanup_local_state(state_dir)  # whatever the exit handler could not reach
         follow_stop.set()
