@@ -17,7 +17,8 @@ import yaml
 from launcher_fakes import Recorded, fake_kube
 
 from components.launchers import TrainLaunch
-from components.launchers.gke import GkeLauncher, build_pytorchjob, job_name
+from components.launchers.gke import GkeLauncher, GkeOptions
+from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, job_name
 from components.run_identity import K8S_RUN_LABEL
 from trainer.config import TrainConfig
 
@@ -56,15 +57,17 @@ def seven_b_launch(rdzv: str = "etcd-v3") -> TrainLaunch:
 def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(pytorchjob_schema: dict) -> None:
     job = build_pytorchjob(
         launch=seven_b_launch(),
-        namespace="ml",
-        accelerator="nvidia-h100-80gb",
-        cpu="96",
-        memory="900Gi",
-        service_account="llmft-trainer",
-        hf_token_secret="hf-token",
-        active_deadline_seconds=86400,
-        gang_scheduling=True,
-        scheduling_queue="gpu-queue",
+        options=PyTorchJobOptions(
+            namespace="ml",
+            accelerator="nvidia-h100-80gb",
+            cpu="96",
+            memory="900Gi",
+            service_account="llmft-trainer",
+            hf_token_secret="hf-token",
+            active_deadline_seconds=86400,
+            gang_scheduling=True,
+            scheduling_queue="gpu-queue",
+        ),
     )
     jsonschema.validate(job, pytorchjob_schema)
     spec = job["spec"]
@@ -135,10 +138,12 @@ def operator_past_backoff_limit(restart_counts: list[int], backoff_limit: int) -
 
 @pytest.mark.parametrize(("nodes", "restarts"), [(1, 0), (1, 3), (4, 3), (16, 2)])
 def test_backoff_limit_gives_every_node_its_restarts(nodes: int, restarts: int) -> None:
-    job = build_pytorchjob(launch=seven_b_launch(), restarts_per_node=restarts)
+    job = build_pytorchjob(
+        launch=seven_b_launch(), options=PyTorchJobOptions(restarts_per_node=restarts)
+    )
     limit = job["spec"]["runPolicy"]["backoffLimit"]
     launch_nodes = seven_b_launch().nodes
-    from components.launchers.gke import backoff_limit_for
+    from components.launchers.pytorchjob import backoff_limit_for
 
     assert limit == backoff_limit_for(launch_nodes, restarts)
     limit = backoff_limit_for(nodes, restarts)
@@ -154,7 +159,9 @@ def test_backoff_limit_gives_every_node_its_restarts(nodes: int, restarts: int) 
 
 def test_pod_template_is_a_valid_kubernetes_pod() -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    job = build_pytorchjob(launch=seven_b_launch(), namespace="ml", hf_token_secret="hf:tok")
+    job = build_pytorchjob(
+        launch=seven_b_launch(), options=PyTorchJobOptions(namespace="ml", hf_token_secret="hf:tok")
+    )
     template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
     pod = {
         "apiVersion": "v1",
@@ -166,7 +173,9 @@ def test_pod_template_is_a_valid_kubernetes_pod() -> None:
 
 
 def test_c10d_and_etcd_v2_tell_the_operator(pytorchjob_schema: dict) -> None:
-    c10d = build_pytorchjob(launch=seven_b_launch("c10d"), accelerator=None, min_nodes=2)
+    c10d = build_pytorchjob(
+        launch=seven_b_launch("c10d"), options=PyTorchJobOptions(accelerator=None, min_nodes=2)
+    )
     jsonschema.validate(c10d, pytorchjob_schema)
     elastic = c10d["spec"]["elasticPolicy"]
     assert elastic["rdzvBackend"] == "c10d" and elastic["rdzvHost"] == f"{NAME}-worker-0"
@@ -183,11 +192,13 @@ def test_builder_reports_every_bad_option() -> None:
     with pytest.raises(ValueError) as err:
         build_pytorchjob(
             launch=seven_b_launch(),
-            clean_pod_policy="Sometimes",
-            min_nodes=9,
-            gpus_per_node=2,
-            priority_class="high",
-            restart_policy="Maybe",
+            options=PyTorchJobOptions(
+                clean_pod_policy="Sometimes",
+                min_nodes=9,
+                gpus_per_node=2,
+                priority_class="high",
+                restart_policy="Maybe",
+            ),
         )
     for text in (
         "clean_pod_policy",
@@ -328,11 +339,12 @@ def launcher(router_setup: Any, **kwargs: Any) -> tuple[GkeLauncher, Any, list[s
     lines: list[str] = []
     return (
         GkeLauncher(
-            api_client=api_client,
-            namespace="ml",
+            GkeOptions(
+                job=PyTorchJobOptions(namespace="ml", accelerator="nvidia-l4"),
+                api_client=api_client,
+                **kwargs,
+            ),
             log=lines.append,
-            job_options={"accelerator": "nvidia-l4"},
-            **kwargs,
         ),
         router,
         lines,
@@ -379,7 +391,7 @@ def test_create_then_succeed_when_every_worker_succeeded() -> None:
     assert result.message == "all 2 workers succeeded"
     [create] = router.sent("POST", JOBS)
     assert create.body == build_pytorchjob(
-        launch=small_launch(), namespace="ml", accelerator="nvidia-l4"
+        launch=small_launch(), options=PyTorchJobOptions(namespace="ml", accelerator="nvidia-l4")
     )
     [pod_list, *_] = router.sent("GET", "/api/v1/namespaces/ml/pods")
     assert pod_list.query["labelSelector"] == f"training.kubeflow.org/job-name={NAME}"
@@ -849,10 +861,10 @@ def test_an_expired_watch_lists_again() -> None:
 def test_a_missing_service_account_is_a_clear_error_before_anything_starts() -> None:
     api_client, router = fake_kube()
     router.on("POST", JOBS, lambda req: (201, req.body))
-    gke = GkeLauncher(
-        api_client=api_client, namespace="ml", log=lambda line: None,
-        job_options={"accelerator": "nvidia-l4", "service_account": "llmft-pipeline"},
-    )  # fmt: skip
+    job = PyTorchJobOptions(
+        namespace="ml", accelerator="nvidia-l4", service_account="llmft-pipeline"
+    )
+    gke = GkeLauncher(GkeOptions(job=job, api_client=api_client), log=lambda line: None)
     with pytest.raises(ValueError, match="service account ml/llmft-pipeline does not exist"):
         gke.start(small_launch())
     assert router.sent("POST", JOBS) == []

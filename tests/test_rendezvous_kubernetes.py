@@ -176,7 +176,7 @@ def test_network_policy_admits_only_the_runs_pods() -> None:
     assert rule["ports"] == [{"protocol": "TCP", "port": 2379}]
     # The PyTorchJob's pods carry the run label, so they are admitted.
     from components.launchers import TrainLaunch
-    from components.launchers.gke import build_pytorchjob
+    from components.launchers.pytorchjob import build_pytorchjob
     from trainer.config import TrainConfig
 
     trainer = TrainConfig(model="gs://b/m", data="gs://b/d", output="gs://b/o")
