@@ -22,7 +22,8 @@ import fsspec
 import pytest
 from eval_fixtures import build_eval_dataset, finetune_briefly
 
-from components.evaluation.evaluate import EvaluationResult, run_evaluation
+from components.evaluation.evaluate import run_evaluation
+from components.evaluation.outputs import EvaluationResult
 
 CHROMIUM = "/usr/bin/chromium"
 SEQ_LEN = 256
