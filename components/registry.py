@@ -78,6 +78,30 @@ def _tag(image: str) -> str | None:
     return tag if sep else None
 
 
+def _registration_errors(artifact_uri: str, display_name: str, image: str) -> list[str]:
+    """What Vertex would refuse, or what would make a version unreproducible (an unpinned image)."""
+    errors = []
+    if not artifact_uri.startswith("gs://"):
+        errors.append(
+            f"artifact_uri {artifact_uri!r} must be a gs:// directory: Vertex AI serves models "
+            "from Cloud Storage (point the trainer's output at a bucket)"
+        )
+    if not image:
+        errors.append("serving_container_image_uri is empty: pass the prediction container image")
+    elif _tag(image) == "latest":
+        errors.append(
+            f"serving container {image!r} uses :latest: pin a version tag "
+            "or digest so a registered version always serves with the same container"
+        )
+    elif _tag(image) is None:
+        # Google's prebuilt serving images carry the version in the repository name and are
+        # documented without a tag, so an untagged image is allowed, with a warning.
+        log.warning("serving container %s has no tag or digest", image)
+    if not display_name:
+        errors.append("display_name is empty: name the registry model")
+    return errors
+
+
 def register_model(
     *,
     artifact_uri: str,
@@ -125,24 +149,7 @@ def register_model(
 
     all_labels = {**(labels or {}), **vertex_labels(run_id)}
     errors = _label_errors(all_labels)
-    if not artifact_uri.startswith("gs://"):
-        errors.append(
-            f"artifact_uri {artifact_uri!r} must be a gs:// directory: Vertex AI serves models "
-            "from Cloud Storage (point the trainer's output at a bucket)"
-        )
-    if not serving_container_image_uri:
-        errors.append("serving_container_image_uri is empty: pass the prediction container image")
-    elif _tag(serving_container_image_uri) == "latest":
-        errors.append(
-            f"serving container {serving_container_image_uri!r} uses :latest: pin a version tag "
-            "or digest so a registered version always serves with the same container"
-        )
-    elif _tag(serving_container_image_uri) is None:
-        # Google's prebuilt serving images carry the version in the repository name and are
-        # documented without a tag, so an untagged image is allowed, with a warning.
-        log.warning("serving container %s has no tag or digest", serving_container_image_uri)
-    if not display_name:
-        errors.append("display_name is empty: name the registry model")
+    errors += _registration_errors(artifact_uri, display_name, serving_container_image_uri)
     if errors:
         raise ValueError("cannot register the model: " + "; ".join(errors))
 

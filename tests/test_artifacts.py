@@ -43,7 +43,17 @@ def test_components_pass_data_by_uri_and_write_reports_to_path() -> None:
     from components import steps
     from components.steps import cleanup, etcd, evaluate, preprocess, register, train, validate
 
-    modules = (kfp_components, steps, validate, preprocess, etcd, train, evaluate, register, cleanup)
+    modules = (
+        kfp_components,
+        steps,
+        validate,
+        preprocess,
+        etcd,
+        train,
+        evaluate,
+        register,
+        cleanup,
+    )
     source = "".join(inspect.getsource(module) for module in modules)
     by_uri = set(re.findall(r"(\w+)\.uri\b", source))
     by_path = set(re.findall(r"(\w+)\.path\b", source)) - {"os"}

@@ -20,6 +20,7 @@ from rendezvous_helpers import FakeApiServer
 
 from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
+from components.etcd import manifests as etcd_manifests
 from components.steps import etcd as etcd_step
 from components.steps.cleanup import CleanupRequest
 from components.steps.cleanup import run as cleanup
@@ -150,7 +151,7 @@ def test_step_reports_all_config_errors() -> None:
 
 def test_step_gke_creates_waits_and_deletes() -> None:
     run_id, ns = "gke-run-1", "training"
-    name = k8s_etcd.etcd_name(run_id)
+    name = etcd_manifests.etcd_name(run_id)
 
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "POST":  # the API server assigns every object a uid

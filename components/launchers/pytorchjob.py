@@ -260,7 +260,7 @@ def rendezvous_endpoint(launch: TrainLaunch, namespace: str) -> str:
         return launch.rdzv_endpoint
     if launch.rdzv_backend == "c10d":
         return f"{job_name(launch.run_id)}-worker-0:{DEFAULT_RDZV_PORT['c10d']}"
-    from components.etcd.kubernetes import etcd_endpoint
+    from components.etcd.manifests import etcd_endpoint
 
     return etcd_endpoint(run_id=launch.run_id, namespace=namespace)
 
