@@ -15,7 +15,6 @@ Design choices:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -31,20 +30,22 @@ from components.launchers.base import (
     TrainLaunch,
 )
 from components.launchers.k8s_diagnostics import (
+    FAILING_REASONS,
     PodProblem,
+    all_workers_succeeded,
     event_problems,
+    job_condition,
     pod_problems,
+    service_account_check,
     summarize,
 )
+from components.launchers.pod_logs import RankZeroLog
 from components.launchers.pytorchjob import (
-    CONTAINER,
     GROUP,
     JOB_NAME_LABEL,
     KIND,
     PLURAL,
-    REPLICA_INDEX_LABEL,
     VERSION,
-    WORKLOAD_IDENTITY_ANNOTATION,
     PyTorchJobOptions,
     build_pytorchjob,
 )
@@ -75,32 +76,8 @@ class GkeOptions:
     """Stream the rank-0 pod's log to the log sink."""
 
 
-def _condition(job: Mapping[str, Any]) -> tuple[str, str, str]:
-    """The latest true condition: (type, reason, message); ("", "", "") before the first."""
-    conditions = [
-        c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"
-    ]
-    if not conditions:
-        return "", "", ""
-    last = conditions[-1]
-    return last.get("type", ""), last.get("reason", ""), last.get("message", "")
-
-
-_FAILING_REASONS = {"CrashLoopBackOff", "Error", "OOMKilled", "ContainerCannotRun"}
-"""Container states that mean a worker is failing (restarting after a non-zero exit)."""
-
-
 class _JobGone(RuntimeError):
     """The PyTorchJob disappeared while it was followed (deleted by a user or by cleanup)."""
-
-
-@dataclass
-class _Follow:
-    """The log follower of the rank-0 pod's current container."""
-
-    key: tuple[str, int] = ("", -1)
-    thread: threading.Thread | None = None
-    stop: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -138,10 +115,9 @@ class GkeLauncher(Launcher):
         self.watch_s = options.watch_s
         self.pending_timeout_s = options.pending_timeout_s
         self.succeeded_grace_s = options.succeeded_grace_s
-        self.follow_logs = options.follow_logs
         self.name = ""
         self.manifest: dict[str, Any] = {}
-        self._follow = _Follow()
+        self._logs = RankZeroLog(self.core, log=self.log) if options.follow_logs else None
         self._cancelled = False
 
     # ---- start --------------------------------------------------------------------------------
@@ -150,7 +126,9 @@ class GkeLauncher(Launcher):
         self.launch = launch
         self.manifest = build_pytorchjob(launch=launch, options=self.job_options)
         self.name = self.manifest["metadata"]["name"]
-        self.check_service_account(self.job_options.service_account)
+        warning = service_account_check(self.core, self.namespace, self.job_options.service_account)
+        if warning:
+            self.log(f"[gke] warning: {warning}")
         from components.k8s_client import run_owner
 
         owner = run_owner(self.api_client, self.namespace)
@@ -172,32 +150,6 @@ class GkeLauncher(Launcher):
             ):
                 self.log(f"[gke] the run's etcd now belongs to PyTorchJob {self.name} (its TTL)")
 
-    def check_service_account(self, name: str | None) -> None:
-        """The pods' Kubernetes service account must exist (else the operator's pods never get
-        created) and should carry a Workload Identity annotation (else gs:// access is 403)."""
-        from kubernetes.client.exceptions import ApiException
-
-        account = name or "default"
-        try:
-            found = self.core.read_namespaced_service_account(account, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise ValueError(
-                    f"Kubernetes service account {self.namespace}/{account} does not exist: "
-                    "create it and bind it to a Google service account with Workload Identity "
-                    "(docs/deploy/rbac.yaml), or set service_account"
-                ) from None
-            if exc.status == 403:
-                return  # not allowed to look: the pods will tell
-            raise
-        annotations = (found.metadata.annotations or {}) if found.metadata else {}
-        if WORKLOAD_IDENTITY_ANNOTATION not in annotations:
-            self.log(
-                f"[gke] warning: service account {self.namespace}/{account} has no "
-                f"{WORKLOAD_IDENTITY_ANNOTATION} annotation: reading gs:// will fail with 403 "
-                "unless the node's service account may"
-            )
-
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create the job; if it exists (a retried step), reuse it unless it already failed, in
         which case it is replaced so the retry can succeed."""
@@ -212,7 +164,7 @@ class GkeLauncher(Launcher):
             if exc.status != 409:
                 raise
         existing = self._get(name)
-        kind, reason, _ = _condition(existing)
+        kind, reason, _ = job_condition(existing)
         if kind != "Failed":
             self.log(
                 f"[gke] PyTorchJob {self.namespace}/{name} already exists ({kind or 'new'}): "
@@ -332,7 +284,7 @@ class GkeLauncher(Launcher):
         updates = self.job_updates()
         try:
             for job in updates:
-                phase, reason, text = _condition(job)
+                phase, reason, text = job_condition(job)
                 if phase != clock.last_phase:
                     self.log(
                         f"[gke] {self.name}: {phase or 'Pending'}"
@@ -340,7 +292,8 @@ class GkeLauncher(Launcher):
                     )
                     clock.last_phase = phase
                 pods = self._pods()
-                self._maybe_follow(pods)
+                if self._logs is not None:
+                    self._logs.follow(self.namespace, pods)
                 workers = job.get("status", {}).get("replicaStatuses", {}).get("Worker", {})
                 details = {"job": self.name, "condition": phase, "replicas": workers}
                 verdict = self._verdict(phase, f"{reason}: {text}", workers, pods, clock)
@@ -352,7 +305,8 @@ class GkeLauncher(Launcher):
             message = f"PyTorchJob {self.namespace}/{self.name} was deleted while running"
         finally:
             updates.close()
-            self._stop_follow()
+            if self._logs is not None:
+                self._logs.stop()
         return LaunchResult(
             run_id=launch.run_id, backend=self.backend, status=status, output=launch.output,
             message=message, duration_s=time.monotonic() - started, details=details,
@@ -374,7 +328,7 @@ class GkeLauncher(Launcher):
             problems = self.diagnose(pods)
             message = f"PyTorchJob {self.name} failed: {reason}".rstrip(": ")
             return FAILED, message + (f"; {summarize(problems)}" if problems else "")
-        if self._all_succeeded(workers, pods, nodes):
+        if all_workers_succeeded(workers, pods, nodes):
             return SUCCEEDED, f"all {nodes} workers succeeded"
         problems = [p for pod in pods for p in pod_problems(pod)]
         message = ""
@@ -408,7 +362,7 @@ class GkeLauncher(Launcher):
         a Worker-only elastic job is "Succeeded" once any worker succeeds."""
         failed_pods = [p.metadata.name for p in pods if p.status and p.status.phase == "Failed"]
         unfinished = [p.metadata.name for p in pods if p.status and p.status.phase != "Succeeded"]
-        failing = [p for p in problems if p.reason in _FAILING_REASONS]
+        failing = [p for p in problems if p.reason in FAILING_REASONS]
         clock.succeeded_since = clock.succeeded_since or time.monotonic()
         waited = time.monotonic() - clock.succeeded_since
         if not (failed_pods or failing or waited > self.succeeded_grace_s):
@@ -422,65 +376,6 @@ class GkeLauncher(Launcher):
             f"PyTorchJob {self.name} is marked Succeeded but {what}; "
             f"{summarize(self.diagnose(pods))}"
         )
-
-    @staticmethod
-    def _all_succeeded(workers: Mapping[str, Any], pods: list[Any], nodes: int) -> bool:
-        """Every replica succeeded: by the operator's count, or by the pods when it lags."""
-        if int(workers.get("succeeded") or 0) >= nodes and not int(workers.get("failed") or 0):
-            active = [p for p in pods if p.status and p.status.phase in ("Pending", "Running")]
-            return not active
-        done = [p for p in pods if p.status and p.status.phase == "Succeeded"]
-        return len(done) >= nodes and len(done) == len(pods)
-
-    # ---- logs ---------------------------------------------------------------------------------
-
-    def _maybe_follow(self, pods: list[Any]) -> None:
-        """Follow worker 0's container (again after each restart) while it runs."""
-        if not self.follow_logs:
-            return
-        first = [p for p in pods if (p.metadata.labels or {}).get(REPLICA_INDEX_LABEL) == "0"]
-        if (
-            not first
-            or first[0].status is None
-            or first[0].status.phase not in ("Running", "Succeeded", "Failed")
-        ):
-            return
-        pod = first[0]
-        restarts = sum(c.restart_count or 0 for c in pod.status.container_statuses or [])
-        key = (pod.metadata.uid or pod.metadata.name, restarts)
-        if key == self._follow.key or (self._follow.thread and self._follow.thread.is_alive()):
-            return
-        self._follow = _Follow(key=key)
-        self._follow.thread = threading.Thread(
-            target=self._stream_log, args=(pod.metadata.name, self._follow.stop), daemon=True
-        )
-        self._follow.thread.start()
-
-    def _stream_log(self, pod: str, stop: threading.Event) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            response = self.core.read_namespaced_pod_log(
-                pod, self.namespace, container=CONTAINER, follow=True, _preload_content=False
-            )
-            buffer = b""
-            for chunk in response.stream(4096):
-                if stop.is_set():
-                    break
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    self.log(f"[{pod}] {line.decode(errors='replace')}")
-            if buffer and not stop.is_set():
-                self.log(f"[{pod}] {buffer.decode(errors='replace')}")
-            response.release_conn()
-        except (ApiException, OSError) as exc:  # logs are best effort; status decides the result
-            self.log(f"[gke] log stream of {pod} ended: {exc}")
-
-    def _stop_follow(self) -> None:
-        self._follow.stop.set()
-        if self._follow.thread is not None:
-            self._follow.thread.join(timeout=5)
 
     # ---- cancel and cleanup -------------------------------------------------------------------
 
