@@ -89,7 +89,7 @@ def run(request: TrainRequest) -> None:
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
     """What the request runs: the trainer's config (paths as the workers see them) on N x P."""
     from components.param_checks import resolve_nproc_per_node
-    from components.run_params import trainer_config
+    from components.trainer_params import trainer_config
 
     local = request.backend == "local"
     data = str(request.dataset.uri)
