@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from components.launchers import LaunchFailed, TrainLaunch
-from components.launchers.local import LocalLauncher, LocalOptions, marked_pids
+from components.launchers.local import LocalLauncher, LocalOptions
+from components.launchers.run_processes import marked_pids
 from components.steps.train import launcher, train
 from trainer.config import TrainConfig
 
