@@ -104,9 +104,11 @@ def create_etcd(
             )
         if kind == "StatefulSet" and created is not None:
             statefulset_owner = {
-                "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "name": name,
                 "uid": created.metadata.uid,
-            }  # fmt: skip
+            }
     return etcd_endpoint(run_id=run_id, namespace=namespace)
 
 

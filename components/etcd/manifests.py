@@ -131,6 +131,41 @@ def etcd_command(*, run_id: str, namespace: str, tls: bool, enable_v2: bool) -> 
     return command
 
 
+def _etcd_container(
+    image: str, command: list[str], *, cpu: str, memory: str, mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The etcd container: probes on the plain-HTTP metrics port, requests = limits, read-only
+    root, no capabilities."""
+    probe = {"httpGet": {"path": "/health", "port": "metrics"}, "timeoutSeconds": 5}
+    return {
+        "name": "etcd",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "ports": [
+            {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {**probe, "periodSeconds": 2, "failureThreshold": 3},
+        "livenessProbe": {
+            **probe,
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "resources": {
+            "requests": {"cpu": cpu, "memory": memory},
+            "limits": {"cpu": cpu, "memory": memory},
+        },
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
 def build_etcd_statefulset(
     *,
     run_id: str,
@@ -170,35 +205,7 @@ def build_etcd_statefulset(
     command = etcd_command(
         run_id=run_id, namespace=namespace, tls=bool(tls_secret), enable_v2=enable_v2
     )
-
-    probe = {"httpGet": {"path": "/health", "port": "metrics"}, "timeoutSeconds": 5}
-    container = {
-        "name": "etcd",
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": command,
-        "ports": [
-            {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
-        ],
-        "readinessProbe": {**probe, "periodSeconds": 2, "failureThreshold": 3},
-        "livenessProbe": {
-            **probe,
-            "initialDelaySeconds": 10,
-            "periodSeconds": 10,
-            "failureThreshold": 6,
-        },
-        "resources": {
-            "requests": {"cpu": cpu, "memory": memory},
-            "limits": {"cpu": cpu, "memory": memory},
-        },
-        "volumeMounts": volume_mounts,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
+    container = _etcd_container(image, command, cpu=cpu, memory=memory, mounts=volume_mounts)
     spec: dict[str, Any] = {
         "serviceName": name,
         "replicas": 1,

@@ -201,9 +201,13 @@ class GkeLauncher(Launcher):
 
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace or self.namespace, PLURAL, name,
+                GROUP,
+                VERSION,
+                namespace or self.namespace,
+                PLURAL,
+                name,
                 body=client.V1DeleteOptions(propagation_policy="Background"),
-            )  # fmt: skip
+            )
             return True
         except ApiException as exc:
             if exc.status == 404:
@@ -256,10 +260,16 @@ class GkeLauncher(Launcher):
                 yield job
             try:
                 for event in watch.Watch().stream(
-                    self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace,
-                    PLURAL, field_selector=selector, resource_version=version,
-                    timeout_seconds=max(1, int(self.watch_s)), allow_watch_bookmarks=True,
-                ):  # fmt: skip
+                    self.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    field_selector=selector,
+                    resource_version=version,
+                    timeout_seconds=max(1, int(self.watch_s)),
+                    allow_watch_bookmarks=True,
+                ):
                     obj = event["object"]
                     version = str(obj.get("metadata", {}).get("resourceVersion") or version)
                     if event["type"] == "DELETED":
@@ -308,9 +318,14 @@ class GkeLauncher(Launcher):
             if self._logs is not None:
                 self._logs.stop()
         return LaunchResult(
-            run_id=launch.run_id, backend=self.backend, status=status, output=launch.output,
-            message=message, duration_s=time.monotonic() - started, details=details,
-        )  # fmt: skip
+            run_id=launch.run_id,
+            backend=self.backend,
+            status=status,
+            output=launch.output,
+            message=message,
+            duration_s=time.monotonic() - started,
+            details=details,
+        )
 
     def _verdict(
         self,

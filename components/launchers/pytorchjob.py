@@ -272,9 +272,13 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
     if min_nodes != launch.nodes:
         torchrun[0] = f"--nnodes={min_nodes}:{launch.nodes}"
     command = [
-        "python", "-m", "torch.distributed.run", *torchrun, *launch.entrypoint,
+        "python",
+        "-m",
+        "torch.distributed.run",
+        *torchrun,
+        *launch.entrypoint,
         *launch.trainer_args(),
-    ]  # fmt: skip
+    ]
     env: list[dict[str, Any]] = [
         {"name": key, "value": value} for key, value in {**TORCHRUN_ENV, **options.env}.items()
     ]

@@ -267,10 +267,14 @@ class VertexLauncher(Launcher):
                 break
             time.sleep(self.poll_s)
         return LaunchResult(
-            run_id=self.launch.run_id, backend=self.backend, status=status,
-            output=self.launch.output, message=message, duration_s=time.monotonic() - started,
+            run_id=self.launch.run_id,
+            backend=self.backend,
+            status=status,
+            output=self.launch.output,
+            message=message,
+            duration_s=time.monotonic() - started,
             details={"job": self.job_name, "state": state},
-        )  # fmt: skip
+        )
 
     def cancel(self) -> None:
         if self.job_name:

@@ -97,9 +97,11 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
         check_worker_readable(data)
     export_dir = storage.normalize(model_uri) if local else model_uri
     output = run_directory(
-        backend=request.backend, work_uri=request.work_uri, run_id=request.run_id,
+        backend=request.backend,
+        work_uri=request.work_uri,
+        run_id=request.run_id,
         model_dir=export_dir,
-    )  # fmt: skip
+    )
     trainer = trainer_config(
         dict(request.trainer_overrides or {}),
         max_steps=request.max_steps,
@@ -140,9 +142,11 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             hf_token_secret=request.hf_token_secret or None,
         )
         return VertexOptions(
-            project=request.project, location=request.region, job=custom_job,
+            project=request.project,
+            location=request.region,
+            job=custom_job,
             gcp_resources_path=request.gcp_resources or None,
-        )  # fmt: skip
+        )
     if request.backend == "local":
         return LocalOptions()
     raise unknown_backend(request.backend)
