@@ -1,7 +1,9 @@
 """The KFP components: one thin lightweight component per pipeline step.
 
-Each body imports one function of this package and calls it; everything it does lives in an
-importable, tested module (GCPC's habit). All components share `llmft_component`: the project
+Each body takes its parameters, exactly, as one frozen request of its step module
+(components/steps/<step>.py) and calls that module's `run`; everything a step does lives there, in
+an importable, tested module (GCPC's habit), and its request's fields have the component's
+parameter names. All components share `llmft_component`: the project
 image (pinned tag, components/image.py) with the package preinstalled, so nothing is pip-installed
 at run time (`install_kfp_package=False`), and `kfp.local`'s SubprocessRunner can run the same
 components on one machine.
@@ -98,9 +100,9 @@ def validate_inputs(
         champion_model: the model to beat besides the base ("" for none).
     """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
-    from components.validation import validate_and_resolve
+    from components.steps.validate import ValidateRequest, run
 
-    return validate_and_resolve(**params)
+    return run(ValidateRequest(**params))
 
 
 @llmft_component
@@ -127,30 +129,10 @@ def preprocess(
     Runs the Beam pipeline in-process (DirectRunner) or submits it to Dataflow and waits; the
     Dataflow job is written to `gcp_resources` so cancelling the pipeline cancels the job.
     """
-    from components.artifacts import data_artifact_uri
-    from components.preprocess_step import run_preprocess_component
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
+    from components.steps.preprocess import PreprocessRequest, run
 
-    dataset.uri = data_artifact_uri(dataset.uri, work_uri=work_uri, run_id=run_id, name="dataset")
-    dataset.metadata.update(
-        run_preprocess_component(
-            train_data_uri=train_data_uri,
-            base_model=base_model,
-            data_kind=data_kind,
-            seq_len=seq_len,
-            eval_fraction=eval_fraction,
-            runner=runner,
-            project=project,
-            region=region,
-            work_uri=work_uri,
-            run_id=run_id,
-            dataflow_options=dataflow_options,
-            dataflow_service_account=dataflow_service_account,
-            hf_token_secret=hf_token_secret,
-            output_uri=dataset.uri,
-            summary_path=summary.path,
-            gcp_resources_path=gcp_resources,
-        )
-    )
+    run(PreprocessRequest(**params))
 
 
 @llmft_component
@@ -163,16 +145,10 @@ def etcd_up(
         The rendezvous endpoint `host:port` ("" for c10d and on Vertex, which rendezvous at the
         primary replica).
     """
-    from components.etcd_step import etcd_up as start
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
+    from components.steps.etcd import EtcdRequest, run
 
-    return start(
-        backend=backend,
-        run_id=run_id,
-        rdzv_backend=rdzv_backend,
-        namespace=namespace,
-        gke_cluster=gke_cluster,
-        project=project,
-    )
+    return run(EtcdRequest(**params))
 
 
 @llmft_component
@@ -203,37 +179,10 @@ def train(
 ):
     """Fine-tune with FSDP2 on N nodes x P processes: local torchrun agents, a PyTorchJob on GKE or
     a Vertex AI CustomJob. Exports a Hugging Face model directory as the Model artifact."""
-    from components.artifacts import data_artifact_uri
-    from components.train_step import run_train_component
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
+    from components.steps.train import TrainRequest, run
 
-    model.uri = data_artifact_uri(model.uri, work_uri=work_uri, run_id=run_id, name="model")
-    model.metadata.update(
-        run_train_component(
-            backend=backend,
-            run_id=run_id,
-            base_model=base_model,
-            data=dataset.uri,
-            rdzv_endpoint=rdzv_endpoint,
-            rdzv_backend=rdzv_backend,
-            nodes=nodes,
-            nproc_per_node=nproc_per_node,
-            max_steps=max_steps,
-            learning_rate=learning_rate,
-            trainer_overrides=trainer_overrides,
-            project=project,
-            region=region,
-            work_uri=work_uri,
-            namespace=namespace,
-            gke_cluster=gke_cluster,
-            machine_type=machine_type,
-            accelerator_type=accelerator_type,
-            accelerator_count=accelerator_count,
-            service_account=service_account,
-            hf_token_secret=hf_token_secret,
-            output_uri=model.uri,
-            gcp_resources_path=gcp_resources,
-        )
-    )
+    run(TrainRequest(**params))
 
 
 @llmft_component
@@ -257,25 +206,10 @@ def evaluate(
     Returns:
         passed: whether the tuned model meets the thresholds (and beats the champion, if given).
     """
-    from components.evaluation.step import run_evaluate_component
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
+    from components.steps.evaluate import EvaluateRequest, run
 
-    scalars, passed = run_evaluate_component(
-        base_model=base_model,
-        tuned_model_uri=tuned_model.uri,
-        tuned_metadata=tuned_model.metadata,
-        dataset_uri=dataset.uri,
-        max_examples=max_eval_examples,
-        min_loss_improvement=min_loss_improvement,
-        min_exact_match=min_exact_match,
-        champion_model=champion_model,
-        min_general_retained=min_general_retained,
-        project=project,
-        hf_token_secret=hf_token_secret,
-        report_path=report.path,
-    )
-    for name, value in scalars.items():
-        metrics.log_metric(name, value)
-    return (passed,)
+    return run(EvaluateRequest(**params))
 
 
 @llmft_component
@@ -292,32 +226,19 @@ def register(
     Returns:
         The registered model version's resource name.
     """
-    from components.registry import register_model_artifact
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
+    from components.steps.register import RegisterRequest, run
 
-    return register_model_artifact(
-        model_uri=tuned_model.uri,
-        metadata=tuned_model.metadata,
-        run_id=run_id,
-        project=project,
-        region=region,
-        registered_model=registered_model,
-        serving_image=serving_image,
-    )
+    return run(RegisterRequest(**params))
 
 
 @llmft_component
 def cleanup(backend: str, run_id: str, namespace: str, gke_cluster: str, project: str, region: str):
     """Exit handler: delete everything that carries this run's label; ignore what is gone."""
-    from components.cleanup_step import cleanup_run
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
+    from components.steps.cleanup import CleanupRequest, run
 
-    cleanup_run(
-        backend=backend,
-        run_id=run_id,
-        namespace=namespace,
-        gke_cluster=gke_cluster,
-        project=project,
-        region=region,
-    )
+    run(CleanupRequest(**params))
 
 
 ALL_COMPONENTS = {

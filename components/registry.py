@@ -78,6 +78,30 @@ def _tag(image: str) -> str | None:
     return tag if sep else None
 
 
+def _registration_errors(artifact_uri: str, display_name: str, image: str) -> list[str]:
+    """What Vertex would refuse, or what would make a version unreproducible (an unpinned image)."""
+    errors = []
+    if not artifact_uri.startswith("gs://"):
+        errors.append(
+            f"artifact_uri {artifact_uri!r} must be a gs:// directory: Vertex AI serves models "
+            "from Cloud Storage (point the trainer's output at a bucket)"
+        )
+    if not image:
+        errors.append("serving_container_image_uri is empty: pass the prediction container image")
+    elif _tag(image) == "latest":
+        errors.append(
+            f"serving container {image!r} uses :latest: pin a version tag "
+            "or digest so a registered version always serves with the same container"
+        )
+    elif _tag(image) is None:
+        # Google's prebuilt serving images carry the version in the repository name and are
+        # documented without a tag, so an untagged image is allowed, with a warning.
+        log.warning("serving container %s has no tag or digest", image)
+    if not display_name:
+        errors.append("display_name is empty: name the registry model")
+    return errors
+
+
 def register_model(
     *,
     artifact_uri: str,
@@ -125,24 +149,7 @@ def register_model(
 
     all_labels = {**(labels or {}), **vertex_labels(run_id)}
     errors = _label_errors(all_labels)
-    if not artifact_uri.startswith("gs://"):
-        errors.append(
-            f"artifact_uri {artifact_uri!r} must be a gs:// directory: Vertex AI serves models "
-            "from Cloud Storage (point the trainer's output at a bucket)"
-        )
-    if not serving_container_image_uri:
-        errors.append("serving_container_image_uri is empty: pass the prediction container image")
-    elif _tag(serving_container_image_uri) == "latest":
-        errors.append(
-            f"serving container {serving_container_image_uri!r} uses :latest: pin a version tag "
-            "or digest so a registered version always serves with the same container"
-        )
-    elif _tag(serving_container_image_uri) is None:
-        # Google's prebuilt serving images carry the version in the repository name and are
-        # documented without a tag, so an untagged image is allowed, with a warning.
-        log.warning("serving container %s has no tag or digest", serving_container_image_uri)
-    if not display_name:
-        errors.append("display_name is empty: name the registry model")
+    errors += _registration_errors(artifact_uri, display_name, serving_container_image_uri)
     if errors:
         raise ValueError("cannot register the model: " + "; ".join(errors))
 
@@ -294,41 +301,3 @@ def latest_registered_model_uri(
             "for the first fine-tune (later runs can continue from the registered one)"
         )
     return version.artifact_uri
-
-
-def register_model_artifact(
-    *,
-    model_uri: str,
-    metadata: dict[str, Any],
-    run_id: str,
-    project: str,
-    region: str,
-    registered_model: str,
-    serving_image: str,
-    credentials: Any = None,
-) -> str:
-    """The `register` component: upload the trainer's Model artifact; return the version's name.
-
-    The Model artifact is the exported HF model (its `model_uri` metadata names the same place).
-    `registered_model` is the registry model to add a version to (resource name, id, or display
-    name; a new display name creates the model).
-    """
-    artifact_uri = str(metadata.get("model_uri") or model_uri)
-    parent, display_name = resolve_model(
-        model=registered_model, project=project, location=region, credentials=credentials
-    )
-    description = f"fine-tuned by llmft run {run_id}"
-    if metadata.get("base_model"):
-        description += f" from {metadata['base_model']}"
-    version = register_model(
-        artifact_uri=artifact_uri,
-        display_name=display_name,
-        serving_container_image_uri=serving_image,
-        run_id=run_id,
-        project=project,
-        location=region,
-        parent_model=parent,
-        description=description,
-        credentials=credentials,
-    )
-    return version.versioned_name

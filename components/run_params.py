@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import operator
-import re
 import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from components import param_checks as checks
+from components.param_schema import coerce, field_error, literal_choices, param
+from components.trainer_params import trainer_override_errors
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
@@ -55,33 +55,6 @@ K8S_SUBDOMAIN_NAME = (
     r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
     "a Kubernetes object name (lowercase letters, digits, '-' and '.')",
 )
-
-
-def param(
-    default: Any,
-    help: str,
-    *,
-    required: bool = False,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    pattern: tuple[str, str] | None = None,
-) -> Any:
-    """A `RunParams` field: its one default, its description and its per-field rules.
-
-    Args:
-        default: the default (dicts are copied per instance).
-        help: the description shown by the console, `llmft run --help` and the docs.
-        required: an empty value is an error (the default "" then means "must be given").
-        ge, gt, le, lt: numeric bounds.
-        pattern: (regex, what it must look like); checked on non-empty strings.
-    """
-    rules = {"help": " ".join(help.split()), "required": required, "pattern": pattern}
-    rules |= {"ge": ge, "gt": gt, "le": le, "lt": lt}
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=rules)
-    return field(default=default, metadata=rules)
 
 
 @dataclass(frozen=True)
@@ -275,10 +248,14 @@ class RunParams:
         compiled pipeline passes its own. `run_id` is the run's resolved id, when known.
         """
         errors = [
-            e for f in dataclasses.fields(self) if (e := _field_error(f, getattr(self, f.name)))
+            e
+            for f in dataclasses.fields(self)
+            if (e := field_error(f, getattr(self, f.name), choices(f.name)))
         ]
         errors += [e for k, v in self.as_dict().items() if (e := checks.check_not_a_token(k, v))]
-        errors += _trainer_override_errors(self)
+        errors += trainer_override_errors(
+            self.trainer_overrides, max_steps=self.max_steps, learning_rate=self.learning_rate
+        )
         errors += [
             e
             for e in (
@@ -314,7 +291,7 @@ class RunParams:
                     "local files; upload the data to gs://"
                 )
         if self.backend == "gke":
-            from components.train_step import gke_accelerator
+            from components.accelerators import gke_accelerator
 
             try:
                 gke_accelerator(self.accelerator_type)
@@ -358,26 +335,6 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
 data, base model, project and bucket filled in must pass (tests/test_compile.py)."""
 
 
-def trainer_config(
-    overrides: Mapping[str, Any],
-    *,
-    max_steps: int,
-    learning_rate: float,
-    model: str,
-    data: str,
-    output: str,
-) -> TrainConfig:
-    """The trainer's config for a run (not yet validated: `TrainConfig.errors()`).
-
-    `max_steps` and `learning_rate` are run parameters; every other trainer field comes from
-    `trainer_overrides`, coerced to the field's type (ValueError for unknown fields, bad values).
-    """
-    from trainer.config import config_from_mapping
-
-    values = {**overrides, "max_steps": max_steps, "lr": learning_rate}
-    return config_from_mapping({**values, "model": model, "data": data, "output": output})
-
-
 def raise_errors(errors: list[str]) -> None:
     """One ValueError listing every problem (the CLI prints it after `error:`)."""
     if errors:
@@ -407,8 +364,7 @@ def _hints() -> dict[str, Any]:
 
 def choices(name: str) -> tuple[str, ...]:
     """The allowed values of a `Literal` parameter (empty for free-form ones)."""
-    hint = _hints()[name]
-    return tuple(typing.get_args(hint)) if typing.get_origin(hint) is Literal else ()
+    return literal_choices(_hints()[name])
 
 
 def kfp_type(name: str) -> type:
@@ -417,64 +373,6 @@ def kfp_type(name: str) -> type:
     if typing.get_origin(hint) is Literal:
         return str
     return typing.get_origin(hint) or hint  # type: ignore[no-any-return]
-
-
-def _field_error(f: dataclasses.Field[Any], value: Any) -> str | None:
-    rules = f.metadata
-    options = choices(f.name)
-    if options and value not in options:
-        return f"{f.name}={value!r}: choose one of {', '.join(options)}"
-    if rules["required"] and not str(value).strip():
-        return f"{f.name} is empty: {_lower_first(rules['help'])}"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        bounds = [(*_BOUNDS[key], rules[key]) for key in _BOUNDS if rules[key] is not None]
-        if not all(holds(value, bound) for _, holds, bound in bounds):
-            wanted = " and ".join(f"{op} {bound}" for op, _, bound in bounds)
-            return f"{f.name}={value}: use a value {wanted}"
-    if rules["pattern"] and isinstance(value, str) and value:
-        regex, what = rules["pattern"]
-        if re.fullmatch(regex, value) is None:
-            return f"{f.name}={value!r} is not {what}"
-    return None
-
-
-_BOUNDS: dict[str, tuple[str, Callable[[Any, Any], bool]]] = {
-    "ge": (">=", operator.ge),
-    "gt": (">", operator.gt),
-    "le": ("<=", operator.le),
-    "lt": ("<", operator.lt),
-}
-
-
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:]
-
-
-def _trainer_override_errors(params: RunParams) -> list[str]:
-    """Trainer overrides checked against the trainer's own config, before anything starts."""
-    reserved: dict[str, str | None] = {"model": None, "data": None, "output": None}
-    reserved |= {"export_dir": None}
-    reserved |= {"tokenizer": None, "max_steps": "max_steps", "lr": "learning_rate"}
-    errors = []
-    for key in params.trainer_overrides:
-        if key in reserved:
-            instead = reserved[key]
-            errors.append(
-                f"trainer_overrides.{key}: set the run parameter {instead} instead"
-                if instead
-                else f"trainer_overrides.{key}: the pipeline sets it (base_model, the run's data and "
-                "where the model goes)"
-            )
-    if errors:
-        return errors
-    try:
-        config = trainer_config(
-            params.trainer_overrides, max_steps=params.max_steps,
-            learning_rate=params.learning_rate, model="m", data="d", output="o",
-        )  # fmt: skip
-    except ValueError as exc:
-        return [f"trainer_overrides: {exc}"]
-    return [f"trainer_overrides: {e}" for e in config.errors()]
 
 
 def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = None) -> RunParams:
@@ -491,7 +389,7 @@ def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = N
         errors.append(f"unknown parameter(s) {', '.join(unknown)}: valid are {', '.join(known)}")
     coerced = {}
     for name in known.keys() & values.keys():
-        value, problem = _coerce(values[name], hints[name])
+        value, problem = coerce(values[name], hints[name])
         if problem:
             errors.append(f"{name}={values[name]!r}: {problem}")
         else:
@@ -505,33 +403,13 @@ def field_errors(values: Mapping[str, Any]) -> list[str]:
     what can be checked of a partial set (e.g. `--param`s for a template not yet fetched)."""
     known, hints, errors = fields(), _hints(), []
     for name in known.keys() & values.keys():
-        value, problem = _coerce(values[name], hints[name])
+        value, problem = coerce(values[name], hints[name])
         error = f"{name}={values[name]!r}: {problem}" if problem else None
         if not problem and not known[name].metadata["required"]:
-            error = _field_error(known[name], value)
+            error = field_error(known[name], value, choices(name))
         if error:
             errors.append(error)
     return errors
-
-
-def _coerce(value: Any, hint: Any) -> tuple[Any, str]:
-    """(value as the annotation's type, "") or (None, what is wrong)."""
-    origin = typing.get_origin(hint) or hint
-    if origin is Literal:
-        return (value, "") if isinstance(value, str) else (None, "must be a string")
-    if origin is bool:
-        return (value, "") if isinstance(value, bool) else (None, "must be true or false")
-    if origin is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        return (value, "") if ok else (None, "must be an integer")
-    if origin is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        return (float(value), "") if ok else (None, "must be a number")
-    if origin is dict:
-        return (dict(value), "") if isinstance(value, dict) else (None, "must be a mapping")
-    if origin is str:
-        return (value, "") if isinstance(value, str) else (None, "must be a string")
-    raise AssertionError(f"no coercion for {hint}")  # a new field type needs a line here
 
 
 def pipeline_signature(target: str = "local") -> inspect.Signature:

@@ -236,7 +236,7 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
     """kfp-kubernetes settings for KFP on GKE (never in the Vertex target)."""
     from kfp import kubernetes
 
-    from components.launchers.gke import IMAGE_UID
+    from components.launchers.pytorchjob import IMAGE_UID
 
     for task in tasks:
         # The image runs as root for Dataflow's worker boot; task pods use its `llmft` user.

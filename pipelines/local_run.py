@@ -219,7 +219,7 @@ def _execute(
     Whatever happens, the run's local state (processes, etcd) is swept afterwards."""
     from rich.live import Live
 
-    from components.cleanup_step import cleanup_local_state
+    from components.steps.cleanup import cleanup_local_state
     from pipelines.fine_tune import build_fine_tune
 
     # SIGTERM (e.g. from a scheduler) is handled like Ctrl-C so the cleanup after this runs.

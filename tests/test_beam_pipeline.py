@@ -31,13 +31,15 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
     sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ):
     import numpy as np
+    from kfp.dsl import Dataset, Markdown
 
-    from components.preprocess_step import run_preprocess_component
+    from components.steps.preprocess import PreprocessRequest, run
     from trainer.packed_data.format import COLUMNS, compatibility_errors, read_manifest
 
     out = tmp_path / "dataset"
     summary, gcp_resources = tmp_path / "summary.md", tmp_path / "gcp_resources"
-    meta = run_preprocess_component(
+    dataset = Dataset(uri=str(out))
+    request = PreprocessRequest(
         train_data_uri=str(sample_data_dir / "train.jsonl"),
         base_model=str(tiny_model_dir),
         data_kind="instruction",
@@ -51,10 +53,14 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
         # Dataflow-only settings are ignored locally; one worker keeps the run in-process
         # (the multi-process engine is exercised by the benchmark).
         dataflow_options={"max_num_workers": 20, "direct_num_workers": 1},
-        output_uri=str(out),
-        summary_path=str(summary),
-        gcp_resources_path=str(gcp_resources),
+        dataflow_service_account="",
+        hf_token_secret="",
+        dataset=dataset,
+        summary=Markdown(uri=str(summary)),
+        gcp_resources=str(gcp_resources),
     )
+    run(request)
+    meta = dataset.metadata
     assert json.loads(gcp_resources.read_text()) == {"resources": []}
     manifest = read_manifest(str(out))
     assert compatibility_errors(manifest, _identity(tiny_model_dir), 512) == []
@@ -295,7 +301,7 @@ def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, mon
     from fakes.dataflow import FakeDataflowResult
 
     import beam_preprocess.pipeline as pipeline_module
-    from components.preprocess_step import run_preprocess_step
+    from components.steps.preprocess import build_argv, run_beam
     from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
 
     seen = {}
@@ -316,13 +322,14 @@ def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, mon
     monkeypatch.setattr(pipeline_module, "launch", fake_launch)
     monkeypatch.setattr(pipeline_module, "finish", fake_finish)
     path = tmp_path / "outputs" / "gcp_resources"
-    result = run_preprocess_step(
+    argv = build_argv(
         input_uri="gs://llmft-bucket/raw/*.jsonl", output_uri="gs://llmft-bucket/packed",
         tokenizer="gs://llmft-bucket/tokenizer", seq_len=512, runner="DataflowRunner",
         project="llmft-project", region="us-central1", temp_location="gs://llmft-bucket/tmp",
         sdk_container_image="us-docker.pkg.dev/llmft-project/llmft/llmft:0.1.0",
-        gcp_resources_path=str(path), extra_args=["--dry_run=True"],
+        extra_args=["--dry_run=True"],
     )  # fmt: skip
+    result = run_beam(argv, gcp_resources_path=str(path))
     resources = json.loads(path.read_text())
     assert resources == {
         "resources": [

@@ -198,19 +198,19 @@ def test_a_default_cloud_run_gives_valid_dataflow_options(fresh: Path, target: s
     from beam_preprocess.dataflow import validate_dataflow_options
     from beam_preprocess.options import PreprocessConfig
     from components.image import DEFAULT_IMAGE
-    from components.preprocess_step import build_argv, component_params
+    from components.steps.preprocess import PreprocessRequest, beam_argv
 
     values, _ = _console_run(fresh, target)
-    params, extra = component_params(
+    request = PreprocessRequest(
         train_data_uri=values["train_data_uri"], base_model=values["base_model"],
         data_kind=values["data_kind"], seq_len=int(values["seq_len"]),
         eval_fraction=values["eval_fraction"], runner=values["preprocess_runner"],
         project=values["project"], region=values["region"], work_uri=values["work_uri"],
         run_id="llmft-fine-tune-20261203", dataflow_options=values["dataflow_options"],
         dataflow_service_account="preprocess@my-project.iam.gserviceaccount.com",
-        output_uri="gs://my-bucket/root/run/preprocess/dataset",
+        hf_token_secret="", dataset=None, summary=None, gcp_resources="",
     )  # fmt: skip
-    argv = build_argv(extra_args=extra, **params)
+    argv = beam_argv(request, "gs://my-bucket/root/run/preprocess/dataset")
     options = PipelineOptions([*argv, "--dry_run=True"])
     assert PipelineOptionsValidator(options, DataflowRunner()).validate() == []
     assert validate_dataflow_options(options, PreprocessConfig.from_options(options)) == []

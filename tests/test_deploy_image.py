@@ -64,20 +64,21 @@ def test_image_is_a_dataflow_custom_container() -> None:
     assert re.search(r"python -c \"import [^\"]*beam_preprocess", DOCKERFILE)
     # Dataflow's boot needs root; no USER switches away from it (pods set runAsUser instead).
     assert not re.findall(r"^USER\s+", DOCKERFILE, flags=re.M)
-    from components.launchers.gke import IMAGE_UID
+    from components.launchers.pytorchjob import IMAGE_UID
 
     assert f"--uid {IMAGE_UID}" in DOCKERFILE
     # The default Dataflow options point at this image.
     from components.image import DEFAULT_IMAGE
-    from components.preprocess_step import component_params
+    from components.steps.preprocess import PreprocessRequest, beam_argv
 
-    params, extra = component_params(
+    request = PreprocessRequest(
         train_data_uri="gs://bkt/d/*.jsonl", base_model="gs://bkt/m", data_kind="text", seq_len=64,
         eval_fraction=0.1, runner="DataflowRunner", project="my-project", region="us-central1",
-        work_uri="gs://bkt/w", run_id="r", dataflow_options={},
-        output_uri="gs://bkt/o",
+        work_uri="gs://bkt/w", run_id="r", dataflow_options={}, dataflow_service_account="",
+        hf_token_secret="", dataset=None, summary=None, gcp_resources="",
     )  # fmt: skip
-    assert params["sdk_container_image"] == DEFAULT_IMAGE and "--sdk_location=container" in extra
+    argv = beam_argv(request, "gs://bkt/o")
+    assert f"--sdk_container_image={DEFAULT_IMAGE}" in argv and "--sdk_location=container" in argv
 
 
 def _repo_text_files() -> list[Path]:

@@ -22,7 +22,8 @@ import fsspec
 import pytest
 from eval_fixtures import build_eval_dataset, finetune_briefly
 
-from components.evaluation.evaluate import EvaluationResult, run_evaluation
+from components.evaluation.evaluate import run_evaluation
+from components.evaluation.outputs import EvaluationResult
 
 CHROMIUM = "/usr/bin/chromium"
 SEQ_LEN = 256
@@ -402,19 +403,33 @@ def test_batched_left_padded_generation_matches_one_by_one(env: Env) -> None:
 def test_kfp_component_entry_point(env: Env, tmp_path: Path) -> None:
     """What the `evaluate` component calls: the Model artifact (the exported model only) and its
     run directory in metadata in, report file + scalars out."""
-    from components.evaluation.step import run_evaluate_component
+    from kfp.dsl import HTML, Dataset, Metrics, Model
+
+    from components.steps.evaluate import EvaluateRequest, run
 
     run_dir, model = tmp_path / "train-run", tmp_path / "model"
     shutil.copytree(env.tuned, model)
     run_dir.mkdir()
     shutil.copy(env.train_metrics, run_dir / "metrics.jsonl")
     report = tmp_path / "report.html"
-    scalars, passed = run_evaluate_component(
-        base_model=str(env.base), tuned_model_uri=str(model),
-        tuned_metadata={"run_uri": str(run_dir)},
-        dataset_uri=str(env.data), max_examples=0, min_loss_improvement=0.5,
-        min_exact_match=0.0, champion_model="", report_path=str(report),
-    )  # fmt: skip
+    metrics = Metrics(uri=str(tmp_path / "metrics"))
+    (passed,) = run(
+        EvaluateRequest(
+            base_model=str(env.base),
+            tuned_model=Model(uri=str(model), metadata={"run_uri": str(run_dir)}),
+            dataset=Dataset(uri=str(env.data)),
+            max_eval_examples=0,
+            min_loss_improvement=0.5,
+            min_exact_match=0.0,
+            champion_model="",
+            min_general_retained=0.0,
+            project="",
+            hf_token_secret="",
+            metrics=metrics,
+            report=HTML(uri=str(report)),
+        )
+    )
+    scalars = metrics.metadata
     assert passed is True and scalars["passed"] == 1.0
     assert scalars["tuned_eval_loss"] < scalars["base_eval_loss"] - 0.5
     assert all(isinstance(v, float) for v in scalars.values())

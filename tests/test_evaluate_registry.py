@@ -155,16 +155,21 @@ def test_register_collects_all_errors(fake_registry: FakeModelService) -> None:
 
 def test_register_model_artifact_from_trainer_metadata(fake_registry: FakeModelService) -> None:
     """The `register` component's entry: display name -> new model, then versions of it."""
+    from kfp.dsl import Model
+
+    from components.steps.register import RegisterRequest
+    from components.steps.register import run as register
+
     metadata = {"model_uri": "gs://bucket/runs/run-1/train/model", "base_model": "gs://bucket/base"}
-    first = registry.register_model_artifact(
-        model_uri="gs://bucket/runs/run-1/train", metadata=metadata, run_id="run-1",
+    first = register(RegisterRequest(
+        tuned_model=Model(uri="gs://bucket/runs/run-1/train", metadata=metadata), run_id="run-1",
         project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft", serving_image=IMAGE,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert first == f"{PARENT}/models/1000@1"
-    second = registry.register_model_artifact(
-        model_uri="gs://bucket/runs/run-2/train/model", metadata={}, run_id="run-2",
+    second = register(RegisterRequest(
+        tuned_model=Model(uri="gs://bucket/runs/run-2/train/model"), run_id="run-2",
         project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft", serving_image=IMAGE,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert second == f"{PARENT}/models/1000@2"
     uploads = [r for r in fake_registry.requests if isinstance(r, model_service.UploadModelRequest)]
     assert uploads[0].parent_model == "" and uploads[1].parent_model == f"{PARENT}/models/1000"
@@ -175,10 +180,10 @@ def test_register_model_artifact_from_trainer_metadata(fake_registry: FakeModelS
     assert uploads[1].model.display_name == "tiny-llama-ft"
     assert uploads[1].model.labels["llmft-run-id"] == "run-2"
     # By resource name too, and "latest-registered" resolves to the newest files.
-    third = registry.register_model_artifact(
-        model_uri="gs://bucket/runs/run-3/train/model", metadata={}, run_id="run-3",
+    third = register(RegisterRequest(
+        tuned_model=Model(uri="gs://bucket/runs/run-3/train/model"), run_id="run-3",
         project=PROJECT, region=LOCATION, registered_model=f"{PARENT}/models/1000", serving_image=IMAGE,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert third == f"{PARENT}/models/1000@3"
     assert (
         registry.latest_registered_model_uri(

@@ -301,17 +301,21 @@ def test_evaluate_reads_and_writes_gcs(chain: Chain) -> None:
 
 
 def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelService) -> None:
-    from components.registry import register_model_artifact
+    from kfp.dsl import Model
+
+    from components.steps.register import RegisterRequest, run
 
     summary = json.loads(storage.read_text(chain.uri("run/summary.json")))
-    name = register_model_artifact(
-        model_uri=chain.uri("run"),
-        metadata={"model_uri": summary["model_dir"], "base_model": summary["base_model"]},
-        run_id="gcs-chain",
-        project="my-project",
-        region="us-central1",
-        registered_model="llmft-chain",
-        serving_image="us-docker.pkg.dev/my-project/serving/vllm:0.11.0",
+    metadata = {"model_uri": summary["model_dir"], "base_model": summary["base_model"]}
+    name = run(
+        RegisterRequest(
+            tuned_model=Model(uri=chain.uri("run"), metadata=metadata),
+            run_id="gcs-chain",
+            project="my-project",
+            region="us-central1",
+            registered_model="llmft-chain",
+            serving_image="us-docker.pkg.dev/my-project/serving/vllm:0.11.0",
+        )
     )
     upload = next(r for r in fake_registry.requests if type(r).__name__ == "UploadModelRequest")
     assert upload.model.artifact_uri == chain.uri("run/model")

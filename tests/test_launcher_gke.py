@@ -15,7 +15,8 @@ from fakes.k8s_api import fake_kube
 from fakes.recording import Recorded
 
 from components.launchers import TrainLaunch
-from components.launchers.gke import GkeLauncher, job_name
+from components.launchers.gke import GkeLauncher, GkeOptions
+from components.launchers.pytorchjob import PyTorchJobOptions, job_name
 from components.run_identity import K8S_RUN_LABEL
 from trainer.config import TrainConfig
 
@@ -153,11 +154,12 @@ def launcher(router_setup: Any, **kwargs: Any) -> tuple[GkeLauncher, Any, list[s
     lines: list[str] = []
     return (
         GkeLauncher(
-            api_client=api_client,
-            namespace="ml",
+            GkeOptions(
+                job=PyTorchJobOptions(namespace="ml", accelerator="nvidia-l4"),
+                api_client=api_client,
+                **kwargs,
+            ),
             log=lines.append,
-            job_options={"accelerator": "nvidia-l4"},
-            **kwargs,
         ),
         router,
         lines,
@@ -610,10 +612,10 @@ def test_an_expired_watch_lists_again() -> None:
 def test_a_missing_service_account_is_a_clear_error_before_anything_starts() -> None:
     api_client, router = fake_kube()
     router.on("POST", JOBS, lambda req: (201, req.body))
-    gke = GkeLauncher(
-        api_client=api_client, namespace="ml", log=lambda line: None,
-        job_options={"accelerator": "nvidia-l4", "service_account": "llmft-pipeline"},
-    )  # fmt: skip
+    job = PyTorchJobOptions(
+        namespace="ml", accelerator="nvidia-l4", service_account="llmft-pipeline"
+    )
+    gke = GkeLauncher(GkeOptions(job=job, api_client=api_client), log=lambda line: None)
     with pytest.raises(ValueError, match="service account ml/llmft-pipeline does not exist"):
         gke.start(small_launch())
     assert router.sent("POST", JOBS) == []

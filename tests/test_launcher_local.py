@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from components.launchers import LaunchFailed, TrainLaunch, get_launcher
-from components.launchers.local import LocalLauncher, marked_pids
-from components.train_step import run_train_step
+from components.launchers import LaunchFailed, TrainLaunch
+from components.launchers.local import LocalLauncher, LocalOptions
+from components.launchers.run_processes import marked_pids
+from components.steps.train import launcher, train
 from trainer.config import TrainConfig
 
 WORKER = str(Path(__file__).parent / "launcher_workers" / "dist_worker.py")
@@ -76,11 +77,15 @@ def test_two_nodes_two_procs_succeed(tmp_path: Path) -> None:
     lines: list[str] = []
     state_root = tmp_path / "state"
     run_id = f"test-local-ok-{uuid.uuid4().hex[:8]}"
-    metadata = run_train_step(
-        backend="local", run_id=run_id, trainer=_stand_in_config(tmp_path, "ok"), nodes=2,
-        nproc_per_node=2, rdzv_backend=RDZV, entrypoint=(WORKER,), log=lines.append,
-        local={"state_root": state_root},
-    )  # fmt: skip
+    launch = TrainLaunch(
+        run_id=run_id,
+        trainer=_stand_in_config(tmp_path, "ok"),
+        nodes=2,
+        nproc_per_node=2,
+        rdzv_backend=RDZV,
+        entrypoint=(WORKER,),
+    )
+    metadata = train(launch, LocalOptions(state_root=state_root), log=lines.append)
 
     # 4 ranks all-reduced 1+2+3+4 through the rendezvous-built process group.
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -94,13 +99,15 @@ def test_two_nodes_two_procs_succeed(tmp_path: Path) -> None:
     node1 = (tmp_path / "out" / "logs" / "node1.log").read_text()
     assert f"--rdzv-backend={RDZV}" in node1 and f"--rdzv-id={run_id}" in node1
     assert any(line.startswith("[node1 rank") for line in node1.splitlines())
-    _assert_nothing_left(LocalLauncher(state_root=state_root), run_id)
+    _assert_nothing_left(LocalLauncher(LocalOptions(state_root=state_root)), run_id)
     assert not state_root.exists()  # the etcd we started is stopped and its state removed
 
 
 @pytest.mark.slow
 def test_failing_node_stops_the_others_and_is_reported(tmp_path: Path) -> None:
-    launcher = LocalLauncher(log=lambda line: None, state_root=tmp_path / "state", grace_s=5)
+    launcher = LocalLauncher(
+        LocalOptions(state_root=tmp_path / "state", grace_s=5), log=lambda line: None
+    )
     launch = _launch(tmp_path, "fail")
     result = launcher.run(launch, timeout=240)
 
@@ -120,13 +127,13 @@ _SIGTERM_SCRIPT = textwrap.dedent(
     """
     import json, sys
     from components.launchers import TrainLaunch
-    from components.launchers.local import LocalLauncher
+    from components.launchers.local import LocalLauncher, LocalOptions
     from trainer.config import TrainConfig
     spec = json.loads(sys.argv[1])
     launch = TrainLaunch(
         **spec | {"trainer": TrainConfig.from_json(spec["trainer"]), "entrypoint": tuple(spec["entrypoint"])}
     )
-    result = LocalLauncher(state_root=sys.argv[2], grace_s=5).run(launch, timeout=300)
+    result = LocalLauncher(LocalOptions(state_root=sys.argv[2], grace_s=5)).run(launch, timeout=300)
     print("RESULT", result.status, result.message, flush=True)
     sys.exit(0 if result.status == "cancelled" else 1)
     """
@@ -163,7 +170,7 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode == 0, out
     assert "RESULT cancelled cancelled by SIGTERM" in out
-    _assert_nothing_left(LocalLauncher(state_root=tmp_path / "state"), launch.run_id)
+    _assert_nothing_left(LocalLauncher(LocalOptions(state_root=tmp_path / "state")), launch.run_id)
 
 
 @pytest.mark.slow
@@ -171,7 +178,7 @@ def test_cleanup_from_another_launcher_kills_the_run(tmp_path: Path) -> None:
     """What the pipeline's exit handler does: it only knows the run id."""
     state_root = tmp_path / "state"
     ready: list[str] = []
-    owner = LocalLauncher(log=ready.append, state_root=state_root, grace_s=5)
+    owner = LocalLauncher(LocalOptions(state_root=state_root, grace_s=5), log=ready.append)
     launch = _launch(tmp_path, "hang", rdzv="c10d", nodes=1, nproc=1)
     owner.start(launch)
     try:
@@ -180,11 +187,11 @@ def test_cleanup_from_another_launcher_kills_the_run(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, ready
             time.sleep(0.2)
         assert (state_root / launch.rdzv_id / "launcher.json").exists()
-        removed = get_launcher("local", state_root=state_root, grace_s=5).cleanup(launch.run_id)
+        removed = launcher(LocalOptions(state_root=state_root, grace_s=5)).cleanup(launch.run_id)
         assert any("stopped the processes" in r for r in removed)
         assert marked_pids(launch.run_id) == []
         # Already gone: a second cleanup finds nothing and does not fail.
-        assert get_launcher("local", state_root=state_root).cleanup(launch.run_id) == []
+        assert launcher(LocalOptions(state_root=state_root)).cleanup(launch.run_id) == []
     finally:
         owner.cancel()
     _assert_nothing_left(owner, launch.run_id)
@@ -199,7 +206,7 @@ def test_invalid_launch_lists_every_problem(tmp_path: Path) -> None:
         rdzv_endpoint="nohost",
     )
     with pytest.raises(ValueError) as err:
-        LocalLauncher(state_root=tmp_path).start(bad)
+        LocalLauncher(LocalOptions(state_root=tmp_path)).start(bad)
     text = str(err.value)
     for expected in (
         "run id is empty",
@@ -215,7 +222,7 @@ def test_invalid_launch_lists_every_problem(tmp_path: Path) -> None:
 
 def test_cleanup_local_state_clears_stale_runs(tmp_path: Path) -> None:
     """A run whose launcher died hard: its state file points at processes that are gone."""
-    from components.cleanup_step import cleanup_local_state
+    from components.steps.cleanup import cleanup_local_state
 
     state_root = tmp_path / "state"
     stale = state_root / "stale-run"

@@ -19,7 +19,8 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1
 
 from components.launchers import TrainLaunch
-from components.launchers.vertex import VertexLauncher, build_custom_job
+from components.launchers.customjob import CustomJobOptions, build_custom_job
+from components.launchers.vertex import VertexLauncher, VertexOptions
 from components.ports import ReservedPort
 from trainer.config import TrainConfig
 
@@ -52,18 +53,17 @@ def vertex(router: Router, **kw: Any) -> tuple[VertexLauncher, list[str]]:
     client._transport._session.mount("https://", FakeHttp(router))
     lines: list[str] = []
     kw.setdefault(
-        "job_options",
-        {
-            "machine_type": "a3-highgpu-8g",
-            "service_account": "trainer@p.iam.gserviceaccount.com",
-            "network": "projects/42/global/networks/vpc",
-            "reserved_ip_ranges": ["training-range"],
-            "timeout_s": 3600,
-        },
+        "job",
+        CustomJobOptions(
+            machine_type="a3-highgpu-8g",
+            service_account="trainer@p.iam.gserviceaccount.com",
+            network="projects/42/global/networks/vpc",
+            reserved_ip_ranges=("training-range",),
+            timeout_s=3600,
+        ),
     )
-    return VertexLauncher(
-        project="p", location="us-central1", client=client, poll_s=0.01, log=lines.append, **kw
-    ), lines
+    options = VertexOptions(project="p", location="us-central1", client=client, poll_s=0.01, **kw)
+    return VertexLauncher(options, log=lines.append), lines
 
 
 def no_previous_jobs(router: Router) -> None:
@@ -79,7 +79,10 @@ def job_json(state: str, message: str = "") -> dict[str, Any]:
 
 
 def test_custom_job_proto_has_two_pools_and_the_rendezvous_at_the_primary() -> None:
-    job = build_custom_job(launch=launch(), env={"WANDB_MODE": "offline"}, boot_disk_size_gb=1000)
+    job = build_custom_job(
+        launch=launch(),
+        options=CustomJobOptions(env={"WANDB_MODE": "offline"}, boot_disk_size_gb=1000),
+    )
     primary, workers = job.job_spec.worker_pool_specs
     assert (primary.replica_count, workers.replica_count) == (1, 3)
     assert primary.machine_spec == aiplatform_v1.MachineSpec(
@@ -102,7 +105,9 @@ def test_custom_job_proto_has_two_pools_and_the_rendezvous_at_the_primary() -> N
     assert job.labels == {"managed-by": "llmft", "llmft-run-id": RUN}
     assert len(build_custom_job(launch=launch(nodes=1)).job_spec.worker_pool_specs) == 1
     with pytest.raises(ValueError) as err:
-        build_custom_job(launch=launch(rdzv_backend="etcd-v3"), accelerator_type="H100")
+        build_custom_job(
+            launch=launch(rdzv_backend="etcd-v3"), options=CustomJobOptions(accelerator_type="H100")
+        )
     assert "use c10d" in str(err.value) and "accelerator_type='H100'" in str(err.value)
 
 
@@ -235,7 +240,7 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
             trainer=TrainConfig(model="m", data="d", output=str(tmp_path)),
             entrypoint=(WORKER,),
         ),
-        accelerator_type=None,
+        options=CustomJobOptions(accelerator_type=None),
     )
     port = ReservedPort()  # held until the primary's c10d store listens on it
     spec = {"cluster": {"workerpool0": [port.endpoint], "workerpool1": ["127.0.0.1:1"]}}
@@ -390,15 +395,15 @@ def test_the_hf_token_is_read_at_run_time_by_secret_name(tmp_path: Path, golden:
     router.on("GET", f"/v1/{JOB}", (200, job_json("JOB_STATE_SUCCEEDED")))
     launcher, _ = vertex(
         router,
-        job_options={
-            "machine_type": "g2-standard-24",
-            "accelerator_type": "NVIDIA_L4",
-            "service_account": "trainer@p.iam.gserviceaccount.com",
-            "hf_token_secret": "llmft-hf-token",
-        },
+        job=CustomJobOptions(
+            machine_type="g2-standard-24",
+            accelerator_type="NVIDIA_L4",
+            service_account="trainer@p.iam.gserviceaccount.com",
+            hf_token_secret="llmft-hf-token",
+        ),
     )
     assert launcher.run(launch(nodes=2, nproc_per_node=2), timeout=30).ok
     [create] = router.sent("POST", JOBS)
     golden.check("vertex_create_custom_job.json", create.body)
     with pytest.raises(ValueError, match="must not carry the HF token"):
-        build_custom_job(launch=launch(), env={"HF_TOKEN": "x"})
+        build_custom_job(launch=launch(), options=CustomJobOptions(env={"HF_TOKEN": "x"}))

@@ -81,17 +81,20 @@ def packed(tmp_path_factory, converted: Path, sample_data_dir: Path) -> Path:
 
 def train(model: str, data: Path, out: Path, max_steps: int, **overrides) -> dict:
     """`llmft train`'s code path: 1 node x 2 processes, c10d; returns the run's summary.json."""
-    from components.train_step import run_train_step
+    from components.launchers.base import TrainLaunch
+    from components.launchers.local import LocalOptions
+    from components.steps.train import train as run_train
     from trainer.config import config_from_mapping
 
     trainer = config_from_mapping(
         {**COMMON, **overrides, "model": model, "data": str(data), "output": str(out),
          "max_steps": max_steps}
     )  # fmt: skip
-    run_train_step(
-        backend="local", run_id=f"real-{uuid.uuid4().hex[:8]}", trainer=trainer, nodes=1,
-        nproc_per_node=2, rdzv_backend="c10d",
+    launch = TrainLaunch(
+        run_id=f"real-{uuid.uuid4().hex[:8]}", trainer=trainer, nodes=1, nproc_per_node=2,
+        rdzv_backend="c10d",
     )  # fmt: skip
+    run_train(launch, LocalOptions())
     return json.loads((out / "summary.json").read_text())
 
 
@@ -131,7 +134,7 @@ def test_gguf_converts_once_to_a_plain_directory(converted: Path, cache_dir: Pat
 
 
 def test_preprocess_reads_the_gguf_tokenizer_from_the_converted_directory(converted: Path) -> None:
-    from components.preprocess_step import resolve_gguf_tokenizer
+    from components.steps.preprocess import resolve_gguf_tokenizer
 
     argv = ["--input=data.jsonl", "--tokenizer", str(GGUF), "--seq-len=64"]
     assert resolve_gguf_tokenizer(argv) == [argv[0], "--tokenizer", str(converted), argv[3]]

@@ -16,6 +16,7 @@ from fakes.k8s_api import KubeApiServer, Responder
 from kubernetes import client
 
 from components.etcd import kubernetes as k8s_etcd
+from components.etcd import manifests as etcd_manifests
 from components.run_identity import K8S_RUN_LABEL, safe_run_id
 
 RUN_ID = "fine-tune-20261202-abc"
@@ -58,7 +59,7 @@ def _status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
 def test_manifests_validate_against_kubernetes_schemas(
     options: dict[str, Any], golden: Any, request: pytest.FixtureRequest
 ) -> None:
-    manifests = k8s_etcd.build_etcd_manifests(run_id=RUN_ID, namespace=NS, **options)
+    manifests = etcd_manifests.build_etcd_manifests(run_id=RUN_ID, namespace=NS, **options)
     assert [m["kind"] for m in manifests] == ["StatefulSet", "Service", "NetworkPolicy"]
     golden.check(f"etcd_manifests_{request.node.callspec.id}.json", manifests)
     for manifest in manifests:
@@ -69,15 +70,15 @@ def test_manifests_validate_against_kubernetes_schemas(
 
 
 def test_service_is_cluster_ip_only() -> None:
-    service = k8s_etcd.build_etcd_service(run_id=RUN_ID, namespace=NS)
+    service = etcd_manifests.build_etcd_service(run_id=RUN_ID, namespace=NS)
     assert service["spec"]["type"] == "ClusterIP"
     assert [p["port"] for p in service["spec"]["ports"]] == [2379]
-    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS)
+    sts = etcd_manifests.build_etcd_statefulset(run_id=RUN_ID, namespace=NS)
     assert service["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
 
 
 def test_statefulset_pins_image_probes_health_and_sizes_resources() -> None:
-    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS, cpu="1", memory="1Gi")
+    sts = etcd_manifests.build_etcd_statefulset(run_id=RUN_ID, namespace=NS, cpu="1", memory="1Gi")
     pod = sts["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "gcr.io/etcd-development/etcd:v3.5.17"
@@ -88,17 +89,19 @@ def test_statefulset_pins_image_probes_health_and_sizes_resources() -> None:
     assert "volumeClaimTemplates" not in sts["spec"]
     assert "--enable-v2=true" not in container["command"]
     assert (
-        f"--advertise-client-urls=http://{k8s_etcd.etcd_endpoint(run_id=RUN_ID, namespace=NS)}"
+        f"--advertise-client-urls=http://{etcd_manifests.etcd_endpoint(run_id=RUN_ID, namespace=NS)}"
         in container["command"]
     )
     with pytest.raises(ValueError, match="pinned"):
-        k8s_etcd.build_etcd_statefulset(
+        etcd_manifests.build_etcd_statefulset(
             run_id=RUN_ID, namespace=NS, image="quay.io/coreos/etcd:latest"
         )
 
 
 def test_ssd_storage_uses_pvc_deleted_with_the_statefulset() -> None:
-    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS, storage_class="premium-rwo")
+    sts = etcd_manifests.build_etcd_statefulset(
+        run_id=RUN_ID, namespace=NS, storage_class="premium-rwo"
+    )
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["storageClassName"] == "premium-rwo"
     assert claim["metadata"]["labels"][K8S_RUN_LABEL] == safe_run_id(RUN_ID)
@@ -110,7 +113,7 @@ def test_ssd_storage_uses_pvc_deleted_with_the_statefulset() -> None:
 
 
 def test_tls_from_secret_requires_client_certificates() -> None:
-    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS, tls_secret="etcd-tls")
+    sts = etcd_manifests.build_etcd_statefulset(run_id=RUN_ID, namespace=NS, tls_secret="etcd-tls")
     pod = sts["spec"]["template"]["spec"]
     command = pod["containers"][0]["command"]
     assert "--client-cert-auth=true" in command
@@ -164,9 +167,9 @@ def test_create_posts_statefulset_then_owned_service_and_network_policy(
 
 
 def test_network_policy_admits_only_the_runs_pods() -> None:
-    policy = k8s_etcd.build_etcd_network_policy(run_id=RUN_ID, namespace=NS)
+    policy = etcd_manifests.build_etcd_network_policy(run_id=RUN_ID, namespace=NS)
     kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
-    sts = k8s_etcd.build_etcd_statefulset(run_id=RUN_ID, namespace=NS)
+    sts = etcd_manifests.build_etcd_statefulset(run_id=RUN_ID, namespace=NS)
     assert policy["spec"]["podSelector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     [rule] = policy["spec"]["ingress"]
@@ -174,7 +177,7 @@ def test_network_policy_admits_only_the_runs_pods() -> None:
     assert rule["ports"] == [{"protocol": "TCP", "port": 2379}]
     # The PyTorchJob's pods carry the run label, so they are admitted.
     from components.launchers import TrainLaunch
-    from components.launchers.gke import build_pytorchjob
+    from components.launchers.pytorchjob import build_pytorchjob
     from trainer.config import TrainConfig
 
     trainer = TrainConfig(model="gs://b/m", data="gs://b/d", output="gs://b/o")
@@ -236,7 +239,7 @@ def test_wait_returns_when_ready(fake_api: Callable[[Responder], KubeApiServer])
     server = fake_api(respond)
     naps: list[float] = []
     k8s_etcd.wait_etcd_ready(server.api_client, run_id=RUN_ID, namespace=NS, sleep=naps.append)
-    name = k8s_etcd.etcd_name(RUN_ID)
+    name = etcd_manifests.etcd_name(RUN_ID)
     assert [r.path for r in server.requests] == [
         f"/apis/apps/v1/namespaces/{NS}/statefulsets/{name}/status"
     ] * 3
@@ -246,7 +249,7 @@ def test_wait_returns_when_ready(fake_api: Callable[[Responder], KubeApiServer])
 def test_wait_timeout_reports_pod_state_and_events(
     fake_api: Callable[[Responder], KubeApiServer],
 ) -> None:
-    pod_name = f"{k8s_etcd.etcd_name(RUN_ID)}-0"
+    pod_name = f"{etcd_manifests.etcd_name(RUN_ID)}-0"
 
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if "/statefulsets/" in path:
@@ -317,7 +320,7 @@ def test_wait_timeout_reports_pod_state_and_events(
 
 
 def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], KubeApiServer]) -> None:
-    name = k8s_etcd.etcd_name(RUN_ID)
+    name = etcd_manifests.etcd_name(RUN_ID)
 
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "GET" and "/statefulsets" in path:

@@ -18,9 +18,12 @@ import pytest
 import requests
 from fakes.k8s_api import KubeApiServer
 
-from components import etcd_step
 from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
+from components.etcd import manifests as etcd_manifests
+from components.steps import etcd as etcd_step
+from components.steps.cleanup import CleanupRequest
+from components.steps.cleanup import run as cleanup
 
 REPO = Path(__file__).resolve().parents[1]
 needs_etcd = pytest.mark.skipif(not etcd_local.shutil.which("etcd"), reason="etcd not installed")
@@ -106,42 +109,49 @@ def test_state_root_env_is_read_at_call_time(
     assert etcd_local.state_file("r1", tmp_path / "c") == tmp_path / "c" / "r1" / "etcd.json"
 
 
-# -- etcd_up / etcd_down ---------------------------------------------------------------------
+# -- the etcd step, and cleanup ---------------------------------------------------------------------
+
+
+def etcd_up(**values: Any) -> etcd_step.EtcdRequest:
+    """The etcd step's request with the component's defaults for what a test leaves out."""
+    component = {"rdzv_backend": "etcd-v3", "namespace": "", "gke_cluster": "", "project": ""}
+    return etcd_step.EtcdRequest(**component | values)
 
 
 @needs_etcd
 def test_step_local_up_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMFT_STATE_DIR", str(tmp_path))
     run_id = f"step-{uuid.uuid4().hex[:6]}"
-    endpoint = etcd_step.etcd_up(backend="local", run_id=run_id)
+    endpoint = etcd_step.run(etcd_up(backend="local", run_id=run_id))
     try:
         assert requests.get(f"http://{endpoint}/health", timeout=5).json()["health"] == "true"
         assert etcd_local.status(run_id).detached  # type: ignore[union-attr]
     finally:
-        removed = etcd_step.etcd_down(backend="local", run_id=run_id)
+        removed = cleanup(CleanupRequest(backend="local", run_id=run_id))
     assert removed == [f"stopped the local etcd of run {run_id}"]
-    assert etcd_step.etcd_down(backend="local", run_id=run_id) == []
+    assert cleanup(CleanupRequest(backend="local", run_id=run_id)) == []
 
 
 def test_step_needs_no_etcd_for_vertex_or_c10d(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    assert etcd_step.etcd_up(backend="vertex", run_id="r") == ""
+    assert etcd_step.run(etcd_up(backend="vertex", run_id="r")) == ""
     assert "c10d at the primary replica" in caplog.text
-    assert etcd_step.etcd_up(backend="gke", run_id="r", namespace="ns", rdzv_backend="c10d") == ""
-    assert etcd_step.etcd_down(backend="vertex", run_id="r") == []
+    assert (
+        etcd_step.run(etcd_up(backend="gke", run_id="r", namespace="ns", rdzv_backend="c10d")) == ""
+    )
 
 
 def test_step_reports_all_config_errors() -> None:
     with pytest.raises(ValueError) as info:
-        etcd_step.etcd_up(backend="gke", run_id="r", rdzv_backend="zookeeper")
+        etcd_step.run(etcd_up(backend="gke", run_id="r", rdzv_backend="zookeeper"))
     assert "rdzv_backend='zookeeper'" in str(info.value) and "namespace is empty" in str(info.value)
     with pytest.raises(ValueError, match="backend='k8s'"):
-        etcd_step.etcd_up(backend="k8s", run_id="r")
+        etcd_step.run(etcd_up(backend="k8s", run_id="r"))
 
 
 def test_step_gke_creates_waits_and_deletes() -> None:
     run_id, ns = "gke-run-1", "training"
-    name = k8s_etcd.etcd_name(run_id)
+    name = etcd_manifests.etcd_name(run_id)
 
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "POST":  # the API server assigns every object a uid
@@ -154,21 +164,21 @@ def test_step_gke_creates_waits_and_deletes() -> None:
 
     server = KubeApiServer(respond)
     try:
-        endpoint = etcd_step.etcd_up(
-            backend="gke",
-            run_id=run_id,
-            namespace=ns,
-            rdzv_backend="etcd-v2",
-            storage_class="premium-rwo",
-            api_client=server.api_client,
+        endpoint = etcd_step.run(
+            etcd_up(
+                backend="gke",
+                run_id=run_id,
+                namespace=ns,
+                rdzv_backend="etcd-v2",
+                storage_class="premium-rwo",
+                api_client=server.api_client,
+            )
         )
         assert endpoint == f"{name}.{ns}.svc.cluster.local:2379"
         sts = next(r.body for r in server.requests if r.path.endswith("/statefulsets"))
         assert "--enable-v2=true" in sts["spec"]["template"]["spec"]["containers"][0]["command"]
         assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "premium-rwo"
-        removed = etcd_step.etcd_down(
-            backend="gke", run_id=run_id, namespace=ns, api_client=server.api_client
-        )
+        removed = k8s_etcd.delete_etcd(server.api_client, run_id=run_id, namespace=ns)
         assert removed == [
             f"StatefulSet/{name}",
             f"Service/{name}",

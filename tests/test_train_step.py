@@ -10,7 +10,7 @@ import pytest
 from components.launchers import TrainLaunch
 from components.run_identity import safe_run_id
 from components.run_params import params_from_mapping
-from components.train_step import check_worker_readable, run_directory
+from components.steps.train import check_worker_readable, run_directory
 from trainer.config import TrainConfig
 
 

@@ -22,7 +22,9 @@ from components.run_params import (
     fields,
     params_from_mapping,
 )
-from components.validation import check_run_parameters, validate_and_resolve
+from components.steps.validate import ValidateRequest
+from components.steps.validate import run as validate_step
+from components.validation import check_run_parameters
 from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +53,7 @@ def test_all_errors_are_reported_together(data_file: str) -> None:
     assert len(errors) == 4, errors
     assert any("choose one of local, gke, vertex" in e for e in errors)
     with pytest.raises(ValueError, match="4 invalid run parameter"):
-        validate_and_resolve(schedule_time="", **defaults() | bad)
+        validate_step(ValidateRequest(schedule_time="", **defaults() | bad))
 
 
 def test_types_and_unknown_names_are_reported_together() -> None:
@@ -128,16 +130,20 @@ def test_schedule_time_fills_the_data_window(tmp_path: Path) -> None:
         "base_model": "m",
         "train_data_uri": f"{tmp_path}/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl",
     }
-    base, uri, champion = validate_and_resolve(schedule_time="2026-12-01T00:00:00Z", **params)
+    base, uri, champion = validate_step(
+        ValidateRequest(schedule_time="2026-12-01T00:00:00Z", **params)
+    )
     assert (base, uri, champion) == ("m", f"{window}/*.jsonl", "")
     with pytest.raises(ValueError, match="not started by a schedule"):
-        validate_and_resolve(schedule_time="", **params)
+        validate_step(ValidateRequest(schedule_time="", **params))
 
 
 def test_champion_latest_registered_needs_a_model_name(data_file: str) -> None:
     with pytest.raises(ValueError, match="registered_model is empty"):
-        validate_and_resolve(
-            schedule_time="", **defaults() | good(data_file, champion_model=LATEST_REGISTERED)
+        validate_step(
+            ValidateRequest(
+                schedule_time="", **defaults() | good(data_file, champion_model=LATEST_REGISTERED)
+            )
         )
 
 

@@ -1,2 +1,2 @@
 """Per-run etcd for torchrun rendezvous: a local process (`local`) or a StatefulSet on Kubernetes
-(`kubernetes`). `components.etcd_step` picks one by backend."""
+(`kubernetes`). `components.steps.etcd` picks one by backend."""

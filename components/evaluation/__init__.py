@@ -1,7 +1,7 @@
 """Before/after evaluation of a fine-tuned causal LM: loss, generation metrics, report, gate.
 
 Run from the command line with `llmft evaluate --base PATH --tuned PATH --data DIR --output DIR`,
-or call `components.evaluation.evaluate.run_evaluation` (what the KFP `evaluate` component does).
+or call `components.evaluation.evaluate.run_evaluation` (what the pipeline's evaluate step does).
 
 Modules, one job each:
     loading     model + tokenizer from a local directory or any fsspec URI (gs://), on GPU/CPU
@@ -12,7 +12,8 @@ Modules, one job each:
     gate        the pass/fail decision from configurable thresholds
     report      the self-contained HTML report
     evaluate    the orchestration: everything above, writing metrics.json + report.html
-    step        the KFP `evaluate` component's parameters mapped onto run_evaluation
+
+The pipeline's `evaluate` step (components/steps/evaluate.py) calls run_evaluation.
 
 The registry side (upload a passing model, find the champion) is components/registry.py.
 """

@@ -17,50 +17,23 @@ the tokenizer the dataset was packed with.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from components.evaluation import data as data_io
-from components.evaluation.gate import GateDecision, GateThresholds, decide
+from components.evaluation.gate import GateThresholds, decide
 from components.evaluation.general_probes import MAX_NEW_TOKENS as PROBE_MAX_NEW_TOKENS
-from components.evaluation.general_probes import load_probes, retained
+from components.evaluation.general_probes import load_probes
 from components.evaluation.generation import generate_answers, has_chat_template
 from components.evaluation.loading import check_model_path, loaded_model, read_tokenizer
-from components.evaluation.report import read_training_curve, render_report
+from components.evaluation.outputs import EvaluationResult, Scores, write_outputs
 from components.evaluation.scoring import score_rows
-from components.evaluation.text_metrics import chrf, exact_match, normalize_answer
 from trainer import storage
-from trainer.packed_data.format import (
-    EVAL_RECORDS_DIR,
-    Manifest,
-    TokenizerIdentity,
-    compatibility_errors,
-)
+from trainer.packed_data.format import Manifest, TokenizerIdentity, compatibility_errors
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.json"
-REPORT_FILE = "report.html"
-GENERATIONS_FILE = "generations.jsonl"
-
-
-@dataclass
-class EvaluationResult:
-    metrics: dict[str, float]
-    """Scalars for a KFP Metrics artifact: <role>_eval_loss, <role>_perplexity,
-    <role>_exact_match, <role>_chrf, <role>_general_correct (with the forgetting check) for role
-    in base/tuned[/champion], *_delta (tuned - base), general_retained, eval_rows,
-    eval_target_tokens, generation_examples."""
-    passed: bool
-    decision: GateDecision
-    metrics_path: str
-    report_path: str
-    generations_path: str
-    samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _exists(path: str) -> bool:
@@ -126,10 +99,6 @@ def _check_tokenizer(what: str, path: str, tokenizer: Any, manifest: Manifest) -
         )
 
 
-def _write_text(path: str, text: str) -> None:
-    storage.write_text(path, text)
-
-
 def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> list[str]:
     if heldout:
         return [heldout]
@@ -140,7 +109,7 @@ def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> li
     if not paths and manifest.data_kind == "instruction":
         log.warning(
             "no %s/part-*.jsonl in %s and no held-out file given: skipping generation metrics",
-            EVAL_RECORDS_DIR,
+            data_io.EVAL_RECORDS_DIR,
             data_dir,
         )
     return paths
@@ -202,23 +171,141 @@ def run_evaluation(
         min_general_retained=min_general_retained,
     )
     _validate_args(
-        base=base, tuned=tuned, champion=champion, data_dir=data_dir, heldout=heldout,
-        train_metrics=train_metrics, max_examples=max_examples, max_eval_rows=max_eval_rows,
-        batch_size=batch_size, generation_batch_size=generation_batch_size,
-        max_new_tokens=max_new_tokens, num_samples=num_samples, thresholds=thresholds,
-    )  # fmt: skip
+        base=base,
+        tuned=tuned,
+        champion=champion,
+        data_dir=data_dir,
+        heldout=heldout,
+        train_metrics=train_metrics,
+        max_examples=max_examples,
+        max_eval_rows=max_eval_rows,
+        batch_size=batch_size,
+        generation_batch_size=generation_batch_size,
+        max_new_tokens=max_new_tokens,
+        num_samples=num_samples,
+        thresholds=thresholds,
+    )
     if device is not None:
         _check_device(device)
     if "://" not in output_dir and os.path.isfile(output_dir):
         raise ValueError(f"output {output_dir!r} is a file: give a directory for the report")
     manifest = data_io.load_manifest(data_dir)
     roles = {"base": base, "tuned": tuned, **({"champion": champion} if champion else {})}
+    tokenizers = _checked_tokenizers(roles, manifest)
+    rows = data_io.read_eval_rows(data_dir, manifest, max_eval_rows)
+    examples = _examples(data_dir, heldout, manifest, max_examples, tokenizers["tuned"])
+    probes = load_probes() if thresholds.min_general_retained > 0 else []
+    if probes and not all(has_chat_template(tok) for tok in tokenizers.values()):
+        log.warning("a model's tokenizer has no chat template: skipping the general probes")
+        probes = []
+    log.info(
+        "evaluating %s on %d eval rows (seq_len %d) and %d held-out prompts; thresholds %s",
+        ", ".join(f"{r}={p}" for r, p in roles.items()),
+        len(rows),
+        manifest.seq_len,
+        len(examples),
+        asdict(thresholds),
+    )
+    scores = Scores()
+    inputs = _Inputs(manifest=manifest, rows=rows, examples=examples, probes=probes)
+    for role, path in roles.items():
+        with loaded_model(
+            path, what=f"{role} model", device=device, tokenizer=tokenizers[role]
+        ) as lm:
+            _check_vocab(role, path, lm.model, manifest)
+            scores.device = f"{lm.device} ({str(lm.dtype).removeprefix('torch.')})"
+            _score(
+                lm,
+                role,
+                inputs,
+                scores,
+                batch_size=batch_size,
+                generation_batch_size=generation_batch_size,
+                max_new_tokens=max_new_tokens,
+            )
+    metrics = scores.summary(probes, rows=len(rows), examples=len(examples))
+    decision = decide(metrics, thresholds)
+    log.info(
+        "gate %s: %s",
+        "passed" if decision.passed else "FAILED",
+        decision.failures or "all checks ok",
+    )
+    settings = {
+        "data_dir": data_dir,
+        "heldout": heldout,
+        "max_examples": max_examples,
+        "max_eval_rows": max_eval_rows,
+        "max_new_tokens": max_new_tokens,
+        "device": scores.device,
+        "thresholds": asdict(thresholds),
+    }
+    return write_outputs(
+        output_dir,
+        scores=scores,
+        decision=decision,
+        roles=roles,
+        examples=examples,
+        probes=probes,
+        num_samples=num_samples,
+        settings=settings,
+        train_metrics=train_metrics,
+    )
 
-    # Every tokenizer is checked before any weights load, so a mismatch costs seconds.
-    tokenizers: dict[str, Any] = {}
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every model is scored on: the same rows, prompts and probes."""
+
+    manifest: Manifest
+    rows: Any
+    examples: list[Any]
+    probes: list[Any]
+
+
+def _score(
+    lm: Any,
+    role: str,
+    inputs: _Inputs,
+    scores: Scores,
+    *,
+    batch_size: int,
+    generation_batch_size: int,
+    max_new_tokens: int,
+) -> None:
+    """One loaded model: loss on the packed rows, answers to the prompts and the probes."""
+    loss = score_rows(lm.model, inputs.rows, device=lm.device, batch_size=batch_size)
+    scores.add_loss(role, loss)
+    if inputs.examples:
+        answers = generate_answers(
+            lm.model,
+            lm.tokenizer,
+            inputs.examples,
+            device=lm.device,
+            batch_size=generation_batch_size,
+            max_new_tokens=max_new_tokens,
+        )
+        scores.add_answers(role, answers, inputs.examples)
+    scores.add_target_tokens(loss)
+    if inputs.probes:
+        answers = generate_answers(
+            lm.model,
+            lm.tokenizer,
+            [p.example() for p in inputs.probes],
+            device=lm.device,
+            batch_size=generation_batch_size,
+            max_new_tokens=PROBE_MAX_NEW_TOKENS,
+        )
+        scores.add_probe_answers(role, answers, inputs.probes)
+
+
+def _checked_tokenizers(roles: dict[str, str], manifest: Manifest) -> dict[str, Any]:
+    """Every model's tokenizer, checked against the dataset's before any weights load (so a
+    mismatch costs seconds); a model without tokenizer files uses the base model's."""
+    base = roles["base"]
     base_tokenizer = read_tokenizer(base, "base model")
     if base_tokenizer is None:
         raise ValueError(f"base model {base!r} has no tokenizer files: save the tokenizer with it")
+    tokenizers: dict[str, Any] = {}
     for role, path in roles.items():
         tok = base_tokenizer if role == "base" else read_tokenizer(path, f"{role} model")
         if tok is None:
@@ -227,162 +314,30 @@ def run_evaluation(
             tok = base_tokenizer
         _check_tokenizer(f"{role} model", path, tok, manifest)
         tokenizers[role] = tok
+    return tokenizers
 
-    rows = data_io.read_eval_rows(data_dir, manifest, max_eval_rows)
-    examples = (
-        data_io.read_examples(_example_paths(data_dir, heldout, manifest), max_examples)
-        if max_examples > 0
-        else []
-    )
-    if examples and not has_chat_template(tokenizers["tuned"]):
+
+def _examples(
+    data_dir: str, heldout: str | None, manifest: Manifest, max_examples: int, tokenizer: Any
+) -> list[Any]:
+    """The held-out prompts to generate answers for ([] when generation is off or impossible)."""
+    if max_examples <= 0:
+        return []
+    examples = data_io.read_examples(_example_paths(data_dir, heldout, manifest), max_examples)
+    if examples and not has_chat_template(tokenizer):
         log.warning("the tuned model's tokenizer has no chat template: skipping generation")
-        examples = []
-    references = [ex.reference for ex in examples]
-    probes = load_probes() if thresholds.min_general_retained > 0 else []
-    if probes and not all(has_chat_template(tok) for tok in tokenizers.values()):
-        log.warning("a model's tokenizer has no chat template: skipping the general probes")
-        probes = []
-    probe_correct: dict[str, list[bool]] = {}
-    probe_answers: dict[str, list[str]] = {}
-    log.info(
-        "evaluating %s on %d eval rows (seq_len %d) and %d held-out prompts; thresholds %s",
-        ", ".join(f"{r}={p}" for r, p in roles.items()), len(rows), manifest.seq_len,
-        len(examples), asdict(thresholds),
-    )  # fmt: skip
+        return []
+    return examples
 
-    metrics: dict[str, float] = {}
-    answers: dict[str, list[str]] = {}
-    device_used = ""
-    for role, path in roles.items():
-        with loaded_model(
-            path, what=f"{role} model", device=device, tokenizer=tokenizers[role]
-        ) as lm:
-            vocab = lm.model.get_input_embeddings().num_embeddings
-            if vocab < manifest.tokenizer.vocab_size:
-                raise ValueError(
-                    f"{role} model {path!r} has {vocab} token embeddings but the dataset's "
-                    f"tokenizer has {manifest.tokenizer.vocab_size} tokens: resize the model's "
-                    "embeddings to the tokenizer or preprocess with the model's own tokenizer"
-                )
-            device_used = f"{lm.device} ({str(lm.dtype).removeprefix('torch.')})"
-            loss = score_rows(lm.model, rows, device=lm.device, batch_size=batch_size)
-            metrics[f"{role}_eval_loss"] = loss.loss
-            metrics[f"{role}_perplexity"] = loss.perplexity
-            log.info("%s: eval loss %.4f, perplexity %.3f", role, loss.loss, loss.perplexity)
-            if examples:
-                answers[role] = generate_answers(
-                    lm.model, lm.tokenizer, examples, device=lm.device,
-                    batch_size=generation_batch_size, max_new_tokens=max_new_tokens,
-                )  # fmt: skip
-                metrics[f"{role}_exact_match"] = exact_match(answers[role], references)
-                metrics[f"{role}_chrf"] = chrf(answers[role], references)
-                log.info(
-                    "%s: exact match %.3f, chrF %.2f",
-                    role, metrics[f"{role}_exact_match"], metrics[f"{role}_chrf"],
-                )  # fmt: skip
-            metrics["eval_target_tokens"] = float(loss.target_tokens)
-            if probes:
-                probe_answers[role] = generate_answers(
-                    lm.model, lm.tokenizer, [p.example() for p in probes], device=lm.device,
-                    batch_size=generation_batch_size, max_new_tokens=PROBE_MAX_NEW_TOKENS,
-                )  # fmt: skip
-                probe_correct[role] = [
-                    p.is_correct(a) for p, a in zip(probes, probe_answers[role], strict=True)
-                ]
-                metrics[f"{role}_general_correct"] = sum(probe_correct[role]) / len(probes)
-                log.info(
-                    "%s: general probes answered %.3f",
-                    role, metrics[f"{role}_general_correct"],
-                )  # fmt: skip
-    if probes:
-        kept = retained(probe_correct["base"], probe_correct["tuned"])
-        if kept is not None:
-            metrics["general_retained"] = kept
-    for key in ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct"):
-        if f"tuned_{key}" in metrics and f"base_{key}" in metrics:
-            metrics[f"{key}_delta"] = metrics[f"tuned_{key}"] - metrics[f"base_{key}"]
-    metrics["eval_rows"] = float(len(rows))
-    metrics["generation_examples"] = float(len(examples))
 
-    decision = decide(metrics, thresholds)
-    log.info(
-        "gate %s: %s",
-        "passed" if decision.passed else "FAILED",
-        decision.failures or "all checks ok",
-    )
-
-    generations = []
-    for i, ex in enumerate(examples):
-        entry: dict[str, Any] = {"prompt": ex.prompt_text, "reference": ex.reference}
-        for role in roles:
-            entry[role] = answers[role][i]
-            entry[f"{role}_match"] = normalize_answer(answers[role][i]) == normalize_answer(
-                ex.reference
-            )
-        generations.append(entry)
-    samples = generations[:num_samples]
-    for i, probe in enumerate(probes):
-        entry = {"probe": probe.question, "reference": " | ".join(probe.answers)}
-        for role in roles:
-            entry[role] = probe_answers[role][i]
-            entry[f"{role}_match"] = probe_correct[role][i]
-        generations.append(entry)
-
-    out = output_dir.rstrip("/")
-    if "://" not in out:
-        from pathlib import Path
-
-        Path(out).mkdir(parents=True, exist_ok=True)
-    metrics_path, report_path = f"{out}/{METRICS_FILE}", f"{out}/{REPORT_FILE}"
-    generations_path = f"{out}/{GENERATIONS_FILE}"
-    settings = {
-        "data_dir": data_dir, "heldout": heldout, "max_examples": max_examples,
-        "max_eval_rows": max_eval_rows, "max_new_tokens": max_new_tokens, "device": device_used,
-        "thresholds": asdict(thresholds),
-    }  # fmt: skip
-    # NaN/inf are not JSON: a diverged model's perplexity is written as null.
-    json_metrics = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
-    _write_text(
-        metrics_path,
-        json.dumps(
-            {
-                "metrics": json_metrics,
-                "passed": decision.passed,
-                "checks": decision.checks,
-                "models": roles,
-                "settings": settings,
-            },
-            indent=2,
+def _check_vocab(role: str, path: str, model: Any, manifest: Manifest) -> None:
+    vocab = model.get_input_embeddings().num_embeddings
+    if vocab < manifest.tokenizer.vocab_size:
+        raise ValueError(
+            f"{role} model {path!r} has {vocab} token embeddings but the dataset's "
+            f"tokenizer has {manifest.tokenizer.vocab_size} tokens: resize the model's "
+            "embeddings to the tokenizer or preprocess with the model's own tokenizer"
         )
-        + "\n",
-    )
-    _write_text(generations_path, "".join(json.dumps(g) + "\n" for g in generations))
-    curves = read_training_curve(train_metrics) if train_metrics else None
-    details = {
-        "dataset": data_dir,
-        "eval rows scored": len(rows),
-        "target tokens": int(metrics["eval_target_tokens"]),
-        "held-out prompts": len(examples),
-        "device": device_used,
-        "training metrics": train_metrics or "–",
-    }
-    _write_text(
-        report_path,
-        render_report(
-            metrics=metrics, decision=decision, models=roles, samples=samples, curves=curves,
-            details=details,
-        ),
-    )  # fmt: skip
-    log.info("wrote %s and %s", metrics_path, report_path)
-    return EvaluationResult(
-        metrics=metrics,
-        passed=decision.passed,
-        decision=decision,
-        metrics_path=metrics_path,
-        report_path=report_path,
-        generations_path=generations_path,
-        samples=samples,
-    )
 
 
 def _check_device(device: str) -> None:

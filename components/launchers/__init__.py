@@ -1,4 +1,9 @@
-"""Training launchers: local torchrun agents, a PyTorchJob on GKE, a Vertex AI CustomJob."""
+"""Training launchers: local torchrun agents, a PyTorchJob on GKE, a Vertex AI CustomJob.
+
+`base` is the one interface; `local`, `gke` and `vertex` implement it, each with its own typed
+options; `pytorchjob` and `customjob` build the cloud jobs' specs. The train step
+(components/steps/train.py) picks a launcher from the options' type.
+"""
 
 from components.launchers.base import (
     LaunchCancelled,
@@ -6,7 +11,6 @@ from components.launchers.base import (
     LaunchFailed,
     LaunchResult,
     TrainLaunch,
-    get_launcher,
 )
 
 __all__ = [
@@ -15,5 +19,4 @@ __all__ = [
     "LaunchResult",
     "Launcher",
     "TrainLaunch",
-    "get_launcher",
 ]

@@ -2,8 +2,10 @@
 and clean up after it by run id.
 
 Every backend (local torchrun agents, a PyTorchJob on GKE, a Vertex AI CustomJob) implements
-`Launcher`; `get_launcher(backend)` picks one. What to run is described once, by `TrainLaunch`,
-so the trainer receives the same arguments whatever starts it.
+`Launcher` and takes its own typed options (`LocalOptions`, `GkeOptions`, `VertexOptions`);
+`components.steps.train.launcher` picks one by the options' type, so this module imports none of
+its subclasses. What to run is described once, by `TrainLaunch`, so the trainer receives the same
+arguments whatever starts it.
 
 Why cleanup takes a run id rather than a handle: the pipeline's exit handler runs in another process
 (often another machine) and cannot consume the train step's outputs, so it finds what a run created
@@ -24,11 +26,10 @@ from types import FrameType
 from typing import Any, ClassVar
 
 from components.run_identity import safe_run_id
-from components.run_params import RunParams
+from components.run_params import RunParams, choices
 from trainer.config import TrainConfig
 
-BACKENDS = ("local", "gke", "vertex")
-RDZV_BACKENDS = ("etcd-v3", "etcd-v2", "c10d")
+RDZV_BACKENDS = choices("rdzv_backend")
 TRAINER_ENTRYPOINT: tuple[str, ...] = ("-m", "trainer")
 """What torchrun runs in every worker: the trainer package (`python -m trainer`)."""
 
@@ -285,23 +286,6 @@ class Launcher(ABC):
                 message=f"cancelled by {signal.Signals(interrupt.signum).name}",
                 duration_s=time.monotonic() - started,
             )
-
-
-def get_launcher(backend: str, **options: Any) -> Launcher:
-    """The launcher for `backend` (local, gke or vertex); options go to its constructor."""
-    if backend == "local":
-        from components.launchers.local import LocalLauncher
-
-        return LocalLauncher(**options)
-    if backend == "gke":
-        from components.launchers.gke import GkeLauncher
-
-        return GkeLauncher(**options)
-    if backend == "vertex":
-        from components.launchers.vertex import VertexLauncher
-
-        return VertexLauncher(**options)
-    raise ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)}")
 
 
 def tail(lines: Sequence[str], n: int) -> list[str]:

@@ -1,12 +1,13 @@
-"""Why did a pod not run? Reasons read from pod status and events, in words a user can act on.
+"""Why did a pod not run? Reasons read from pod status and events, in words a user can act on;
+and how a PyTorchJob stands (its condition, whether every worker succeeded, its service account).
 
-Pure functions over `kubernetes.client` models (V1Pod, CoreV1Event), so the GKE launcher's wait
-loop and its tests share them. Each finding says which pod, what happened and what to change.
+Pure functions over `kubernetes.client` models (V1Pod, CoreV1Event) and the job's dict, so the GKE
+launcher's wait loop and its tests share them. Each finding says which pod, what happened and what to change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,3 +121,60 @@ def event_problems(events: Iterable[Any]) -> list[PodProblem]:
 def summarize(problems: Iterable[PodProblem]) -> str:
     unique = list(dict.fromkeys(str(p) for p in problems))
     return "; ".join(unique)
+
+
+# -- a PyTorchJob's state ---------------------------------------------------------------------
+
+
+def job_condition(job: Mapping[str, Any]) -> tuple[str, str, str]:
+    """The latest true condition: (type, reason, message); ("", "", "") before the first."""
+    conditions = [
+        c for c in job.get("status", {}).get("conditions") or [] if c.get("status") == "True"
+    ]
+    if not conditions:
+        return "", "", ""
+    last = conditions[-1]
+    return last.get("type", ""), last.get("reason", ""), last.get("message", "")
+
+
+FAILING_REASONS = {"CrashLoopBackOff", "Error", "OOMKilled", "ContainerCannotRun"}
+"""Container states that mean a worker is failing (restarting after a non-zero exit)."""
+
+
+def all_workers_succeeded(workers: Mapping[str, Any], pods: list[Any], nodes: int) -> bool:
+    """Every replica succeeded: by the operator's count, or by the pods when it lags."""
+    if int(workers.get("succeeded") or 0) >= nodes and not int(workers.get("failed") or 0):
+        active = [p for p in pods if p.status and p.status.phase in ("Pending", "Running")]
+        return not active
+    done = [p for p in pods if p.status and p.status.phase == "Succeeded"]
+    return len(done) >= nodes and len(done) == len(pods)
+
+
+def service_account_check(core: Any, namespace: str, name: str | None) -> str | None:
+    """The pods' Kubernetes service account must exist (else the operator's pods never get
+    created: ValueError) and should carry a Workload Identity annotation (else gs:// access is
+    403: the returned warning). None when it looks right or when we may not look."""
+    from kubernetes.client.exceptions import ApiException
+
+    from components.launchers.pytorchjob import WORKLOAD_IDENTITY_ANNOTATION
+
+    account = name or "default"
+    try:
+        found = core.read_namespaced_service_account(account, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise ValueError(
+                f"Kubernetes service account {namespace}/{account} does not exist: "
+                "create it and bind it to a Google service account with Workload Identity "
+                "(docs/deploy/rbac.yaml), or set service_account"
+            ) from None
+        if exc.status == 403:
+            return None  # not allowed to look: the pods will tell
+        raise
+    annotations = (found.metadata.annotations or {}) if found.metadata else {}
+    if WORKLOAD_IDENTITY_ANNOTATION in annotations:
+        return None
+    return (
+        f"service account {namespace}/{account} has no {WORKLOAD_IDENTITY_ANNOTATION} "
+        "annotation: reading gs:// will fail with 403 unless the node's service account may"
+    )

@@ -21,16 +21,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from components.launchers.base import (
     CANCELLED,
@@ -42,71 +41,12 @@ from components.launchers.base import (
     LogSink,
     TrainLaunch,
 )
+from components.launchers.run_processes import MARKER_ENV, marked_pids, terminate_run_processes
 from components.ports import ReservedPort
 from components.run_identity import run_state_dir, safe_run_id
 from trainer import storage
 
-MARKER_ENV = "LLMFT_LAUNCHER_RUN"
-"""Environment variable that marks every process of a local run (inherited by torchrun workers)."""
 STATE_FILE = "launcher.json"
-
-
-def marked_pids(run_id: str) -> list[int]:
-    """Pids of live processes carrying this run's marker (Linux /proc; empty elsewhere)."""
-    needle = f"{MARKER_ENV}={safe_run_id(run_id)}".encode()
-    pids = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            # Zombies keep their environ until reaped; they are already dead.
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            pids.append(int(entry.name))
-    return pids
-
-
-def _kill_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _kill(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def terminate_run_processes(run_id: str, pgids: Iterable[int], *, grace_s: float) -> int:
-    """SIGTERM the agents' process groups (torchrun then stops its workers cleanly), wait up to
-    `grace_s`, then SIGKILL every process still carrying the run's marker. Returns how many
-    processes had to be killed."""
-    # Only groups whose leader still carries the marker: a recorded pid may have been reused.
-    live = set(marked_pids(run_id))
-    pgids = [pgid for pgid in pgids if pgid in live]
-    for pgid in pgids:
-        _kill_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and marked_pids(run_id):
-        time.sleep(0.1)
-    leftovers = marked_pids(run_id)
-    for pid in leftovers:
-        _kill(pid, signal.SIGKILL)
-    for pgid in pgids:
-        _kill_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and marked_pids(run_id):
-        time.sleep(0.05)
-    return len(leftovers)
 
 
 @dataclass
@@ -135,43 +75,43 @@ class _RunState:
         tmp.replace(path)
 
 
-class LocalLauncher(Launcher):
-    """N local torchrun agents (one per "node"), P workers each.
+@dataclass(frozen=True)
+class LocalOptions:
+    """How the local backend runs its torchrun agents (`LocalLauncher`)."""
 
-    Args:
-        log: sink for the prefixed log lines (default: stdout).
-        log_dir: where each node's log goes (`node<i>.log`) and torchrun's per-rank files;
-            default `<output>/logs` (`<state dir>/logs` when the output is remote, e.g. gs://).
-        state_root: parent of the per-run state directory; default `run_identity.state_root()`.
-        python: interpreter for the agents (default: this one, so the same venv).
-        grace_s: how long stopped agents get to stop their workers before SIGKILL.
-        tail_lines: how many of the failing node's last lines a failure reports.
-        env: extra environment for every agent and worker.
-        poll_s: how often the wait loop checks the agents.
-    """
+    log_dir: str | os.PathLike[str] | None = None
+    """Where each node's log goes (`node<i>.log`) and torchrun's per-rank files; default
+    `<output>/logs` (`<state dir>/logs` when the output is remote, e.g. gs://)."""
+    state_root: str | os.PathLike[str] | None = None
+    """Parent of the per-run state directory; default `run_identity.state_root()`."""
+    python: str = sys.executable
+    """Interpreter for the agents (default: this one, so the same venv)."""
+    grace_s: float = 15.0
+    """How long stopped agents get to stop their workers before SIGKILL."""
+    tail_lines: int = 30
+    """How many of the failing node's last lines a failure reports."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for every agent and worker."""
+    poll_s: float = 0.2
+    """How often the wait loop checks the agents."""
+
+
+class LocalLauncher(Launcher):
+    """N local torchrun agents (one per "node"), P workers each; `options` say how
+    (`LocalOptions`), `log` is the sink for the prefixed log lines (default: stdout)."""
 
     backend = "local"
 
-    def __init__(
-        self,
-        *,
-        log: LogSink | None = None,
-        log_dir: str | os.PathLike[str] | None = None,
-        state_root: str | os.PathLike[str] | None = None,
-        python: str = sys.executable,
-        grace_s: float = 15.0,
-        tail_lines: int = 30,
-        env: Mapping[str, str] | None = None,
-        poll_s: float = 0.2,
-    ) -> None:
+    def __init__(self, options: LocalOptions | None = None, *, log: LogSink | None = None) -> None:
         super().__init__(log=log)
-        self._log_dir = Path(log_dir) if log_dir else None
-        self._state_root = Path(state_root) if state_root else None
-        self.python = python
-        self.grace_s = grace_s
-        self.tail_lines = tail_lines
-        self.env = dict(env or {})
-        self.poll_s = poll_s
+        options = options or LocalOptions()
+        self._log_dir = Path(options.log_dir) if options.log_dir else None
+        self._state_root = Path(options.state_root) if options.state_root else None
+        self.python = options.python
+        self.grace_s = options.grace_s
+        self.tail_lines = options.tail_lines
+        self.env = dict(options.env)
+        self.poll_s = options.poll_s
         self._nodes: list[_Node] = []
         self._state: _RunState | None = None
         self._started_at = 0.0
@@ -203,7 +143,7 @@ class LocalLauncher(Launcher):
         if (state_dir / STATE_FILE).exists() and marked_pids(launch.run_id):
             raise ValueError(
                 f"run {launch.run_id!r} is already running locally: pick another run id or stop "
-                f"it with `cleanup_run(backend='local', run_id={launch.run_id!r})`"
+                "it with the cleanup step (components/steps/cleanup.py)"
             )
         state_dir.mkdir(parents=True, exist_ok=True)
         # Agents write their logs with plain file I/O: a gs:// run keeps them in its local state.
@@ -440,12 +380,3 @@ def _failure_tail(node: _Node) -> list[str]:
     if start is None:
         return [*node.tail, *agent[-10:]]
     return [*node.tail, *agent[start:]]
-
-
-def describe_state(run_id: str, state_root: Path | None = None) -> dict[str, Any] | None:
-    """The recorded state of a local run (for `llmft` status output), or None."""
-    path = run_state_dir(run_id, state_root) / STATE_FILE
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return None

@@ -51,9 +51,10 @@ def train_cmd(
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
     import uuid
 
-    from components.launchers.base import LaunchCancelled, LaunchFailed
+    from components.launchers.base import LaunchCancelled, LaunchFailed, TrainLaunch
+    from components.launchers.local import LocalOptions
     from components.param_checks import resolve_nproc_per_node
-    from components.train_step import run_train_step
+    from components.steps.train import train
 
     if backend != "local":
         raise ValueError(
@@ -63,12 +64,16 @@ def train_cmd(
     not_a_file(output, "--output")
     trainer = trainer_config(model, data, output, config, max_steps, set_)
     try:
-        metadata = run_train_step(
-            backend="local", run_id=run_id or f"local-{uuid.uuid4().hex[:10]}",
-            trainer=trainer, nodes=nodes,
+        launch = TrainLaunch(
+            run_id=run_id or f"local-{uuid.uuid4().hex[:10]}",
+            trainer=trainer,
+            nodes=nodes,
             nproc_per_node=resolve_nproc_per_node("local", nproc_per_node, 0),
-            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts,
-        )  # fmt: skip
+            rdzv_backend=rdzv_backend,
+            rdzv_endpoint=rdzv_endpoint,
+            max_restarts=max_restarts,
+        )
+        metadata = train(launch, LocalOptions())
     except LaunchFailed as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(130 if isinstance(exc, LaunchCancelled) else 1) from None
@@ -126,25 +131,38 @@ def render_pytorchjob(
     ] = None,
 ) -> None:
     """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
+    from components.accelerators import gke_accelerator
     from components.image import DEFAULT_IMAGE
     from components.launchers.base import TrainLaunch
-    from components.launchers.gke import build_pytorchjob, to_yaml
+    from components.launchers.pytorchjob import (
+        PyTorchJobOptions,
+        build_pytorchjob,
+        to_yaml,
+    )
     from components.param_checks import resolve_nproc_per_node
-    from components.train_step import gke_accelerator
 
     gpus = RunParams.accelerator_count if accelerator else 0
     launch = TrainLaunch(
-        run_id=run_id, trainer=trainer_config(model, data, output, None, max_steps, set_),
-        nodes=nodes, nproc_per_node=resolve_nproc_per_node("gke", nproc_per_node, gpus),
+        run_id=run_id,
+        trainer=trainer_config(model, data, output, None, max_steps, set_),
+        nodes=nodes,
+        nproc_per_node=resolve_nproc_per_node("gke", nproc_per_node, gpus),
         rdzv_backend=rdzv_backend,
         rdzv_endpoint=rdzv_endpoint,
-    )  # fmt: skip
-    job = build_pytorchjob(
-        launch=launch, namespace=namespace, image=image or DEFAULT_IMAGE,
-        accelerator=gke_accelerator(accelerator), cpu=cpu, memory=memory, shm_size=shm_size,
-        service_account=service_account or None, hf_token_secret=hf_token_secret or None,
-        gang_scheduling=gang_scheduling, active_deadline_seconds=active_deadline_seconds,
-    )  # fmt: skip
+    )
+    options = PyTorchJobOptions(
+        namespace=namespace,
+        image=image or DEFAULT_IMAGE,
+        accelerator=gke_accelerator(accelerator),
+        cpu=cpu,
+        memory=memory,
+        shm_size=shm_size,
+        service_account=service_account or None,
+        hf_token_secret=hf_token_secret or None,
+        gang_scheduling=gang_scheduling,
+        active_deadline_seconds=active_deadline_seconds,
+    )
+    job = build_pytorchjob(launch=launch, options=options)
     typer.echo(to_yaml(job), nl=False)
 
 
@@ -157,7 +175,7 @@ def preprocess_cmd(ctx: typer.Context) -> None:
 
     args = list(ctx.args)
     if any(arg.lower().endswith(".gguf") for arg in args):
-        from components.preprocess_step import resolve_gguf_tokenizer
+        from components.steps.preprocess import resolve_gguf_tokenizer
 
         try:
             args = resolve_gguf_tokenizer(args)

@@ -2,48 +2,23 @@
 
 Creating and repointing differ per backend and live in their own modules:
 `schedule_vertex` (Vertex AI `PipelineJobSchedule`s) and `schedule_kfp` (KFP recurring runs).
-This module holds what both return and the commands that look the same on both (list, pause,
+What both return is in
+`schedule_types`; this module holds the commands that look the same on both (list, pause,
 resume, delete). Recurring runs should do new work each time; see pipelines/deploy/template.py
 for the schedule-time placeholder in the input URI and the `latest-registered` starting model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+
+from pipelines.deploy.schedule_types import Action, Report, ScheduleSummary
 
 if TYPE_CHECKING:
     import kfp.client
     from google.auth.credentials import Credentials
 
     from pipelines.deploy.config import DeployConfig
-
-Report = Callable[[str], None]
-Action = Literal["pause", "resume", "delete"]
-
-
-@dataclass(frozen=True)
-class Scheduled:
-    """A schedule the backend accepted (created or repointed)."""
-
-    backend: str
-    name: str
-    """Vertex: schedule resource name; KFP: recurring run id."""
-    url: str
-    cron: str
-    """The expression as sent to the backend."""
-
-
-@dataclass(frozen=True)
-class ScheduleSummary:
-    """One line of `llmft schedule --list`."""
-
-    name: str
-    display_name: str
-    state: str
-    cron: str
-    next_run: str
 
 
 def list_schedules(

@@ -20,7 +20,7 @@ from pipelines.deploy.clients import (
 )
 from pipelines.deploy.config import DeployConfig
 from pipelines.deploy.cron import parse_cron
-from pipelines.deploy.schedule import Action, Report, Scheduled, ScheduleSummary
+from pipelines.deploy.schedule_types import Action, Report, Scheduled, ScheduleSummary
 from pipelines.deploy.submit import prepare_parameters
 
 if TYPE_CHECKING:

@@ -1,9 +1,10 @@
-"""Runtime of the preprocess component: run the Beam pipeline and describe what it wrote.
+"""The pipeline's preprocess step: run the Beam pipeline and describe what it wrote.
 
-The @dsl.component body only calls `run_preprocess_step`. Locally it runs the DirectRunner engine in
-process; with runner="DataflowRunner" it submits the job, writes the `gcp_resources` output (the
-format Google Cloud Pipeline Components use for Dataflow jobs, so cancelling the Vertex pipeline
-cancels the job), cancels the job itself on SIGTERM (a cancelled KFP-on-GKE pod), and waits.
+`run(PreprocessRequest)` is what the `preprocess` KFP component calls; `run_beam(argv)` is the
+step's core. Locally it runs the DirectRunner engine in process; with runner="DataflowRunner" it
+submits the job, writes the `gcp_resources` output (the format Google Cloud Pipeline Components use
+for Dataflow jobs, so cancelling the Vertex pipeline cancels the job), cancels the job itself on
+SIGTERM (a cancelled KFP-on-GKE pod), and waits.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import json
 import logging
 import os
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.run_params import RunParams
+from components.run_params import DataKind, Runner, RunParams
 
 log = logging.getLogger(__name__)
 
@@ -138,24 +139,18 @@ def resolve_gguf_tokenizer(argv: list[str]) -> list[str]:
     return out
 
 
-def run_preprocess_step(
-    *,
-    gcp_resources_path: str | None = None,
-    extra_args: list[str] | None = None,
-    **params: Any,
-) -> dict[str, Any]:
-    """Run preprocessing; returns {"metadata": {...}, "summary_markdown": str, "manifest": {...}}.
+def run_beam(argv: list[str], *, gcp_resources_path: str | None = None) -> dict[str, Any]:
+    """Run preprocessing with `beam_preprocess` flags (`build_argv`); returns
+    {"metadata": {...}, "summary_markdown": str, "manifest": {...}}.
 
     Args:
+        argv: the `beam_preprocess` flags.
         gcp_resources_path: where to write the `gcp_resources` JSON once a Dataflow job exists
             (the component's output path on Vertex); ignored for local runs.
-        extra_args: further `beam_preprocess` flags, passed through verbatim.
-        **params: the keyword arguments of `build_argv` (input_uri, output_uri, tokenizer,
-            seq_len, runner, eval_fraction, Dataflow settings, ...).
     """
     from beam_preprocess.pipeline import DATAFLOW_RUNNERS, finish, launch
 
-    argv = resolve_gguf_tokenizer(build_argv(extra_args=extra_args, **params))
+    argv = resolve_gguf_tokenizer(argv)
     launched = launch(argv)
     if launched.runner in DATAFLOW_RUNNERS:
         job_id = launched.result.job_id()
@@ -259,24 +254,40 @@ _DATAFLOW_PARAMS = {
 """dataflow_options keys that map onto build_argv parameters; other keys pass through as flags."""
 
 
-def component_params(
-    *,
-    train_data_uri: str,
-    base_model: str,
-    data_kind: str,
-    seq_len: int,
-    eval_fraction: float,
-    runner: str,
-    project: str,
-    region: str,
-    work_uri: str,
-    run_id: str,
-    dataflow_options: dict[str, Any],
-    dataflow_service_account: str = "",
-    hf_token_secret: str = "",
-    output_uri: str,
-) -> tuple[dict[str, Any], list[str]]:
-    """The `preprocess` component's parameters -> (`build_argv` keyword arguments, extra flags).
+@dataclass(frozen=True)
+class PreprocessRequest:
+    """The `preprocess` component's parameters (components/kfp_components.py), by the same names;
+    each run parameter's meaning and default are in components/run_params.py."""
+
+    train_data_uri: str
+    base_model: str
+    """Its tokenizer tokenizes the records."""
+    data_kind: DataKind
+    seq_len: int
+    eval_fraction: float
+    runner: Runner
+    """The `preprocess_runner` run parameter."""
+    project: str
+    region: str
+    work_uri: str
+    run_id: str
+    dataflow_options: dict[str, Any]
+    dataflow_service_account: str
+    hf_token_secret: str
+    dataset: Any
+    """The Dataset artifact written (by `.uri`; its `.metadata` is set here)."""
+    summary: Any
+    """The Markdown artifact the summary goes to (by `.path`)."""
+    gcp_resources: str
+    """Path of the component's gcp_resources output (always written; empty for local runs)."""
+
+    @property
+    def dataflow(self) -> bool:
+        return self.runner in ("DataflowRunner", "dataflow")
+
+
+def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
+    """The request's `beam_preprocess` flags, writing the dataset to `output_uri`.
 
     The base model's tokenizer tokenizes `train_data_uri` (the run parameters' names). The
     dataset is written to the artifact's URI (components/artifacts.py says why `.uri`): a local
@@ -286,73 +297,68 @@ def component_params(
     container: see the Dockerfile) as `dataflow_service_account`; temp and staging files go under
     `<work_uri>/dataflow/<run>/`; the job runs in the run's region and is named after the run.
     `dataflow_options` entries override any of these. Locally only `direct_*` flags apply.
+    The HF token is read at run time (`run`), never a flag.
     """
     from components.image import DEFAULT_IMAGE
     from components.run_identity import resource_name, safe_run_id
 
-    del hf_token_secret  # read at run time (run_preprocess_component), never a flag
     params: dict[str, Any] = {}
     extra: list[str] = []
-    for key, value in (dataflow_options or {}).items():
+    for key, value in (request.dataflow_options or {}).items():
         if key in _DATAFLOW_PARAMS:
             params[_DATAFLOW_PARAMS[key]] = value
         elif isinstance(value, bool):
             extra.append(f"--{key}" if value else f"--no_{key}")
         else:
             extra.append(f"--{key}={value}")
-    dataflow = runner in ("DataflowRunner", "dataflow")
+    dataflow = request.dataflow
     if dataflow:
-        if work_uri.startswith("gs://"):
-            files = f"{work_uri.rstrip('/')}/dataflow/{safe_run_id(run_id)}"
+        if request.work_uri.startswith("gs://"):
+            files = f"{request.work_uri.rstrip('/')}/dataflow/{safe_run_id(request.run_id)}"
             params.setdefault("temp_location", f"{files}/tmp")
             params.setdefault("staging_location", f"{files}/staging")
-        params.setdefault("job_name", resource_name("preprocess", run_id))
+        params.setdefault("job_name", resource_name("preprocess", request.run_id))
         params.setdefault("sdk_container_image", DEFAULT_IMAGE)
         if not any(flag.startswith("--sdk_location") for flag in extra):
             extra.append("--sdk_location=container")  # the image has Beam: stage no SDK
-        if dataflow_service_account:
-            params.setdefault("service_account", dataflow_service_account)
+        if request.dataflow_service_account:
+            params.setdefault("service_account", request.dataflow_service_account)
     else:
         # Dataflow settings mean nothing to the local runner; its own (direct_*) still apply.
         params = {}
         extra = [flag for flag in extra if flag.startswith("--direct_")]
     params.update(
-        input_uri=train_data_uri,
+        input_uri=request.train_data_uri,
         output_uri=output_uri,
-        tokenizer=base_model,
-        seq_len=seq_len,
-        runner=runner,
-        eval_fraction=eval_fraction,
-        data_kind=data_kind,
-        project=project if dataflow else "",
-        region=region if dataflow else "",
+        tokenizer=request.base_model,
+        seq_len=request.seq_len,
+        runner=request.runner,
+        eval_fraction=request.eval_fraction,
+        data_kind=request.data_kind,
+        project=request.project if dataflow else "",
+        region=request.region if dataflow else "",
     )
-    return params, extra
+    return build_argv(extra_args=extra, **params)
 
 
-def run_preprocess_component(
-    *,
-    summary_path: str,
-    gcp_resources_path: str,
-    **component: Any,
-) -> dict[str, Any]:
-    """What the `preprocess` KFP component calls: returns the Dataset artifact's metadata.
-
-    `component_params` maps the parameters. The Markdown summary goes to `summary_path`, and
-    `gcp_resources_path` always gets a document (empty for local runs) so the output exists.
-    """
+def run(request: PreprocessRequest) -> None:
+    """The `preprocess` component: write the dataset, its Markdown summary and gcp_resources, and
+    describe the Dataset artifact."""
+    from components.artifacts import data_artifact_uri
     from components.secrets import load_hf_token
 
-    # The tokenizer may be a gated hub model; the token comes from Secret Manager by name.
-    load_hf_token(project=component["project"], secret=component.get("hf_token_secret", ""))
-    params, extra = component_params(**component)
-    with open(gcp_resources_path, "w") as f:
-        f.write(json.dumps({"resources": []}))
-    dataflow = params["runner"] in ("DataflowRunner", "dataflow")
-    result = run_preprocess_step(
-        gcp_resources_path=gcp_resources_path if dataflow else None, extra_args=extra, **params
+    dataset = request.dataset
+    dataset.uri = data_artifact_uri(
+        dataset.uri, work_uri=request.work_uri, run_id=request.run_id, name="dataset"
     )
+    # The tokenizer may be a gated hub model; the token comes from Secret Manager by name.
+    load_hf_token(project=request.project, secret=request.hf_token_secret)
+    argv = beam_argv(request, dataset.uri)
+    with open(request.gcp_resources, "w") as f:
+        f.write(json.dumps({"resources": []}))
+    result = run_beam(argv, gcp_resources_path=request.gcp_resources if request.dataflow else None)
+    summary_path = request.summary.path
     os.makedirs(os.path.dirname(summary_path) or ".", exist_ok=True)
     with open(summary_path, "w") as f:
         f.write(result["summary_markdown"])
-    return result["metadata"]
+    dataset.metadata.update(result["metadata"])

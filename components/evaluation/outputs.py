@@ -1,0 +1,175 @@
+"""What an evaluation keeps and writes: per-model scores, metrics.json, generations.jsonl and
+report.html (local or gs://), and the `EvaluationResult` handed back (components/evaluation/
+evaluate.py runs the models)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.evaluation.gate import GateDecision
+from components.evaluation.general_probes import retained
+from components.evaluation.report import read_training_curve, render_report
+from components.evaluation.text_metrics import chrf, exact_match, normalize_answer
+from trainer import storage
+
+METRICS_FILE = "metrics.json"
+REPORT_FILE = "report.html"
+GENERATIONS_FILE = "generations.jsonl"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvaluationResult:
+    metrics: dict[str, float]
+    """Scalars for a KFP Metrics artifact: <role>_eval_loss, <role>_perplexity,
+    <role>_exact_match, <role>_chrf, <role>_general_correct (with the forgetting check) for role
+    in base/tuned[/champion], *_delta (tuned - base), general_retained, eval_rows,
+    eval_target_tokens, generation_examples."""
+    passed: bool
+    decision: GateDecision
+    metrics_path: str
+    report_path: str
+    generations_path: str
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Scores:
+    """What each model (role) scored, collected one model at a time."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    answers: dict[str, list[str]] = field(default_factory=dict)
+    probe_answers: dict[str, list[str]] = field(default_factory=dict)
+    probe_correct: dict[str, list[bool]] = field(default_factory=dict)
+    device: str = ""
+    """The device and dtype the models ran on, e.g. `cuda:0 (bfloat16)`."""
+
+    def add_loss(self, role: str, loss: Any) -> None:
+        self.metrics[f"{role}_eval_loss"] = loss.loss
+        self.metrics[f"{role}_perplexity"] = loss.perplexity
+        log.info("%s: eval loss %.4f, perplexity %.3f", role, loss.loss, loss.perplexity)
+
+    def add_target_tokens(self, loss: Any) -> None:
+        self.metrics["eval_target_tokens"] = float(loss.target_tokens)
+
+    def add_answers(self, role: str, answers: list[str], examples: list[Any]) -> None:
+        references = [ex.reference for ex in examples]
+        self.answers[role] = answers
+        self.metrics[f"{role}_exact_match"] = exact_match(answers, references)
+        self.metrics[f"{role}_chrf"] = chrf(answers, references)
+        log.info(
+            "%s: exact match %.3f, chrF %.2f",
+            role,
+            self.metrics[f"{role}_exact_match"],
+            self.metrics[f"{role}_chrf"],
+        )
+
+    def add_probe_answers(self, role: str, answers: list[str], probes: list[Any]) -> None:
+        self.probe_answers[role] = answers
+        self.probe_correct[role] = [p.is_correct(a) for p, a in zip(probes, answers, strict=True)]
+        self.metrics[f"{role}_general_correct"] = sum(self.probe_correct[role]) / len(probes)
+        log.info("%s: general probes answered %.3f", role, self.metrics[f"{role}_general_correct"])
+
+    def summary(self, probes: list[Any], *, rows: int, examples: int) -> dict[str, float]:
+        """The metrics with the forgetting check, tuned - base deltas and counts added."""
+        metrics = self.metrics
+        if probes:
+            kept = retained(self.probe_correct["base"], self.probe_correct["tuned"])
+            if kept is not None:
+                metrics["general_retained"] = kept
+        for key in ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct"):
+            if f"tuned_{key}" in metrics and f"base_{key}" in metrics:
+                metrics[f"{key}_delta"] = metrics[f"tuned_{key}"] - metrics[f"base_{key}"]
+        metrics["eval_rows"] = float(rows)
+        metrics["generation_examples"] = float(examples)
+        return metrics
+
+
+def generations(
+    scores: Scores, roles: dict[str, str], examples: list[Any], probes: list[Any]
+) -> list[dict[str, Any]]:
+    """Every held-out prompt, then every general probe, with each model's answer."""
+    entries = []
+    for i, ex in enumerate(examples):
+        entry: dict[str, Any] = {"prompt": ex.prompt_text, "reference": ex.reference}
+        for role in roles:
+            answer = scores.answers[role][i]
+            entry[role] = answer
+            entry[f"{role}_match"] = normalize_answer(answer) == normalize_answer(ex.reference)
+        entries.append(entry)
+    for i, probe in enumerate(probes):
+        entry = {"probe": probe.question, "reference": " | ".join(probe.answers)}
+        for role in roles:
+            entry[role] = scores.probe_answers[role][i]
+            entry[f"{role}_match"] = scores.probe_correct[role][i]
+        entries.append(entry)
+    return entries
+
+
+def write_outputs(
+    output_dir: str,
+    *,
+    scores: Scores,
+    decision: GateDecision,
+    roles: dict[str, str],
+    examples: list[Any],
+    probes: list[Any],
+    num_samples: int,
+    settings: dict[str, Any],
+    train_metrics: str | None,
+) -> EvaluationResult:
+    """Write metrics.json, generations.jsonl and report.html under `output_dir`."""
+    metrics = scores.metrics
+    entries = generations(scores, roles, examples, probes)
+    samples = entries[: min(num_samples, len(examples))]
+    out = output_dir.rstrip("/")
+    if "://" not in out:
+        from pathlib import Path
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+    metrics_path, report_path = f"{out}/{METRICS_FILE}", f"{out}/{REPORT_FILE}"
+    generations_path = f"{out}/{GENERATIONS_FILE}"
+    # NaN/inf are not JSON: a diverged model's perplexity is written as null.
+    json_metrics = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+    document = {
+        "metrics": json_metrics,
+        "passed": decision.passed,
+        "checks": decision.checks,
+        "models": roles,
+        "settings": settings,
+    }
+    storage.write_text(metrics_path, json.dumps(document, indent=2) + "\n")
+    storage.write_text(generations_path, "".join(json.dumps(g) + "\n" for g in entries))
+    details = {
+        "dataset": settings["data_dir"],
+        "eval rows scored": int(metrics["eval_rows"]),
+        "target tokens": int(metrics["eval_target_tokens"]),
+        "held-out prompts": len(examples),
+        "device": scores.device,
+        "training metrics": train_metrics or "–",
+    }
+    curves = read_training_curve(train_metrics) if train_metrics else None
+    page = render_report(
+        metrics=metrics,
+        decision=decision,
+        models=roles,
+        samples=samples,
+        curves=curves,
+        details=details,
+    )
+    storage.write_text(report_path, page)
+    log.info("wrote %s and %s", metrics_path, report_path)
+    return EvaluationResult(
+        metrics=metrics,
+        passed=decision.passed,
+        decision=decision,
+        metrics_path=metrics_path,
+        report_path=report_path,
+        generations_path=generations_path,
+        samples=samples,
+    )

@@ -1,0 +1,214 @@
+"""The Vertex AI CustomJob of a launch: a pure builder, no API call.
+
+`build_custom_job(launch=..., options=CustomJobOptions(...))` returns an `aiplatform_v1.CustomJob`
+with two worker pools (primary + N-1 workers); `components/launchers/vertex.py` submits and
+follows it. Every replica runs the project image with torchrun; rendezvous is c10d hosted by the
+primary replica (workerpool0), whose address Vertex gives every replica (MASTER_ADDR/MASTER_PORT,
+else the first entry of workerpool0 in CLUSTER_SPEC). The primary is told `is_host=1` and the
+others `is_host=0` rather than letting torch guess from hostnames, which differ from Vertex's
+addresses.
+
+The Hugging Face token is never in the job spec: replicas get the Secret Manager secret's name
+(`HF_TOKEN_SECRET`) and read the value at start (components/secrets.py).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.image import DEFAULT_IMAGE
+from components.launchers.base import TORCHRUN_ENV, TrainLaunch
+from components.run_identity import resource_name, vertex_labels
+from components.run_params import RunParams
+from components.secrets import HF_TOKEN_SECRET_ENV
+
+_PRIMARY_ADDRESS = (
+    'python -c "import json,os; '
+    "print(json.loads(os.environ['CLUSTER_SPEC'])['cluster']['workerpool0'][0])\""
+)
+_READ_HF_TOKEN = (
+    f'if [ -n "${{{HF_TOKEN_SECRET_ENV}:-}}" ]; then '
+    f'HF_TOKEN="$(python -m components.secrets "${HF_TOKEN_SECRET_ENV}")"; '
+    'if [ -n "$HF_TOKEN" ]; then export HF_TOKEN; else unset HF_TOKEN; fi; fi; '
+)
+
+
+@dataclass(frozen=True)
+class CustomJobOptions:
+    """How the CustomJob of a launch runs on Vertex AI (everything but what to run)."""
+
+    image: str = DEFAULT_IMAGE
+    """The project image (pinned tag)."""
+    machine_type: str = RunParams.machine_type
+    """Compute Engine machine type of every replica."""
+    accelerator_type: str | None = RunParams.accelerator_type
+    """Vertex accelerator name (e.g. NVIDIA_H100_80GB); None for CPU."""
+    accelerator_count: int | None = None
+    """Accelerators per replica (default: nproc_per_node)."""
+    boot_disk_type: str = "pd-ssd"
+    """Each replica's boot disk type."""
+    boot_disk_size_gb: int = 500
+    """Each replica's boot disk size."""
+    network: str | None = None
+    """VPC network (`projects/NUMBER/global/networks/NAME`) to peer with, if any."""
+    reserved_ip_ranges: tuple[str, ...] = ()
+    """Reserved IP ranges in that network to use."""
+    service_account: str | None = None
+    """Service account the replicas run as (reads data, writes outputs); None: the Vertex AI
+    Custom Code Service Agent."""
+    hf_token_secret: str | None = None
+    """Secret Manager secret version holding a Hugging Face token
+    (`projects/P/secrets/NAME/versions/V`); replicas read it at start. Optional."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Plain environment variables (secrets: read them from Secret Manager by name)."""
+    base_output_directory: str | None = None
+    """gs:// dir Vertex exposes as AIP_MODEL_DIR etc. (optional)."""
+    timeout_s: int | None = None
+    """Maximum run time."""
+    restart_job_on_worker_restart: bool = False
+    """Restart all replicas when one restarts."""
+    enable_web_access: bool = False
+    """Interactive shell into the replicas (debugging)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Extra labels (the run's labels are always set)."""
+
+    def accelerators(self, launch: TrainLaunch) -> int:
+        """Accelerators per replica: `accelerator_count`, else one per process when typed."""
+        if self.accelerator_count is not None:
+            return self.accelerator_count
+        return launch.nproc_per_node if self.accelerator_type else 0
+
+    def errors(self, launch: TrainLaunch) -> list[str]:
+        """Every problem with these options for `launch`, so the user fixes them in one go."""
+        from google.cloud import aiplatform_v1
+
+        errors = []
+        if launch.rdzv_backend != "c10d":
+            errors.append(
+                f"rdzv_backend={launch.rdzv_backend!r}: Vertex rendezvouses at the primary "
+                "replica, use c10d"
+            )
+        if launch.rdzv_endpoint:
+            errors.append("rdzv_endpoint must be empty on Vertex (the primary replica hosts it)")
+        accelerator = self.accelerator_type
+        if self.accelerators(launch) and not accelerator:
+            errors.append("accelerator_count is set but accelerator_type is not")
+        if accelerator and accelerator not in aiplatform_v1.AcceleratorType.__members__:
+            errors.append(
+                f"accelerator_type={accelerator!r} is not a Vertex accelerator name "
+                "(e.g. NVIDIA_H100_80GB, NVIDIA_L4)"
+            )
+        secret = self.hf_token_secret
+        if secret and not secret.startswith("projects/"):
+            errors.append(
+                f"hf_token_secret={secret!r}: give the secret's resource name "
+                "(projects/P/secrets/NAME/versions/V)"
+            )
+        if HF_TOKEN_SECRET_ENV in self.env or "HF_TOKEN" in self.env:
+            errors.append(
+                "env must not carry the HF token: pass hf_token_secret (read at run time)"
+            )
+        return errors
+
+
+def torchrun_command(launch: TrainLaunch, *, primary: bool) -> list[str]:
+    """`bash -c` script: read the HF token from Secret Manager when a secret is named, resolve
+    the primary's address at run time, then exec torchrun."""
+    placeholder = "@RDZV@"
+    torchrun = [
+        '--rdzv-endpoint="$RDZV"' if arg == f"--rdzv-endpoint={placeholder}" else shlex.quote(arg)
+        for arg in launch.torchrun_args(placeholder, rdzv_conf=f"is_host={int(primary)}")
+    ]
+    program = shlex.join([*launch.entrypoint, *launch.trainer_args()])
+    script = _READ_HF_TOKEN + (
+        'if [ -n "${MASTER_ADDR:-}" ]; then RDZV="$MASTER_ADDR:${MASTER_PORT:-29400}"; '
+        f"else RDZV=$({_PRIMARY_ADDRESS}); fi; "
+        f"exec python -m torch.distributed.run {' '.join(torchrun)} {program}"
+    )
+    return ["bash", "-c", script]
+
+
+def build_custom_job(*, launch: TrainLaunch, options: CustomJobOptions | None = None) -> Any:
+    """The `aiplatform_v1.CustomJob` for `launch` (primary pool of 1 + worker pool of nodes-1).
+
+    Args:
+        launch: what to run; rdzv_backend must be c10d (rendezvous at the primary replica;
+            Vertex has no per-run etcd).
+        options: how it runs (default `CustomJobOptions()`).
+
+    Raises:
+        ValueError: every problem of the launch and the options, in one message.
+    """
+    from google.cloud import aiplatform_v1
+
+    options = options or CustomJobOptions()
+    launch.validate()
+    errors = options.errors(launch)
+    if errors:
+        raise ValueError("invalid Vertex CustomJob options:\n  - " + "\n  - ".join(errors))
+    pools = [_pool(launch, options, primary=True, replicas=1)]
+    if launch.nodes > 1:
+        pools.append(_pool(launch, options, primary=False, replicas=launch.nodes - 1))
+    return aiplatform_v1.CustomJob(
+        display_name=resource_name("train", launch.run_id),
+        job_spec=_job_spec(pools, options),
+        labels={**options.labels, **vertex_labels(launch.run_id)},
+    )
+
+
+def _pool(launch: TrainLaunch, options: CustomJobOptions, *, primary: bool, replicas: int) -> Any:
+    """One worker pool: machine, disk, the image running torchrun, plain environment."""
+    from google.cloud import aiplatform_v1
+
+    machine = aiplatform_v1.MachineSpec(machine_type=options.machine_type)
+    count = options.accelerators(launch)
+    if options.accelerator_type and count:
+        machine.accelerator_type = getattr(aiplatform_v1.AcceleratorType, options.accelerator_type)
+        machine.accelerator_count = count
+    disk = aiplatform_v1.DiskSpec(
+        boot_disk_type=options.boot_disk_type, boot_disk_size_gb=options.boot_disk_size_gb
+    )
+    plain_env = {**TORCHRUN_ENV, **options.env}
+    if options.hf_token_secret:
+        # A name; the value is read at run time.
+        plain_env[HF_TOKEN_SECRET_ENV] = options.hf_token_secret
+    return aiplatform_v1.WorkerPoolSpec(
+        machine_spec=machine,
+        replica_count=replicas,
+        disk_spec=disk,
+        container_spec=aiplatform_v1.ContainerSpec(
+            image_uri=options.image,
+            command=torchrun_command(launch, primary=primary),
+            env=[aiplatform_v1.EnvVar(name=k, value=v) for k, v in plain_env.items()],
+        ),
+    )
+
+
+def _job_spec(pools: list[Any], options: CustomJobOptions) -> Any:
+    """The CustomJobSpec: the pools plus identity, network, outputs and scheduling."""
+    from google.cloud import aiplatform_v1
+    from google.protobuf import duration_pb2
+
+    spec = aiplatform_v1.CustomJobSpec(
+        worker_pool_specs=pools, enable_web_access=options.enable_web_access
+    )
+    if options.service_account:
+        spec.service_account = options.service_account
+    if options.network:
+        spec.network = options.network
+    if options.reserved_ip_ranges:
+        spec.reserved_ip_ranges = list(options.reserved_ip_ranges)
+    if options.base_output_directory:
+        spec.base_output_directory = aiplatform_v1.GcsDestination(
+            output_uri_prefix=options.base_output_directory
+        )
+    if options.timeout_s or options.restart_job_on_worker_restart:
+        spec.scheduling = aiplatform_v1.Scheduling(
+            restart_job_on_worker_restart=options.restart_job_on_worker_restart
+        )
+        if options.timeout_s:
+            spec.scheduling.timeout = duration_pb2.Duration(seconds=options.timeout_s)
+    return spec

@@ -1,0 +1,107 @@
+"""The train step's preflight: what every rank would find out on its own, found once, here.
+
+Runs before torchrun or a cloud job starts (components/steps/train.py), so a mismatched tokenizer,
+a model without enough positions or an empty dataset is one clear error instead of N tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.config import TrainConfig
+
+
+def preflight(config: TrainConfig, *, local: bool) -> None:
+    """What the trainer would find out on every rank, found here once, before torchrun or a
+    cloud job starts: each problem in one ValueError.
+
+    Checks that the dataset is a non-empty packed dataset, that the model exists (a name that is
+    neither a directory nor a hub id `owner/name` would go to the hub and fail on every rank),
+    and, for a local model directory, that its tokenizer is the one the data was packed with and
+    that it has positions for `seq_len` tokens. `local`: the model and data paths are on this
+    machine (the local backend); otherwise only what is readable here (gs:// via fsspec) is read.
+    """
+    from trainer.packed_data.format import read_manifest
+
+    config.validate()
+    errors: list[str] = []
+    model_dir = _local_model_dir(config.model, errors, local=local)
+    if model_dir is not None and (model_dir / "config.json").is_file():
+        # A family feature the chosen attention cannot compute exactly (e.g. gpt-oss's sinks
+        # with attention=sdpa) is refused here, before any node starts.
+        from trainer.attention import check_model
+
+        try:
+            check_model(config.attention, str(model_dir))
+        except ValueError as exc:
+            errors.append(str(exc))
+    manifest = None
+    if local or "://" in config.data:
+        try:
+            manifest = read_manifest(config.data)
+        except (FileNotFoundError, ValueError) as exc:
+            errors.append(f"data {config.data!r}: {exc}")
+    if manifest is not None:
+        if manifest.splits["train"].rows == 0:
+            errors.append(f"data {config.data!r} has no training rows: see its stats.json")
+        if config.seq_len is not None and config.seq_len != manifest.seq_len:
+            errors.append(
+                f"seq_len={config.seq_len} but the dataset was packed with seq_len="
+                f"{manifest.seq_len}: drop seq_len or re-run preprocessing"
+            )
+        if model_dir is not None:
+            errors += _model_fits_errors(model_dir, config, manifest)
+    if errors:
+        raise ValueError("the training run cannot start:\n  - " + "\n  - ".join(errors))
+
+
+def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | None:
+    """The model's local directory, None for a URI or a hub id; records a missing model."""
+    if "://" in model:
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from trainer.gguf import is_gguf
+
+    if is_gguf(model):
+        if not path.is_file() and local:
+            errors.append(f"model {model!r} does not exist: pass an existing .gguf file")
+        return None  # converted on each node; its tokenizer is checked by the trainer
+    if not local:
+        return None  # a path inside the training image or on a shared volume
+    if model.count("/") == 1 and not model.startswith((".", "/", "~")):
+        return None  # a hub id (owner/name): downloaded by every node
+    errors.append(
+        f"model {model!r} is not a directory here nor a hub id like owner/name: pass a Hugging "
+        "Face model directory (llmft tiny-model writes one)"
+    )
+    return None
+
+
+def _model_fits_errors(model_dir: Path, config: TrainConfig, manifest: Any) -> list[str]:
+    """The tokenizer matches the dataset's, and the model has positions for its rows."""
+    from trainer.packed_data.format import TokenizerIdentity, compatibility_errors
+
+    errors = []
+    model_config = model_dir / "config.json"
+    if not model_config.is_file():
+        return [f"model {str(model_dir)!r} has no config.json: pass a Hugging Face model directory"]
+    positions = json.loads(model_config.read_text()).get("max_position_embeddings")
+    if isinstance(positions, int) and positions < manifest.seq_len:
+        errors.append(
+            f"model {str(model_dir)!r} has {positions} positions but the dataset's rows are "
+            f"{manifest.seq_len} tokens: re-run preprocessing with seq_len <= {positions}"
+        )
+    tokenizer_dir = Path(config.resolved_tokenizer()).expanduser()
+    if tokenizer_dir.is_dir():
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        except (OSError, ValueError) as exc:
+            return [*errors, f"tokenizer {str(tokenizer_dir)!r} does not load: {exc}"]
+        errors += compatibility_errors(manifest, TokenizerIdentity.of(tokenizer), None)
+    return errors

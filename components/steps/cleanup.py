@@ -1,0 +1,85 @@
+"""The pipeline's cleanup (exit handler): delete everything that carries the run's label.
+
+It knows only the run id (an exit handler cannot consume the guarded tasks' outputs) and must
+succeed whatever state the run is in, so every deletion ignores what is already gone:
+- local: stop the run's torchrun agents and workers, its etcd, and remove its state;
+- gke: delete the run's PyTorchJobs and etcd StatefulSet/Service/PVCs by label;
+- vertex: cancel the run's still-active CustomJobs (found by label).
+
+Run by hand: `python -c "from components.steps.cleanup import CleanupRequest, run;
+run(CleanupRequest(backend='local', run_id='RUN'))"`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.launchers.gke import GkeOptions
+from components.launchers.local import LocalOptions
+from components.launchers.pytorchjob import PyTorchJobOptions
+from components.launchers.vertex import VertexOptions
+from components.run_params import Backend, RunParams
+from components.steps.train import BackendOptions, launcher, unknown_backend
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CleanupRequest:
+    """The `cleanup` component's parameters (components/kfp_components.py), by the same names,
+    plus what tests and the local runner set."""
+
+    backend: Backend
+    run_id: str
+    namespace: str = RunParams.namespace
+    gke_cluster: str = ""
+    project: str = ""
+    region: str = RunParams.region
+    api_client: Any = None
+    """An injected `kubernetes.client.ApiClient` (gke; tests); default: built from gke_cluster."""
+    vertex_client: Any = None
+    """An injected `aiplatform_v1.JobServiceClient` (vertex; tests)."""
+    state_root: str | None = None
+    """The local state root (default: $LLMFT_STATE_DIR or <tmp>/llmft-runs)."""
+
+    def backend_options(self) -> BackendOptions:
+        """Where the run's resources live, as the backend's launcher options."""
+        if self.backend == "local":
+            return LocalOptions(state_root=self.state_root)
+        if self.backend == "gke":
+            job = PyTorchJobOptions(namespace=self.namespace)
+            return GkeOptions(job=job, cluster=self.gke_cluster, api_client=self.api_client)
+        if self.backend == "vertex":
+            return VertexOptions(
+                project=self.project, location=self.region, client=self.vertex_client
+            )
+        raise unknown_backend(self.backend)
+
+
+def run(request: CleanupRequest) -> list[str]:
+    """Delete every resource of the run on its backend; returns what was removed."""
+    removed = launcher(request.backend_options()).cleanup(request.run_id)
+    for item in removed:
+        logger.info("cleanup of run %s: %s", request.run_id, item)
+    if not removed:
+        logger.info(
+            "cleanup of run %s: nothing left to remove on %s", request.run_id, request.backend
+        )
+    return removed
+
+
+def cleanup_local_state(state_root: str | os.PathLike[str]) -> list[str]:
+    """Clean up every local run recorded under `state_root` (the local pipeline runner's last
+    resort when its exit handler could not run): processes, etcd, state files."""
+    root = Path(state_root)
+    if not root.is_dir():
+        return []
+    removed: list[str] = []
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        # Directory names are safe run ids, and safe_run_id is idempotent on them.
+        removed += run(CleanupRequest(backend="local", run_id=run_dir.name, state_root=str(root)))
+    return removed

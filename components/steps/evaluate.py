@@ -1,0 +1,86 @@
+"""The pipeline's evaluate step: base vs tuned model on the eval split, report and quality gate.
+
+`run(EvaluateRequest)` is what the `evaluate` KFP component calls; the work is
+`components.evaluation.evaluate.run_evaluation` (also `llmft evaluate`). The tuned Model artifact
+is the exported Hugging Face model itself; the training curve is in the trainer's run directory,
+its `run_uri` metadata (`<run dir>/metrics.jsonl`). The step writes the report to its HTML
+artifact and logs the scalars to its Metrics artifact; metrics.json and generations.jsonl go to a
+temporary directory that is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from components.evaluation.evaluate import run_evaluation
+from trainer import storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvaluateRequest:
+    """The `evaluate` component's parameters (components/kfp_components.py), by the same names;
+    each run parameter's meaning and default are in components/run_params.py."""
+
+    base_model: str
+    tuned_model: Any
+    """The Model artifact of the train step (`.uri`, `.metadata`)."""
+    dataset: Any
+    """The packed Dataset artifact (by `.uri`)."""
+    max_eval_examples: int
+    min_loss_improvement: float
+    min_exact_match: float
+    champion_model: str
+    min_general_retained: float
+    project: str
+    hf_token_secret: str
+    metrics: Any
+    """The Metrics artifact the finite scalars are logged to (`.log_metric`)."""
+    report: Any
+    """The HTML artifact the report goes to (by `.path`)."""
+
+
+def run(request: EvaluateRequest) -> tuple[bool]:
+    """The `evaluate` component: returns `(passed,)`, the gate's verdict.
+
+    A gated hub base model needs the Hugging Face token: read from Secret Manager by name
+    (`hf_token_secret` in `project`) unless HF_TOKEN is already set (components/secrets.py).
+    """
+    from components.secrets import load_hf_token
+
+    load_hf_token(project=request.project, secret=request.hf_token_secret)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    metadata = request.tuned_model.metadata
+    tuned = storage.normalize(str(metadata.get("model_uri") or request.tuned_model.uri))
+    run_dir = storage.normalize(str(metadata.get("run_uri") or "")).rstrip("/")
+    train_metrics = f"{run_dir}/metrics.jsonl" if run_dir else ""
+    with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
+        result = run_evaluation(
+            base=request.base_model,
+            tuned=tuned,
+            data_dir=storage.normalize(request.dataset.uri),
+            output_dir=out,
+            max_examples=request.max_eval_examples,
+            train_metrics=train_metrics
+            if train_metrics and storage.exists(train_metrics)
+            else None,
+            champion=request.champion_model or None,
+            min_loss_improvement=request.min_loss_improvement,
+            min_exact_match=request.min_exact_match,
+            min_general_retained=request.min_general_retained,
+        )
+        shutil.copyfile(result.report_path, request.report.path)
+    # KFP Metrics (and the Vertex console) take finite numbers only; a diverged perplexity is
+    # left out rather than failing the step.
+    for name, value in result.metrics.items():
+        if math.isfinite(value):
+            request.metrics.log_metric(name, float(value))
+    request.metrics.log_metric("passed", 1.0 if result.passed else 0.0)
+    return (result.passed,)

@@ -1,0 +1,269 @@
+"""The pipeline's train step: launch the trainer on the chosen backend, wait, describe the model.
+
+`run(TrainRequest)` is what the `train` KFP component calls; `train(launch, options)` is the
+step's core, which `llmft train` calls too. It starts N nodes x P processes with the launcher of
+the options' backend (`LocalOptions`, `GkeOptions`, `VertexOptions`), follows them (SIGTERM
+cancels what it started), and returns the metadata of the Model artifact read from the trainer's
+OUTPUT/summary.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from components.accelerators import gke_accelerator
+from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, TrainLaunch
+from components.launchers.customjob import CustomJobOptions
+from components.launchers.gke import GkeLauncher, GkeOptions
+from components.launchers.local import LocalLauncher, LocalOptions
+from components.launchers.pytorchjob import PyTorchJobOptions
+from components.launchers.vertex import VertexLauncher, VertexOptions
+from components.run_params import Backend, RdzvBackend, choices
+from trainer import storage
+
+logger = logging.getLogger(__name__)
+
+BackendOptions = LocalOptions | GkeOptions | VertexOptions
+"""Where and how training runs; its type is the backend."""
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """The `train` component's parameters (components/kfp_components.py), by the same names;
+    each run parameter's meaning and default are in components/run_params.py."""
+
+    backend: Backend
+    run_id: str
+    base_model: str
+    dataset: Any
+    """The packed Dataset artifact (read by `.uri`)."""
+    rdzv_endpoint: str
+    """The etcd step's output ("" lets the launcher choose)."""
+    rdzv_backend: RdzvBackend
+    nodes: int
+    nproc_per_node: int
+    max_steps: int
+    learning_rate: float
+    trainer_overrides: Mapping[str, Any]
+    project: str
+    region: str
+    work_uri: str
+    namespace: str
+    gke_cluster: str
+    machine_type: str
+    accelerator_type: str
+    accelerator_count: int
+    service_account: str
+    hf_token_secret: str
+    model: Any
+    """The Model artifact written: its `.uri` and `.metadata` are set here."""
+    gcp_resources: str
+    """Path of the component's gcp_resources output (Vertex: cancel with the pipeline)."""
+
+
+def run(request: TrainRequest) -> None:
+    """The `train` component: train, and describe the Model artifact.
+
+    The Model artifact holds the exported Hugging Face model only (the KFP launcher downloads
+    every input artifact before a task runs: evaluate and register must not fetch optimizer
+    state). The run directory (checkpoints, metrics.jsonl, TensorBoard, summary.json) is
+    `run_directory(...)`: under `work_uri` in the cloud, keyed by the run id so a retried task
+    resumes from its checkpoints; next to the artifact locally (inside the local run's pipeline
+    root, where `llmft run`'s step table finds its metrics.jsonl). `nproc_per_node=0` starts one
+    process per accelerator.
+    """
+    from components.artifacts import data_artifact_uri
+
+    model = request.model
+    model.uri = data_artifact_uri(
+        model.uri, work_uri=request.work_uri, run_id=request.run_id, name="model"
+    )
+    model.metadata.update(train(trainer_launch(request, model.uri), backend_options(request)))
+
+
+def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
+    """What the request runs: the trainer's config (paths as the workers see them) on N x P."""
+    from components.param_checks import resolve_nproc_per_node
+    from components.trainer_params import trainer_config
+
+    local = request.backend == "local"
+    data = str(request.dataset.uri)
+    if not local:
+        check_worker_readable(data)
+    export_dir = storage.normalize(model_uri) if local else model_uri
+    output = run_directory(
+        backend=request.backend,
+        work_uri=request.work_uri,
+        run_id=request.run_id,
+        model_dir=export_dir,
+    )
+    trainer = trainer_config(
+        dict(request.trainer_overrides or {}),
+        max_steps=request.max_steps,
+        learning_rate=request.learning_rate,
+        model=request.base_model,
+        data=storage.normalize(data) if local else data,
+        output=output,
+    )
+    return TrainLaunch(
+        run_id=request.run_id,
+        trainer=dataclasses.replace(trainer, export_dir=export_dir),
+        nodes=request.nodes,
+        nproc_per_node=resolve_nproc_per_node(
+            request.backend, request.nproc_per_node, request.accelerator_count
+        ),
+        rdzv_backend=request.rdzv_backend,
+        rdzv_endpoint=request.rdzv_endpoint,
+    )
+
+
+def backend_options(request: TrainRequest) -> BackendOptions:
+    """The request's backend, with the run parameters that concern it."""
+    if request.backend == "gke":
+        job = PyTorchJobOptions(
+            namespace=request.namespace,
+            accelerator=gke_accelerator(request.accelerator_type),
+            gpus_per_node=request.accelerator_count or None,
+            service_account=request.service_account or None,
+            hf_token_secret=request.hf_token_secret or None,
+        )
+        return GkeOptions(job=job, cluster=request.gke_cluster)
+    if request.backend == "vertex":
+        custom_job = CustomJobOptions(
+            machine_type=request.machine_type,
+            accelerator_type=request.accelerator_type or None,
+            accelerator_count=request.accelerator_count or None,
+            service_account=request.service_account or None,
+            hf_token_secret=request.hf_token_secret or None,
+        )
+        return VertexOptions(
+            project=request.project,
+            location=request.region,
+            job=custom_job,
+            gcp_resources_path=request.gcp_resources or None,
+        )
+    if request.backend == "local":
+        return LocalOptions()
+    raise unknown_backend(request.backend)
+
+
+def unknown_backend(backend: str) -> ValueError:
+    """The error for a backend that is none of the schema's choices."""
+    return ValueError(f"backend={backend!r}: choose one of {', '.join(choices('backend'))}")
+
+
+def launcher(options: BackendOptions, *, log: LogSink | None = None) -> Launcher:
+    """The launcher of the options' backend (the one place a backend maps to its launcher)."""
+    if isinstance(options, LocalOptions):
+        return LocalLauncher(options, log=log)
+    if isinstance(options, GkeOptions):
+        return GkeLauncher(options, log=log)
+    return VertexLauncher(options, log=log)
+
+
+def train(
+    launch: TrainLaunch,
+    options: BackendOptions,
+    *,
+    timeout_s: float | None = None,
+    log: LogSink | None = None,
+) -> dict[str, Any]:
+    """Train `launch` where `options` say and return the Model artifact's metadata.
+
+    Paths in `launch.trainer` are as the workers see them (gs:// on GKE and Vertex;
+    `export_dir` is where the HF model goes). Vertex always rendezvouses with c10d at the primary
+    replica: another rdzv_backend is ignored there, with a warning. With an entrypoint other than
+    the trainer's (tests run a stand-in script) the trainer's preflight is skipped.
+
+    Returns:
+        base_model, steps, tokens, target_tokens, final_loss, model_uri (+ run facts).
+
+    Raises:
+        ValueError: invalid options or inputs (all listed together), before anything starts.
+        LaunchFailed: the run failed or was cancelled (with the reason and last log lines).
+    """
+    from components.preflight import preflight
+
+    if isinstance(options, VertexOptions) and launch.rdzv_backend != "c10d":
+        logger.warning(
+            "rdzv_backend=%s is ignored on Vertex: c10d at the primary replica",
+            launch.rdzv_backend,
+        )
+        launch = dataclasses.replace(launch, rdzv_backend="c10d", rdzv_endpoint="")
+    launch.validate()
+    if launch.entrypoint == TRAINER_ENTRYPOINT:
+        preflight(launch.trainer, local=isinstance(options, LocalOptions))
+    runner = launcher(options, log=log)
+    result = runner.run(launch, timeout=timeout_s)
+    runner.log(f"[launcher] {result.describe()}")
+    result.raise_for_status()
+    output = launch.trainer.output
+    return model_metadata(
+        read_summary(output), output=output, launch=launch, backend=runner.backend
+    )
+
+
+def read_summary(output: str) -> dict[str, Any]:
+    """OUTPUT/summary.json written by the trainer (local path or any fsspec URI)."""
+    path = output.rstrip("/") + "/summary.json"
+    try:
+        with storage.open(path, "r") as handle:
+            return dict(json.load(handle))
+    except FileNotFoundError:
+        raise RuntimeError(
+            f"the training run ended without {path}: the trainer did not finish its export"
+        ) from None
+
+
+def model_metadata(
+    summary: Mapping[str, Any], *, output: str, launch: TrainLaunch, backend: str
+) -> dict[str, Any]:
+    """Model artifact metadata: what it was trained from, how far, where the HF files are
+    (`model_uri`) and where the run's checkpoints, metrics and TensorBoard logs are (`run_uri`)."""
+    export_dir = launch.trainer.export_dir
+    model_uri = summary.get("model_dir") or export_dir or output.rstrip("/") + "/model"
+    return {
+        "base_model": summary.get("base_model", launch.model),
+        "steps": summary.get("steps"),
+        "tokens": summary.get("tokens"),
+        "target_tokens": summary.get("target_tokens"),
+        "final_loss": summary.get("final_loss"),
+        "model_uri": model_uri,
+        "run_uri": output,
+        "run_id": launch.run_id,
+        "backend": backend,
+        "nodes": launch.nodes,
+        "nproc_per_node": launch.nproc_per_node,
+        "rdzv_backend": launch.rdzv_backend,
+    }
+
+
+def run_directory(*, backend: str, work_uri: str, run_id: str, model_dir: str) -> str:
+    """The trainer's run directory: `<work_uri>/runs/<run>/train` in the cloud (workers write it,
+    a retry resumes from it) and for a local run with a remote `work_uri`; otherwise locally
+    `<artifact dir>/../train-run`, beside the Model artifact."""
+    from components.run_identity import safe_run_id
+
+    if backend == "local" and not storage.is_remote(work_uri):
+        return os.path.join(os.path.dirname(model_dir.rstrip("/")), "train-run")
+    if backend != "local" and not work_uri.startswith("gs://"):
+        raise ValueError(
+            f"work_uri={work_uri!r}: the {backend} backend keeps the run's checkpoints and logs "
+            "under a gs:// work_uri"
+        )
+    return f"{work_uri.rstrip('/')}/runs/{safe_run_id(run_id)}/train"
+
+
+def check_worker_readable(uri: str) -> None:
+    """Cloud workers read artifacts by gs:// URI; KFP's default minio:// root is out of reach."""
+    if not uri.startswith("gs://"):
+        raise ValueError(
+            f"the dataset artifact is at {uri!r}, which PyTorchJob pods and Vertex replicas cannot "
+            "read: run the pipeline with a gs:// pipeline root (llmft run --pipeline-root gs://...)"
+        )

@@ -1,0 +1,76 @@
+"""The pipeline's first step: check every run parameter, then resolve what the run reads.
+
+`run(ValidateRequest)` is what the `validate_inputs` KFP component calls. The rules live with the
+parameters (components/run_params.py) and are applied as in `llmft run` (components/validation.py),
+now with the run's schedule time and access to its data. Every problem is reported in one
+ValueError; a mistake is permanent, so the step is never retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.run_params import (
+    LATEST_REGISTERED,
+    SCHEDULE_TIME_PLACEHOLDER,
+    RunParams,
+    fields,
+    params_from_mapping,
+    raise_errors,
+)
+from components.validation import data_errors
+
+
+@dataclass(frozen=True)
+class ValidateRequest(RunParams):
+    """The `validate_inputs` component's parameters: every run parameter (`RunParams`, with its
+    one default) plus where and when the run happens."""
+
+    target: str = ""
+    """The pipeline's compile target (local, vertex, kfp; "" skips the target's rules)."""
+    run_id: str = ""
+    """The run's id (checked resolved: an unresolved placeholder is an error)."""
+    schedule_time: str = ""
+    """The schedule time that fills the placeholder in `train_data_uri` ("" when unscheduled)."""
+
+
+def run(request: ValidateRequest) -> tuple[str, str, str]:
+    """Fill in the schedule time, check everything, resolve the models.
+
+    Returns:
+        (base_model, train_data_uri, champion_model) for this run; `latest-registered` resolves to
+        the newest registered version's URI (no champion yet on a first run gives "").
+    """
+    uri = str(request.train_data_uri)
+    if SCHEDULE_TIME_PLACEHOLDER in uri:
+        schedule_time = request.schedule_time
+        if not schedule_time or SCHEDULE_TIME_PLACEHOLDER in schedule_time:
+            raise ValueError(
+                f"train_data_uri contains {SCHEDULE_TIME_PLACEHOLDER} but this run was not started "
+                "by a schedule: submit it with `llmft run --schedule-time ...` or give a fixed URI"
+            )
+        uri = uri.replace(SCHEDULE_TIME_PLACEHOLDER, schedule_time)
+    values = {name: getattr(request, name) for name in fields()}
+    params = params_from_mapping({**values, "train_data_uri": uri})
+    errors = params.errors(target=request.target, run_id=request.run_id)
+    raise_errors(errors + data_errors(uri, remote=True))
+    return resolve_model(params.base_model, params), uri, resolve_champion(params)
+
+
+def resolve_model(model: str, params: RunParams) -> str:
+    """`model`, or for `latest-registered` the newest registered version's URI."""
+    if model != LATEST_REGISTERED:
+        return model
+    from components.registry import latest_registered_model_uri
+
+    return latest_registered_model_uri(
+        registered_model=params.registered_model, project=params.project, region=params.region
+    )
+
+
+def resolve_champion(params: RunParams) -> str:
+    """The model to beat besides the base; "" for none (nothing registered yet on a first run)."""
+    try:
+        return resolve_model(params.champion_model, params)
+    except ValueError:
+        return ""

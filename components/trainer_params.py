@@ -1,0 +1,69 @@
+"""How the run parameters become the trainer's config: `trainer_config`, and the checks of
+`trainer_overrides` against the trainer's own `TrainConfig` before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainer.config import TrainConfig, config_from_mapping
+
+RESERVED: dict[str, str | None] = {
+    "model": None,
+    "data": None,
+    "output": None,
+    "export_dir": None,
+    "tokenizer": None,
+    "max_steps": "max_steps",
+    "lr": "learning_rate",
+}
+"""Trainer fields the pipeline sets: -> the run parameter to use instead (None: derived)."""
+
+
+def trainer_config(
+    overrides: Mapping[str, Any],
+    *,
+    max_steps: int,
+    learning_rate: float,
+    model: str,
+    data: str,
+    output: str,
+) -> TrainConfig:
+    """The trainer's config for a run (not yet validated: `TrainConfig.errors()`).
+
+    `max_steps` and `learning_rate` are run parameters; every other trainer field comes from
+    `trainer_overrides`, coerced to the field's type (ValueError for unknown fields, bad values).
+    """
+    values = {**overrides, "max_steps": max_steps, "lr": learning_rate}
+    return config_from_mapping({**values, "model": model, "data": data, "output": output})
+
+
+def trainer_override_errors(
+    overrides: Mapping[str, Any], *, max_steps: int, learning_rate: float
+) -> list[str]:
+    """Trainer overrides checked against the trainer's own config, before anything starts."""
+    errors = []
+    for key in overrides:
+        if key in RESERVED:
+            instead = RESERVED[key]
+            errors.append(
+                f"trainer_overrides.{key}: set the run parameter {instead} instead"
+                if instead
+                else f"trainer_overrides.{key}: the pipeline sets it (base_model, the run's data "
+                "and where the model goes)"
+            )
+    if errors:
+        return errors
+    try:
+        config = trainer_config(
+            overrides,
+            max_steps=max_steps,
+            learning_rate=learning_rate,
+            model="m",
+            data="d",
+            output="o",
+        )
+    except ValueError as exc:
+        return [f"trainer_overrides: {exc}"]
+    return [f"trainer_overrides: {e}" for e in config.errors()]
