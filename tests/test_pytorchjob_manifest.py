@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from components.launchers import TrainLaunch
-from components.launchers.gke import build_pytorchjob, job_name
+from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, job_name
 from components.run_identity import K8S_RUN_LABEL
 from trainer.config import TrainConfig
 
@@ -51,15 +51,17 @@ def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(
 ) -> None:
     job = build_pytorchjob(
         launch=seven_b_launch(),
-        namespace="ml",
-        accelerator="nvidia-h100-80gb",
-        cpu="96",
-        memory="900Gi",
-        service_account="llmft-trainer",
-        hf_token_secret="hf-token",
-        active_deadline_seconds=86400,
-        gang_scheduling=True,
-        scheduling_queue="gpu-queue",
+        options=PyTorchJobOptions(
+            namespace="ml",
+            accelerator="nvidia-h100-80gb",
+            cpu="96",
+            memory="900Gi",
+            service_account="llmft-trainer",
+            hf_token_secret="hf-token",
+            active_deadline_seconds=86400,
+            gang_scheduling=True,
+            scheduling_queue="gpu-queue",
+        ),
     )
     jsonschema.validate(job, pytorchjob_schema)
     golden.check("pytorchjob_7b_etcd_v3.json", job)
@@ -131,10 +133,12 @@ def operator_past_backoff_limit(restart_counts: list[int], backoff_limit: int) -
 
 @pytest.mark.parametrize(("nodes", "restarts"), [(1, 0), (1, 3), (4, 3), (16, 2)])
 def test_backoff_limit_gives_every_node_its_restarts(nodes: int, restarts: int) -> None:
-    job = build_pytorchjob(launch=seven_b_launch(), restarts_per_node=restarts)
+    job = build_pytorchjob(
+        launch=seven_b_launch(), options=PyTorchJobOptions(restarts_per_node=restarts)
+    )
     limit = job["spec"]["runPolicy"]["backoffLimit"]
     launch_nodes = seven_b_launch().nodes
-    from components.launchers.gke import backoff_limit_for
+    from components.launchers.pytorchjob import backoff_limit_for
 
     assert limit == backoff_limit_for(launch_nodes, restarts)
     limit = backoff_limit_for(nodes, restarts)
@@ -150,7 +154,9 @@ def test_backoff_limit_gives_every_node_its_restarts(nodes: int, restarts: int) 
 
 def test_pod_template_is_a_valid_kubernetes_pod() -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    job = build_pytorchjob(launch=seven_b_launch(), namespace="ml", hf_token_secret="hf:tok")
+    job = build_pytorchjob(
+        launch=seven_b_launch(), options=PyTorchJobOptions(namespace="ml", hf_token_secret="hf:tok")
+    )
     template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
     pod = {
         "apiVersion": "v1",
@@ -162,7 +168,9 @@ def test_pod_template_is_a_valid_kubernetes_pod() -> None:
 
 
 def test_c10d_and_etcd_v2_tell_the_operator(pytorchjob_schema: dict) -> None:
-    c10d = build_pytorchjob(launch=seven_b_launch("c10d"), accelerator=None, min_nodes=2)
+    c10d = build_pytorchjob(
+        launch=seven_b_launch("c10d"), options=PyTorchJobOptions(accelerator=None, min_nodes=2)
+    )
     jsonschema.validate(c10d, pytorchjob_schema)
     elastic = c10d["spec"]["elasticPolicy"]
     assert elastic["rdzvBackend"] == "c10d" and elastic["rdzvHost"] == f"{NAME}-worker-0"
@@ -179,11 +187,13 @@ def test_builder_reports_every_bad_option() -> None:
     with pytest.raises(ValueError) as err:
         build_pytorchjob(
             launch=seven_b_launch(),
-            clean_pod_policy="Sometimes",
-            min_nodes=9,
-            gpus_per_node=2,
-            priority_class="high",
-            restart_policy="Maybe",
+            options=PyTorchJobOptions(
+                clean_pod_policy="Sometimes",
+                min_nodes=9,
+                gpus_per_node=2,
+                priority_class="high",
+                restart_policy="Maybe",
+            ),
         )
     for text in (
         "clean_pod_policy",
