@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -138,7 +139,12 @@ def run_ours(model: Path, data: Path, out: Path, args, compile_blocks: bool | No
     if compile_blocks is not None:
         flags["compile"] = str(compile_blocks).lower()
     torchrun(
-        ["-m", "trainer", *[x for k, v in flags.items() for x in (f"--{k}", str(v))]],
+        [
+            "-m",
+            "trainer",
+            *[x for k, v in flags.items() for x in (f"--{k}", str(v))],
+            *shlex.split(args.trainer_flags),  # later flags win: variants to try
+        ],
         out.with_suffix(".log"),
     )
     return {**ours_result(out, args), "load_average_1m_at_start": load}
@@ -396,6 +402,11 @@ def main() -> None:
     parser.add_argument(
         "--hf-group-by-length", action="store_true", help="HF padded side: length-grouped batches"
     )
+    parser.add_argument(
+        "--trainer-flags",
+        default="",
+        help='more flags for our runs, e.g. "--shard-blocks true" (reported in RESULT)',
+    )
     parser.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
     args = parser.parse_args()
     if args.repeats < 1 or not 0 <= args.warmup_steps < args.steps:
@@ -433,6 +444,7 @@ def main() -> None:
             "processes": PROCESSES,
             "threads_per_process": max(1, (os.cpu_count() or 2) // PROCESSES),
             "hf_group_by_length": args.hf_group_by_length,
+            "trainer_flags": args.trainer_flags,
             "load_average_1m_at_start": load_at_start,
             "load_average_1m": os.getloadavg()[0],
             "cpu_s_children": cpu.ru_utime

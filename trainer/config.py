@@ -79,11 +79,10 @@ class TrainConfig:
     Turn on for large models or long sequences."""
     compile: bool = False
     """torch.compile each decoder block (per-block keeps compile time flat in depth). Off by
-    default because on CPU it is slower than eager (benchmarks/train_bench.py,
-    `ratio_compile_vs_eager`; docs/performance.md): the graph breaks at attention, and the fused
-    element-wise kernels do not repay compile and guard time at CPU step sizes. Turn it on for
-    GPU runs, where it is the recommended setting (benchmarks/gpu_check.sh runs with it); on CPU
-    it is honoured, with a warning."""
+    default because on CPU it measured slower than eager (benchmarks/train_bench.py,
+    `ratio_compile_vs_eager`; docs/performance.md). Turn it on for GPU runs, where it is the
+    recommended setting (benchmarks/gpu_check.sh runs with it); on CPU it is honoured, with a
+    warning."""
     data_parallel: str = "auto"
     """How parameters spread over ranks. "shard": FSDP2 (ZeRO-3), each rank holds 1/world of the
     weights, gradients and AdamW state. "replicate": FSDP2 on a (world x 1) mesh, i.e. DDP: every
