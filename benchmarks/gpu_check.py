@@ -3,11 +3,18 @@
 Run through `bash benchmarks/gpu_check.sh` (it sets the time limit). Steps:
   1. save a random-init ~1.1B Llama (TinyLlama-1.1B shape: 22 layers, hidden 2048, GQA 32/4
      heads, vocab 32000) with a small BPE tokenizer, as a Hugging Face directory;
-  2. write a synthetic packed dataset (documents of random length, every token a target as in
-     continued pre-training) that satisfies trainer/packed_data/format.py;
-  3. `torchrun --nproc-per-node 1 -m trainer ... --dtype bf16 --compile true`;
-  4. print steady-state tokens/s and MFU from metrics.jsonl (first `--warmup-steps` excluded).
-The last line is `RESULT {json}`. Target: MFU >= 0.45 on an H200.
+  2. write a synthetic packed dataset that satisfies trainer/packed_data/format.py: one document per
+     row, every token but the first a target, as in continued pre-training on long documents;
+  3. `torchrun --nproc-per-node 1 -m trainer ... --dtype bf16 --compile true`, one FSDP2 unit per
+     block, weights kept gathered between forward and backward (one GPU: nothing to save by
+     resharding);
+  4. print steady-state tokens/s and MFU from metrics.jsonl, the first `--warmup-steps` steps
+     (compilation, allocator warm-up) excluded.
+MFU = tokens/s x FLOPs per token / peak bf16 FLOP/s (trainer/metrics.py): 6 x matmul parameters +
+12 x layers x hidden x seq_len, the PaLM / torchtitan convention (attention counted without
+halving for causality). One document per row keeps the attention term honest: with short packed
+documents, per-document attention skips most of the L x L scores that the formula credits.
+The last line is `RESULT {json}`. Target: MFU >= 0.45 on an H100/H200.
 """
 
 from __future__ import annotations
@@ -67,15 +74,8 @@ def make_data(out: Path, tokenizer_dir: Path, seq_len: int, rows: int) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     rng = np.random.default_rng(0)
     ids = rng.integers(10, len(tokenizer), size=(rows, seq_len), dtype=np.int64)
-    pos = np.zeros((rows, seq_len), dtype=np.int64)
-    documents = 0
-    for r in range(rows):  # documents of 256..2048 tokens back to back
-        start = 0
-        while start < seq_len:
-            length = min(int(rng.integers(256, 2049)), seq_len - start)
-            pos[r, start : start + length] = np.arange(length)
-            start += length
-            documents += 1
+    pos = np.tile(np.arange(seq_len, dtype=np.int64), (rows, 1))  # one document per row
+    documents = rows
     mask = (pos != 0).astype(np.int64)
     (out / "train").mkdir(parents=True, exist_ok=True)
     pq.write_table(
@@ -124,6 +124,7 @@ def main() -> None:
         "-m", "trainer", "--model", str(work / "model"), "--data", str(work / "data"),
         "--output", str(out), "--max-steps", str(args.steps),
         "--micro-batch-size", str(args.micro_batch_size), "--dtype", "bf16", "--compile", "true",
+        "--reshard-after-forward", "false",
         "--lr", "3e-4", "--warmup-steps", "5", "--log-every", "1", "--export", "false",
         "--eval-at-end", "false", "--checkpoint-at-end", "false", "--resume", "false",
         *args.extra,
@@ -133,15 +134,20 @@ def main() -> None:
         sys.exit(f"trainer failed with exit code {code}")
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steady = [x for x in lines if "loss" in x and x["step"] > args.warmup_steps]
-    tokens_per_s = len(steady) / sum(1 / x["tokens_per_s"] for x in steady)  # harmonic: per step
+    if len(steady) < 10:
+        sys.exit(f"only {len(steady)} steady steps: raise --steps above --warmup-steps + 10")
+    # Every step has the same tokens: total tokens / total time is the harmonic mean of the
+    # per-step rates, and MFU (proportional to the rate) averages the same way.
+    tokens_per_s = len(steady) / sum(1 / x["tokens_per_s"] for x in steady)
     mfus = [x["mfu"] for x in steady if x["mfu"] is not None]
-    mfu = sum(mfus) / len(mfus) if mfus else None
+    mfu = len(mfus) / sum(1 / m for m in mfus) if len(mfus) == len(steady) else None
     result = {
         "parameters": params,
         "tokens_per_s": tokens_per_s,
         "mfu": mfu,
         "peak_memory_gb": max(x["peak_memory_gb"] for x in steady),
         "final_loss": steady[-1]["loss"],
+        "steady_steps": len(steady),
         "seq_len": args.seq_len,
         "micro_batch_size": args.micro_batch_size,
         "wall_s": time.time() - started,

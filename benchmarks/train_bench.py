@@ -2,27 +2,40 @@
 
 Run from a clean checkout (after `make install`):
 
-    .venv/bin/python benchmarks/train_bench.py [--steps 40] [--warmup-steps 10] [--seq-len 512]
+    .venv/bin/python benchmarks/train_bench.py [--repeats 3] [--steps 40] [--warmup-steps 10]
 
-Four runs, each `torchrun --standalone --nproc-per-node 2`, fp32, AdamW, same lr schedule:
-  ours        `python -m trainer` on packed rows, with every speed-up it has: per-block
-              torch.compile, per-document attention, weights replicated rather than sharded
-              (`data_parallel` auto picks that for a model this small: no all-gathers, one
-              gradient all-reduce per step, as DDP), one FSDP unit, LM head on target positions
-              only, one extra all-reduce per step for loss, target count and grad norm;
-  ours_eager  the same without torch.compile (on CPU, with the graph break at attention,
-              compiling has not paid off in our measurements: both are reported);
-  hf_padded   HF Trainer's standard instruction recipe: one example per conversation, labels -100
-              on the prompt, DataCollatorForSeq2Seq (dynamic padding per batch), random batches
-              (--hf-group-by-length: length-grouped), as many examples per batch as a packed
-              micro-batch holds;
-  hf_packed   HF Trainer on exactly our packed rows (position_ids, no attention mask): a pure
-              engine comparison.
-Both sides get the same thread policy: each process runs cores / processes intra-op threads
-(OMP_NUM_THREADS, which torch reads at start), so neither oversubscribes the CPU.
-The figure of merit is target (loss-bearing) tokens per second in steady state: the first
-`--warmup-steps` steps (compilation, allocator warm-up) are excluded on every side. Peak host memory
-is the max RSS over the two processes of each run. The last line is `RESULT {json}`.
+Each repeat makes four runs, each `torchrun --standalone --nproc-per-node 2`, fp32, AdamW (fused),
+the same lr schedule, the same rows per step and the same thread policy:
+  ours          `python -m trainer` with its defaults for this machine (on CPU: eager, see
+                `TrainConfig.compile`) on packed rows: per-document attention, weights replicated
+                (`data_parallel` auto picks that for a model this small: no all-gathers, as
+                DDP), one FSDP2 unit per block (each block's gradients are all-reduced while
+                backward goes on), LM head on target positions only, one extra all-reduce per
+                step for loss, target count and grad norm; plus `--reshard-after-forward false`
+                (block weights stay gathered from forward to backward: measured 21% less CPU
+                per step than resharding, for 1% more peak memory, docs/performance.md);
+  ours_compile  the same with `--compile true` (per-block torch.compile): the evidence behind the
+                compile default (`ratio_compile_vs_eager` < 1 means compiling does not pay here);
+  hf_padded     HF Trainer's standard instruction recipe: one example per conversation, labels -100
+                on the prompt, DataCollatorForSeq2Seq (dynamic padding per batch), random batches
+                (--hf-group-by-length: length-grouped), as many examples per batch as a packed
+                micro-batch holds;
+  hf_packed     HF Trainer on exactly our packed rows (position_ids, no attention mask): a pure
+                engine comparison.
+Each process runs cores / processes intra-op threads (OMP_NUM_THREADS, which torch reads at start),
+so neither side oversubscribes the CPU. HF keeps its defaults otherwise (fused AdamW, in-process
+data loading, DDP with bucketed all-reduce overlapping backward).
+
+Measured the same way on every side: a step's time is the wall time between the ends of two
+consecutive optimizer steps on rank 0 (data loading, collectives and logging included; our trainer
+logs every step here, `--log-every 1`), and its targets are the loss-bearing tokens of the global
+batch. The first `--warmup-steps` steps (compilation, allocator warm-up) are excluded on every side,
+so each side has the same number of steady steps (`--steps - --warmup-steps`, at least 20 for a
+valid comparison). The figure of merit is target tokens per second over the steady steps. Peak host
+memory is the max RSS over the processes of a run (ru_maxrss, on every side). The four runs of a
+repeat run back to back, in an order that rotates between repeats (load drifts on a shared
+machine); ratios are taken within a repeat, and the medians over `--repeats` are printed. The last
+line is `RESULT {json}`.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -39,7 +53,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PROCESSES = 2
-LOG_EVERY = 5  # our metrics window, in steps (logging is a collective: not every step)
+MIN_STEADY_STEPS = 20  # fewer and a side's figure rests on too few steps to compare
+SIDES = ("ours", "ours_compile", "hf_padded", "hf_packed")
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -79,6 +94,7 @@ def torchrun(args: list[str], log: Path, env_extra: dict[str, str] | None = None
     threads = str(max(1, (os.cpu_count() or 2) // PROCESSES))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
     env.update(env_extra or {})
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
         code = subprocess.call(cmd + args, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
     if code != 0:
@@ -99,45 +115,37 @@ def summarize(step_targets: list[float], step_seconds: list[float]) -> dict:
         "median_step_target_tokens_per_s": float(np.median(rates)),
         "p90_step_target_tokens_per_s": float(np.percentile(rates, 90)),
         "steady_steps": len(rates),
+        "steady_seconds": sum(step_seconds),
     }
 
 
-def run_ours(model: Path, data: Path, out: Path, args, compile_blocks: bool = True) -> dict:
+def run_ours(model: Path, data: Path, out: Path, args, compile_blocks: bool | None) -> dict:
+    """`python -m trainer`; compile_blocks None keeps the trainer's own default."""
     load = os.getloadavg()[0]  # the machine may be shared: each side's load is reported
+    flags = {
+        "model": model,
+        "data": data,
+        "output": out,
+        "max-steps": args.steps,
+        "micro-batch-size": args.micro_batch_size,
+        "lr": "1e-3",
+        "warmup-steps": 5,
+        "log-every": 1,  # per-step times, as the HF side records them
+        "reshard-after-forward": "false",
+        "export": "false",
+        "eval-at-end": "false",
+        "checkpoint-at-end": "false",
+        "tensorboard": "false",
+        "resume": "false",
+    }
+    if compile_blocks is not None:
+        flags["compile"] = str(compile_blocks).lower()
     torchrun(
         [
             "-m",
             "trainer",
-            "--model",
-            str(model),
-            "--data",
-            str(data),
-            "--output",
-            str(out),
-            "--max-steps",
-            str(args.steps),
-            "--micro-batch-size",
-            str(args.micro_batch_size),
-            "--lr",
-            "1e-3",
-            "--warmup-steps",
-            "5",
-            "--log-every",
-            str(LOG_EVERY),
-            "--compile",
-            str(compile_blocks).lower(),
-            "--reshard-after-forward",
-            "false",
-            "--shard-blocks",
-            "false",
-            "--export",
-            "false",
-            "--eval-at-end",
-            "false",
-            "--checkpoint-at-end",
-            "false",
-            "--tensorboard",
-            "false",
+            *[x for k, v in flags.items() for x in (f"--{k}", str(v))],
+            *shlex.split(args.trainer_flags),  # later flags win: variants to try
         ],
         out.with_suffix(".log"),
     )
@@ -147,13 +155,11 @@ def run_ours(model: Path, data: Path, out: Path, args, compile_blocks: bool = Tr
 def ours_result(out: Path, args) -> dict:
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     logged = [x for x in lines if "loss" in x]
-    # Each record covers the steps since the previous one: seconds = tokens / tokens_per_s.
+    assert [x["step"] for x in logged] == list(range(1, args.steps + 1)), "expected every step"
+    # With --log-every 1 each record's rate covers exactly its own step: seconds = tokens / rate.
     tokens_per_step = json.loads((out / "summary.json").read_text())["tokens"] / args.steps
-    previous = {b["step"]: a["step"] for a, b in zip([{"step": 0}, *logged], logged, strict=False)}
-    steady = [x for x in logged if previous[x["step"]] >= args.warmup_steps]
-    seconds = [
-        (x["step"] - previous[x["step"]]) * tokens_per_step / x["tokens_per_s"] for x in steady
-    ]
+    steady = [x for x in logged if x["step"] > args.warmup_steps]
+    seconds = [tokens_per_step / x["tokens_per_s"] for x in steady]
     targets = [x["target_tokens_per_s"] * t for x, t in zip(steady, seconds, strict=True)]
     return {
         **summarize(targets, seconds),
@@ -193,10 +199,13 @@ def hf_result(out: Path, args) -> dict:
     by_step: dict[int, float] = {}
     for record in records:
         for s in record["steps"]:
-            by_step[s["step"]] = by_step.get(s["step"], 0) + s.get("targets", 0)
-    steady = [s for s in records[0]["steps"] if s["step"] > args.warmup_steps]
+            if s["step"] > 0:
+                by_step[s["step"]] = by_step.get(s["step"], 0) + s["targets"]
+    ends = {s["step"]: s["end"] for s in records[0]["steps"]}
+    assert sorted(ends) == list(range(args.steps + 1)), "expected every step"
+    steady = range(args.warmup_steps + 1, args.steps + 1)
     return {
-        **summarize([by_step[s["step"]] for s in steady], [s["seconds"] for s in steady]),
+        **summarize([by_step[k] for k in steady], [ends[k] - ends[k - 1] for k in steady]),
         "peak_host_memory_gb": max(r["peak_rss_gb"] for r in records),
         "mean_training_loss": records[0]["final_loss"],  # HF reports the run average
         "examples_per_batch": records[0]["batch_size"],
@@ -269,11 +278,13 @@ def hf_worker(argv: list[str]) -> None:
     steps: list[dict] = []
 
     class Clock(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.start = time.perf_counter()
+        """The end of every optimizer step (and the start of training as step 0's end)."""
+
+        def on_train_begin(self, args, state, control, **kw):
+            steps.append({"step": 0, "end": time.perf_counter()})
 
         def on_step_end(self, args, state, control, **kw):
-            steps.append({"step": state.global_step, "seconds": time.perf_counter() - self.start})
+            steps.append({"step": state.global_step, "end": time.perf_counter()})
 
     targets_per_step: list[int] = []
     base_collator = collator
@@ -315,7 +326,9 @@ def hf_worker(argv: list[str]) -> None:
         callbacks=[Clock()],
     )
     result = trainer.train()
-    for s, t in zip(steps, targets_per_step, strict=False):
+    # The collator runs once per step, in step order (no worker processes): step k's batch is the
+    # k-th (a look-ahead fetch may add one more at the end).
+    for s, t in zip(steps[1:], targets_per_step, strict=False):
         s["targets"] = t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     Path(a.out, f"rank{rank}.json").write_text(
@@ -330,61 +343,130 @@ def hf_worker(argv: list[str]) -> None:
     )
 
 
+def one_repeat(model: Path, data: Path, work: Path, args, repeat: int) -> dict:
+    """The four runs, in an order rotated by `repeat`; ratios within this repeat."""
+    runs = {
+        "ours": lambda out: run_ours(model, data, out, args, compile_blocks=None),
+        "ours_compile": lambda out: run_ours(model, data, out, args, compile_blocks=True),
+        "hf_padded": lambda out: run_hf("hf-padded", model, data, out, args),
+        "hf_packed": lambda out: run_hf("hf-packed", model, data, out, args),
+    }
+    sides: dict[str, dict] = {}
+    for k in range(len(SIDES)):
+        name = SIDES[(k + repeat) % len(SIDES)]
+        sides[name] = runs[name](work / f"r{repeat}" / name)
+        print(
+            f"repeat {repeat + 1}: {name:12s} {sides[name]['target_tokens_per_s']:8.0f} target "
+            f"tokens/s, peak {sides[name]['peak_host_memory_gb']:.2f} GB/process "
+            f"(load {sides[name]['load_average_1m_at_start']:.1f})",
+            flush=True,
+        )
+    ours, padded, packed = sides["ours"], sides["hf_padded"], sides["hf_packed"]
+    rate, memory = "target_tokens_per_s", "peak_host_memory_gb"
+    return {
+        "ratio_padded": ours[rate] / padded[rate],
+        "ratio_packed": ours[rate] / packed[rate],
+        "ratio_padded_median_step": ours[f"median_step_{rate}"] / padded[f"median_step_{rate}"],
+        "ratio_packed_median_step": ours[f"median_step_{rate}"] / packed[f"median_step_{rate}"],
+        "ratio_compile_vs_eager": sides["ours_compile"][rate] / ours[rate],
+        "memory_ratio_padded": ours[memory] / padded[memory],
+        "memory_ratio_packed": ours[memory] / packed[memory],
+        **sides,
+    }
+
+
+def median_of(repeats: list[dict]) -> dict:
+    """Field by field median over repeats (nested dicts too; non-numbers from the first)."""
+    import statistics
+
+    out: dict = {}
+    for key, first in repeats[0].items():
+        values = [r[key] for r in repeats]
+        if isinstance(first, dict):
+            out[key] = median_of(values)
+        elif isinstance(first, int | float) and not isinstance(first, bool):
+            out[key] = statistics.median(values)
+        else:
+            out[key] = first
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3, help="medians over this many repeats")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
+    parser.add_argument("--warmup-steps", type=int, default=10, help="excluded on every side")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--records", type=int, default=4000)
     parser.add_argument(
         "--hf-group-by-length", action="store_true", help="HF padded side: length-grouped batches"
     )
+    parser.add_argument(
+        "--trainer-flags",
+        default="",
+        help='more flags for our runs, e.g. "--shard-blocks true" (reported in RESULT)',
+    )
     parser.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
     args = parser.parse_args()
+    if args.repeats < 1 or not 0 <= args.warmup_steps < args.steps:
+        parser.error("need --repeats >= 1 and 0 <= --warmup-steps < --steps")
+    steady_steps = args.steps - args.warmup_steps
+    if steady_steps < MIN_STEADY_STEPS:
+        print(
+            f"warning: {steady_steps} steady steps per side (< {MIN_STEADY_STEPS}): a smoke run, "
+            "not a comparison (RESULT has valid=false)",
+            flush=True,
+        )
     with tempfile.TemporaryDirectory(prefix="llmft-train-bench-") as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         started = time.time()
         load_at_start = os.getloadavg()[0]
+        cpu_at_start = resource.getrusage(resource.RUSAGE_CHILDREN)
         model, data = prepare(work, args.seq_len, args.records)
-        ours = run_ours(model, data, work / "ours", args)
-        print(f"ours:       {ours['target_tokens_per_s']:8.0f} target tokens/s", flush=True)
-        eager = run_ours(model, data, work / "ours_eager", args, compile_blocks=False)
-        print(f"ours eager: {eager['target_tokens_per_s']:8.0f} target tokens/s", flush=True)
-        padded = run_hf("hf-padded", model, data, work / "hf_padded", args)
-        print(f"hf padded:  {padded['target_tokens_per_s']:8.0f} target tokens/s", flush=True)
-        packed = run_hf("hf-packed", model, data, work / "hf_packed", args)
-        print(f"hf packed:  {packed['target_tokens_per_s']:8.0f} target tokens/s", flush=True)
+        repeats = [one_repeat(model, data, work, args, k) for k in range(args.repeats)]
+        cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = {
-            "ratio_padded": ours["target_tokens_per_s"] / padded["target_tokens_per_s"],
-            "ratio_packed": ours["target_tokens_per_s"] / packed["target_tokens_per_s"],
-            "ratio_padded_median_step": ours["median_step_target_tokens_per_s"]
-            / padded["median_step_target_tokens_per_s"],
-            "ratio_packed_median_step": ours["median_step_target_tokens_per_s"]
-            / packed["median_step_target_tokens_per_s"],
-            "ratio_padded_eager": eager["target_tokens_per_s"] / padded["target_tokens_per_s"],
-            "ratio_packed_eager": eager["target_tokens_per_s"] / packed["target_tokens_per_s"],
-            "ours": ours,
-            "ours_eager": eager,
-            "hf_padded": padded,
-            "hf_packed": packed,
+            **median_of(repeats),
+            "valid": steady_steps >= MIN_STEADY_STEPS,
+            "repeats": args.repeats,
+            "per_repeat": {
+                key: [r[key] for r in repeats]
+                for key in repeats[0]
+                if key.startswith(("ratio", "memory"))
+            },
             "steps": args.steps,
             "warmup_steps_excluded": args.warmup_steps,
+            "steady_steps_per_side": steady_steps,
             "seq_len": args.seq_len,
+            "micro_batch_size": args.micro_batch_size,
             "processes": PROCESSES,
             "threads_per_process": max(1, (os.cpu_count() or 2) // PROCESSES),
-            "load_average_1m_at_start": load_at_start,
             "hf_group_by_length": args.hf_group_by_length,
+            "trainer_flags": args.trainer_flags,
+            "load_average_1m_at_start": load_at_start,
             "load_average_1m": os.getloadavg()[0],
+            "cpu_s_children": cpu.ru_utime
+            + cpu.ru_stime
+            - cpu_at_start.ru_utime
+            - cpu_at_start.ru_stime,
             "wall_s": time.time() - started,
         }
-        for name in ("ours", "ours_eager", "hf_padded", "hf_packed"):
+        print(f"medians over {args.repeats} repeats, {steady_steps} steady steps per side:")
+        for name in SIDES:
+            side = result[name]
             print(
-                f"peak host memory per process, {name}: {result[name]['peak_host_memory_gb']:.2f} GB"
+                f"  {name:12s} {side['target_tokens_per_s']:8.0f} target tokens/s, "
+                f"peak {side['peak_host_memory_gb']:.2f} GB/process"
             )
         print(f"ratio vs HF padded recipe: {result['ratio_padded']:.2f}x (target >= 1.5x)")
         print(f"ratio vs HF on packed rows: {result['ratio_packed']:.2f}x (target >= 1.2x)")
+        print(f"compile vs eager (ours): {result['ratio_compile_vs_eager']:.2f}x")
+        print(
+            f"peak memory, ours / HF: {result['memory_ratio_padded']:.2f} (padded), "
+            f"{result['memory_ratio_packed']:.2f} (packed) (target <= 1)"
+        )
         print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -82,7 +82,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             validated = _validate(p, run_id, target, schedule_time)
             prep = _preprocess(p, run_id, validated)
             etcd = _etcd_up(p, run_id, prep)
-            trained = _train(p, run_id, validated, prep, etcd)
+            trained = _train(p, target, run_id, validated, prep, etcd)
             evaluated = _evaluate(p, target, validated, prep, trained)
             registered = _register(p, run_id, evaluated, trained)
 
@@ -165,7 +165,7 @@ def _etcd_up(p: RunParams, run_id: str, prep: Any) -> Any:
     return etcd
 
 
-def _train(p: RunParams, run_id: str, validated: Any, prep: Any, etcd: Any) -> Any:
+def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, etcd: Any) -> Any:
     """Launch and follow the training job on the chosen backend."""
     trained = c.train(
         backend=p.backend,
@@ -190,8 +190,11 @@ def _train(p: RunParams, run_id: str, validated: Any, prep: Any, etcd: Any) -> A
         service_account=p.service_account,
         hf_token_secret=p.hf_token_secret,
     ).set_caching_options(False)
-    # Safe to retry: the trainer resumes from its latest complete checkpoint.
-    trained.set_retry(num_retries=1, backoff_duration="60s")
+    if target != "local":
+        # Safe to retry: the trainer resumes from its latest complete checkpoint. Not locally:
+        # kfp.local retries a task that Ctrl-C cancelled (it cannot tell the two apart), so the
+        # run would start training again after the user stopped it.
+        trained.set_retry(num_retries=1, backoff_duration="60s")
     return trained
 
 

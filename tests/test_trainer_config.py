@@ -113,3 +113,23 @@ def test_lr_schedule_peaks_once_and_ends_at_the_minimum(warmup: int) -> None:
     assert factors[:warmup] == pytest.approx([(k + 1) / (warmup + 1) for k in range(warmup)])
     assert factors[-1] == pytest.approx(0.1)
     assert all(a > b for a, b in zip(factors[warmup:], factors[warmup + 1 :], strict=False))
+
+
+def test_compile_defaults_off_and_is_honoured_on_cpu_with_a_warning(caplog) -> None:
+    import logging
+
+    import torch
+
+    from trainer.train import _device_and_backend
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU warning")
+    assert TrainConfig().compile is False
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        device, _ = _device_and_backend(TrainConfig(compile=True))
+    assert device.type == "cpu"
+    assert "compile=true on CPU" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        _device_and_backend(TrainConfig())
+    assert "compile" not in caplog.text

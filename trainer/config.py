@@ -77,7 +77,11 @@ class TrainConfig:
     """Recompute each decoder block's activations in backward: less memory, ~30% more compute.
     Turn on for large models or long sequences."""
     compile: bool = False
-    """torch.compile each decoder block (per-block keeps compile time flat in depth)."""
+    """torch.compile each decoder block (per-block keeps compile time flat in depth). Off by
+    default because on CPU it measured slower than eager (benchmarks/train_bench.py,
+    `ratio_compile_vs_eager`; docs/performance.md). Turn it on for GPU runs, where it is the
+    recommended setting (benchmarks/gpu_check.sh runs with it); on CPU it is honoured, with a
+    warning."""
     data_parallel: str = "auto"
     """How parameters spread over ranks. "shard": FSDP2 (ZeRO-3), each rank holds 1/world of the
     weights, gradients and AdamW state. "replicate": FSDP2 on a (world x 1) mesh, i.e. DDP: every

@@ -27,11 +27,14 @@ from trainer import storage
 log = logging.getLogger(__name__)
 
 # Dense BF16 tensor-core peak FLOP/s per device (without 2:4 sparsity). Sources: NVIDIA data
-# sheets -- H200 SXM and H100 SXM: 989.5 TFLOPS ("1,979 TFLOPS with sparsity"); H100 PCIe:
-# 756 TFLOPS; A100: 312 TFLOPS; L4: 121 TFLOPS; A10/A10G: 125 TFLOPS; B200: 2.25 PFLOPS (DGX B200
-# data sheet, 72 PFLOPS FP8 training per 8 GPUs -> half for BF16 dense).
+# sheets -- H200 SXM and H100 SXM: 989.5 TFLOPS ("1,979 TFLOPS with sparsity"); H200 NVL and
+# H100 NVL: 835.5 TFLOPS ("1,671 with sparsity"); H100 PCIe: 756 TFLOPS; A100: 312 TFLOPS; L4:
+# 121 TFLOPS; A10/A10G: 125 TFLOPS; B200: 2.25 PFLOPS (DGX B200 data sheet, 72 PFLOPS FP8
+# training per 8 GPUs -> half for BF16 dense). Variants come before the generic name they contain.
 PEAK_BF16_FLOPS = {
+    "H200 NVL": 835.5e12,
     "H200": 989.5e12,
+    "H100 NVL": 835.5e12,
     "H100 PCIe": 756e12,
     "H100": 989.5e12,
     "A100": 312e12,
@@ -48,7 +51,7 @@ def peak_flops(device: torch.device, override: float | None = None) -> float | N
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_BF16_FLOPS.items():  # dict order puts "H100 PCIe" before "H100"
+    for key, value in PEAK_BF16_FLOPS.items():  # dict order: variants before generic names
         if key in name:
             return value
     log.warning("unknown GPU %r: MFU not reported (set peak_flops)", name)

@@ -172,6 +172,11 @@ def _device_and_backend(config: TrainConfig) -> tuple[torch.device, str]:
         raise ValueError("backend=nccl needs GPUs; use backend=gloo (or auto) on CPU")
     if config.dtype == "bf16" and device.type == "cpu":
         log.warning("dtype=bf16 on CPU is slow and less exact; fp32 (auto) is the CPU default")
+    if config.compile and device.type == "cpu":
+        log.warning(
+            "compile=true on CPU: measured slower than eager (docs/performance.md); "
+            "it pays off on GPU"
+        )
     return device, backend
 
 
