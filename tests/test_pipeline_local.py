@@ -84,6 +84,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 _ROW = re.compile(r"^[│|] (\S+)\s+[│|] (\w+)\s+[│|]", re.M)
 
 
+def _as_a_foreground_job() -> None:
+    """Ctrl-C reaches the command as it would from a shell prompt, even when the test runner was
+    started in the background (`make test &`: a shell without job control ignores SIGINT in
+    background jobs, exec keeps ignored signals, and Python then installs no Ctrl-C handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class CliRun:
     """`llmft ...` in a pseudo-terminal (mode "tty") or with stdout piped (mode "pipe")."""
 
@@ -93,6 +100,7 @@ class CliRun:
         if mode == "tty":
             self.pid, self._fd = pty.fork()
             if self.pid == 0:  # the child: a new session whose controlling terminal is the pty
+                _as_a_foreground_job()
                 os.execvpe(LLMFT[0], [*LLMFT, *args], env)
             reader = self._read_pty
         else:
@@ -102,6 +110,7 @@ class CliRun:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=env,
+                preexec_fn=_as_a_foreground_job,
             )
             self.pid = self._proc.pid
             reader = self._read_pipe
