@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import (
 
 from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments
 from beam_preprocess.readers import ReadRecords
-from beam_preprocess.record_steps import Clean, Deduplicate, Split, Validate
+from beam_preprocess.record_steps import Prepare
 from beam_preprocess.records import (
     DEAD,
     EVAL_RECORDS,
@@ -41,7 +41,7 @@ from beam_preprocess.records import (
 )
 from beam_preprocess.sinks import JSONL, PARQUET, CommitShards, Shards, WriteShards, temp_dir_for
 from beam_preprocess.stats import WriteStats, tagged
-from beam_preprocess.token_steps import TABLES, TAIL_TABLES, Pack, Tokenize
+from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -83,12 +83,10 @@ def build_pipeline(
     out = config.output
     temp = temp_dir_for(out)
     read = pipeline | "Read" >> ReadRecords(list(config.inputs), config.input_format)
-    valid = read.records | "Validate" >> Validate(config)
-    clean = valid.examples | "Clean" >> Clean(config)
-    unique = clean.examples | "Deduplicate" >> Deduplicate()
-    split = unique.examples | "Split" >> Split(config.eval_fraction, config.split_seed)
-    tokens = split | "Tokenize" >> Tokenize(config, tokenizer_spec)
-    packed = tokens.documents | "Pack" >> Pack(config.seq_len, pad_id, config.max_open_rows)
+    examples = read.records | "Prepare" >> Prepare(config)
+    tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec)
+    packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
+    packed = tokens.documents | "DeduplicateAndPack" >> packer
 
     # Every output is written inside the stage that produces it (beam_preprocess.sinks), and all
     # files are committed together at the end.
@@ -107,11 +105,11 @@ def build_pipeline(
             written.append(tables[name] | f"Write{name.title()}{label}" >> writer)
     letters = [
         ("Read", read, DEAD),
-        ("Validate", valid, DEAD),
-        ("Clean", clean, FILTERED),
+        ("Prepare", examples, DEAD),
+        ("Prepare", examples, FILTERED),
         ("Tokenize", tokens, DEAD),
         ("Tokenize", tokens, FILTERED),
-        ("Tokenize", tokens, EVAL_RECORDS),
+        ("Pack", packed, EVAL_RECORDS),
     ]
     for step, results, kind in letters:
         writer = WriteShards(outputs[kind], temp)
@@ -123,11 +121,10 @@ def build_pipeline(
     )
 
     events = [read[READ] | "TagRead" >> tagged(READ), packed[STATS] | "TagStats" >> tagged(STATS)]
-    events.append(tokens[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
-    for step, results in (("Read", read), ("Validate", valid), ("Clean", clean)):
+    events.append(packed[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
+    for step, results in (("Read", read), ("Prepare", examples), ("Tokenize", tokens)):
         events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
-    for step, results in (("Deduplicate", unique), ("Tokenize", tokens)):
-        events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
+    events.append(packed[OUTCOME] | "TagOutcomesOfPack" >> tagged(OUTCOME))
     _ = events | "AllEvents" >> beam.Flatten() | "Stats" >> WriteStats(f"{out}/{STATS_FILE}")
 
 

@@ -1,8 +1,12 @@
-"""Records -> clean, unique examples with their split: the steps before tokenization.
+"""Records -> clean examples with their content hash and split: the steps before tokenization.
 
-Named composite PTransforms (validate -> clean -> dedup -> split). Each step sends what it removes
-to a tagged output with a reason and emits OUTCOME events ((event, count)) for the records it
-decides on, so the run can prove nothing was lost (beam_preprocess.stats).
+One DoFn (`PrepareFn`, the `Prepare` step) validates, cleans, hashes and assigns the split of each
+record: four steps of per-record Python fused into one call, so that Beam's per-element cost is
+paid once. What it removes goes to a tagged output with a reason, with an OUTCOME event
+((event, count)) for each record it decides on, so the run can prove nothing was lost
+(beam_preprocess.stats). Exact duplicates are dropped later, by content hash, in the packing
+step (beam_preprocess.token_steps): that step groups documents by hash bucket anyway, so
+deduplication costs no shuffle of its own.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -28,48 +32,77 @@ def _counter(name: str) -> Any:
     return Metrics.counter("llmft", name)
 
 
-# ---------------------------------------------------------------------------------------- validate
-
-
-class ValidateFn(beam.DoFn):
-    """Raw record -> example with the configured fields, or a dead letter saying what is wrong."""
+class PrepareFn(beam.DoFn):
+    """Raw record -> example with "hash" and "split", or a dead/filtered letter with its reason."""
 
     def __init__(self, config: PreprocessConfig) -> None:
         self.config = config
 
     def setup(self) -> None:
-        self.rejected: dict[str, Any] = {}
+        self.counters: dict[str, Any] = {}
 
     def process(self, element: dict[str, Any]) -> Iterator[Any]:
+        cfg = self.config
         source, record = element["source"], element["record"]
         try:
-            example = self._example(record)
+            example = example_of(record, cfg)
         except _Invalid as exc:
             reason, message = exc.args
-            if reason not in self.rejected:
-                self.rejected[reason] = _counter(f"rejected_{reason}")
-            self.rejected[reason].inc()
-            yield pvalue.TaggedOutput(DEAD, dead_letter(source, record, reason, message))
-            yield pvalue.TaggedOutput(OUTCOME, outcome("rejected", reason))
+            yield from self._drop(DEAD, "rejected", reason, source, record, message)
+            return
+        reason, size = clean_example(example, cfg)
+        if reason:
+            letter = record_of(example)
+            yield from self._drop(FILTERED, "filtered", reason, source, letter, f"{size} chars")
             return
         example["source"] = source
+        example["hash"] = content_hash(example)
+        example["split"] = split_of(example, cfg.eval_fraction, cfg.split_seed)
         yield example
 
-    def _example(self, record: dict[str, Any]) -> dict[str, Any]:
-        cfg = self.config
-        if cfg.data_kind == "text":
-            return {"text": _required_text(record, cfg.text_field)}
-        messages = record.get(cfg.messages_field)
-        if messages is not None:
-            return {"messages": _valid_messages(messages, cfg.messages_field)}
-        prompt = _required_text(record, cfg.prompt_field)
-        response = _required_text(record, cfg.response_field)
-        return {
-            "messages": [
-                {"role": "user", "content": prompt},
-                {"role": "assistant", "content": response},
-            ]
-        }
+    def _drop(
+        self, tag: str, kind: str, reason: str, source: str, record: Any, error: str
+    ) -> Iterator[Any]:
+        name = f"{kind}_{reason}"
+        if name not in self.counters:
+            self.counters[name] = _counter(name)
+        self.counters[name].inc()
+        yield pvalue.TaggedOutput(tag, dead_letter(source, record, reason, error))
+        yield pvalue.TaggedOutput(OUTCOME, outcome(kind, reason))
+
+
+class Prepare(beam.PTransform):
+    """Records -> examples (validated, cleaned, hashed, split); tagged DEAD (rejected/), FILTERED
+    (filtered/) and OUTCOME."""
+
+    def __init__(self, config: PreprocessConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    def expand(self, records: pvalue.PCollection) -> pvalue.DoOutputsTuple:
+        return records | "ValidateCleanSplit" >> beam.ParDo(PrepareFn(self.config)).with_outputs(
+            DEAD, FILTERED, OUTCOME, main="examples"
+        )
+
+
+# ---------------------------------------------------------------------------------------- validate
+
+
+def example_of(record: dict[str, Any], cfg: PreprocessConfig) -> dict[str, Any]:
+    """The configured fields of a raw record as an example; raises _Invalid(reason, message)."""
+    if cfg.data_kind == "text":
+        return {"text": _required_text(record, cfg.text_field)}
+    messages = record.get(cfg.messages_field)
+    if messages is not None:
+        return {"messages": _valid_messages(messages, cfg.messages_field)}
+    prompt = _required_text(record, cfg.prompt_field)
+    response = _required_text(record, cfg.response_field)
+    return {
+        "messages": [
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "content": response},
+        ]
+    }
 
 
 class _Invalid(Exception):
@@ -114,19 +147,6 @@ def _valid_messages(messages: Any, name: str) -> list[dict[str, str]]:
     return clean
 
 
-class Validate(beam.PTransform):
-    """Records -> examples; tagged DEAD (rejected/) and OUTCOME."""
-
-    def __init__(self, config: PreprocessConfig) -> None:
-        super().__init__()
-        self.config = config
-
-    def expand(self, records: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        return records | "Check" >> beam.ParDo(ValidateFn(self.config)).with_outputs(
-            DEAD, OUTCOME, main="examples"
-        )
-
-
 # ------------------------------------------------------------------------------------------ clean
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -143,40 +163,28 @@ def clean_text(text: str, normalization: str = "NFC", collapse_whitespace: bool 
     return text.strip()
 
 
-class CleanFn(beam.DoFn):
-    def __init__(self, config: PreprocessConfig) -> None:
-        self.config = config
+def clean_example(example: dict[str, Any], cfg: PreprocessConfig) -> tuple[str, int]:
+    """Clean the example's text in place; returns (the reason to filter it or "", its size in
+    characters after cleaning)."""
 
-    def process(self, example: dict[str, Any]) -> Iterator[Any]:
-        cfg = self.config
+    def clean(text: str) -> str:
+        return clean_text(text, cfg.normalization, cfg.collapse_whitespace)
 
-        def clean(text: str) -> str:
-            return clean_text(text, cfg.normalization, cfg.collapse_whitespace)
-
-        if "text" in example:
-            example = {**example, "text": clean(example["text"])}
-            contents = [example["text"]]
-        else:
-            messages = [{**m, "content": clean(m["content"])} for m in example["messages"]]
-            example = {**example, "messages": messages}
-            contents = [m["content"] for m in messages]
-        size = sum(len(c) for c in contents)
-        reason = ""
-        if not all(contents):
-            reason = "empty_after_cleaning"
-        elif size < cfg.min_chars:
-            reason = "too_short_chars"
-        elif cfg.max_chars and size > cfg.max_chars:
-            reason = "too_long_chars"
-        if reason:
-            _counter(f"filtered_{reason}").inc()
-            yield pvalue.TaggedOutput(
-                FILTERED,
-                dead_letter(example["source"], record_of(example), reason, f"{size} chars"),
-            )
-            yield pvalue.TaggedOutput(OUTCOME, outcome("filtered", reason))
-            return
-        yield example
+    if "text" in example:
+        example["text"] = clean(example["text"])
+        contents = [example["text"]]
+    else:
+        for message in example["messages"]:
+            message["content"] = clean(message["content"])
+        contents = [m["content"] for m in example["messages"]]
+    size = sum(len(c) for c in contents)
+    if not all(contents):
+        return "empty_after_cleaning", size
+    if size < cfg.min_chars:
+        return "too_short_chars", size
+    if cfg.max_chars and size > cfg.max_chars:
+        return "too_long_chars", size
+    return "", size
 
 
 def record_of(example: dict[str, Any]) -> dict[str, Any]:
@@ -190,19 +198,6 @@ def record_of(example: dict[str, Any]) -> dict[str, Any]:
     return {"messages": messages, "prompt": last_user, "response": messages[-1]["content"]}
 
 
-class Clean(beam.PTransform):
-    """Normalise text and filter by length in characters; tagged FILTERED and OUTCOME."""
-
-    def __init__(self, config: PreprocessConfig) -> None:
-        super().__init__()
-        self.config = config
-
-    def expand(self, examples: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        return examples | "Normalize" >> beam.ParDo(CleanFn(self.config)).with_outputs(
-            FILTERED, OUTCOME, main="examples"
-        )
-
-
 # ------------------------------------------------------------------------------------------ dedup
 
 
@@ -212,32 +207,11 @@ def content_hash(example: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()
 
 
-def _keep_first(element: tuple[str, Iterable[dict[str, Any]]]) -> Iterator[Any]:
-    digest, group = element
-    # The lowest source (file, line) wins, so reruns keep the same copy whatever the runner's order.
-    examples = sorted(group, key=lambda e: _source_order(e["source"]))
-    kept = {**examples[0], "hash": digest}
-    yield kept
-    if len(examples) > 1:
-        _counter("duplicates").inc(len(examples) - 1)
-        yield pvalue.TaggedOutput(OUTCOME, outcome("duplicate", count=len(examples) - 1))
-
-
-def _source_order(source: str) -> tuple[str, int]:
+def source_order(source: str) -> tuple[str, int]:
+    """Sort key of a record's source ("path:line"): the lowest copy of a duplicate is kept, so
+    reruns keep the same copy whatever the runner's order."""
     path, _, line = source.rpartition(":")
     return (path, int(line)) if line.isdigit() else (source, 0)
-
-
-class Deduplicate(beam.PTransform):
-    """Exact deduplication by content hash; duplicates only leave an OUTCOME event."""
-
-    def expand(self, examples: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        return (
-            examples
-            | "KeyByContent" >> beam.Map(lambda e: (content_hash(e), e))
-            | "GroupByContent" >> beam.GroupByKey()
-            | "KeepFirst" >> beam.FlatMap(_keep_first).with_outputs(OUTCOME, main="examples")
-        )
 
 
 # ------------------------------------------------------------------------------------------ split
@@ -254,17 +228,3 @@ def split_of(example: dict[str, Any], eval_fraction: float, seed: str) -> str:
     key = example["text"] if "text" in example else example["messages"][:-1]
     digest = hashlib.sha256((seed + "\x00" + json.dumps(key, ensure_ascii=False)).encode())
     return "eval" if int.from_bytes(digest.digest()[:8], "big") / 2**64 < eval_fraction else "train"
-
-
-class Split(beam.PTransform):
-    """Tags each example with its split ("train" or "eval")."""
-
-    def __init__(self, eval_fraction: float, seed: str) -> None:
-        super().__init__()
-        self.eval_fraction, self.seed = eval_fraction, seed
-
-    def expand(self, examples: pvalue.PCollection) -> pvalue.PCollection:
-        fraction, seed = self.eval_fraction, self.seed
-        return examples | "AssignSplit" >> beam.Map(
-            lambda e: {**e, "split": split_of(e, fraction, seed)}
-        )

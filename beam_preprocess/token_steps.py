@@ -1,8 +1,16 @@
-"""Examples -> token documents -> packed rows as pyarrow Tables: the steps after the split.
+"""Examples -> token documents -> unique documents packed into rows: the steps after Prepare.
 
-Tokenize (chat template + loss masks, beam_preprocess.tokenize) emits documents per batch and pack
-key; Pack fills rows of exactly seq_len in two stages (windowed exact fill per key, then all
-leftovers of a split together). Outcomes and dead letters as in beam_preprocess.record_steps.
+Tokenize (chat template + loss masks, beam_preprocess.tokenize) runs in the same fused stage as
+reading and Prepare, with the Rust tokenizer working on one batch in a background thread while
+Python prepares the next: reading, validation and tokenization then share the cores. It emits
+tokenized examples in lists per batch and hash bucket (Beam's cost is per element).
+
+DeduplicateAndPack groups them by bucket (the only shuffle of the records): in each bucket it
+keeps one copy per content hash (the lowest source), then fills rows of exactly seq_len (windowed
+exact fill per bucket and split, then all leftovers of a split together). Deduplicating after
+tokenization costs the tokenizer's time on duplicates (usually a few percent of records) and
+saves a shuffle of every record; a duplicate of a record that tokenization filters or rejects is
+counted as filtered or rejected too, so the accounting still adds up per record.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.packing import (
@@ -23,7 +32,7 @@ from beam_preprocess.packing import (
     pack_best,
     rows_from_bins,
 )
-from beam_preprocess.record_steps import record_of
+from beam_preprocess.record_steps import record_of, source_order
 from beam_preprocess.records import (
     DEAD,
     EVAL_RECORDS,
@@ -36,7 +45,7 @@ from beam_preprocess.records import (
 )
 
 if TYPE_CHECKING:
-    from beam_preprocess.tokenize import TokenizerSpec
+    from beam_preprocess.tokenize import PendingBatch, TokenizerSpec
 
 
 def _counter(name: str) -> Any:
@@ -46,8 +55,15 @@ def _counter(name: str) -> Any:
 # --------------------------------------------------------------------------------------- tokenize
 
 
+def bucket_of(content_hash: str, buckets: int) -> int:
+    """The dedup and packing bucket of an example (all copies of a content share one)."""
+    return int(content_hash[:8], 16) % buckets
+
+
 class TokenizeFn(beam.DoFn):
-    """Batches of examples -> (pack key, [documents]); the tokenizer is loaded once per worker."""
+    """Examples -> (bucket, [tokenized example]) per batch; the tokenizer is loaded once per
+    worker. A tokenized example is (hash, source, split, [(ids bytes, mask bytes)], retokenized,
+    eval record or None): the eval record (record_of) travels only for the eval split."""
 
     def __init__(self, config: PreprocessConfig, spec: TokenizerSpec | None) -> None:
         self.config = config
@@ -77,18 +93,37 @@ class TokenizeFn(beam.DoFn):
                 min_tokens=cfg.min_tokens,
             ),
         )
-        self.kept = _counter("kept")
         self.truncated = _counter("truncated_or_split")
         self.tokens = _counter("document_tokens")
-        self.retokenized = _counter("answer_boundary_retokenized")
 
-    def process(self, batch: list[dict[str, Any]]) -> Iterator[Any]:
-        groups = self.config.pack_groups
-        # One element per pack key and batch, not per document: the pack shuffle then moves a few
-        # hundred elements instead of one per record (Beam's cost is mostly per element).
-        documents: dict[str, list[tuple[bytes, bytes]]] = {}
-        kept = 0
-        for example, result in zip(batch, self.encoder.encode(batch), strict=True):
+    def start_bundle(self) -> None:
+        self.batch: list[dict[str, Any]] = []
+        self.pending: tuple[list[dict[str, Any]], PendingBatch] | None = None
+
+    def process(self, example: dict[str, Any]) -> Iterator[Any]:
+        self.batch.append(example)
+        if len(self.batch) >= self.config.tokenize_batch_size:
+            yield from self._rotate()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        for output in [*self._rotate(), *self._rotate()]:
+            if isinstance(output, pvalue.TaggedOutput):
+                yield pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+            else:
+                yield GlobalWindows.windowed_value(output)
+
+    def _rotate(self) -> Iterator[Any]:
+        """Start tokenizing the buffered batch, then finish the one started before it."""
+        batch, self.batch = self.batch, []
+        previous = self.pending
+        self.pending = (batch, self.encoder.start(batch)) if batch else None
+        if previous is not None:
+            yield from self._emit(*previous)
+
+    def _emit(self, batch: list[dict[str, Any]], pending: PendingBatch) -> Iterator[Any]:
+        buckets = self.config.pack_groups
+        tokenized: dict[int, list[tuple[Any, ...]]] = {}
+        for example, result in zip(batch, self.encoder.finish(pending), strict=True):
             if result.outcome != "kept":
                 tag = DEAD if result.outcome == "rejected" else FILTERED
                 _counter(f"{result.outcome}_{result.reason}").inc()
@@ -98,28 +133,21 @@ class TokenizeFn(beam.DoFn):
                 yield pvalue.TaggedOutput(tag, letter)
                 yield pvalue.TaggedOutput(OUTCOME, outcome(result.outcome, result.reason))
                 continue
-            kept += 1
             if result.truncated:
                 self.truncated.inc()
-            if result.retokenized:
-                self.retokenized.inc()
-                yield pvalue.TaggedOutput(RETOKENIZED, example["source"])
-            split = example["split"]
-            key = f"{split}/{int(example['hash'][:8], 16) % groups}"
+            docs = []
             for ids, mask in result.docs:
                 self.tokens.inc(len(ids))
-                documents.setdefault(key, []).append((ids.tobytes(), mask.tobytes()))
-            if split == "eval":
-                yield pvalue.TaggedOutput(EVAL_RECORDS, record_of(example))
-        if kept:
-            self.kept.inc(kept)
-            yield pvalue.TaggedOutput(OUTCOME, outcome("kept", count=kept))
-        yield from documents.items()
+                docs.append((ids.tobytes(), mask.tobytes()))
+            split = example["split"]
+            record = record_of(example) if split == "eval" else None
+            item = (example["hash"], example["source"], split, docs, result.retokenized, record)
+            tokenized.setdefault(bucket_of(example["hash"], buckets), []).append(item)
+        yield from tokenized.items()
 
 
 class Tokenize(beam.PTransform):
-    """Examples -> (pack key, [documents]); tagged DEAD, FILTERED, OUTCOME, EVAL_RECORDS,
-    RETOKENIZED.
+    """Examples -> (bucket, [tokenized example]) (see TokenizeFn); tagged DEAD, FILTERED, OUTCOME.
 
     `spec` (from the launcher, which loads the full tokenizer anyway) spares each worker the
     transformers import; without it every worker derives it at setup.
@@ -131,15 +159,8 @@ class Tokenize(beam.PTransform):
         self.spec = spec
 
     def expand(self, examples: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        cfg, spec = self.config, self.spec
-        size = cfg.tokenize_batch_size
-        return (
-            examples
-            | "Batch" >> beam.BatchElements(min_batch_size=min(size, 64), max_batch_size=size)
-            | "Encode"
-            >> beam.ParDo(TokenizeFn(cfg, spec)).with_outputs(
-                DEAD, FILTERED, OUTCOME, EVAL_RECORDS, RETOKENIZED, main="documents"
-            )
+        return examples | "Encode" >> beam.ParDo(TokenizeFn(self.config, self.spec)).with_outputs(
+            DEAD, FILTERED, OUTCOME, main="documents"
         )
 
 
@@ -191,29 +212,61 @@ class _RowEmitter:
         yield pvalue.TaggedOutput(STATS, (self.split, stats))
 
 
-class PackGroupFn(beam.DoFn):
-    """Stage 1: windowed exact-fill packing per (split, group); the documents of rows left
-    underfull at the end go to the leftover stage, where all groups' leftovers meet."""
+class DeduplicateAndPackFn(beam.DoFn):
+    """Stage 1: one bucket's tokenized examples -> one copy per content hash -> windowed
+    exact-fill packing per split; the documents of rows left underfull at the end go to the
+    leftover stage, where all buckets' leftovers of a split meet."""
 
     TAIL = "tail"
 
     def __init__(self, seq_len: int, pad_id: int, max_open_rows: int) -> None:
         self.seq_len, self.pad_id, self.max_open_rows = seq_len, pad_id, max_open_rows
 
-    def process(self, element: tuple[str, Iterable[list[tuple[bytes, bytes]]]]) -> Iterator[Any]:
-        key, batches = element
-        split = key.split("/", 1)[0]
-        out = _RowEmitter(split, self.seq_len, self.pad_id)
-        packer = WindowPacker(self.seq_len, window_tokens=self.max_open_rows * self.seq_len)
+    def process(self, element: tuple[int, Iterable[list[tuple[Any, ...]]]]) -> Iterator[Any]:
+        _, batches = element
+        # Two passes over the bucket (Beam's grouped values can be iterated again): the first
+        # finds the lowest source of each content, the second packs exactly that copy.
+        first: dict[str, tuple[str, int]] = {}
         for batch in batches:
-            for value in batch:
-                yield from out.add(packer.add(_document(value)))
-        full, underfull = packer.flush()
-        yield from out.add(full)
-        for row in underfull:
-            for ids, mask in row:
-                yield pvalue.TaggedOutput(self.TAIL, (split, (ids.tobytes(), mask.tobytes())))
-        yield from out.flush()
+            for content, source, *_ in batch:
+                order = source_order(source)
+                if content not in first or order < first[content]:
+                    first[content] = order
+        packers: dict[str, tuple[WindowPacker, _RowEmitter]] = {}
+        kept = duplicates = 0
+        for batch in batches:
+            for content, source, split, docs, retokenized, record in batch:
+                if first.get(content) != source_order(source):
+                    duplicates += 1
+                    continue
+                del first[content]  # the same source listed twice keeps one copy too
+                kept += 1
+                if split not in packers:
+                    window = self.max_open_rows * self.seq_len
+                    packers[split] = (
+                        WindowPacker(self.seq_len, window_tokens=window),
+                        _RowEmitter(split, self.seq_len, self.pad_id),
+                    )
+                packer, out = packers[split]
+                for value in docs:
+                    yield from out.add(packer.add(_document(value)))
+                if record is not None:
+                    yield pvalue.TaggedOutput(EVAL_RECORDS, record)
+                if retokenized:
+                    yield pvalue.TaggedOutput(RETOKENIZED, source)
+        for split, (packer, out) in packers.items():
+            full, underfull = packer.flush()
+            yield from out.add(full)
+            for row in underfull:
+                for ids, mask in row:
+                    yield pvalue.TaggedOutput(self.TAIL, (split, (ids.tobytes(), mask.tobytes())))
+            yield from out.flush()
+        if kept:
+            _counter("kept").inc(kept)
+            yield pvalue.TaggedOutput(OUTCOME, outcome("kept", count=kept))
+        if duplicates:
+            _counter("duplicates").inc(duplicates)
+            yield pvalue.TaggedOutput(OUTCOME, outcome("duplicate", count=duplicates))
 
 
 class PackLeftoversFn(beam.DoFn):
@@ -230,30 +283,33 @@ class PackLeftoversFn(beam.DoFn):
 
 
 TABLES = "tables"
-"""Pack output: (split, pyarrow Table) of the per-group packing stage."""
+"""DeduplicateAndPack output: (split, pyarrow Table) of the per-bucket packing stage."""
 TAIL_TABLES = "tail_tables"
-"""Pack output: (split, pyarrow Table) of the leftovers stage (the underfull rows' documents)."""
+"""DeduplicateAndPack output: (split, pyarrow Table) of the leftovers stage (the underfull rows'
+documents)."""
 
 
-class Pack(beam.PTransform):
-    """(pack key, [documents]) -> (split, pyarrow Table) rows of exactly seq_len in two outputs, TABLES
-    and TAIL_TABLES (kept apart so each is written inside its own fused stage); tagged STATS."""
+class DeduplicateAndPack(beam.PTransform):
+    """(bucket, [tokenized example]) -> (split, pyarrow Table) rows of exactly seq_len in two
+    outputs, TABLES and TAIL_TABLES (kept apart so each is written inside its own fused stage);
+    tagged STATS, OUTCOME ("kept", "duplicate"), EVAL_RECORDS and RETOKENIZED (of kept copies)."""
 
     def __init__(self, seq_len: int, pad_id: int, max_open_rows: int) -> None:
         super().__init__()
         self.seq_len, self.pad_id, self.max_open_rows = seq_len, pad_id, max_open_rows
 
     def expand(self, documents: pvalue.PCollection) -> dict[str, pvalue.PCollection]:
+        tail = DeduplicateAndPackFn.TAIL
         first = (
             documents
-            | "GroupForPacking" >> beam.GroupByKey()
-            | "BestFit"
-            >> beam.ParDo(PackGroupFn(self.seq_len, self.pad_id, self.max_open_rows)).with_outputs(
-                STATS, PackGroupFn.TAIL, main="tables"
-            )
+            | "GroupByBucket" >> beam.GroupByKey()
+            | "DropDuplicatesAndFill"
+            >> beam.ParDo(
+                DeduplicateAndPackFn(self.seq_len, self.pad_id, self.max_open_rows)
+            ).with_outputs(STATS, tail, OUTCOME, EVAL_RECORDS, RETOKENIZED, main="tables")
         )
         second = (
-            first[PackGroupFn.TAIL]
+            first[tail]
             | "GroupLeftovers" >> beam.GroupByKey()
             | "BestFitDecreasing"
             >> beam.ParDo(PackLeftoversFn(self.seq_len, self.pad_id)).with_outputs(
@@ -264,4 +320,7 @@ class Pack(beam.PTransform):
             TABLES: first.tables,
             TAIL_TABLES: second.tables,
             STATS: (first[STATS], second[STATS]) | "AllStats" >> beam.Flatten(),
+            OUTCOME: first[OUTCOME],
+            EVAL_RECORDS: first[EVAL_RECORDS],
+            RETOKENIZED: first[RETOKENIZED],
         }

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +146,18 @@ class EncoderConfig:
     min_tokens: int = 2
 
 
+@dataclass
+class PendingBatch:
+    """A batch whose tokens are being computed (DocumentEncoder.start -> finish)."""
+
+    results: list[Encoded]
+    texts: list[str]
+    spans: list[list[Span]]
+    index: list[int]
+    """Position in the batch of each text (examples that failed to render have none)."""
+    encodings: Future
+
+
 class DocumentEncoder:
     """Batched tokenization of examples into documents (ids + loss mask)."""
 
@@ -156,6 +169,7 @@ class DocumentEncoder:
             raise ValueError("plain-text data needs a tokenizer with an eos token")
         self.eos = np.int32(spec.eos_id if spec.eos_id is not None else 0)
         self._renderer: ChatRenderer | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -186,6 +200,16 @@ class DocumentEncoder:
         return renderer.conversation(messages)
 
     def encode(self, examples: Sequence[dict]) -> list[Encoded]:
+        """Render, tokenize and mask a batch of examples (one result per example, in order)."""
+        return self.finish(self.start(examples))
+
+    def start(self, examples: Sequence[dict]) -> PendingBatch:
+        """Render the batch and start the Rust tokenizer on it in a background thread.
+
+        `encode_batch` releases the GIL, so the caller can prepare the next batch (or finish the
+        previous one) while this one is tokenized: the Python steps then overlap the tokenizer
+        instead of running while the cores it would use sit idle. finish() gives the results.
+        """
         results: list[Encoded] = [Encoded() for _ in examples]
         texts: list[str] = []
         spans: list[list[Span]] = []
@@ -217,7 +241,16 @@ class DocumentEncoder:
             texts.append(text)
             spans.append(target)
             index.append(i)
-        encodings = self.backend.encode_batch(texts, add_special_tokens=is_text) if texts else []
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        encodings = self._pool.submit(self.backend.encode_batch, texts, add_special_tokens=is_text)
+        return PendingBatch(results, texts, spans, index, encodings)
+
+    def finish(self, pending: PendingBatch) -> list[Encoded]:
+        """Wait for the batch's tokens and compute its loss masks and length policy."""
+        results, texts, spans, index = pending.results, pending.texts, pending.spans, pending.index
+        encodings = pending.encodings.result()
+        is_text = self.config.data_kind == "text"
         for i, enc, text, target in zip(index, encodings, texts, spans, strict=True):
             ids = np.asarray(enc.ids, dtype=np.int32)
             retokenized = False

@@ -282,12 +282,9 @@ def test_dataflow_job_request_is_built_offline():
     names = {t.unique_name for t in environment._proto_pipeline.components.transforms.values()}
     for step in (
         "Read",
-        "Validate",
-        "Clean",
-        "Deduplicate",
-        "Split",
+        "Prepare",
         "Tokenize",
-        "Pack",
+        "DeduplicateAndPack",
         "WriteTrain",
         "WriteDeadOfRead",
         "CommitShards",

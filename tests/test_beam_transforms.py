@@ -15,9 +15,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.packing import pack_exact, pack_offline, pack_streaming, rows_from_bins
 from beam_preprocess.readers import ReadRecords
-from beam_preprocess.record_steps import Clean, Deduplicate, Split, Validate, split_of
+from beam_preprocess.record_steps import Prepare, split_of
 from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS
-from beam_preprocess.token_steps import TABLES, TAIL_TABLES, Pack, Tokenize
+from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
 
 
 def _pipeline() -> BeamTestPipeline:
@@ -79,7 +79,7 @@ def test_read_records_all_formats(tmp_path: Path):
         )
 
 
-def test_validate_routes_bad_records_with_reasons():
+def test_prepare_rejects_bad_records_with_reasons():
     records = [
         {"source": "f:1", "record": {"prompt": "P", "response": "R"}},
         {"source": "f:2", "record": {"prompt": "P"}},
@@ -97,7 +97,7 @@ def test_validate_routes_bad_records_with_reasons():
         {"source": "f:6", "record": {"messages": [{"role": "user", "content": "hi"}]}},
     ]
     with _pipeline() as p:
-        out = p | beam.Create(records) | Validate(_config())
+        out = p | beam.Create(records) | Prepare(_config())
         assert_that(
             out.examples | beam.Map(lambda e: (e["source"], e["messages"][-1]["content"])),
             equal_to([("f:1", "R"), ("f:5", "yo")]),
@@ -117,15 +117,17 @@ def test_validate_routes_bad_records_with_reasons():
         )
 
 
-def test_clean_normalises_and_filters_by_characters():
-    examples = [
-        {"source": "a", "text": "  Cafe\u0301\r\nok\x07  "},
-        {"source": "b", "text": "x" * 50},
+def test_prepare_cleans_and_filters_by_characters():
+    records = [
+        {"source": "a", "record": {"text": "  Cafe\u0301\r\nok\x07  "}},
+        {"source": "b", "record": {"text": "x" * 50}},
     ]
     with _pipeline() as p:
-        out = p | beam.Create(examples) | Clean(_config(data_kind="text", max_chars=20))
+        out = p | beam.Create(records) | Prepare(_config(data_kind="text", max_chars=20))
         assert_that(
-            out.examples | beam.Map(lambda e: e["text"]), equal_to(["Caf\u00e9\nok"]), label="clean"
+            out.examples | beam.Map(lambda e: (e["text"], e["split"], len(e["hash"]))),
+            equal_to([("Caf\u00e9\nok", "train", 64)]),
+            label="clean",
         )
         assert_that(
             out[FILTERED] | beam.Map(lambda d: (d["source"], d["reason"])),
@@ -135,22 +137,36 @@ def test_clean_normalises_and_filters_by_characters():
         assert_that(out[OUTCOME], equal_to([("filtered/too_long_chars", 1)]), label="outcome")
 
 
-def test_deduplicate_keeps_lowest_source():
-    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    other = [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a"}]
-    examples = [
-        {"source": "f:10", "messages": msgs},
-        {"source": "f:9", "messages": msgs},
-        {"source": "f:11", "messages": msgs},
-        {"source": "f:1", "messages": other},
+def _tokenized(content: str, source: str, doc: tuple[bytes, bytes], **fields) -> tuple:
+    """A tokenized example as Tokenize emits it (see token_steps.TokenizeFn)."""
+    item = {"split": "train", "retokenized": False, "record": None, **fields}
+    return (content, source, item["split"], [doc], item["retokenized"], item["record"])
+
+
+def test_deduplicate_keeps_lowest_source_once():
+    from beam_preprocess.records import RETOKENIZED
+
+    doc = (np.arange(8, dtype=np.int32).tobytes(), np.array([0] + [1] * 7, np.uint8).tobytes())
+    other = (np.arange(5, dtype=np.int32).tobytes(), np.array([0, 1, 1, 1, 1], np.uint8).tobytes())
+    # RETOKENIZED names the source of each kept copy; "f:9" is listed twice (one input matched
+    # by two patterns) and still kept once.
+    items = [
+        _tokenized("h1", source, doc, retokenized=True) for source in ("f:10", "f:9", "f:9", "f:11")
     ]
+    items.append(_tokenized("h2", "f:1", other, retokenized=True))
+    keyed = [(0, items[:2]), (0, items[2:])]
     with _pipeline() as p:
-        out = p | beam.Create(examples) | Deduplicate()
+        out = p | beam.Create(keyed) | DeduplicateAndPack(16, 0, max_open_rows=4)
+        assert_that(out[RETOKENIZED], equal_to(["f:9", "f:1"]), label="kept")
         assert_that(
-            out.examples | beam.Map(lambda e: e["source"]), equal_to(["f:9", "f:1"]), label="kept"
+            out[OUTCOME] | beam.CombinePerKey(sum),
+            equal_to([("kept", 2), ("duplicate", 3)]),
+            label="outcomes",
         )
         assert_that(
-            out[OUTCOME] | beam.CombinePerKey(sum), equal_to([("duplicate", 2)]), label="dups"
+            out[STATS] | beam.Map(lambda s: s[1][1]) | beam.CombineGlobally(sum),
+            equal_to([2]),
+            label="documents",
         )
 
 
@@ -166,9 +182,15 @@ def test_split_is_deterministic_by_prompt():
         for i in range(2000)
     ]
     expected = [(e["source"], split_of(e, 0.2, "s")) for e in examples]
+    records = [
+        {"source": e["source"], "record": {"prompt": f"q{i % 500}", "response": str(i)}}
+        for i, e in enumerate(examples)
+    ]
     with _pipeline() as p:
-        out = p | beam.Create(examples) | Split(0.2, "s")
-        assert_that(out | beam.Map(lambda e: (e["source"], e["split"])), equal_to(expected))
+        out = p | beam.Create(records) | Prepare(_config(eval_fraction=0.2, split_seed="s"))
+        assert_that(
+            out.examples | beam.Map(lambda e: (e["source"], e["split"])), equal_to(expected)
+        )
     by_prompt: dict[str, set[str]] = {}
     for e, (_, split) in zip(examples, expected, strict=True):
         by_prompt.setdefault(e["messages"][0]["content"], set()).add(split)
@@ -218,28 +240,32 @@ def test_tokenize_masks_exactly_the_response(tiny_model_dir: Path):
     config = _config(tokenizer=str(tiny_model_dir), seq_len=64, pack_groups=1)
     with _pipeline() as p:
         out = p | beam.Create(examples) | Tokenize(config)
-        docs = out.documents | beam.FlatMap(
-            lambda kv: [
-                (np.frombuffer(ids, np.int32).tolist(), np.frombuffer(mask, np.uint8).tolist())
-                for ids, mask in kv[1]
-            ]
-        )
-        assert_that(docs, equal_to(expected), label="docs")
+        assert_that(out.documents | beam.FlatMap(_documents_of), equal_to(expected), label="docs")
         assert_that(
             out[FILTERED] | beam.Map(lambda d: (d["source"], d["reason"])),
             equal_to([("long", "too_long_tokens")]),
             label="filtered",
         )
+        packed = out.documents | DeduplicateAndPack(64, 0, max_open_rows=8)
         assert_that(
-            out[EVAL_RECORDS],
+            packed[EVAL_RECORDS],
             equal_to([{"prompt": pairs[0][0], "response": pairs[0][1]}]),
             label="eval",
         )
         assert_that(
-            out[OUTCOME] | beam.CombinePerKey(sum),
+            (out[OUTCOME], packed[OUTCOME]) | beam.Flatten() | beam.CombinePerKey(sum),
             equal_to([("kept", 3), ("filtered/too_long_tokens", 1)]),
             label="outcome",
         )
+
+
+def _documents_of(keyed: tuple[int, list[tuple]]) -> list[tuple[list[int], list[int]]]:
+    """Tokenize's (bucket, [tokenized example]) -> the documents as (ids, mask) lists."""
+    return [
+        (np.frombuffer(ids, np.int32).tolist(), np.frombuffer(mask, np.uint8).tolist())
+        for item in keyed[1]
+        for ids, mask in item[3]
+    ]
 
 
 def _random_docs(n: int, seq_len: int, seed: int = 0) -> list[tuple[bytes, bytes]]:
@@ -290,14 +316,15 @@ def _check_rows(tables, docs, seq_len: int, pad_id: int) -> None:
 def test_pack_invariants_and_fill():
     seq_len, pad_id = 128, -1
     docs = _random_docs(1500, seq_len)
-    # Tokenize's shape: (pack key, [documents]) per batch and key.
+    # Tokenize's shape: (bucket, [tokenized example]) per batch and bucket.
+    items = [_tokenized(f"h{i}", f"f:{i}", doc) for i, doc in enumerate(docs)]
     keyed = [
-        (f"train/{k}", docs[start + k : start + 40 : 4])
-        for start in range(0, len(docs), 40)
+        (k, items[start + k : start + 40 : 4])
+        for start in range(0, len(items), 40)
         for k in range(4)
     ]
     with _pipeline() as p:
-        out = p | beam.Create(keyed) | Pack(seq_len, pad_id, max_open_rows=256)
+        out = p | beam.Create(keyed) | DeduplicateAndPack(seq_len, pad_id, max_open_rows=256)
         assert_that(
             (out[TABLES], out[TAIL_TABLES]) | beam.Flatten() | beam.combiners.ToList(),
             lambda all_tables: [_check_rows(all_tables[0], docs, seq_len, pad_id)],
@@ -365,13 +392,7 @@ def test_tokenize_plain_text_appends_eos_and_splits_overlong(tiny_model_dir: Pat
             expected.append((chunk, [0] + [1] * (len(chunk) - 1)))
     with _pipeline() as p:
         out = p | beam.Create(examples) | Tokenize(config)
-        docs = out.documents | beam.FlatMap(
-            lambda kv: [
-                (np.frombuffer(ids, np.int32).tolist(), np.frombuffer(mask, np.uint8).tolist())
-                for ids, mask in kv[1]
-            ]
-        )
-        assert_that(docs, equal_to(expected))
+        assert_that(out.documents | beam.FlatMap(_documents_of), equal_to(expected))
 
 
 def test_jsonl_read_in_ranges_keeps_exact_line_numbers(tmp_path: Path):
@@ -501,5 +522,6 @@ def test_tokenize_reports_retokenized_sources(tiny_model_dir: Path, tmp_path: Pa
     ]
     config = _config(tokenizer=str(tokenizer_dir), seq_len=64, pack_groups=1)
     with _pipeline() as p:
-        out = p | beam.Create(examples) | Tokenize(config)
+        tokens = p | beam.Create(examples) | Tokenize(config)
+        out = tokens.documents | DeduplicateAndPack(64, 0, max_open_rows=8)
         assert_that(out[RETOKENIZED], equal_to(["f:0"]))
