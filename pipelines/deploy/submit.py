@@ -161,7 +161,8 @@ def _run_parameter_errors(
     fetched (a registry URI, a KFP pipeline version) the single-field rules of the values given;
     for any other template only the generic name/type checks of `parameter_errors`.
     """
-    from components.run_params import RunParams, field_errors, fields, params_from_mapping
+    from components.param_values import field_errors, params_from_mapping
+    from components.run_params import RunParams, fields
 
     if info is None:
         return field_errors(params)
