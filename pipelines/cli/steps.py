@@ -233,16 +233,21 @@ def evaluate_cmd(
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, HTML report."""
     import logging
 
-    from components.evaluation.evaluate import run_evaluation
+    from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+    from components.evaluation.gate import GateThresholds
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    result = run_evaluation(
+    thresholds = GateThresholds(
+        min_loss_improvement=min_loss_improvement,
+        min_exact_match=min_exact_match,
+        min_general_retained=min_general_retained,
+    )
+    request = EvaluationRequest(
         base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
         max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
-        champion=champion, min_loss_improvement=min_loss_improvement,
-        min_exact_match=min_exact_match, min_general_retained=min_general_retained,
-        max_new_tokens=max_new_tokens, device=device,
+        champion=champion, thresholds=thresholds, max_new_tokens=max_new_tokens, device=device,
     )  # fmt: skip
+    result = run_evaluation(request)
     print_json(
         {
             "passed": result.passed,
