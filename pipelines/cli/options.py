@@ -23,12 +23,12 @@ ParamOpt = Annotated[
 TemplateOpt = Annotated[
     str | None,
     typer.Option(
-        help="Compiled YAML or registry URI [default: compiled/fine_tune.<backend>.yaml]."
+        help="Compiled YAML or registry URI.", show_default="compiled/fine_tune.<backend>.yaml"
     ),
 ]
 ProjectOpt = Annotated[str | None, typer.Option(help="Vertex: Google Cloud project id.")]
 RegionOpt = Annotated[
-    str | None, typer.Option(help=f"Vertex: Google Cloud region [default: {RunParams.region}].")
+    str | None, typer.Option(help="Vertex: Google Cloud region.", show_default=RunParams.region)
 ]
 RootOpt = Annotated[str | None, typer.Option(help="Where runs write artifacts (gs:// on Vertex).")]
 AccountOpt = Annotated[
@@ -39,10 +39,10 @@ LabelOpt = Annotated[
     list[str] | None, typer.Option("--label", help="Vertex: label KEY=VALUE (repeatable).")
 ]
 CachingOpt = Annotated[
-    bool | None, typer.Option(help="Override caching for every task [default: as compiled].")
+    bool | None, typer.Option(help="Override caching for every task.", show_default="as compiled")
 ]
 HostOpt = Annotated[
-    str | None, typer.Option(help="KFP: API endpoint [default: $KF_PIPELINES_ENDPOINT].")
+    str | None, typer.Option(help="KFP: API endpoint.", show_default="$KF_PIPELINES_ENDPOINT")
 ]
 NamespaceOpt = Annotated[str | None, typer.Option(help="KFP: profile namespace (multi-user).")]
 PipelineIdOpt = Annotated[

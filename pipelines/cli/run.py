@@ -34,7 +34,9 @@ DisplayNameOpt = Annotated[str | None, typer.Option(help="Run name prefix.")]
 ExperimentOpt = Annotated[
     str | None, typer.Option(help="Vertex AI Experiment / KFP experiment to file the run in.")
 ]
-FailurePolicyOpt = Annotated[str | None, typer.Option(help="Vertex: fast or slow [default: slow].")]
+FailurePolicyOpt = Annotated[
+    str | None, typer.Option(help="Vertex: fast or slow.", show_default="slow")
+]
 ScheduleTimeOpt = Annotated[
     str | None,
     typer.Option(help="Fill the schedule-time placeholder (backfill), e.g. 2026-01-05T03:00:00Z."),

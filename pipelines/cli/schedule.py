@@ -37,7 +37,7 @@ CronOpt = Annotated[
 DisplayNameOpt = Annotated[
     str | None, typer.Option(help="Schedule name (--update and --list match on it).")
 ]
-MaxConcurrentOpt = Annotated[int | None, typer.Option(help="Runs at once [default: 1].")]
+MaxConcurrentOpt = Annotated[int | None, typer.Option(help="Runs at once.", show_default="1")]
 StartOpt = Annotated[str | None, typer.Option(help="RFC 3339 time of the first run.")]
 EndOpt = Annotated[str | None, typer.Option(help="RFC 3339 time after which none start.")]
 MaxRunCountOpt = Annotated[int | None, typer.Option(help="Vertex: stop after N runs.")]
