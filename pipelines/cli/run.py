@@ -9,23 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from pipelines.cli import options as opt
 from pipelines.cli.common import check_choice, parse_labels, parse_params, user_errors
-from pipelines.cli.options import (
-    AccountOpt,
-    CachingOpt,
-    ConfigOpt,
-    HostOpt,
-    LabelOpt,
-    NamespaceOpt,
-    NetworkOpt,
-    ParamOpt,
-    PipelineIdOpt,
-    ProjectOpt,
-    RegionOpt,
-    RootOpt,
-    TemplateOpt,
-    VersionIdOpt,
-)
 
 BackendOpt = Annotated[
     str, typer.Option(help="local (this machine), vertex (Vertex AI Pipelines) or kfp (KFP).")
@@ -50,23 +35,23 @@ VerboseOpt = Annotated[
 @user_errors
 def run_cmd(
     backend: BackendOpt = "local",
-    config: ConfigOpt = None,
-    param: ParamOpt = None,
-    template: TemplateOpt = None,
+    config: opt.ConfigOpt = None,
+    param: opt.ParamOpt = None,
+    template: opt.TemplateOpt = None,
     display_name: DisplayNameOpt = None,
-    project: ProjectOpt = None,
-    region: RegionOpt = None,
-    pipeline_root: RootOpt = None,
-    service_account: AccountOpt = None,
-    network: NetworkOpt = None,
-    label: LabelOpt = None,
+    project: opt.ProjectOpt = None,
+    region: opt.RegionOpt = None,
+    pipeline_root: opt.RootOpt = None,
+    service_account: opt.AccountOpt = None,
+    network: opt.NetworkOpt = None,
+    label: opt.LabelOpt = None,
     experiment: ExperimentOpt = None,
-    enable_caching: CachingOpt = None,
+    enable_caching: opt.CachingOpt = None,
     failure_policy: FailurePolicyOpt = None,
-    host: HostOpt = None,
-    namespace: NamespaceOpt = None,
-    pipeline_id: PipelineIdOpt = None,
-    version_id: VersionIdOpt = None,
+    host: opt.HostOpt = None,
+    namespace: opt.NamespaceOpt = None,
+    pipeline_id: opt.PipelineIdOpt = None,
+    version_id: opt.VersionIdOpt = None,
     schedule_time: ScheduleTimeOpt = None,
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,

@@ -9,23 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from pipelines.cli import options as opt
 from pipelines.cli.common import check_choice, parse_labels, parse_params, user_errors
-from pipelines.cli.options import (
-    AccountOpt,
-    CachingOpt,
-    ConfigOpt,
-    HostOpt,
-    LabelOpt,
-    NamespaceOpt,
-    NetworkOpt,
-    ParamOpt,
-    PipelineIdOpt,
-    ProjectOpt,
-    RegionOpt,
-    RootOpt,
-    TemplateOpt,
-    VersionIdOpt,
-)
 
 BackendOpt = Annotated[
     str, typer.Option(help="vertex (PipelineJobSchedule) or kfp (recurring run).")
@@ -59,11 +44,11 @@ ExperimentOpt = Annotated[str | None, typer.Option(help="KFP: experiment of the 
 @user_errors
 def schedule_cmd(
     backend: BackendOpt,
-    config: ConfigOpt = None,
-    param: ParamOpt = None,
+    config: opt.ConfigOpt = None,
+    param: opt.ParamOpt = None,
     cron: CronOpt = None,
     display_name: DisplayNameOpt = None,
-    template: TemplateOpt = None,
+    template: opt.TemplateOpt = None,
     max_concurrent_runs: MaxConcurrentOpt = None,
     start_time: StartOpt = None,
     end_time: EndOpt = None,
@@ -75,18 +60,18 @@ def schedule_cmd(
     resume: ResumeOpt = None,
     delete: DeleteOpt = None,
     update: UpdateOpt = False,
-    project: ProjectOpt = None,
-    region: RegionOpt = None,
-    pipeline_root: RootOpt = None,
-    service_account: AccountOpt = None,
-    network: NetworkOpt = None,
-    label: LabelOpt = None,
-    enable_caching: CachingOpt = None,
+    project: opt.ProjectOpt = None,
+    region: opt.RegionOpt = None,
+    pipeline_root: opt.RootOpt = None,
+    service_account: opt.AccountOpt = None,
+    network: opt.NetworkOpt = None,
+    label: opt.LabelOpt = None,
+    enable_caching: opt.CachingOpt = None,
     experiment: ExperimentOpt = None,
-    host: HostOpt = None,
-    namespace: NamespaceOpt = None,
-    pipeline_id: PipelineIdOpt = None,
-    version_id: VersionIdOpt = None,
+    host: opt.HostOpt = None,
+    namespace: opt.NamespaceOpt = None,
+    pipeline_id: opt.PipelineIdOpt = None,
+    version_id: opt.VersionIdOpt = None,
 ) -> None:
     """Create (default), list, pause, resume, delete or --update recurring fine-tunes."""
     from pipelines.deploy.config import Backend, load_for
