@@ -13,18 +13,12 @@ Model.list, ModelRegistry), never hand-built REST calls.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.run_identity import vertex_labels
+from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE, vertex_labels
 
 log = logging.getLogger(__name__)
-
-# Vertex AI label rules: keys start with a lowercase letter; keys and values <= 63 characters of
-# lowercase letters, digits, '_' and '-'.
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
 @dataclass
@@ -59,11 +53,11 @@ def _version_of(model: Any) -> RegisteredVersion:
 def _label_errors(labels: dict[str, str]) -> list[str]:
     errors = []
     for key, value in labels.items():
-        if not _LABEL_KEY.match(key):
+        if not GCP_LABEL_KEY.match(key):
             errors.append(
                 f"label key {key!r} is not valid on Vertex AI (lowercase, starts with a letter, <= 63 chars)"
             )
-        if not _LABEL_VALUE.match(value):
+        if not GCP_LABEL_VALUE.match(value):
             errors.append(
                 f"label value {value!r} of {key!r} is not valid on Vertex AI (lowercase letters, digits, '_', '-', <= 63 chars)"
             )
