@@ -205,15 +205,7 @@ class GkeLauncher(Launcher):
             updates.close()
             if self._logs is not None:
                 self._logs.stop()
-        return LaunchResult(
-            run_id=launch.run_id,
-            backend=self.backend,
-            status=status,
-            output=launch.output,
-            message=message,
-            duration_s=time.monotonic() - started,
-            details=details,
-        )
+        return self.result(launch, status, message, started=started, details=details)
 
     def _verdict(
         self,
