@@ -87,6 +87,13 @@ class TrainLaunch:
         """Unique per run: torch defaults it to "none", so runs sharing an etcd would collide."""
         return safe_run_id(self.run_id)
 
+    def accelerators_per_node(self, count: int | None, accelerator: str | None) -> int:
+        """Accelerators per node: `count` when given, else one per process when an accelerator
+        type is set, else none (CPU)."""
+        if count is not None:
+            return count
+        return self.nproc_per_node if accelerator else 0
+
     def errors(self) -> list[str]:
         """Every problem with this launch, so the user fixes them in one go."""
         errors: list[str] = []
