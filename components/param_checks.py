@@ -155,3 +155,64 @@ def check_placeholder_resolved(name: str, value: str) -> str | None:
             "resolve it (KFP >= 2.4 resolves the run id; see docs/deploy/README.md)"
         )
     return None
+
+
+def check_gke_accelerator(backend: str, accelerator_type: str) -> str | None:
+    """On GKE the accelerator becomes a node selector: the name must have a GKE label."""
+    if backend != "gke":
+        return None
+    from components.accelerators import gke_accelerator
+
+    try:
+        gke_accelerator(accelerator_type)
+    except ValueError as exc:
+        return f"accelerator_type: {exc}"
+    return None
+
+
+def check_cloud_locations(
+    *, cloud: bool, project: str, region: str, work_uri: str, train_data_uri: str
+) -> list[str]:
+    """A cloud run (a cloud trainer or Dataflow) needs a project, a region, a gs:// work_uri and
+    data its workers can read."""
+    if not cloud:
+        return []
+    errors = []
+    if not project:
+        errors.append("project is empty: cloud backends and Dataflow need a project id")
+    if not region:
+        errors.append("region is empty: set a Google Cloud region such as us-central1")
+    if not work_uri.startswith("gs://"):
+        errors.append(f"work_uri={work_uri!r}: cloud runs need a gs:// URI for shared run files")
+    if train_data_uri and not train_data_uri.startswith("gs://"):
+        errors.append(
+            f"train_data_uri={train_data_uri!r}: workers in the cloud cannot read "
+            "local files; upload the data to gs://"
+        )
+    return errors
+
+
+def check_registry(
+    *,
+    latest: str,
+    models: tuple[str, ...],
+    register_model: bool,
+    registered_model: str,
+    serving_image: str,
+) -> list[str]:
+    """Reading the latest registered version (one of `models` is the value `latest`) or
+    registering needs the model's name; registering also needs a pinned serving image."""
+    errors = []
+    if (latest in models or register_model) and not registered_model:
+        errors.append(
+            "registered_model is empty: name the Vertex AI model (resource name or display "
+            f"name) to register to or to take {latest!r} from"
+        )
+    if register_model:
+        if not serving_image:
+            errors.append(
+                "serving_image is empty: registering a model needs a serving container image"
+            )
+        elif serving_image.endswith(":latest"):
+            errors.append(f"serving_image={serving_image!r} uses :latest: pin a version")
+    return errors

@@ -13,18 +13,12 @@ Model.list, ModelRegistry), never hand-built REST calls.
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from components.run_identity import vertex_labels
+from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE, vertex_labels
 
 log = logging.getLogger(__name__)
-
-# Vertex AI label rules: keys start with a lowercase letter; keys and values <= 63 characters of
-# lowercase letters, digits, '_' and '-'.
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
 @dataclass
@@ -59,11 +53,11 @@ def _version_of(model: Any) -> RegisteredVersion:
 def _label_errors(labels: dict[str, str]) -> list[str]:
     errors = []
     for key, value in labels.items():
-        if not _LABEL_KEY.match(key):
+        if not GCP_LABEL_KEY.match(key):
             errors.append(
                 f"label key {key!r} is not valid on Vertex AI (lowercase, starts with a letter, <= 63 chars)"
             )
-        if not _LABEL_VALUE.match(value):
+        if not GCP_LABEL_VALUE.match(value):
             errors.append(
                 f"label value {value!r} of {key!r} is not valid on Vertex AI (lowercase letters, digits, '_', '-', <= 63 chars)"
             )
@@ -102,11 +96,35 @@ def _registration_errors(artifact_uri: str, display_name: str, image: str) -> li
     return errors
 
 
+@dataclass(frozen=True)
+class ServingContainer:
+    """The prediction container Vertex AI starts for a registered version, with the model files
+    at AIP_STORAGE_URI."""
+
+    image_uri: str
+    """The image, e.g. a vLLM or TGI image pinned by tag or digest."""
+    predict_route: str | None = None
+    """HTTP path of the container's predict handler."""
+    health_route: str | None = None
+    """HTTP path of its health check."""
+    ports: list[int] | None = None
+    """Ports the container listens on."""
+    args: list[str] | None = None
+    """Arguments for the container's entrypoint."""
+    environment_variables: dict[str, str] | None = None
+    """Environment for the container (never secrets: they would be readable in the model
+    resource)."""
+
+    def upload_arguments(self) -> dict[str, Any]:
+        """The `aiplatform.Model.upload` arguments (`serving_container_<field>`)."""
+        return {f"serving_container_{f.name}": getattr(self, f.name) for f in fields(self)}
+
+
 def register_model(
     *,
     artifact_uri: str,
     display_name: str,
-    serving_container_image_uri: str,
+    serving: ServingContainer,
     run_id: str,
     project: str,
     location: str,
@@ -114,11 +132,6 @@ def register_model(
     description: str | None = None,
     version_aliases: list[str] | None = None,
     is_default_version: bool = True,
-    serving_container_predict_route: str | None = None,
-    serving_container_health_route: str | None = None,
-    serving_container_ports: list[int] | None = None,
-    serving_container_args: list[str] | None = None,
-    serving_container_environment_variables: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     credentials: Any = None,
 ) -> RegisteredVersion:
@@ -127,8 +140,7 @@ def register_model(
     Args:
         artifact_uri: gs:// directory of the exported model (the trainer's output).
         display_name: the registry model's display name.
-        serving_container_image_uri: the prediction container (e.g. a vLLM or TGI image pinned by
-            tag); Vertex starts it with the model files at AIP_STORAGE_URI.
+        serving: the prediction container Vertex starts with the model files.
         run_id: the pipeline run id; the version is labelled with it.
         project: Google Cloud project.
         location: Vertex AI region.
@@ -136,12 +148,6 @@ def register_model(
         description: version description.
         version_aliases: extra aliases for the new version (e.g. ["champion"]).
         is_default_version: make the new version the model's default (what serving picks).
-        serving_container_predict_route: HTTP path of the container's predict handler.
-        serving_container_health_route: HTTP path of its health check.
-        serving_container_ports: ports the container listens on.
-        serving_container_args: arguments for the container's entrypoint.
-        serving_container_environment_variables: environment for the container (never secrets:
-            they would be readable in the model resource).
         labels: extra labels; the run-id labels are always added.
         credentials: google-auth credentials; default: the environment's.
     """
@@ -149,7 +155,7 @@ def register_model(
 
     all_labels = {**(labels or {}), **vertex_labels(run_id)}
     errors = _label_errors(all_labels)
-    errors += _registration_errors(artifact_uri, display_name, serving_container_image_uri)
+    errors += _registration_errors(artifact_uri, display_name, serving.image_uri)
     if errors:
         raise ValueError("cannot register the model: " + "; ".join(errors))
 
@@ -158,24 +164,19 @@ def register_model(
         artifact_uri,
         f"a new version of {parent_model}" if parent_model else "a new model",
         display_name,
-        serving_container_image_uri,
+        serving.image_uri,
         all_labels,
     )
     model = aiplatform.Model.upload(
         display_name=display_name,
         artifact_uri=artifact_uri,
-        serving_container_image_uri=serving_container_image_uri,
         parent_model=parent_model or None,
         is_default_version=is_default_version,
         # The SDK appends "default" to the list it is given: pass a copy, not the caller's list.
         version_aliases=list(version_aliases) if version_aliases else None,
         version_description=description,
         description=description,
-        serving_container_predict_route=serving_container_predict_route,
-        serving_container_health_route=serving_container_health_route,
-        serving_container_ports=serving_container_ports,
-        serving_container_args=serving_container_args,
-        serving_container_environment_variables=serving_container_environment_variables,
+        **serving.upload_arguments(),
         labels=all_labels,
         project=project,
         location=location,

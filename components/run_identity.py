@@ -18,6 +18,11 @@ K8S_RUN_LABEL = "llmft.dev/run-id"
 """Kubernetes label key (prefix/name form) carried by every object a run creates."""
 VERTEX_RUN_LABEL = "llmft-run-id"
 """Vertex AI label key (no '/' or '.' allowed there) carried by every job a run creates."""
+GCP_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+"""A Google Cloud (Vertex AI, GCS, Dataflow) label key: a lowercase letter, then lowercase letters,
+digits, '_' or '-'; at most 63 characters."""
+GCP_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+"""A Google Cloud label value: lowercase letters, digits, '_' or '-'; at most 63 characters."""
 
 STATE_DIR_ENV = "LLMFT_STATE_DIR"
 """Root of local runs' state; `llmft run --backend local` points it at `<workdir>/state`."""

@@ -3,27 +3,27 @@ and description lives.
 
 Everything else is derived from `RunParams`:
 - the `fine_tune` pipeline's signature and the parameter descriptions the Vertex AI / KFP console
-  shows (pipelines/fine_tune.py builds them with `pipeline_signature()` and `pipeline_docstring()`);
+  shows (pipelines/pipeline_interface.py);
 - the checks of the pipeline's first step and of `llmft run` / `llmft schedule` (`RunParams.errors`,
-  `params_from_mapping`), which report every problem at once;
-- the keys `--param KEY=VALUE` and a config file's `parameters:` accept, with their types;
+  with the named checks of components/param_checks.py), which report every problem at once;
+- the keys `--param KEY=VALUE` and a config file's `parameters:` accept, with their types
+  (components/param_values.py);
 - the defaults of a local run (pipelines/local_run.py) and of `llmft render pytorchjob`.
 
 Adding a parameter is one field below, with `param(default, description, rules...)`, plus passing it
-to the step that uses it. Rules that involve several fields are in `RunParams.errors`.
+to the step that uses it. Rules that involve several fields are named checks in
+components/param_checks.py, which `RunParams.errors` calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from components import param_checks as checks
-from components.param_schema import coerce, field_error, literal_choices, param
+from components.param_schema import field_error, literal_choices, param
 from components.trainer_params import trainer_override_errors
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
@@ -275,41 +275,22 @@ class RunParams:
             )
             if e
         ]
-        cloud = self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner"
-        if cloud:
-            if not self.project:
-                errors.append("project is empty: cloud backends and Dataflow need a project id")
-            if not self.region:
-                errors.append("region is empty: set a Google Cloud region such as us-central1")
-            if not self.work_uri.startswith("gs://"):
-                errors.append(
-                    f"work_uri={self.work_uri!r}: cloud runs need a gs:// URI for shared run files"
-                )
-            if self.train_data_uri and not self.train_data_uri.startswith("gs://"):
-                errors.append(
-                    f"train_data_uri={self.train_data_uri!r}: workers in the cloud cannot read "
-                    "local files; upload the data to gs://"
-                )
-        if self.backend == "gke":
-            from components.accelerators import gke_accelerator
-
-            try:
-                gke_accelerator(self.accelerator_type)
-            except ValueError as exc:
-                errors.append(f"accelerator_type: {exc}")
-        uses_registry = LATEST_REGISTERED in (self.base_model, self.champion_model)
-        if (uses_registry or self.register_model) and not self.registered_model:
-            errors.append(
-                "registered_model is empty: name the Vertex AI model (resource name or display "
-                f"name) to register to or to take {LATEST_REGISTERED!r} from"
-            )
-        if self.register_model:
-            if not self.serving_image:
-                errors.append(
-                    "serving_image is empty: registering a model needs a serving container image"
-                )
-            elif self.serving_image.endswith(":latest"):
-                errors.append(f"serving_image={self.serving_image!r} uses :latest: pin a version")
+        errors += checks.check_cloud_locations(
+            cloud=self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner",
+            project=self.project,
+            region=self.region,
+            work_uri=self.work_uri,
+            train_data_uri=self.train_data_uri,
+        )
+        if gke_error := checks.check_gke_accelerator(self.backend, self.accelerator_type):
+            errors.append(gke_error)
+        errors += checks.check_registry(
+            latest=LATEST_REGISTERED,
+            models=(self.base_model, self.champion_model),
+            register_model=self.register_model,
+            registered_model=self.registered_model,
+            serving_image=self.serving_image,
+        )
         return errors
 
     def check(self) -> RunParams:
@@ -358,77 +339,11 @@ def describe(name: str) -> str:
     return str(fields()[name].metadata["help"])
 
 
-def _hints() -> dict[str, Any]:
+def type_hints() -> dict[str, Any]:
+    """Each parameter's type annotation by name (`Literal[...]` for the ones with choices)."""
     return typing.get_type_hints(RunParams)
 
 
 def choices(name: str) -> tuple[str, ...]:
     """The allowed values of a `Literal` parameter (empty for free-form ones)."""
-    return literal_choices(_hints()[name])
-
-
-def kfp_type(name: str) -> type:
-    """The plain type KFP declares for a parameter (a `Literal` of strings is a str)."""
-    hint = _hints()[name]
-    if typing.get_origin(hint) is Literal:
-        return str
-    return typing.get_origin(hint) or hint  # type: ignore[no-any-return]
-
-
-def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = None) -> RunParams:
-    """`RunParams` from a mapping (config file, `--param`s, a template's values) over `base`.
-
-    Unknown names and values of the wrong type are reported together (one ValueError); the
-    cross-field rules are `RunParams.errors()`'s job.
-    """
-    known = fields()
-    hints = _hints()
-    errors = []
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        errors.append(f"unknown parameter(s) {', '.join(unknown)}: valid are {', '.join(known)}")
-    coerced = {}
-    for name in known.keys() & values.keys():
-        value, problem = coerce(values[name], hints[name])
-        if problem:
-            errors.append(f"{name}={values[name]!r}: {problem}")
-        else:
-            coerced[name] = value
-    raise_errors(errors)
-    return dataclasses.replace(base or RunParams(), **coerced)
-
-
-def field_errors(values: Mapping[str, Any]) -> list[str]:
-    """Type and single-field problems of the given values, names the schema does not know aside:
-    what can be checked of a partial set (e.g. `--param`s for a template not yet fetched)."""
-    known, hints, errors = fields(), _hints(), []
-    for name in known.keys() & values.keys():
-        value, problem = coerce(values[name], hints[name])
-        error = f"{name}={values[name]!r}: {problem}" if problem else None
-        if not problem and not known[name].metadata["required"]:
-            error = field_error(known[name], value, choices(name))
-        if error:
-            errors.append(error)
-    return errors
-
-
-def pipeline_signature(target: str = "local") -> inspect.Signature:
-    """The `fine_tune` pipeline function's signature for a target: every parameter with its KFP
-    type and the target's default (KFP compiles the pipeline interface from it)."""
-    params = [
-        inspect.Parameter(
-            name,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=default,
-            annotation=kfp_type(name),
-        )
-        for name, default in defaults(target).items()
-    ]
-    return inspect.Signature(params, return_annotation=None)
-
-
-def pipeline_docstring(summary: str) -> str:
-    """Google-style docstring whose `Args:` KFP turns into the console's parameter descriptions."""
-    lines = [summary, "", "Args:"]
-    lines += [f"    {name}: {describe(name)}" for name in fields()]
-    return "\n".join(lines) + "\n"
+    return literal_choices(type_hints()[name])

@@ -14,12 +14,8 @@ import glob
 from collections.abc import Mapping
 from typing import Any
 
-from components.run_params import (
-    SCHEDULE_TIME_PLACEHOLDER,
-    RunParams,
-    params_from_mapping,
-    raise_errors,
-)
+from components.param_values import params_from_mapping
+from components.run_params import SCHEDULE_TIME_PLACEHOLDER, RunParams, raise_errors
 
 
 def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:

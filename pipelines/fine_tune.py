@@ -22,7 +22,8 @@ multi-billion-parameter model is scored in bf16 on a GPU.
 
 The parameters, their defaults and their console descriptions come from one schema,
 `components.run_params.RunParams`: the pipeline function's signature and its docstring `Args:` are
-generated from it (KFP reads both), so adding a parameter is one field there.
+generated from it (pipelines/pipeline_interface.py; KFP reads both), so adding a parameter is one
+field there.
 
 Resource names and labels come from the run id (`dsl.PIPELINE_JOB_ID_PLACEHOLDER`): the exit
 handler cannot consume the guarded tasks' outputs, so cleanup finds what the run made by label.
@@ -36,7 +37,8 @@ from kfp import dsl
 
 from components import kfp_components as c
 from components.param_checks import TARGETS as BUILD_TARGETS
-from components.run_params import RunParams, defaults, pipeline_docstring, pipeline_signature
+from components.run_params import RunParams, defaults
+from pipelines.pipeline_interface import pipeline_docstring, pipeline_signature
 
 PIPELINE_NAME = "llmft-fine-tune"
 TARGETS = tuple(target for target in BUILD_TARGETS if target != "local")

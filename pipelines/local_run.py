@@ -49,7 +49,8 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     Empty `train_data_uri` / `base_model` are filled with where the quickstart assets will be
     written (`prepare_quickstart_assets` writes them after this check passes).
     """
-    from components.run_params import params_from_mapping, raise_errors
+    from components.param_values import params_from_mapping
+    from components.run_params import raise_errors
     from components.validation import data_errors
 
     values: dict[str, Any] = {}

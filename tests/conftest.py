@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +100,23 @@ def golden(request: pytest.FixtureRequest):
     from goldens import Golden
 
     return Golden(update=request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The deploy tests' small stand-in pipeline, compiled per target (tests/deploy_pipeline.py)."""
+    from deploy_pipeline import small_templates
+
+    return small_templates(tmp_path_factory.mktemp("templates"))
+
+
+@pytest.fixture
+def kfp_api() -> Iterator[Any]:
+    """A fake KFP API server (tests/fakes/kfp_api.py) for the deploy tests."""
+    from fakes.kfp_api import FakeKfp
+
+    with FakeKfp() as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)

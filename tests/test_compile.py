@@ -168,7 +168,7 @@ def test_a_console_launch_with_defaults_passes_the_pipelines_validation(
 ):
     """Loaded the way the console does (defaults + the four required fields), the run passes
     the same checks validate_inputs runs, with the target the compiled pipeline passes it."""
-    from components.run_params import params_from_mapping
+    from components.param_values import params_from_mapping
 
     values, spec = _console_run(fresh, target)
     assert values["backend"] == backend

@@ -7,12 +7,10 @@ import hashlib
 import json
 import re
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_pipeline import small_templates
 from fakes.google_auth import service_account_key
 from fakes.kfp_api import FakeKfp, FakeRegistry
 from fakes.vertex import FakeVertex
@@ -50,17 +48,6 @@ def no_ambient_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Not on Google Compute Engine: skip the metadata-server probe (a second of timeouts).
     monkeypatch.setattr("google.auth.compute_engine._metadata.is_on_gce", lambda *a, **k: False)
     monkeypatch.chdir(REPO)
-
-
-@pytest.fixture(scope="module")
-def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return small_templates(tmp_path_factory.mktemp("templates"))
-
-
-@pytest.fixture
-def kfp_api() -> Iterator[FakeKfp]:
-    with FakeKfp() as server:
-        yield server  # type: ignore[misc]
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from deploy_pipeline import small_templates
 
 from pipelines.deploy.checks import validate
 from pipelines.deploy.config import flag_overrides, load_config, load_for
@@ -19,11 +18,6 @@ from pipelines.deploy.template import (
     parameter_errors,
     read_template,
 )
-
-
-@pytest.fixture(scope="module")
-def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return small_templates(tmp_path_factory.mktemp("templates"))
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_pipeline import small_templates
 from fakes.kfp_api import FakeKfp, FakeRegistry
 from goldens import without_timestamp
 
@@ -24,17 +22,6 @@ from pipelines.deploy.template import SCHEDULE_TIME_PLACEHOLDER
 from pipelines.deploy.upload import default_tags, upload_to_kfp, upload_to_registry
 
 DATA = f"gs://my-bucket/raw/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl"
-
-
-@pytest.fixture(scope="module")
-def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return small_templates(tmp_path_factory.mktemp("templates"))
-
-
-@pytest.fixture
-def kfp_api() -> Iterator[FakeKfp]:
-    with FakeKfp() as server:
-        yield server  # type: ignore[misc]
 
 
 def _config(server: FakeKfp, template: Path | None, **flags: Any) -> Any:

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_pipeline import small_templates
 from fakes.vertex import FakeVertex
 from goldens import without_timestamp
 from google.auth.credentials import AnonymousCredentials
@@ -24,11 +23,6 @@ from pipelines.deploy.template import SCHEDULE_TIME_PLACEHOLDER
 PARENT = "projects/my-proj/locations/europe-west4"
 SA = "llmft-pipelines@my-proj.iam.gserviceaccount.com"
 DATA = f"gs://my-bucket/raw/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl"
-
-
-@pytest.fixture(scope="module")
-def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return small_templates(tmp_path_factory.mktemp("templates"))
 
 
 @pytest.fixture

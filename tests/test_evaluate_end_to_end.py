@@ -22,7 +22,8 @@ import fsspec
 import pytest
 from eval_fixtures import build_eval_dataset, finetune_briefly
 
-from components.evaluation.evaluate import run_evaluation
+from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+from components.evaluation.gate import GateThresholds
 from components.evaluation.outputs import EvaluationResult
 
 CHROMIUM = "/usr/bin/chromium"
@@ -82,16 +83,18 @@ def evaluation(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E
     fs.put(str(env.base) + "/", "/llmft-eval-test/champion/", recursive=True)
     try:
         yield run_evaluation(
-            base=str(env.base),
-            tuned=str(env.tuned),
-            champion=MEMORY_CHAMPION,
-            data_dir=str(env.data),
-            output_dir=str(tmp_path_factory.mktemp("evaluate_out")),
-            max_examples=16,
-            max_new_tokens=16,
-            num_samples=5,
-            train_metrics=str(env.train_metrics),
-            min_loss_improvement=1.0,
+            EvaluationRequest(
+                base=str(env.base),
+                tuned=str(env.tuned),
+                champion=MEMORY_CHAMPION,
+                data_dir=str(env.data),
+                output_dir=str(tmp_path_factory.mktemp("evaluate_out")),
+                max_examples=16,
+                max_new_tokens=16,
+                num_samples=5,
+                train_metrics=str(env.train_metrics),
+                thresholds=GateThresholds(min_loss_improvement=1.0),
+            )
         )
     finally:
         fs.rm("/llmft-eval-test", recursive=True)
@@ -228,11 +231,11 @@ def test_forgetting_check_scores_the_general_probes(env: Env, tmp_path: Path) ->
     """The probes are asked of both models; a base that answers none leaves nothing to retain."""
     from components.evaluation.general_probes import load_probes
 
-    result = run_evaluation(
+    result = run_evaluation(EvaluationRequest(
         base=str(env.base), tuned=str(env.tuned), data_dir=str(env.data),
         output_dir=str(tmp_path / "out"), max_examples=0, max_eval_rows=2,
-        min_general_retained=0.5,
-    )  # fmt: skip
+        thresholds=GateThresholds(min_general_retained=0.5),
+    ))  # fmt: skip
     assert result.metrics["base_general_correct"] == 0.0  # a tiny model trained from scratch
     assert "tuned_general_correct" in result.metrics and "general_retained" not in result.metrics
     check = next(c for c in result.decision.checks if c["name"] == "general_retained")
@@ -286,10 +289,10 @@ def test_empty_eval_split_is_refused(tiny_model_dir: Path, dataset: Path, tmp_pa
     (data / "manifest.json").write_text(json.dumps(manifest))
     shutil.rmtree(data / "eval")
     with pytest.raises(ValueError, match=r"the eval split of .* is empty"):
-        run_evaluation(
+        run_evaluation(EvaluationRequest(
             base=str(tiny_model_dir), tuned=str(tiny_model_dir), data_dir=str(data),
             output_dir=str(tmp_path / "out"), max_examples=4,
-        )  # fmt: skip
+        ))  # fmt: skip
     assert not (tmp_path / "out").exists()
 
 
@@ -304,10 +307,10 @@ def test_tokenizer_mismatch_is_refused_before_loading(
     tokenizer.save_pretrained(other)
     # No weights in `other`: reaching from_pretrained would fail differently.
     with pytest.raises(ValueError) as info:
-        run_evaluation(
+        run_evaluation(EvaluationRequest(
             base=str(tiny_model_dir), tuned=str(other), data_dir=str(dataset),
             output_dir=str(tmp_path / "out"), max_examples=4,
-        )  # fmt: skip
+        ))  # fmt: skip
     text = str(info.value)
     assert text.startswith(f"tuned model {str(other)!r} cannot be evaluated on this dataset")
     assert "tokenizer mismatch on vocab_size" in text and "fingerprint" in text
@@ -318,11 +321,12 @@ def test_bad_options_are_reported_together(
     tiny_model_dir: Path, dataset: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError) as info:
-        run_evaluation(
+        run_evaluation(EvaluationRequest(
             base=str(tiny_model_dir), tuned=str(tiny_model_dir), data_dir=str(dataset),
             output_dir=str(tmp_path / "out"), max_examples=-1, batch_size=0,
-            heldout=str(tmp_path / "missing.jsonl"), min_exact_match=2.0,
-        )  # fmt: skip
+            heldout=str(tmp_path / "missing.jsonl"),
+            thresholds=GateThresholds(min_exact_match=2.0),
+        ))  # fmt: skip
     text = str(info.value)
     for fragment in (
         "max_examples must be >= 0",
@@ -455,10 +459,10 @@ def test_reads_a_dataset_written_by_the_beam_pipeline(
         ]
     )  # fmt: skip
     assert manifest.eval_records, "preprocessing listed no eval_records"
-    result = run_evaluation(
+    result = run_evaluation(EvaluationRequest(
         base=str(tiny_model_dir), tuned=str(tiny_model_dir), data_dir=str(tmp_path / "dataset"),
         output_dir=str(tmp_path / "out"), max_examples=4, max_new_tokens=4,
-    )  # fmt: skip
+    ))  # fmt: skip
     m = result.metrics
     assert m["eval_rows"] == manifest.splits["eval"].rows
     assert m["eval_target_tokens"] == manifest.splits["eval"].target_tokens

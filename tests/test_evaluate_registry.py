@@ -23,10 +23,15 @@ IMAGE = "us-docker.pkg.dev/my-project/serving/vllm:0.11.0"
 
 
 def _register(**overrides: Any) -> registry.RegisteredVersion:
+    """`register_model` with test defaults; `serving_container_<field>=` set the container's."""
+    prefix = "serving_container_"
+    serving = {
+        k.removeprefix(prefix): overrides.pop(k) for k in list(overrides) if k.startswith(prefix)
+    }
     kwargs: dict[str, Any] = dict(
         artifact_uri="gs://bucket/runs/run-1/model",
         display_name="tiny-llama-ft",
-        serving_container_image_uri=IMAGE,
+        serving=registry.ServingContainer(**{"image_uri": IMAGE, **serving}),
         run_id="fine-tune-20261202-1",
         project=PROJECT,
         location=LOCATION,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from components import kfp_components
+from components.param_values import field_errors, params_from_mapping
 from components.run_params import (
     LATEST_REGISTERED,
     SCHEDULE_TIME_PLACEHOLDER,
@@ -18,9 +19,7 @@ from components.run_params import (
     choices,
     defaults,
     describe,
-    field_errors,
     fields,
-    params_from_mapping,
 )
 from components.steps.validate import ValidateRequest
 from components.steps.validate import run as validate_step

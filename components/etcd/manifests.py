@@ -197,11 +197,7 @@ def build_etcd_statefulset(
         raise ValueError(f"etcd image {image!r} must be pinned to a version tag (not :latest)")
     name = etcd_name(run_id)
     labels = k8s_labels(run_id, COMPONENT)
-    volume_mounts: list[dict[str, Any]] = [{"name": "data", "mountPath": DATA_DIR}]
-    volumes: list[dict[str, Any]] = []
-    if tls_secret:
-        volume_mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
-        volumes.append({"name": "tls", "secret": {"secretName": tls_secret, "defaultMode": 0o400}})
+    volumes, volume_mounts = _volumes(tls_secret, storage_class, storage_size)
     command = etcd_command(
         run_id=run_id, namespace=namespace, tls=bool(tls_secret), enable_v2=enable_v2
     )
@@ -234,7 +230,34 @@ def build_etcd_statefulset(
         },
     }
     if storage_class:
-        spec["volumeClaimTemplates"] = [
+        spec.update(_data_claim(labels, storage_class, storage_size))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": spec,
+    }
+
+
+def _volumes(
+    tls_secret: str | None, storage_class: str | None, storage_size: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the container's mounts: the data directory (an emptyDir unless a
+    PVC from `storage_class` holds it) and, with TLS, the certificates."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = [{"name": "data", "mountPath": DATA_DIR}]
+    if tls_secret:
+        mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret, "defaultMode": 0o400}})
+    if not storage_class:
+        volumes.append({"name": "data", "emptyDir": {"sizeLimit": storage_size}})
+    return volumes, mounts
+
+
+def _data_claim(labels: dict[str, str], storage_class: str, storage_size: str) -> dict[str, Any]:
+    """The StatefulSet fields of a data PVC that is deleted with the StatefulSet."""
+    return {
+        "volumeClaimTemplates": [
             {
                 "metadata": {"name": "data", "labels": labels},
                 "spec": {
@@ -243,18 +266,8 @@ def build_etcd_statefulset(
                     "resources": {"requests": {"storage": storage_size}},
                 },
             }
-        ]
-        spec["persistentVolumeClaimRetentionPolicy"] = {
-            "whenDeleted": "Delete",
-            "whenScaled": "Delete",
-        }
-    else:
-        volumes.append({"name": "data", "emptyDir": {"sizeLimit": storage_size}})
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": spec,
+        ],
+        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Delete"},
     }
 
 

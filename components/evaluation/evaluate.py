@@ -1,7 +1,7 @@
 """Evaluate a fine-tuned model against its base (and the registered champion) on the eval split.
 
 Run: `llmft evaluate --base PATH --tuned PATH --data DIR --output DIR [--heldout FILE] ...`, or call
-`run_evaluation` (the KFP `evaluate` component does). Writes to the output directory (local or
+`run_evaluation(EvaluationRequest(...))` (the KFP `evaluate` step does). Writes to the output directory (local or
 gs://):
 
     metrics.json        scalars, the gate decision with each check, model paths, settings
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.evaluation import data as data_io
@@ -40,51 +40,43 @@ def _exists(path: str) -> bool:
     return storage.exists(path)
 
 
-def _validate_args(
-    *,
-    base: str,
-    tuned: str,
-    champion: str | None,
-    data_dir: str,
-    heldout: str | None,
-    train_metrics: str | None,
-    max_examples: int,
-    max_eval_rows: int | None,
-    batch_size: int,
-    generation_batch_size: int,
-    max_new_tokens: int,
-    num_samples: int,
-    thresholds: GateThresholds,
-) -> None:
+def _validate_args(request: EvaluationRequest) -> None:
     """Collect every argument error and raise them together."""
     errors: list[str] = []
-    for what, path in (("base model", base), ("tuned model", tuned), ("champion model", champion)):
+    for what, path in (
+        ("base model", request.base),
+        ("tuned model", request.tuned),
+        ("champion model", request.champion),
+    ):
         if path is None:
             continue
         try:
             check_model_path(path, what)
         except ValueError as exc:
             errors.append(str(exc))
-    if not data_dir:
+    if not request.data_dir:
         errors.append("data directory is empty: pass the output directory of `llmft preprocess`")
-    for what, path in (("held-out file", heldout), ("training metrics file", train_metrics)):
+    for what, path in (
+        ("held-out file", request.heldout),
+        ("training metrics file", request.train_metrics),
+    ):
         if path and not _exists(path):
             errors.append(f"{what} {path!r} does not exist")
-    if max_examples < 0:
-        errors.append(f"max_examples must be >= 0 (0 skips generation), got {max_examples}")
-    if max_eval_rows is not None and max_eval_rows < 1:
-        errors.append(f"max_eval_rows must be >= 1 or unset, got {max_eval_rows}")
+    if request.max_examples < 0:
+        errors.append(f"max_examples must be >= 0 (0 skips generation), got {request.max_examples}")
+    if request.max_eval_rows is not None and request.max_eval_rows < 1:
+        errors.append(f"max_eval_rows must be >= 1 or unset, got {request.max_eval_rows}")
     for name, value in (
-        ("batch_size", batch_size),
-        ("generation_batch_size", generation_batch_size),
-        ("max_new_tokens", max_new_tokens),
+        ("batch_size", request.batch_size),
+        ("generation_batch_size", request.generation_batch_size),
+        ("max_new_tokens", request.max_new_tokens),
     ):
         if value < 1:
             errors.append(f"{name} must be >= 1, got {value}")
-    if num_samples < 0:
-        errors.append(f"num_samples must be >= 0, got {num_samples}")
+    if request.num_samples < 0:
+        errors.append(f"num_samples must be >= 0, got {request.num_samples}")
     try:
-        thresholds.validate()
+        request.thresholds.validate()
     except ValueError as exc:
         errors.append(str(exc))
     if errors:
@@ -115,140 +107,108 @@ def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> li
     return paths
 
 
-def run_evaluation(
-    *,
-    base: str,
-    tuned: str,
-    data_dir: str,
-    output_dir: str,
-    max_examples: int = 64,
-    heldout: str | None = None,
-    train_metrics: str | None = None,
-    champion: str | None = None,
-    min_loss_improvement: float = 0.0,
-    min_exact_match: float = 0.0,
-    compare_to_champion: bool = True,
-    champion_tolerance: float = 0.0,
-    min_general_retained: float = 0.0,
-    max_eval_rows: int | None = None,
-    batch_size: int = 4,
-    generation_batch_size: int = 16,
-    max_new_tokens: int = 64,
-    num_samples: int = 8,
-    device: str | None = None,
-) -> EvaluationResult:
+@dataclass(frozen=True)
+class EvaluationRequest:
+    """What `run_evaluation` compares, where the outputs go, and how."""
+
+    base: str
+    """The model before fine-tuning (local dir or gs:// written by save_pretrained)."""
+    tuned: str
+    """The fine-tuned model exported by the trainer."""
+    data_dir: str
+    """Packed dataset directory (`llmft preprocess` output); its eval split is scored."""
+    output_dir: str
+    """Where the outputs go (local or gs://)."""
+    max_examples: int = 64
+    """Held-out prompts to generate answers for (0 skips generation)."""
+    heldout: str | None = None
+    """JSONL of prompt/response records for generation; default: the dataset's
+    eval_records/part-*.jsonl."""
+    train_metrics: str | None = None
+    """The trainer's metrics JSONL, plotted as the training loss curve."""
+    champion: str | None = None
+    """The currently registered model (see components.registry), evaluated the same way and
+    compared against when `thresholds.compare_to_champion`."""
+    thresholds: GateThresholds = field(default_factory=GateThresholds)
+    """The quality gate's thresholds."""
+    max_eval_rows: int | None = None
+    """Packed eval rows to score (default all)."""
+    batch_size: int = 4
+    """Packed rows per forward pass."""
+    generation_batch_size: int = 16
+    """Prompts per generate call."""
+    max_new_tokens: int = 64
+    """Generation length limit (EOS usually stops earlier)."""
+    num_samples: int = 8
+    """Side-by-side samples shown in the report."""
+    device: str | None = None
+    """Torch device; default CUDA (bf16) when present, else CPU (fp32)."""
+
+
+def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
     """Score base, tuned (and champion) models; write metrics.json, generations.jsonl, report.html.
 
-    Args:
-        base: the model before fine-tuning (local dir or gs:// written by save_pretrained).
-        tuned: the fine-tuned model exported by the trainer.
-        data_dir: packed dataset directory (`llmft preprocess` output); its eval split is scored.
-        output_dir: where the outputs go (local or gs://).
-        max_examples: held-out prompts to generate answers for (0 skips generation).
-        heldout: JSONL of prompt/response records for generation; default: the dataset's
-            eval_records/part-*.jsonl.
-        train_metrics: the trainer's metrics JSONL, plotted as the training loss curve.
-        champion: the currently registered model (see components.registry), evaluated the same
-            way and compared against when `compare_to_champion`.
-        min_loss_improvement: gate: tuned loss must be below base loss by at least this.
-        min_exact_match: gate: tuned exact match must be at least this (0 disables).
-        compare_to_champion: gate: tuned must not be worse than the champion.
-        champion_tolerance: gate: slack for the champion comparison.
-        min_general_retained: gate: fraction of the general probes the base answers that the
-            tuned model must still answer (0 disables the check and skips the probes).
-        max_eval_rows: packed eval rows to score (default all).
-        batch_size: packed rows per forward pass.
-        generation_batch_size: prompts per generate call.
-        max_new_tokens: generation length limit (EOS usually stops earlier).
-        num_samples: side-by-side samples shown in the report.
-        device: torch device; default CUDA (bf16) when present, else CPU (fp32).
+    Every argument is checked first (all problems in one ValueError), then every model's
+    tokenizer against the dataset's, before any model is loaded.
     """
-    thresholds = GateThresholds(
-        min_loss_improvement=min_loss_improvement,
-        min_exact_match=min_exact_match,
-        compare_to_champion=compare_to_champion,
-        champion_tolerance=champion_tolerance,
-        min_general_retained=min_general_retained,
-    )
-    _validate_args(
-        base=base,
-        tuned=tuned,
-        champion=champion,
-        data_dir=data_dir,
-        heldout=heldout,
-        train_metrics=train_metrics,
-        max_examples=max_examples,
-        max_eval_rows=max_eval_rows,
-        batch_size=batch_size,
-        generation_batch_size=generation_batch_size,
-        max_new_tokens=max_new_tokens,
-        num_samples=num_samples,
-        thresholds=thresholds,
-    )
-    if device is not None:
-        _check_device(device)
-    if "://" not in output_dir and os.path.isfile(output_dir):
-        raise ValueError(f"output {output_dir!r} is a file: give a directory for the report")
-    manifest = data_io.load_manifest(data_dir)
-    roles = {"base": base, "tuned": tuned, **({"champion": champion} if champion else {})}
+    _validate_args(request)
+    if request.device is not None:
+        _check_device(request.device)
+    if "://" not in request.output_dir and os.path.isfile(request.output_dir):
+        raise ValueError(
+            f"output {request.output_dir!r} is a file: give a directory for the report"
+        )
+    manifest = data_io.load_manifest(request.data_dir)
+    roles = {
+        "base": request.base,
+        "tuned": request.tuned,
+        **({"champion": request.champion} if request.champion else {}),
+    }
     tokenizers = _checked_tokenizers(roles, manifest)
-    rows = data_io.read_eval_rows(data_dir, manifest, max_eval_rows)
-    examples = _examples(data_dir, heldout, manifest, max_examples, tokenizers["tuned"])
-    probes = load_probes() if thresholds.min_general_retained > 0 else []
+    rows = data_io.read_eval_rows(request.data_dir, manifest, request.max_eval_rows)
+    examples = _examples(
+        request.data_dir, request.heldout, manifest, request.max_examples, tokenizers["tuned"]
+    )
+    probes = load_probes() if request.thresholds.min_general_retained > 0 else []
     if probes and not all(has_chat_template(tok) for tok in tokenizers.values()):
         log.warning("a model's tokenizer has no chat template: skipping the general probes")
         probes = []
     log.info(
         "evaluating %s on %d eval rows (seq_len %d) and %d held-out prompts; thresholds %s",
-        ", ".join(f"{r}={p}" for r, p in roles.items()),
+        ", ".join(f"{role}={path}" for role, path in roles.items()),
         len(rows),
         manifest.seq_len,
         len(examples),
-        asdict(thresholds),
+        asdict(request.thresholds),
     )
-    scores = Scores()
     inputs = _Inputs(manifest=manifest, rows=rows, examples=examples, probes=probes)
-    for role, path in roles.items():
-        with loaded_model(
-            path, what=f"{role} model", device=device, tokenizer=tokenizers[role]
-        ) as lm:
-            _check_vocab(role, path, lm.model, manifest)
-            scores.device = f"{lm.device} ({str(lm.dtype).removeprefix('torch.')})"
-            _score(
-                lm,
-                role,
-                inputs,
-                scores,
-                batch_size=batch_size,
-                generation_batch_size=generation_batch_size,
-                max_new_tokens=max_new_tokens,
-            )
+    scores = _score_models(request, roles, tokenizers, inputs)
     metrics = scores.summary(probes, rows=len(rows), examples=len(examples))
-    decision = decide(metrics, thresholds)
+    decision = decide(metrics, request.thresholds)
     log.info(
         "gate %s: %s",
         "passed" if decision.passed else "FAILED",
         decision.failures or "all checks ok",
     )
     settings = {
-        "data_dir": data_dir,
-        "heldout": heldout,
-        "max_examples": max_examples,
-        "max_eval_rows": max_eval_rows,
-        "max_new_tokens": max_new_tokens,
+        "data_dir": request.data_dir,
+        "heldout": request.heldout,
+        "max_examples": request.max_examples,
+        "max_eval_rows": request.max_eval_rows,
+        "max_new_tokens": request.max_new_tokens,
         "device": scores.device,
-        "thresholds": asdict(thresholds),
+        "thresholds": asdict(request.thresholds),
     }
     return write_outputs(
-        output_dir,
+        request.output_dir,
         scores=scores,
         decision=decision,
         roles=roles,
         examples=examples,
         probes=probes,
-        num_samples=num_samples,
+        num_samples=request.num_samples,
         settings=settings,
-        train_metrics=train_metrics,
+        train_metrics=request.train_metrics,
     )
 
 
@@ -262,18 +222,24 @@ class _Inputs:
     probes: list[Any]
 
 
-def _score(
-    lm: Any,
-    role: str,
-    inputs: _Inputs,
-    scores: Scores,
-    *,
-    batch_size: int,
-    generation_batch_size: int,
-    max_new_tokens: int,
-) -> None:
+def _score_models(
+    request: EvaluationRequest, roles: dict[str, str], tokenizers: dict[str, Any], inputs: _Inputs
+) -> Scores:
+    """Every model in turn (only one resident in memory), on the same inputs."""
+    scores = Scores()
+    for role, path in roles.items():
+        with loaded_model(
+            path, what=f"{role} model", device=request.device, tokenizer=tokenizers[role]
+        ) as lm:
+            _check_vocab(role, path, lm.model, inputs.manifest)
+            scores.device = f"{lm.device} ({str(lm.dtype).removeprefix('torch.')})"
+            _score(lm, role, inputs, scores, request)
+    return scores
+
+
+def _score(lm: Any, role: str, inputs: _Inputs, scores: Scores, request: EvaluationRequest) -> None:
     """One loaded model: loss on the packed rows, answers to the prompts and the probes."""
-    loss = score_rows(lm.model, inputs.rows, device=lm.device, batch_size=batch_size)
+    loss = score_rows(lm.model, inputs.rows, device=lm.device, batch_size=request.batch_size)
     scores.add_loss(role, loss)
     if inputs.examples:
         answers = generate_answers(
@@ -281,8 +247,8 @@ def _score(
             lm.tokenizer,
             inputs.examples,
             device=lm.device,
-            batch_size=generation_batch_size,
-            max_new_tokens=max_new_tokens,
+            batch_size=request.generation_batch_size,
+            max_new_tokens=request.max_new_tokens,
         )
         scores.add_answers(role, answers, inputs.examples)
     scores.add_target_tokens(loss)
@@ -292,7 +258,7 @@ def _score(
             lm.tokenizer,
             [p.example() for p in inputs.probes],
             device=lm.device,
-            batch_size=generation_batch_size,
+            batch_size=request.generation_batch_size,
             max_new_tokens=PROBE_MAX_NEW_TOKENS,
         )
         scores.add_probe_answers(role, answers, inputs.probes)

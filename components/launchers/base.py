@@ -87,6 +87,13 @@ class TrainLaunch:
         """Unique per run: torch defaults it to "none", so runs sharing an etcd would collide."""
         return safe_run_id(self.run_id)
 
+    def accelerators_per_node(self, count: int | None, accelerator: str | None) -> int:
+        """Accelerators per node: `count` when given, else one per process when an accelerator
+        type is set, else none (CPU)."""
+        if count is not None:
+            return count
+        return self.nproc_per_node if accelerator else 0
+
     def errors(self) -> list[str]:
         """Every problem with this launch, so the user fixes them in one go."""
         errors: list[str] = []
@@ -254,6 +261,21 @@ class Launcher(ABC):
             Descriptions of what was removed or stopped.
         """
 
+    def result(
+        self, launch: TrainLaunch, status: str, message: str, *, started: float, **extra: Any
+    ) -> LaunchResult:
+        """`launch`'s result on this backend, timed from `started` (a `time.monotonic()`);
+        `extra` are the backend's other `LaunchResult` fields (details, exit code, log tail)."""
+        return LaunchResult(
+            run_id=launch.run_id,
+            backend=self.backend,
+            status=status,
+            output=launch.output,
+            message=message,
+            duration_s=time.monotonic() - started,
+            **extra,
+        )
+
     def run(self, launch: TrainLaunch, *, timeout: float | None = None) -> LaunchResult:
         """start + wait; SIGTERM / Ctrl-C, or any error of the launcher itself (an API call that
         kept failing, a bug), cancel what was started before the exception propagates: a
@@ -278,14 +300,8 @@ class Launcher(ABC):
                 f"[launcher] signal {signal.Signals(interrupt.signum).name}: cancelling the run"
             )
             self.cancel()
-            return LaunchResult(
-                run_id=launch.run_id,
-                backend=self.backend,
-                status=CANCELLED,
-                output=launch.output,
-                message=f"cancelled by {signal.Signals(interrupt.signum).name}",
-                duration_s=time.monotonic() - started,
-            )
+            message = f"cancelled by {signal.Signals(interrupt.signum).name}"
+            return self.result(launch, CANCELLED, message, started=started)
 
 
 def tail(lines: Sequence[str], n: int) -> list[str]:

@@ -77,9 +77,7 @@ class CustomJobOptions:
 
     def accelerators(self, launch: TrainLaunch) -> int:
         """Accelerators per replica: `accelerator_count`, else one per process when typed."""
-        if self.accelerator_count is not None:
-            return self.accelerator_count
-        return launch.nproc_per_node if self.accelerator_type else 0
+        return launch.accelerators_per_node(self.accelerator_count, self.accelerator_type)
 
     def errors(self, launch: TrainLaunch) -> list[str]:
         """Every problem with these options for `launch`, so the user fixes them in one go."""

@@ -1,8 +1,9 @@
 """GKE backend: the run as a Kubeflow Training Operator v1 PyTorchJob, submitted and followed.
 
-The manifest comes from `components/launchers/pytorchjob.py` (a pure builder); `GkeLauncher`
-creates it idempotently, follows it (status conditions, the rank-0 pod's log, pod failure
-reasons), deletes it on SIGTERM and cleans up by label.
+The manifest comes from `components/launchers/pytorchjob.py` (a pure builder) and reaches the
+cluster through `components/launchers/pytorchjob_api.py` (create idempotently, delete, watch);
+`GkeLauncher` follows the run (status conditions, the rank-0 pod's log, pod failure reasons) and
+judges it, deletes the job on SIGTERM and cleans up by label.
 
 Design choices:
 - A Worker-only elastic PyTorchJob is marked Succeeded as soon as one worker succeeds, so success
@@ -16,7 +17,7 @@ Design choices:
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +45,11 @@ from components.launchers.pytorchjob import (
     GROUP,
     JOB_NAME_LABEL,
     KIND,
-    PLURAL,
     VERSION,
     PyTorchJobOptions,
     build_pytorchjob,
 )
+from components.launchers.pytorchjob_api import JobGone, PyTorchJobApi
 from components.run_identity import k8s_selector
 
 
@@ -74,10 +75,6 @@ class GkeOptions:
     job is Succeeded when any worker is) before the run fails."""
     follow_logs: bool = True
     """Stream the rank-0 pod's log to the log sink."""
-
-
-class _JobGone(RuntimeError):
-    """The PyTorchJob disappeared while it was followed (deleted by a user or by cleanup)."""
 
 
 @dataclass
@@ -108,8 +105,10 @@ class GkeLauncher(Launcher):
         from kubernetes import client
 
         self.api_client = api_client
-        self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.jobs = PyTorchJobApi(
+            client.CustomObjectsApi(api_client), options.job.namespace, log=self.log
+        )
         self.job_options = options.job
         self.namespace = options.job.namespace
         self.watch_s = options.watch_s
@@ -134,7 +133,7 @@ class GkeLauncher(Launcher):
         owner = run_owner(self.api_client, self.namespace)
         if owner and not self.job_options.owner:
             self.manifest["metadata"]["ownerReferences"] = [owner]  # gone with the KFP run
-        created = self.create(self.manifest)
+        created = self.jobs.create(self.manifest)
         uid = (created.get("metadata") or {}).get("uid")
         if launch.rdzv_backend in ("etcd-v3", "etcd-v2") and uid:
             from components.etcd.kubernetes import adopt_etcd
@@ -149,70 +148,6 @@ class GkeLauncher(Launcher):
                 self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref
             ):
                 self.log(f"[gke] the run's etcd now belongs to PyTorchJob {self.name} (its TTL)")
-
-    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Create the job; if it exists (a retried step), reuse it unless it already failed, in
-        which case it is replaced so the retry can succeed."""
-        from kubernetes.client.exceptions import ApiException
-
-        name = manifest["metadata"]["name"]
-        try:
-            created = self._create(manifest)
-            self.log(f"[gke] created PyTorchJob {self.namespace}/{name}")
-            return created
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        existing = self._get(name)
-        kind, reason, _ = job_condition(existing)
-        if kind != "Failed":
-            self.log(
-                f"[gke] PyTorchJob {self.namespace}/{name} already exists ({kind or 'new'}): "
-                "following it"
-            )
-            return existing
-        self.log(f"[gke] PyTorchJob {name} exists and failed ({reason}): replacing it")
-        self._delete(name)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                return self._create(manifest)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            time.sleep(1.0)
-        raise RuntimeError(f"PyTorchJob {name} was deleted but is still there after 120 s")
-
-    def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return dict(
-            self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, manifest
-            )
-        )
-
-    def _get(self, name: str) -> dict[str, Any]:
-        return dict(
-            self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-        )
-
-    def _delete(self, name: str, namespace: str | None = None) -> bool:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                namespace or self.namespace,
-                PLURAL,
-                name,
-                body=client.V1DeleteOptions(propagation_policy="Background"),
-            )
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
 
     # ---- wait ---------------------------------------------------------------------------------
 
@@ -237,53 +172,6 @@ class GkeLauncher(Launcher):
         problems = [p for pod in pods for p in pod_problems(pod)]
         return problems + event_problems(self._events(pods))
 
-    def job_updates(self) -> Generator[dict[str, Any], None, None]:
-        """The job now, then after every change: one list, then watches resumed from the last
-        resourceVersion (a 410 Gone lists again). A watch window that ends quietly yields the
-        last state again so the caller re-checks pods and deadlines."""
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
-
-        selector = f"metadata.name={self.name}"
-        job: dict[str, Any] = {}
-        version = ""
-        while True:
-            if not version:
-                listing = self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, field_selector=selector
-                )
-                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
-                items = listing.get("items") or []
-                if not items:
-                    raise _JobGone(self.name)
-                job = items[0]
-                yield job
-            try:
-                for event in watch.Watch().stream(
-                    self.custom.list_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    PLURAL,
-                    field_selector=selector,
-                    resource_version=version,
-                    timeout_seconds=max(1, int(self.watch_s)),
-                    allow_watch_bookmarks=True,
-                ):
-                    obj = event["object"]
-                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
-                    if event["type"] == "DELETED":
-                        raise _JobGone(self.name)
-                    if event["type"] != "BOOKMARK":
-                        job = obj
-                        yield job
-            except ApiException as exc:
-                if exc.status != 410:
-                    raise
-                version = ""  # too old to resume from: list again
-                continue
-            yield job
-
     def wait(self, *, timeout: float | None = None) -> LaunchResult:
         if self.launch is None or not self.name:
             raise RuntimeError("start() a run before wait()")
@@ -291,7 +179,7 @@ class GkeLauncher(Launcher):
         started = time.monotonic()
         clock = _WaitClock(timeout=timeout, deadline=None if timeout is None else started + timeout)
         status, message, details = FAILED, "", {}
-        updates = self.job_updates()
+        updates = self.jobs.updates(self.name, watch_s=self.watch_s)
         try:
             for job in updates:
                 phase, reason, text = job_condition(job)
@@ -310,22 +198,14 @@ class GkeLauncher(Launcher):
                 if verdict is not None:
                     status, message = verdict
                     break
-        except _JobGone:
+        except JobGone:
             status = CANCELLED if self._cancelled else FAILED
             message = f"PyTorchJob {self.namespace}/{self.name} was deleted while running"
         finally:
             updates.close()
             if self._logs is not None:
                 self._logs.stop()
-        return LaunchResult(
-            run_id=launch.run_id,
-            backend=self.backend,
-            status=status,
-            output=launch.output,
-            message=message,
-            duration_s=time.monotonic() - started,
-            details=details,
-        )
+        return self.result(launch, status, message, started=started, details=details)
 
     def _verdict(
         self,
@@ -366,7 +246,7 @@ class GkeLauncher(Launcher):
         if not message and clock.deadline is not None and time.monotonic() > clock.deadline:
             message = f"timed out after {clock.timeout:.0f}s; deleted PyTorchJob {self.name}"
         if message:
-            self._delete(self.name)
+            self.jobs.delete(self.name)
             return FAILED, message
         return (CANCELLED, "cancelled") if self._cancelled else None
 
@@ -396,18 +276,15 @@ class GkeLauncher(Launcher):
 
     def cancel(self) -> None:
         self._cancelled = True
-        if self.name and self._delete(self.name):
+        if self.name and self.jobs.delete(self.name):
             self.log(f"[gke] deleted PyTorchJob {self.namespace}/{self.name}")
 
     def cleanup(self, run_id: str) -> list[str]:
         """Delete the run's PyTorchJobs (by label) and its etcd objects; 404s are ignored."""
         removed: list[str] = []
-        jobs = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, label_selector=k8s_selector(run_id)
-        )
-        for item in jobs.get("items", []):
+        for item in self.jobs.list(k8s_selector(run_id)):
             name = item["metadata"]["name"]
-            if self._delete(name, item["metadata"].get("namespace")):
+            if self.jobs.delete(name, item["metadata"].get("namespace")):
                 removed.append(f"PyTorchJob {self.namespace}/{name}")
         removed += _cleanup_etcd(self.api_client, run_id, self.namespace)
         return removed

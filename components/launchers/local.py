@@ -285,16 +285,14 @@ class LocalLauncher(Launcher):
             self._finish()
         if self._cancelled:
             status, message, failed = CANCELLED, "cancelled", None
-        return LaunchResult(
-            run_id=launch.run_id,
-            backend=self.backend,
-            status=status,
-            output=launch.output,
-            message=message,
+        return self.result(
+            launch,
+            status,
+            message,
+            started=self._started_at,
             exit_code=None if failed is None else failed.proc.returncode,
             failed_node=None if failed is None else failed.index,
             log_tail=_failure_tail(failed) if failed else [],
-            duration_s=time.monotonic() - self._started_at,
             details={
                 "exit_codes": [n.proc.returncode for n in self._nodes],
                 "logs": [str(n.log_path) for n in self._nodes],

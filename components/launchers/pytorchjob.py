@@ -127,9 +127,7 @@ class PyTorchJobOptions:
 
     def gpus(self, launch: TrainLaunch) -> int:
         """GPUs per pod: `gpus_per_node`, else one per process when an accelerator is set."""
-        if self.gpus_per_node is not None:
-            return self.gpus_per_node
-        return launch.nproc_per_node if self.accelerator else 0
+        return launch.accelerators_per_node(self.gpus_per_node, self.accelerator)
 
     def errors(self, launch: TrainLaunch) -> list[str]:
         """Every problem with these options for `launch`, so the user fixes them in one go."""

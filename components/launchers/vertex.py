@@ -266,15 +266,8 @@ class VertexLauncher(Launcher):
                 )
                 break
             time.sleep(self.poll_s)
-        return LaunchResult(
-            run_id=self.launch.run_id,
-            backend=self.backend,
-            status=status,
-            output=self.launch.output,
-            message=message,
-            duration_s=time.monotonic() - started,
-            details={"job": self.job_name, "state": state},
-        )
+        details = {"job": self.job_name, "state": state}
+        return self.result(self.launch, status, message, started=started, details=details)
 
     def cancel(self) -> None:
         if self.job_name:

@@ -17,7 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from components.evaluation.evaluate import run_evaluation
+from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+from components.evaluation.gate import GateThresholds
 from trainer import storage
 
 log = logging.getLogger(__name__)
@@ -62,19 +63,24 @@ def run(request: EvaluateRequest) -> tuple[bool]:
     run_dir = storage.normalize(str(metadata.get("run_uri") or "")).rstrip("/")
     train_metrics = f"{run_dir}/metrics.jsonl" if run_dir else ""
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
-        result = run_evaluation(
-            base=request.base_model,
-            tuned=tuned,
-            data_dir=storage.normalize(request.dataset.uri),
-            output_dir=out,
-            max_examples=request.max_eval_examples,
-            train_metrics=train_metrics
-            if train_metrics and storage.exists(train_metrics)
-            else None,
-            champion=request.champion_model or None,
+        thresholds = GateThresholds(
             min_loss_improvement=request.min_loss_improvement,
             min_exact_match=request.min_exact_match,
             min_general_retained=request.min_general_retained,
+        )
+        result = run_evaluation(
+            EvaluationRequest(
+                base=request.base_model,
+                tuned=tuned,
+                data_dir=storage.normalize(request.dataset.uri),
+                output_dir=out,
+                max_examples=request.max_eval_examples,
+                train_metrics=train_metrics
+                if train_metrics and storage.exists(train_metrics)
+                else None,
+                champion=request.champion_model or None,
+                thresholds=thresholds,
+            )
         )
         shutil.copyfile(result.report_path, request.report.path)
     # KFP Metrics (and the Vertex console) take finite numbers only; a diverged perplexity is

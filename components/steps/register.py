@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components.registry import register_model, resolve_model
+from components.registry import ServingContainer, register_model, resolve_model
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def run(request: RegisterRequest) -> str:
     version = register_model(
         artifact_uri=artifact_uri,
         display_name=display_name,
-        serving_container_image_uri=request.serving_image,
+        serving=ServingContainer(image_uri=request.serving_image),
         run_id=request.run_id,
         project=request.project,
         location=request.region,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from components.param_values import params_from_mapping
 from components.run_params import (
     LATEST_REGISTERED,
     SCHEDULE_TIME_PLACEHOLDER,
     RunParams,
     fields,
-    params_from_mapping,
     raise_errors,
 )
 from components.validation import data_errors

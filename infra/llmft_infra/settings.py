@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
 from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, RunParams
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -161,7 +162,6 @@ _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _MEMBER = re.compile(r"^(user|group|serviceAccount|domain):[^\s]+$")
 _K8S_NAME = re.compile(f"^{K8S_LABEL_NAME[0]}$")
-_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
 
 def _typed(cls: type, data: dict[str, Any], prefix: str, errors: list[str]) -> dict[str, Any]:
@@ -222,7 +222,7 @@ def parse_settings(raw: dict[str, Any]) -> Settings:
         if values.get(key, 1) < 1:
             errors.append(f"{key}: must be at least 1 day")
     for key, value in (values.get("labels") or {}).items():
-        if not _LABEL.match(str(key)) or not re.match(r"^[a-z0-9_-]{0,63}$", str(value)):
+        if not GCP_LABEL_KEY.match(str(key)) or not GCP_LABEL_VALUE.match(str(value)):
             errors.append(f"labels: {key}={value} is not a valid Google Cloud label")
     gke = None
     if gke_raw not in (None, False):

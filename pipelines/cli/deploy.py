@@ -43,22 +43,24 @@ def image_tag(
 def upload_cmd(
     target: Annotated[str, typer.Option(help="vertex (Artifact Registry) or kfp (KFP server).")],
     template: Annotated[
-        Path | None, typer.Option(help="Compiled YAML [default: compiled/fine_tune.<target>.yaml].")
+        Path | None,
+        typer.Option(help="Compiled YAML.", show_default="compiled/fine_tune.<target>.yaml"),
     ] = None,
     config: ConfigOpt = None,
     registry: Annotated[
         str | None, typer.Option(help="Vertex: https://<region>-kfp.pkg.dev/<project>/<repo>.")
     ] = None,
     tag: Annotated[
-        list[str] | None, typer.Option("--tag", help="Vertex: tags [default: v<version>, latest].")
+        list[str] | None,
+        typer.Option("--tag", help="Vertex: tags.", show_default="v<version>, latest"),
     ] = None,
     host: HostOpt = None,
     namespace: NamespaceOpt = None,
     pipeline_name: Annotated[
-        str | None, typer.Option(help="KFP: pipeline name [default: llmft-fine-tune].")
+        str | None, typer.Option(help="KFP: pipeline name.", show_default="llmft-fine-tune")
     ] = None,
     version_name: Annotated[
-        str | None, typer.Option(help="KFP: version name [default: v<version>-<sha256[:8]>].")
+        str | None, typer.Option(help="KFP: version name.", show_default="v<version>-<sha256[:8]>")
     ] = None,
     description: Annotated[str | None, typer.Option(help="KFP: version description.")] = None,
 ) -> None:

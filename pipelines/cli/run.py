@@ -9,23 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from pipelines.cli.common import check_choice, parse_labels, parse_params, user_errors
-from pipelines.cli.options import (
-    AccountOpt,
-    CachingOpt,
-    ConfigOpt,
-    HostOpt,
-    LabelOpt,
-    NamespaceOpt,
-    NetworkOpt,
-    ParamOpt,
-    PipelineIdOpt,
-    ProjectOpt,
-    RegionOpt,
-    RootOpt,
-    TemplateOpt,
-    VersionIdOpt,
-)
+from pipelines.cli import options as opt
+from pipelines.cli.common import check_choice, parse_params, user_errors
 
 BackendOpt = Annotated[
     str, typer.Option(help="local (this machine), vertex (Vertex AI Pipelines) or kfp (KFP).")
@@ -34,7 +19,9 @@ DisplayNameOpt = Annotated[str | None, typer.Option(help="Run name prefix.")]
 ExperimentOpt = Annotated[
     str | None, typer.Option(help="Vertex AI Experiment / KFP experiment to file the run in.")
 ]
-FailurePolicyOpt = Annotated[str | None, typer.Option(help="Vertex: fast or slow [default: slow].")]
+FailurePolicyOpt = Annotated[
+    str | None, typer.Option(help="Vertex: fast or slow.", show_default="slow")
+]
 ScheduleTimeOpt = Annotated[
     str | None,
     typer.Option(help="Fill the schedule-time placeholder (backfill), e.g. 2026-01-05T03:00:00Z."),
@@ -46,41 +33,28 @@ VerboseOpt = Annotated[
 
 
 @user_errors
+@opt.with_deploy_flags
 def run_cmd(
     backend: BackendOpt = "local",
-    config: ConfigOpt = None,
-    param: ParamOpt = None,
-    template: TemplateOpt = None,
+    config: opt.ConfigOpt = None,
+    param: opt.ParamOpt = None,
     display_name: DisplayNameOpt = None,
-    project: ProjectOpt = None,
-    region: RegionOpt = None,
-    pipeline_root: RootOpt = None,
-    service_account: AccountOpt = None,
-    network: NetworkOpt = None,
-    label: LabelOpt = None,
     experiment: ExperimentOpt = None,
-    enable_caching: CachingOpt = None,
     failure_policy: FailurePolicyOpt = None,
-    host: HostOpt = None,
-    namespace: NamespaceOpt = None,
-    pipeline_id: PipelineIdOpt = None,
-    version_id: VersionIdOpt = None,
     schedule_time: ScheduleTimeOpt = None,
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
+    *,
+    deploy: dict[str, Any],
 ) -> None:
     """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP."""
     from components.param_checks import TARGETS
 
     params = parse_params(param)
     # Keyed as the deploy config names them (pipelines/deploy/config.py: flag_overrides).
-    remote: dict[str, Any] = dict(
-        template=template, display_name=display_name, project=project, region=region,
-        pipeline_root=pipeline_root, service_account=service_account, network=network,
-        labels=label, experiment=experiment, enable_caching=enable_caching,
-        failure_policy=failure_policy, host=host, namespace=namespace, pipeline_id=pipeline_id,
-        version_id=version_id,
-    )  # fmt: skip
+    remote = dict(
+        deploy, display_name=display_name, experiment=experiment, failure_policy=failure_policy
+    )
     if check_choice(backend, TARGETS) == "local":
         _warn_ignored({**remote, "schedule_time": schedule_time, "wait": wait or None})
         _run_local(params, config, verbose)
@@ -93,7 +67,7 @@ def _warn_ignored(remote: dict[str, Any]) -> None:
     ignored = [
         "--label" if name == "labels" else f"--{name.replace('_', '-')}"
         for name, value in remote.items()
-        if value not in (None, [])
+        if value not in (None, [], {})
     ]
     if ignored:
         typer.secho(f"warning: --backend local ignores {', '.join(ignored)}", err=True)
@@ -130,8 +104,7 @@ def _submit(
     from pipelines.deploy.config import load_for
     from pipelines.deploy.submit import submit_kfp, submit_vertex
 
-    flags = {**remote, "labels": parse_labels(remote["labels"])}
-    cfg = load_for(backend, config, parameters=params, **flags)
+    cfg = load_for(backend, config, parameters=params, **remote)
     when = parse_schedule_time(schedule_time)
     submit = submit_vertex if backend == "vertex" else submit_kfp
     submit(cfg, schedule_time=when, wait=wait, report=typer.echo)

@@ -9,23 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from pipelines.cli.common import check_choice, parse_labels, parse_params, user_errors
-from pipelines.cli.options import (
-    AccountOpt,
-    CachingOpt,
-    ConfigOpt,
-    HostOpt,
-    LabelOpt,
-    NamespaceOpt,
-    NetworkOpt,
-    ParamOpt,
-    PipelineIdOpt,
-    ProjectOpt,
-    RegionOpt,
-    RootOpt,
-    TemplateOpt,
-    VersionIdOpt,
-)
+from pipelines.cli import options as opt
+from pipelines.cli.common import check_choice, parse_params, user_errors
 
 BackendOpt = Annotated[
     str, typer.Option(help="vertex (PipelineJobSchedule) or kfp (recurring run).")
@@ -37,7 +22,7 @@ CronOpt = Annotated[
 DisplayNameOpt = Annotated[
     str | None, typer.Option(help="Schedule name (--update and --list match on it).")
 ]
-MaxConcurrentOpt = Annotated[int | None, typer.Option(help="Runs at once [default: 1].")]
+MaxConcurrentOpt = Annotated[int | None, typer.Option(help="Runs at once.", show_default="1")]
 StartOpt = Annotated[str | None, typer.Option(help="RFC 3339 time of the first run.")]
 EndOpt = Annotated[str | None, typer.Option(help="RFC 3339 time after which none start.")]
 MaxRunCountOpt = Annotated[int | None, typer.Option(help="Vertex: stop after N runs.")]
@@ -57,13 +42,13 @@ ExperimentOpt = Annotated[str | None, typer.Option(help="KFP: experiment of the 
 
 
 @user_errors
+@opt.with_deploy_flags
 def schedule_cmd(
     backend: BackendOpt,
-    config: ConfigOpt = None,
-    param: ParamOpt = None,
+    config: opt.ConfigOpt = None,
+    param: opt.ParamOpt = None,
     cron: CronOpt = None,
     display_name: DisplayNameOpt = None,
-    template: TemplateOpt = None,
     max_concurrent_runs: MaxConcurrentOpt = None,
     start_time: StartOpt = None,
     end_time: EndOpt = None,
@@ -75,18 +60,9 @@ def schedule_cmd(
     resume: ResumeOpt = None,
     delete: DeleteOpt = None,
     update: UpdateOpt = False,
-    project: ProjectOpt = None,
-    region: RegionOpt = None,
-    pipeline_root: RootOpt = None,
-    service_account: AccountOpt = None,
-    network: NetworkOpt = None,
-    label: LabelOpt = None,
-    enable_caching: CachingOpt = None,
     experiment: ExperimentOpt = None,
-    host: HostOpt = None,
-    namespace: NamespaceOpt = None,
-    pipeline_id: PipelineIdOpt = None,
-    version_id: VersionIdOpt = None,
+    *,
+    deploy: dict[str, Any],
 ) -> None:
     """Create (default), list, pause, resume, delete or --update recurring fine-tunes."""
     from pipelines.deploy.config import Backend, load_for
@@ -94,13 +70,10 @@ def schedule_cmd(
     target = check_choice(backend, typing.get_args(Backend))
     action = _one_action(list_=list_, pause=pause, resume=resume, delete=delete, update=update)
     cfg = load_for(
-        target, config, template=template, parameters=parse_params(param), cron=cron,
+        target, config, **deploy, parameters=parse_params(param), cron=cron,
         display_name=display_name, max_concurrent_runs=max_concurrent_runs,
         start_time=start_time, end_time=end_time, max_run_count=max_run_count,
-        allow_queueing=allow_queueing, catchup=catchup, project=project, region=region,
-        pipeline_root=pipeline_root, service_account=service_account, network=network,
-        labels=parse_labels(label), enable_caching=enable_caching, experiment=experiment,
-        host=host, namespace=namespace, pipeline_id=pipeline_id, version_id=version_id,
+        allow_queueing=allow_queueing, catchup=catchup, experiment=experiment,
     )  # fmt: skip
     if display_name:
         # One flag names both the run and the schedule; schedules match on the latter.

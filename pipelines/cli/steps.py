@@ -80,65 +80,64 @@ def train_cmd(
     print_json(metadata)
 
 
+# `llmft render pytorchjob`'s longer options.
+PodModelOpt = Annotated[str, typer.Option(help="Base model URI as the pods see it.")]
+PodDataOpt = Annotated[str, typer.Option(help="Packed dataset URI.")]
+PodOutputOpt = Annotated[str, typer.Option(help="Run directory URI.")]
+JobRunIdOpt = Annotated[str, typer.Option(help="Run id (names, labels, rendezvous id).")]
+PodProcsOpt = Annotated[
+    int,
+    typer.Option(
+        help=f"Processes (GPUs) per pod; 0: one per GPU ({RunParams.accelerator_count} with "
+        "an accelerator, else 1)."
+    ),
+]
+RdzvBackendOpt = Annotated[str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")]
+RdzvEndpointOpt = Annotated[str, typer.Option(help="host:port (default: the run's etcd Service).")]
+AcceleratorOpt = Annotated[
+    str, typer.Option(help="Vertex accelerator name or GKE accelerator label; '' for CPU.")
+]
+PodAccountOpt = Annotated[
+    str, typer.Option(help="Workload Identity KSA ('' for the namespace's default).")
+]
+TokenSecretOpt = Annotated[
+    str, typer.Option(help="Secret with the HF token (name[:key]; '' for none).")
+]
+GangOpt = Annotated[bool, typer.Option(help="All pods or none (needs a gang scheduler).")]
+DeadlineOpt = Annotated[int | None, typer.Option(help="Hard run-time limit.")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
+]
+
+
 @user_errors
 def render_pytorchjob(
-    model: Annotated[
-        str, typer.Option(help="Base model URI as the pods see it.")
-    ] = "gs://BUCKET/models/base",
-    data: Annotated[str, typer.Option(help="Packed dataset URI.")] = "gs://BUCKET/runs/RUN/dataset",
-    output: Annotated[str, typer.Option(help="Run directory URI.")] = "gs://BUCKET/runs/RUN/train",
-    run_id: Annotated[
-        str, typer.Option(help="Run id (names, labels, rendezvous id).")
-    ] = "example-run",
+    model: PodModelOpt = "gs://BUCKET/models/base",
+    data: PodDataOpt = "gs://BUCKET/runs/RUN/dataset",
+    output: PodOutputOpt = "gs://BUCKET/runs/RUN/train",
+    run_id: JobRunIdOpt = "example-run",
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = RunParams.namespace,
     nodes: Annotated[int, typer.Option(help="Worker pods.")] = RunParams.nodes,
-    nproc_per_node: Annotated[
-        int,
-        typer.Option(
-            help=f"Processes (GPUs) per pod; 0: one per GPU ({RunParams.accelerator_count} with "
-            "an accelerator, else 1)."
-        ),
-    ] = RunParams.nproc_per_node,
-    rdzv_backend: Annotated[
-        str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")
-    ] = RunParams.rdzv_backend,
-    rdzv_endpoint: Annotated[
-        str, typer.Option(help="host:port (default: the run's etcd Service).")
-    ] = "",
+    nproc_per_node: PodProcsOpt = RunParams.nproc_per_node,
+    rdzv_backend: RdzvBackendOpt = RunParams.rdzv_backend,
+    rdzv_endpoint: RdzvEndpointOpt = "",
     max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     image: Annotated[str | None, typer.Option(help="Image (default: the project image).")] = None,
-    accelerator: Annotated[
-        str,
-        typer.Option(help="Vertex accelerator name or GKE accelerator label; '' for CPU."),
-    ] = RunParams.accelerator_type,
+    accelerator: AcceleratorOpt = RunParams.accelerator_type,
     cpu: Annotated[str | None, typer.Option(help="CPU per pod.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory per pod.")] = None,
     shm_size: Annotated[str, typer.Option(help="/dev/shm size.")] = "64Gi",
-    service_account: Annotated[
-        str, typer.Option(help="Workload Identity KSA ('' for the namespace's default).")
-    ] = RunParams.service_account,
-    hf_token_secret: Annotated[
-        str, typer.Option(help="Secret with the HF token (name[:key]; '' for none).")
-    ] = RunParams.hf_token_secret,
-    gang_scheduling: Annotated[
-        bool, typer.Option(help="All pods or none (needs a gang scheduler).")
-    ] = False,
-    active_deadline_seconds: Annotated[
-        int | None, typer.Option(help="Hard run-time limit.")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
-    ] = None,
+    service_account: PodAccountOpt = RunParams.service_account,
+    hf_token_secret: TokenSecretOpt = RunParams.hf_token_secret,
+    gang_scheduling: GangOpt = False,
+    active_deadline_seconds: DeadlineOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
     from components.accelerators import gke_accelerator
     from components.image import DEFAULT_IMAGE
     from components.launchers.base import TrainLaunch
-    from components.launchers.pytorchjob import (
-        PyTorchJobOptions,
-        build_pytorchjob,
-        to_yaml,
-    )
+    from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, to_yaml
     from components.param_checks import resolve_nproc_per_node
 
     gpus = RunParams.accelerator_count if accelerator else 0
@@ -233,16 +232,21 @@ def evaluate_cmd(
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, HTML report."""
     import logging
 
-    from components.evaluation.evaluate import run_evaluation
+    from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+    from components.evaluation.gate import GateThresholds
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    result = run_evaluation(
+    thresholds = GateThresholds(
+        min_loss_improvement=min_loss_improvement,
+        min_exact_match=min_exact_match,
+        min_general_retained=min_general_retained,
+    )
+    request = EvaluationRequest(
         base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
         max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
-        champion=champion, min_loss_improvement=min_loss_improvement,
-        min_exact_match=min_exact_match, min_general_retained=min_general_retained,
-        max_new_tokens=max_new_tokens, device=device,
+        champion=champion, thresholds=thresholds, max_new_tokens=max_new_tokens, device=device,
     )  # fmt: skip
+    result = run_evaluation(request)
     print_json(
         {
             "passed": result.passed,

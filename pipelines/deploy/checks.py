@@ -10,6 +10,7 @@ import datetime as dt
 import re
 from pathlib import Path
 
+from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
 from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION
 from pipelines.deploy.config import (
     Backend,
@@ -25,8 +26,6 @@ _PROJECT = re.compile(PROJECT_ID[0])
 _REGION = re.compile(REGION[0])
 _SA_EMAIL = re.compile(r"^[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.gserviceaccount\.com$")
 _NETWORK = re.compile(r"^projects/[0-9]+/global/networks/[a-z]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _K8S_NAME = re.compile(f"^{K8S_LABEL_NAME[0]}$")
 _AR_REGISTRY = re.compile(r"^https://[a-z0-9-]+-kfp\.pkg\.dev/[^/]+/[^/]+/?$")
 _KMS_KEY = re.compile(r"^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$")
@@ -83,7 +82,7 @@ def _vertex_errors(v: VertexSettings, purpose: Purpose, errors: list[str]) -> No
             f"vertex.network: {v.network!r} must look like projects/<number>/global/networks/<name>"
         )
     for key, value in v.labels.items():
-        if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+        if not GCP_LABEL_KEY.match(key) or not GCP_LABEL_VALUE.match(value):
             errors.append(
                 f"vertex.labels: {key}={value} (keys: lowercase letter first, then [a-z0-9_-]; "
                 "values: [a-z0-9_-], at most 63 chars)"

@@ -21,7 +21,12 @@ from pipelines.deploy.clients import (
 from pipelines.deploy.config import DeployConfig
 from pipelines.deploy.cron import parse_cron
 from pipelines.deploy.schedule_types import Action, Report, Scheduled, ScheduleSummary
-from pipelines.deploy.submit import prepare_parameters, remote_template, vertex_job
+from pipelines.deploy.submit import (
+    prepare_parameters,
+    remote_template,
+    vertex_job,
+    vertex_parameters,
+)
 from pipelines.deploy.template import read_template
 
 if TYPE_CHECKING:
@@ -43,14 +48,9 @@ def create_vertex_schedule(
     from google.cloud import aiplatform
 
     validate(config, "vertex", "schedule")
-    # Parameters first: a mistake is reported before credentials or the server are needed.
-    params = prepare_parameters(config, "vertex", schedule_time=None, recurring=True)
-    credentials = google_credentials(credentials)
-    remote = remote_template(config, credentials)
-    if remote is not None:
-        params = prepare_parameters(
-            config, "vertex", schedule_time=None, recurring=True, info=remote
-        )
+    params, credentials = vertex_parameters(
+        config, schedule_time=None, recurring=True, credentials=credentials
+    )
     v, s = config.vertex, config.schedule
     assert s.cron and v.project
     cron = parse_cron(s.cron).to_vertex()

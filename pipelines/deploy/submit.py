@@ -161,7 +161,8 @@ def _run_parameter_errors(
     fetched (a registry URI, a KFP pipeline version) the single-field rules of the values given;
     for any other template only the generic name/type checks of `parameter_errors`.
     """
-    from components.run_params import RunParams, field_errors, fields, params_from_mapping
+    from components.param_values import field_errors, params_from_mapping
+    from components.run_params import RunParams, fields
 
     if info is None:
         return field_errors(params)
@@ -169,6 +170,29 @@ def _run_parameter_errors(
         return []
     base = RunParams.for_target(target)
     return params_from_mapping(params, base=base).errors(target=target)
+
+
+def vertex_parameters(
+    config: DeployConfig,
+    *,
+    schedule_time: dt.datetime | None,
+    recurring: bool,
+    credentials: Credentials | None,
+) -> tuple[dict[str, Any], Credentials]:
+    """The parameters of a Vertex AI run or schedule, and the credentials found for it.
+
+    They are checked first without credentials or a server (a mistake is reported before either
+    is needed), then again against the registry's template when `config.template` is a registry
+    URI (`remote_template`).
+    """
+    params = prepare_parameters(config, "vertex", schedule_time=schedule_time, recurring=recurring)
+    credentials = google_credentials(credentials)
+    remote = remote_template(config, credentials)
+    if remote is not None:
+        params = prepare_parameters(
+            config, "vertex", schedule_time=schedule_time, recurring=recurring, info=remote
+        )
+    return params, credentials
 
 
 def vertex_job(config: DeployConfig, params: dict[str, Any], credentials: Credentials) -> Any:
@@ -203,14 +227,9 @@ def submit_vertex(
 ) -> Submitted:
     """Submit one run to Vertex AI Pipelines."""
     validate(config, "vertex", "run")
-    # Parameters first: a mistake is reported before credentials or the server are needed.
-    params = prepare_parameters(config, "vertex", schedule_time=schedule_time, recurring=False)
-    credentials = google_credentials(credentials)
-    remote = remote_template(config, credentials)
-    if remote is not None:
-        params = prepare_parameters(
-            config, "vertex", schedule_time=schedule_time, recurring=False, info=remote
-        )
+    params, credentials = vertex_parameters(
+        config, schedule_time=schedule_time, recurring=False, credentials=credentials
+    )
     v = config.vertex
     with cloud_errors("submitting to Vertex AI Pipelines"):
         job = vertex_job(config, params, credentials)
