@@ -167,7 +167,7 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     elif standard.runner == "FnApiRunner":
         direct = options.view_as(DirectOptions)
         if not _flag_given(argv, "direct_num_workers"):
-            small = _input_bytes(config.inputs) < LOCAL_PROCESSES_MIN_BYTES
+            small = _match_inputs(config.inputs)[0] < LOCAL_PROCESSES_MIN_BYTES
             direct.direct_num_workers = 1 if small else (os.cpu_count() or 1)
         if not _flag_given(argv, "direct_running_mode"):
             # Separate processes: tokenization and packing hold the GIL between Rust calls.
@@ -184,15 +184,21 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     return options, config
 
 
-def _input_bytes(patterns: tuple[str, ...]) -> int:
-    """Total size of the input files (0 for patterns that match nothing: checked later)."""
-    total = 0
+def _match_inputs(patterns: tuple[str, ...]) -> tuple[int, list[str]]:
+    """(total bytes of the matched input files, what is wrong with the patterns, if anything)."""
+    total, problems, missing = 0, [], []
     for pattern in patterns:
         try:
-            total += sum(m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list)
-        except Exception:  # reported with its reason by _check_inputs
+            found = FileSystems.match([pattern])[0].metadata_list
+        except Exception as exc:  # BeamIOError wraps the filesystem's reason
+            problems.append(f"cannot list --input {pattern!r}: {exc}")
             continue
-    return total
+        if not found:
+            missing.append(pattern)
+        total += sum(m.size_in_bytes for m in found)
+    if missing:
+        problems.append(f"--input matches no files: {', '.join(missing)}")
+    return total, problems
 
 
 def _flag_given(argv: list[str], name: str) -> bool:
@@ -233,7 +239,9 @@ def launch(argv: list[str]) -> LaunchedRun:
 
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
-    _check_inputs(config.inputs)
+    problems = _match_inputs(config.inputs)[1]
+    if problems:
+        raise ValueError(problems[0])
     tokenizer = load_tokenizer(config.tokenizer)
     if config.data_kind == "instruction":
         ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
@@ -321,19 +329,6 @@ def _list(pattern: str) -> list[str]:
 def _relative(root: str, paths: list[str]) -> list[str]:
     root = root.rstrip("/") + "/"
     return [p[len(root) :] if p.startswith(root) else p for p in paths]
-
-
-def _check_inputs(patterns: tuple[str, ...]) -> None:
-    missing = []
-    for pattern in patterns:
-        try:
-            found = FileSystems.match([pattern])[0].metadata_list
-        except Exception as exc:  # BeamIOError wraps the filesystem's reason
-            raise ValueError(f"cannot list --input {pattern!r}: {exc}") from None
-        if not found:
-            missing.append(pattern)
-    if missing:
-        raise ValueError(f"--input matches no files: {', '.join(missing)}")
 
 
 def _prepare_output(out: str, overwrite: bool) -> None:

@@ -155,7 +155,7 @@ _SPACES = re.compile(r"[ \t]+")
 
 def clean_text(text: str, normalization: str = "NFC", collapse_whitespace: bool = False) -> str:
     """Unicode-normalise, unify newlines, drop control characters and trim (optionally collapse)."""
-    if normalization != "none":
+    if normalization != "none" and not text.isascii():  # ASCII is in every normal form
         text = unicodedata.normalize(normalization, text)  # type: ignore[arg-type]
     text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     if collapse_whitespace:
@@ -201,10 +201,21 @@ def record_of(example: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ dedup
 
 
+def content_key(parts: str | list[dict[str, str]]) -> bytes:
+    """Bytes that identify a text or a list of messages exactly (the input of the hashes below).
+
+    Roles and contents joined by the ASCII unit and record separators, which clean_text removes
+    from every content, so the joining is unambiguous; 15x cheaper than a JSON encoding.
+    """
+    if isinstance(parts, str):
+        return parts.encode()
+    return "\x1e".join(f"{m['role']}\x1f{m['content']}" for m in parts).encode()
+
+
 def content_hash(example: dict[str, Any]) -> str:
     """sha256 of the example's content (not its source), the exact-duplicate key."""
     content = example["text"] if "text" in example else example["messages"]
-    return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()
+    return hashlib.sha256(content_key(content)).hexdigest()
 
 
 def source_order(source: str) -> tuple[str, int]:
@@ -226,5 +237,5 @@ def split_of(example: dict[str, Any], eval_fraction: float, seed: str) -> str:
     if eval_fraction <= 0:
         return "train"
     key = example["text"] if "text" in example else example["messages"][:-1]
-    digest = hashlib.sha256((seed + "\x00" + json.dumps(key, ensure_ascii=False)).encode())
+    digest = hashlib.sha256(seed.encode() + b"\x00" + content_key(key))
     return "eval" if int.from_bytes(digest.digest()[:8], "big") / 2**64 < eval_fraction else "train"

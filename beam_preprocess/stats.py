@@ -35,17 +35,14 @@ class RunStats(beam.CombineFn):
     def add_input(self, acc: dict[str, Any], event: tuple[str, Any]) -> dict[str, Any]:
         tag, value = event
         if tag == OUTCOME:
-            name, count = value
-            acc["outcomes"][name] = acc["outcomes"].get(name, 0) + count
+            _add_outcomes(acc, dict([value]))
         elif tag == READ:
             acc["read"] += value
         elif tag == STATS:
             split, values = value
-            total = acc["splits"].setdefault(split, [0] * len(SPLIT_FIELDS))
-            acc["splits"][split] = [a + b for a, b in zip(total, values, strict=True)]
+            _add_splits(acc, {split: values})
         elif tag == RETOKENIZED:
-            acc["retokenized"] += 1
-            acc["sources"] = heapq.nsmallest(RETOKENIZED_SOURCES, [*acc["sources"], value])
+            _add_retokenized(acc, 1, [value])
         else:
             raise AssertionError(f"unknown stats event {tag!r}")
         return acc
@@ -54,15 +51,9 @@ class RunStats(beam.CombineFn):
         merged = self.create_accumulator()
         for acc in accumulators:
             merged["read"] += acc["read"]
-            merged["retokenized"] += acc["retokenized"]
-            for name, count in acc["outcomes"].items():
-                merged["outcomes"][name] = merged["outcomes"].get(name, 0) + count
-            for split, values in acc["splits"].items():
-                total = merged["splits"].setdefault(split, [0] * len(SPLIT_FIELDS))
-                merged["splits"][split] = [a + b for a, b in zip(total, values, strict=True)]
-            merged["sources"] = heapq.nsmallest(
-                RETOKENIZED_SOURCES, [*merged["sources"], *acc["sources"]]
-            )
+            _add_outcomes(merged, acc["outcomes"])
+            _add_splits(merged, acc["splits"])
+            _add_retokenized(merged, acc["retokenized"], acc["sources"])
         return merged
 
     def extract_output(self, acc: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +65,22 @@ class RunStats(beam.CombineFn):
             for name, values in sorted(acc["splits"].items())
         }
         return stats
+
+
+def _add_outcomes(acc: dict[str, Any], outcomes: dict[str, int]) -> None:
+    for name, count in outcomes.items():
+        acc["outcomes"][name] = acc["outcomes"].get(name, 0) + count
+
+
+def _add_splits(acc: dict[str, Any], splits: dict[str, list[int]]) -> None:
+    for split, values in splits.items():
+        total = acc["splits"].get(split, [0] * len(SPLIT_FIELDS))
+        acc["splits"][split] = [a + b for a, b in zip(total, values, strict=True)]
+
+
+def _add_retokenized(acc: dict[str, Any], count: int, sources: list[str]) -> None:
+    acc["retokenized"] += count
+    acc["sources"] = heapq.nsmallest(RETOKENIZED_SOURCES, [*acc["sources"], *sources])
 
 
 def tagged(tag: str) -> beam.PTransform:
