@@ -216,32 +216,62 @@ def hf_result(out: Path, args) -> dict:
 
 
 def hf_worker(argv: list[str]) -> None:
-    import numpy as np
     import torch
-    from datasets import Dataset
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        DataCollatorForSeq2Seq,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+
+    a = _worker_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    model.config.use_cache = False
+    dataset, batch_size, collator, sampling = _hf_dataset(a, tokenizer)
+    clock = _step_clock()
+    counting = _CountingCollator(collator)
+    trainer = Trainer(
+        model=model,
+        args=_hf_training_args(a, batch_size, sampling),
+        train_dataset=dataset,
+        data_collator=counting,
+        callbacks=[clock],
+    )
+    result = trainer.train()
+    # The collator runs once per step, in step order (no worker processes): step k's batch is the
+    # k-th (a look-ahead fetch may add one more at the end).
+    steps = clock.steps  # type: ignore[attr-defined]
+    for s, t in zip(steps[1:], counting.targets_per_step, strict=False):
+        s["targets"] = t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    Path(a.out, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "steps": steps,
+                "peak_rss_gb": peak,
+                "final_loss": result.training_loss,
+                "batch_size": batch_size,
+            }
+        )
     )
 
-    from trainer.packed_data.format import TRAIN_SPLIT, read_manifest
-    from trainer.packed_data.reader import read_split
 
+def _worker_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     for flag in ("--worker", "--model", "--data", "--out"):
         p.add_argument(flag)
     p.add_argument("--steps", type=int)
     p.add_argument("--micro-batch-size", type=int)
     p.add_argument("--group-by-length", action="store_true")
-    a = p.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    tokenizer = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    model.config.use_cache = False
+    return p.parse_args(argv)
+
+
+def _hf_dataset(a: argparse.Namespace, tokenizer) -> tuple:
+    """(dataset, per-device batch size, collator or None, sampling strategy) of a HF side."""
+    import numpy as np
+    from datasets import Dataset
+    from transformers import DataCollatorForSeq2Seq
+
+    from trainer.packed_data.format import TRAIN_SPLIT, read_manifest
+    from trainer.packed_data.reader import read_split
+
     manifest = read_manifest(a.data)
     train = manifest.splits["train"]
     docs_per_row = train.documents / train.rows
@@ -253,52 +283,70 @@ def hf_worker(argv: list[str]) -> None:
         dataset = Dataset.from_dict(
             {"input_ids": ids, "position_ids": pos, "labels": np.where(mask == 1, ids, -100)}
         )
-        batch_size, collator, sampling = a.micro_batch_size, None, "random"
-    else:
-        from packed_fixtures import read_jsonl, tokenize_record
+        return dataset, a.micro_batch_size, None, "random"
+    from packed_fixtures import read_jsonl, tokenize_record
 
-        sample = Path(a.data).parent / "sample" / "train.jsonl"
-        encoded = [tokenize_record(tokenizer, r) for r in read_jsonl(sample)]
-        dataset = Dataset.from_dict(
-            {
-                "input_ids": [ids for ids, _ in encoded],
-                "labels": [
-                    [t if m else -100 for t, m in zip(ids, mask, strict=True)]
-                    for ids, mask in encoded
-                ],
-            }
-        )
-        # As many conversations per batch as one packed micro-batch holds: same work per step.
-        batch_size = max(1, round(docs_per_row * a.micro_batch_size))
-        collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)
-        # Random batches as in HF's instruction examples; --hf-group-by-length opts into
-        # length-grouped batches (less padding).
-        sampling = "group_by_length" if a.group_by_length else "random"
+    sample = Path(a.data).parent / "sample" / "train.jsonl"
+    encoded = [tokenize_record(tokenizer, r) for r in read_jsonl(sample)]
+    dataset = Dataset.from_dict(
+        {
+            "input_ids": [ids for ids, _ in encoded],
+            "labels": [
+                [t if m else -100 for t, m in zip(ids, mask, strict=True)] for ids, mask in encoded
+            ],
+        }
+    )
+    # As many conversations per batch as one packed micro-batch holds: same work per step.
+    batch_size = max(1, round(docs_per_row * a.micro_batch_size))
+    collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)
+    # Random batches as in HF's instruction examples; --hf-group-by-length opts into
+    # length-grouped batches (less padding).
+    sampling = "group_by_length" if a.group_by_length else "random"
+    return dataset, batch_size, collator, sampling
 
-    steps: list[dict] = []
+
+def _step_clock():
+    """A TrainerCallback whose `steps` records the end of every optimizer step (and the start of
+    training as step 0's end)."""
+    from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
-        """The end of every optimizer step (and the start of training as step 0's end)."""
+        def __init__(self) -> None:
+            self.steps: list[dict] = []
 
         def on_train_begin(self, args, state, control, **kw):
-            steps.append({"step": 0, "end": time.perf_counter()})
+            self.steps.append({"step": 0, "end": time.perf_counter()})
 
         def on_step_end(self, args, state, control, **kw):
-            steps.append({"step": state.global_step, "end": time.perf_counter()})
+            self.steps.append({"step": state.global_step, "end": time.perf_counter()})
 
-    targets_per_step: list[int] = []
-    base_collator = collator
+    return Clock()
 
-    def counting_collator(features):
+
+class _CountingCollator:
+    """Collates a batch (with `base`, or stacks packed rows) and records its target count."""
+
+    def __init__(self, base) -> None:
+        self.base = base
+        self.targets_per_step: list[int] = []
+
+    def __call__(self, features):
+        import numpy as np
+        import torch
+
         batch = (
-            base_collator(features)
-            if base_collator is not None
+            self.base(features)
+            if self.base is not None
             else {k: torch.tensor(np.array([f[k] for f in features])) for k in features[0]}
         )
-        targets_per_step.append(int((batch["labels"][:, 1:] != -100).sum()))
+        self.targets_per_step.append(int((batch["labels"][:, 1:] != -100).sum()))
         return batch
 
-    training_args = TrainingArguments(
+
+def _hf_training_args(a: argparse.Namespace, batch_size: int, sampling: str):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
         output_dir=a.out,
         max_steps=a.steps,
         per_device_train_batch_size=batch_size,
@@ -317,29 +365,6 @@ def hf_worker(argv: list[str]) -> None:
         ddp_find_unused_parameters=False,
         disable_tqdm=True,
         seed=0,
-    )
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=dataset,
-        data_collator=counting_collator,
-        callbacks=[Clock()],
-    )
-    result = trainer.train()
-    # The collator runs once per step, in step order (no worker processes): step k's batch is the
-    # k-th (a look-ahead fetch may add one more at the end).
-    for s, t in zip(steps[1:], targets_per_step, strict=False):
-        s["targets"] = t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
-    Path(a.out, f"rank{rank}.json").write_text(
-        json.dumps(
-            {
-                "steps": steps,
-                "peak_rss_gb": peak,
-                "final_loss": result.training_loss,
-                "batch_size": batch_size,
-            }
-        )
     )
 
 
@@ -392,25 +417,7 @@ def median_of(repeats: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="medians over this many repeats")
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
-    parser.add_argument("--warmup-steps", type=int, default=10, help="excluded on every side")
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--micro-batch-size", type=int, default=2)
-    parser.add_argument("--records", type=int, default=4000)
-    parser.add_argument(
-        "--hf-group-by-length", action="store_true", help="HF padded side: length-grouped batches"
-    )
-    parser.add_argument(
-        "--trainer-flags",
-        default="",
-        help='more flags for our runs, e.g. "--shard-blocks true" (reported in RESULT)',
-    )
-    parser.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
-    args = parser.parse_args()
-    if args.repeats < 1 or not 0 <= args.warmup_steps < args.steps:
-        parser.error("need --repeats >= 1 and 0 <= --warmup-steps < --steps")
+    args = _parse_args()
     steady_steps = args.steps - args.warmup_steps
     if steady_steps < MIN_STEADY_STEPS:
         print(
@@ -436,15 +443,7 @@ def main() -> None:
                 for key in repeats[0]
                 if key.startswith(("ratio", "memory"))
             },
-            "steps": args.steps,
-            "warmup_steps_excluded": args.warmup_steps,
-            "steady_steps_per_side": steady_steps,
-            "seq_len": args.seq_len,
-            "micro_batch_size": args.micro_batch_size,
-            "processes": PROCESSES,
-            "threads_per_process": max(1, (os.cpu_count() or 2) // PROCESSES),
-            "hf_group_by_length": args.hf_group_by_length,
-            "trainer_flags": args.trainer_flags,
+            **_run_settings(args),
             "load_average_1m_at_start": load_at_start,
             "load_average_1m": os.getloadavg()[0],
             "cpu_s_children": cpu.ru_utime
@@ -453,21 +452,63 @@ def main() -> None:
             - cpu_at_start.ru_stime,
             "wall_s": time.time() - started,
         }
-        print(f"medians over {args.repeats} repeats, {steady_steps} steady steps per side:")
-        for name in SIDES:
-            side = result[name]
-            print(
-                f"  {name:12s} {side['target_tokens_per_s']:8.0f} target tokens/s, "
-                f"peak {side['peak_host_memory_gb']:.2f} GB/process"
-            )
-        print(f"ratio vs HF padded recipe: {result['ratio_padded']:.2f}x (target >= 1.5x)")
-        print(f"ratio vs HF on packed rows: {result['ratio_packed']:.2f}x (target >= 1.2x)")
-        print(f"compile vs eager (ours): {result['ratio_compile_vs_eager']:.2f}x")
-        print(
-            f"peak memory, ours / HF: {result['memory_ratio_padded']:.2f} (padded), "
-            f"{result['memory_ratio_packed']:.2f} (packed) (target <= 1)"
-        )
+        _print_summary(result, args.repeats, steady_steps)
         print("RESULT " + json.dumps(result), flush=True)
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="medians over this many repeats")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
+    parser.add_argument("--warmup-steps", type=int, default=10, help="excluded on every side")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--records", type=int, default=4000)
+    parser.add_argument(
+        "--hf-group-by-length", action="store_true", help="HF padded side: length-grouped batches"
+    )
+    parser.add_argument(
+        "--trainer-flags",
+        default="",
+        help='more flags for our runs, e.g. "--shard-blocks true" (reported in RESULT)',
+    )
+    parser.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
+    args = parser.parse_args()
+    if args.repeats < 1 or not 0 <= args.warmup_steps < args.steps:
+        parser.error("need --repeats >= 1 and 0 <= --warmup-steps < --steps")
+    return args
+
+
+def _run_settings(args: argparse.Namespace) -> dict:
+    """The settings every side ran with, for the RESULT line."""
+    return {
+        "steps": args.steps,
+        "warmup_steps_excluded": args.warmup_steps,
+        "steady_steps_per_side": args.steps - args.warmup_steps,
+        "seq_len": args.seq_len,
+        "micro_batch_size": args.micro_batch_size,
+        "processes": PROCESSES,
+        "threads_per_process": max(1, (os.cpu_count() or 2) // PROCESSES),
+        "hf_group_by_length": args.hf_group_by_length,
+        "trainer_flags": args.trainer_flags,
+    }
+
+
+def _print_summary(result: dict, repeats: int, steady_steps: int) -> None:
+    print(f"medians over {repeats} repeats, {steady_steps} steady steps per side:")
+    for name in SIDES:
+        side = result[name]
+        print(
+            f"  {name:12s} {side['target_tokens_per_s']:8.0f} target tokens/s, "
+            f"peak {side['peak_host_memory_gb']:.2f} GB/process"
+        )
+    print(f"ratio vs HF padded recipe: {result['ratio_padded']:.2f}x (target >= 1.5x)")
+    print(f"ratio vs HF on packed rows: {result['ratio_packed']:.2f}x (target >= 1.2x)")
+    print(f"compile vs eager (ours): {result['ratio_compile_vs_eager']:.2f}x")
+    print(
+        f"peak memory, ours / HF: {result['memory_ratio_padded']:.2f} (padded), "
+        f"{result['memory_ratio_packed']:.2f} (packed) (target <= 1)"
+    )
 
 
 if __name__ == "__main__":

@@ -106,9 +106,9 @@ def test_config_json_reports_every_problem() -> None:
 
 @pytest.mark.parametrize("warmup", [0, 3])
 def test_lr_schedule_peaks_once_and_ends_at_the_minimum(warmup: int) -> None:
-    from trainer.train import _lr_lambda
+    from trainer.startup import lr_lambda
 
-    factors = [_lr_lambda(warmup, 10, 0.1)(step) for step in range(10)]
+    factors = [lr_lambda(warmup, 10, 0.1)(step) for step in range(10)]
     assert factors.count(1.0) == 1 and factors.index(1.0) == warmup
     assert factors[:warmup] == pytest.approx([(k + 1) / (warmup + 1) for k in range(warmup)])
     assert factors[-1] == pytest.approx(0.1)
@@ -120,16 +120,16 @@ def test_compile_defaults_off_and_is_honoured_on_cpu_with_a_warning(caplog) -> N
 
     import torch
 
-    from trainer.train import _device_and_backend
+    from trainer.startup import device_and_backend
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU warning")
     assert TrainConfig().compile is False
     with caplog.at_level(logging.WARNING, logger="trainer"):
-        device, _ = _device_and_backend(TrainConfig(compile=True))
+        device, _ = device_and_backend(TrainConfig(compile=True))
     assert device.type == "cpu"
     assert "compile=true on CPU" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="trainer"):
-        _device_and_backend(TrainConfig())
+        device_and_backend(TrainConfig())
     assert "compile" not in caplog.text

@@ -1,11 +1,12 @@
 """The trainer for real: 2 nodes x 2 processes on CPU, two torchrun agents, c10d rendezvous, gloo.
 
-Three runs of `python -m trainer` on the tiny model:
+Four runs of `python -m trainer` on the tiny model:
   A  uninterrupted, checkpoint every 3 steps: the loss falls, checkpoints and export are written,
      the exported model loads with from_pretrained and reproduces the run's eval loss;
   B  the same run with sharded weights (A replicates them), SIGTERM to both agents mid-run (a preempted job): a complete checkpoint is
      saved and the workers exit 143;
   B' B rerun: resumes from B's checkpoint and reproduces A's losses step for step.
+  C  resumes from A's (replicated, DDP) step-6 checkpoint: the same last losses and export.
 """
 
 from __future__ import annotations
@@ -226,3 +227,38 @@ def test_sigterm_saves_and_rerun_resumes_matching_uninterrupted(
     reference, resumed = losses(uninterrupted), losses(out)
     for step in range(1, STEPS + 1):
         assert resumed[step] == pytest.approx(reference[step], rel=1e-5, abs=1e-6), step
+
+
+@pytest.mark.slow
+def test_replicated_checkpoint_resumes_and_exports(
+    uninterrupted: Path, tiny_model_dir: Path, packed_dir: Path, tmp_path: Path
+) -> None:
+    """A's checkpoints come from DDP (plain tensors, A replicates): a run resumed from step 6
+    reproduces A's last steps and exports the same weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run_c"
+    shutil.copytree(
+        uninterrupted / "checkpoints" / "step-00000006", out / "checkpoints" / "step-00000006"
+    )
+    codes = wait(start_run(tiny_model_dir, packed_dir, out))
+    assert codes == [0, 0], logs(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 6 and summary["steps"] == STEPS
+    reference, resumed = losses(uninterrupted), losses(out)
+    assert sorted(resumed) == [7, 8]
+    for step in (7, 8):
+        assert resumed[step] == pytest.approx(reference[step], rel=1e-5, abs=1e-6), step
+    exported = load_file(out / "model" / "model.safetensors")
+    expected = load_file(uninterrupted / "model" / "model.safetensors")
+    assert exported.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch_allclose(exported[name], tensor), name
+
+
+def torch_allclose(a, b) -> bool:
+    import torch
+
+    return torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6)

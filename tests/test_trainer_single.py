@@ -1,4 +1,5 @@
-"""One-process runs of `python -m trainer` (env:// rendezvous, gloo): LoRA export and NaN stop."""
+"""One-process runs of `python -m trainer` (env:// rendezvous, gloo): LoRA export, NaN stop, and
+which data-parallel layout (DDP or FSDP2) a model gets."""
 
 from __future__ import annotations
 
@@ -103,3 +104,51 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
     assert checkpoints == ["step-00000001"]
     assert (out / "checkpoints" / "step-00000001" / "COMPLETE").exists()
     assert not (out / "summary.json").exists()
+
+
+_LAYOUT_PROBE = """
+import json, sys, torch, torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from trainer.config import TrainConfig
+from trainer.model import build_model
+dist.init_process_group("gloo")
+out = {}
+for mode in ("auto", "shard"):
+    config = TrainConfig(model=sys.argv[1], data="d", output="o", data_parallel=mode)
+    root = build_model(config, sys.argv[1], torch.device("cpu"))
+    params = list(root.parameters())
+    out[mode] = {
+        "replicated": root.replicated,
+        "dtensors": sum(isinstance(p, DTensor) for p in params),
+        "params": len(params),
+        "gradient_sync": hasattr(root, "set_requires_gradient_sync"),
+        "keys": sorted(root.state_dict()),
+    }
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_small_models_replicate_with_ddp_plain_tensors(tiny_model_dir: Path) -> None:
+    """data_parallel auto picks DDP for the tiny model: no DTensor parameter, the same state-dict
+    keys as FSDP2's "shard" layout (checkpoints and exports are interchangeable), and gradient
+    sync switchable for accumulation micro-batches either way."""
+    port = ReservedPort()
+    env = {
+        **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port), "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+    }  # fmt: skip
+    with port:
+        proc = subprocess.run(
+            [sys.executable, "-c", _LAYOUT_PROBE, str(tiny_model_dir)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layouts = json.loads(proc.stdout.strip().splitlines()[-1])
+    ddp, fsdp = layouts["auto"], layouts["shard"]
+    assert ddp["replicated"] and ddp["dtensors"] == 0 and ddp["params"] > 0
+    assert not fsdp["replicated"] and fsdp["dtensors"] == fsdp["params"]
+    assert ddp["gradient_sync"] and fsdp["gradient_sync"]
+    assert ddp["keys"] == fsdp["keys"]

@@ -84,20 +84,23 @@ class TrainConfig:
     warning."""
     data_parallel: str = "auto"
     """How parameters spread over ranks. "shard": FSDP2 (ZeRO-3), each rank holds 1/world of the
-    weights, gradients and AdamW state. "replicate": FSDP2 on a (world x 1) mesh, i.e. DDP: every
-    rank holds the whole model, the forward needs no all-gather and gradients are all-reduced once
-    per step (about 16 bytes per parameter per process in fp32). "auto": replicate models up to
-    `replicate_max_params` parameters, shard larger ones."""
+    weights, gradients and AdamW state. "replicate": DDP (plain tensors): every rank holds the
+    whole model, the forward needs no all-gather and gradients are all-reduced in buckets while
+    backward runs (about 16 bytes per parameter per process in fp32). "auto": replicate models up
+    to `replicate_max_params` parameters, shard larger ones."""
     replicate_max_params: int = 100_000_000
     """Largest model "auto" replicates (100M params: ~1.6 GB of fp32 weights, grads and AdamW
     state per process); above it the memory saving of sharding matters more than its traffic."""
     shard_blocks: bool = True
-    """FSDP2 unit per decoder block (memory stays bounded for large models). False makes the
-    whole model one unit: 2 collectives per step instead of 2 per block, which wins for small
-    models and slow interconnects, at the cost of gathering all parameters at once."""
+    """FSDP2 ("shard" only): one unit per decoder block, so each block's gradient reduction starts
+    while backward goes on and no whole-model flat buffers are made. False makes the whole model
+    one unit (2 collectives per step instead of 2 per block, but all parameters gathered at once
+    and the reduction only after backward): measured slower and larger even for a 7M model
+    (docs/performance.md). Small models are better served by "replicate" (DDP), which ignores
+    this setting."""
     reshard_after_forward: bool = True
-    """FSDP2: free gathered block weights after forward (ZeRO-3). False keeps them until backward
-    (ZeRO-2-like): one all-gather fewer per block, more memory. Good for small models."""
+    """FSDP2 ("shard" only): free gathered block weights after forward (ZeRO-3). False keeps them
+    until backward (ZeRO-2-like): one all-gather fewer per block, more memory."""
     attention: str = "document"
     """"document": per-document causal attention that skips the scores a packed row masks out,
     exact for sliding windows, soft-capping and attention sinks (trainer/attention.py); "sdpa":

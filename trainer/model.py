@@ -1,16 +1,26 @@
-"""Build the sharded training model: resolve where the weights are, shard, then load.
+"""Build the training model: resolve where the weights are, wrap for data parallelism, then load.
 
-Initialisation never materialises the full model on every rank: every rank builds the module tree
-with parameters on the meta device (buffers such as RoPE frequencies are real, they are tiny),
-applies FSDP2 `fully_shard` per decoder block (unless shard_blocks=false) and at the root,
-allocates only its own shards, and then rank 0 alone loads the checkpoint with `from_pretrained`
-and broadcasts it shard by shard (`set_model_state_dict(..., broadcast_from_rank0=True)`). Host
-memory per node is therefore one full copy (on the node of rank 0) plus 1/world of the model per
-process, not processes x model. The exception is by choice: `data_parallel` "replicate" (the "auto"
-pick for models up to `replicate_max_params`) gives every process a whole copy, because for small
-models the all-gathers cost more time than the copies cost memory.
+Initialisation never materialises the full model on every rank from disk: every rank builds the
+module tree with parameters on the meta device (buffers such as RoPE frequencies are real, they
+are tiny), wraps it for data parallelism, allocates its parameters, and then rank 0 alone loads
+the checkpoint with `from_pretrained` and broadcasts it (`set_model_state_dict(...,
+broadcast_from_rank0=True)`).
 
-The loss is computed inside the FSDP root module (`CausalLMLoss`): the LM head runs only on
+Two data-parallel layouts, picked by `data_parallel` ("auto": by model size, `replicate_max_params`):
+
+- "shard": FSDP2 `fully_shard` per decoder block (unless shard_blocks=false) and at the root.
+  Parameters are DTensors; each process allocates 1/world of the model, so host memory per node
+  is one full copy (rank 0's load) plus 1/world per process.
+- "replicate": DDP (torch.distributed's composable `replicate`, DistributedDataParallel's reducer
+  applied in place, so the module tree and its state-dict keys stay those of `CausalLMLoss`).
+  Parameters are plain tensors, every process holds a whole copy, and gradients are all-reduced
+  in buckets that are views of the gradients, overlapped with backward. For small models that
+  is cheaper than FSDP2's per-step flat-buffer copies (docs/performance.md).
+
+The checkpoint (DCP), export and LoRA paths take either: torch.distributed.checkpoint.state_dict
+maps both to the same fully qualified names.
+
+The loss is computed inside the root module (`CausalLMLoss`): the LM head runs only on
 positions whose next token is a target. Prompt tokens and padding never reach the vocabulary
 projection, which for instruction data and small models is a large share of the FLOPs.
 """
@@ -84,7 +94,9 @@ class CausalLMLoss(nn.Module):
         super().__init__()
         self.lm = lm
         self.replicated = False
-        """Every rank holds whole gradients (data_parallel resolved to replicate)."""
+        """Every rank holds whole gradients (data_parallel resolved to replicate: DDP)."""
+        self.autocast: torch.dtype | None = None
+        """Compute dtype under DDP when it is not fp32 (FSDP2 casts through its policy instead)."""
 
     def causal_lm(self) -> Any:
         """The Hugging Face *ForCausalLM module (under the peft wrapper when LoRA is on)."""
@@ -101,6 +113,14 @@ class CausalLMLoss(nn.Module):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor
     ) -> torch.Tensor:
         """-log p(token | its document prefix) of every target token, in row-major order."""
+        if self.autocast is None:
+            return self._token_losses(input_ids, position_ids, loss_mask)
+        with torch.autocast(input_ids.device.type, dtype=self.autocast):
+            return self._token_losses(input_ids, position_ids, loss_mask)
+
+    def _token_losses(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor
+    ) -> torch.Tensor:
         causal_lm = self.causal_lm()
         extra = {}
         if causal_lm.config._attn_implementation == attention.NAME:
@@ -193,28 +213,42 @@ def replicates(config: TrainConfig, parameters: int) -> bool:
     return config.data_parallel == "replicate"
 
 
-def data_parallel_mesh(device: torch.device, replicate: bool) -> Any:
-    """1-D ("dp_shard",) mesh to shard; 2-D (world x 1) ("dp_replicate", "dp_shard") to replicate.
-
-    FSDP2 on a 2-D mesh is HSDP: shard within the last dimension, all-reduce across the first.
-    With shards of size 1 that is plain data parallelism with FSDP2's machinery (one gradient
-    all-reduce per unit per step, no parameter all-gather), so the checkpoint, export and LoRA
-    code paths stay the same for both modes.
-    """
+def data_parallel_mesh(device: torch.device) -> Any:
+    """The 1-D ("dp_shard",) mesh FSDP2 shards over (the "shard" layout)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    world = dist.get_world_size()
-    if replicate:
-        return init_device_mesh(
-            device.type, (world, 1), mesh_dim_names=("dp_replicate", "dp_shard")
-        )
-    return init_device_mesh(device.type, (world,), mesh_dim_names=("dp_shard",))
+    return init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
+
+
+def replicate_ddp(root: CausalLMLoss, device: torch.device) -> None:
+    """DDP in place on `root` (parameters may still be on the meta device: DDP starts lazily).
+
+    torch.distributed's composable `replicate` runs DistributedDataParallel's reducer from hooks
+    on the module itself, so `root` keeps its class methods, attributes and state-dict keys, and
+    it gains `set_requires_gradient_sync` (DDP's no_sync) like an FSDP2 module. The reducer is
+    built at the first forward, after the weights are loaded; it broadcasts rank 0's parameters
+    then, which the ranks already agree on.
+
+    - gradient_as_bucket_view: gradients are views into the all-reduce buckets, no copies.
+    - buffers are not broadcast before each forward (forward_sync_buffers=False): the only buffers
+      are RoPE frequencies, computed identically on every rank; that would be a collective per
+      forward, and eval forwards would then need the same count on every rank.
+    - no static_graph and no find_unused_parameters: every trainable parameter gets a gradient
+      every step, so the reducer needs neither.
+    """
+    from torch.distributed._composable.replicate import replicate
+
+    replicate(
+        root,
+        device_id=device,
+        gradient_as_bucket_view=True,
+        forward_sync_buffers=False,
+    )
 
 
 def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> CausalLMLoss:
-    """Meta init -> (LoRA) -> activation checkpointing -> compile -> fully_shard -> load weights."""
+    """Meta init -> (LoRA) -> activation checkpointing -> compile -> FSDP2 or DDP -> load weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_config = AutoConfig.from_pretrained(model_dir)
@@ -230,7 +264,6 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
             lm = get_peft_model(lm, lora_config(config))
     root = CausalLMLoss(lm)
     root.replicated = replicates(config, sum(p.numel() for p in root.parameters()))
-    mesh = data_parallel_mesh(device, root.replicated)
     blocks = decoder_blocks(root, hf_config.num_hidden_layers)
     if config.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -244,15 +277,12 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
         # outside the graphs (the torchtitan recipe).
         for i, block in enumerate(blocks):
             blocks[i] = torch.compile(block, fullgraph=False)  # type: ignore[assignment]
-    dtype = compute_dtype(config, device)
-    mp = MixedPrecisionPolicy(
-        param_dtype=dtype if dtype != torch.float32 else None, reduce_dtype=torch.float32
-    )
-    for block in blocks if config.shard_blocks else []:
-        fully_shard(
-            block, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward
-        )
-    fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+    if root.replicated:
+        dtype = compute_dtype(config, device)
+        root.autocast = dtype if dtype != torch.float32 else None
+        replicate_ddp(root, device)
+    else:
+        shard_fsdp(root, blocks, config, device)
 
     buffers = {name: b.detach().clone() for name, b in root.named_buffers()}
     root.to_empty(device=device)
@@ -272,6 +302,24 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
     )
     del full
     return root
+
+
+def shard_fsdp(
+    root: CausalLMLoss, blocks: nn.ModuleList, config: TrainConfig, device: torch.device
+) -> None:
+    """FSDP2 per decoder block (unless shard_blocks=false) and at the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = data_parallel_mesh(device)
+    dtype = compute_dtype(config, device)
+    mp = MixedPrecisionPolicy(
+        param_dtype=dtype if dtype != torch.float32 else None, reduce_dtype=torch.float32
+    )
+    for block in blocks if config.shard_blocks else []:
+        fully_shard(
+            block, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward
+        )
+    fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
 
 
 def load_full_state_dict(config: TrainConfig, model_dir: str) -> dict[str, torch.Tensor]:

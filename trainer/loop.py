@@ -1,0 +1,130 @@
+"""The train phase: optimizer steps until the last one, with metrics, checkpoints and preemption.
+
+What one step computes is trainer/step.py; this module is what happens around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from trainer import checkpoint
+from trainer.data import DataPosition
+from trainer.metrics import flops_per_token, peak_flops, peak_memory_bytes
+from trainer.run_state import NonFiniteLossError, Preempted, Run, checkpoints_dir
+from trainer.step import optimizer_step
+
+log = logging.getLogger("trainer")
+
+
+@dataclass
+class Window:
+    """Tokens and time since the last metrics record (checkpoint saves are not counted)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    tokens: int = 0
+    targets: int = 0
+
+
+def train(r: Run) -> None:
+    assert r.batches is not None
+    config = r.config
+    r.model.train()
+    per_token, peak = _flops(r)
+    window = Window()
+    batches = r.batches.iterate(r.state.position)
+    last_saved = r.state.step
+    while r.state.step < r.total_steps:
+        micro, position = next(batches)
+        lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; the step advances it
+        loss, grad_norm, targets = optimizer_step(r, micro)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise NonFiniteLossError(
+                f"step {r.state.step + 1}: loss={loss} grad_norm={grad_norm} is not finite; "
+                "stopped without saving, the last complete checkpoint under "
+                f"{checkpoints_dir(r)} is intact: lower lr or check the data, then rerun to resume"
+            )
+        r.state.step += 1
+        r.state.position = position
+        tokens = r.batches.global_batch * r.manifest.seq_len
+        r.state.tokens += tokens
+        r.state.target_tokens += targets
+        window.tokens += tokens
+        window.targets += targets
+        r.losses.append(loss)
+        if r.state.step % config.log_every == 0 or r.state.step == r.total_steps:
+            record = {"loss": loss, "lr": lr, "grad_norm": grad_norm}
+            _write_metrics(r, window, record, position, per_token, peak)
+            window = Window()
+        if config.checkpoint_every and r.state.step % config.checkpoint_every == 0:
+            saving = time.perf_counter()
+            save_checkpoint(r)
+            last_saved = r.state.step
+            window.started += time.perf_counter() - saving  # throughput measures training only
+        if r.stop_agreed:
+            if r.state.step != last_saved:
+                save_checkpoint(r)
+            log.warning("SIGTERM: saved step %d, exiting to be resumed", r.state.step)
+            raise Preempted
+    if config.checkpoint_at_end and r.state.step != last_saved:
+        save_checkpoint(r)
+
+
+def _flops(r: Run) -> tuple[float, float | None]:
+    """(training FLOPs per token, peak FLOP/s of one device or None): the parts of MFU."""
+    from trainer.model import parameter_counts
+
+    hf_config = r.model.causal_lm().config
+    _, _, matmul = parameter_counts(r.model)
+    per_token = flops_per_token(
+        matmul,
+        hf_config.num_hidden_layers,
+        hf_config.hidden_size,
+        r.manifest.seq_len,
+        lora=bool(r.config.lora_rank),
+    )
+    return per_token, peak_flops(r.device, r.config.peak_flops)
+
+
+def _write_metrics(
+    r: Run,
+    window: Window,
+    record: dict[str, float],
+    position: DataPosition,
+    per_token: float,
+    peak: float | None,
+) -> None:
+    """Collective (the peak memory of the most loaded process); rank 0 writes the record."""
+    assert r.metrics is not None
+    memory = torch.tensor([peak_memory_bytes(r.device)], dtype=torch.float64, device=r.device)
+    dist.all_reduce(memory, op=dist.ReduceOp.MAX)  # the most loaded process counts
+    elapsed = time.perf_counter() - window.started
+    tps = window.tokens / elapsed
+    r.metrics.write(
+        r.state.step,
+        {
+            **record,
+            "tokens_per_s": tps,
+            "target_tokens_per_s": window.targets / elapsed,
+            "mfu": tps * per_token / (peak * r.world_size) if peak else None,
+            "peak_memory_gb": memory.item() / 1e9,
+            "epoch": position.epoch,
+        },
+    )
+
+
+def save_checkpoint(r: Run) -> None:
+    r.state.scheduler = r.scheduler.state_dict()
+    r.state.global_batch_rows = r.config.global_batch_rows(r.world_size)
+    r.state.world_size = r.world_size
+    r.state.config = r.config.to_dict()
+    started = time.perf_counter()
+    path = checkpoint.save(
+        checkpoints_dir(r), r.model, r.optimizer, r.state, keep=r.config.keep_checkpoints
+    )
+    log.info("saved checkpoint %s in %.1fs", path, time.perf_counter() - started)
