@@ -186,9 +186,10 @@ def pack_exact(
     lengths).
     """
     order = list(docs)
+    sizes = [len(doc[0]) for doc in order]
     stacks: dict[int, list[int]] = {}  # length -> indices of documents (lazily cleaned)
-    for index, doc in enumerate(order):
-        stacks.setdefault(len(doc[0]), []).append(index)
+    for index, size in enumerate(sizes):
+        stacks.setdefault(size, []).append(index)
     counts = {length: len(stack) for length, stack in stacks.items()}
     lengths = sorted(counts)  # lengths with documents left, ascending
     taken = [False] * len(order)
@@ -197,7 +198,7 @@ def pack_exact(
 
     def take(index: int) -> Document:
         taken[index] = True
-        length = len(order[index][0])
+        length = sizes[index]
         counts[length] -= 1
         if not counts[length]:
             del counts[length]
@@ -236,7 +237,7 @@ def pack_exact(
             for index in range(
                 cursor, min(len(order), cursor + (0 if longest_first else lookahead))
             ):
-                n = len(order[index][0])
+                n = sizes[index]
                 if not taken[index] and (n == room or room - n >= lengths[0]):
                     pick = index
                     break

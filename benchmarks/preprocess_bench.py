@@ -169,8 +169,10 @@ def run_side(
 def side_main(args: argparse.Namespace) -> None:
     """`--side ours|peer`: import the libraries (both sides alike), run once, print JSON."""
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    # Resolved before timing on both sides: transformers builds its lazy import structure on the
+    # first attribute access (about 1 s).
     import datasets
-    import transformers  # noqa: F401  (imported before timing on both sides)
+    from transformers import AutoTokenizer  # noqa: F401
 
     import beam_preprocess.pipeline  # noqa: F401
 
