@@ -100,10 +100,12 @@ class TokenizeFn(beam.DoFn):
         self.batch: list[dict[str, Any]] = []
         self.pending: tuple[list[dict[str, Any]], PendingBatch] | None = None
 
-    def process(self, example: dict[str, Any]) -> Iterator[Any]:
+    def process(self, example: dict[str, Any]) -> Iterable[Any]:
+        # Not a generator: most calls only buffer, and a generator per record costs measurably.
         self.batch.append(example)
         if len(self.batch) >= self.config.tokenize_batch_size:
-            yield from self._rotate()
+            return self._rotate()
+        return ()
 
     def finish_bundle(self) -> Iterator[Any]:
         for output in [*self._rotate(), *self._rotate()]:
