@@ -15,6 +15,7 @@ counted as filtered or rejected too, so the accounting still adds up per record.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,10 @@ def bucket_of(content_hash: str, buckets: int) -> int:
     return int(content_hash[:8], 16) % buckets
 
 
+IN_FLIGHT = 2
+"""Batches left tokenizing while TokenizeFn finishes an older one (see tokenize.TOKENIZER_CALLS)."""
+
+
 class TokenizeFn(beam.DoFn):
     """Examples -> (bucket, [tokenized example]) per batch; the tokenizer is loaded once per
     worker. A tokenized example is (hash, source, split, [(ids bytes, mask bytes)], retokenized,
@@ -98,7 +103,7 @@ class TokenizeFn(beam.DoFn):
 
     def start_bundle(self) -> None:
         self.batch: list[dict[str, Any]] = []
-        self.pending: tuple[list[dict[str, Any]], PendingBatch] | None = None
+        self.pending: deque[tuple[list[dict[str, Any]], PendingBatch]] = deque()
 
     def process(self, example: dict[str, Any]) -> Iterable[Any]:
         # Not a generator: most calls only buffer, and a generator per record costs measurably.
@@ -108,19 +113,24 @@ class TokenizeFn(beam.DoFn):
         return ()
 
     def finish_bundle(self) -> Iterator[Any]:
-        for output in [*self._rotate(), *self._rotate()]:
+        for output in [*self._rotate(), *self._drain()]:
             if isinstance(output, pvalue.TaggedOutput):
                 yield pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
             else:
                 yield GlobalWindows.windowed_value(output)
 
     def _rotate(self) -> Iterator[Any]:
-        """Start tokenizing the buffered batch, then finish the one started before it."""
+        """Start tokenizing the buffered batch; finish the oldest while two others are in flight
+        (the tokenizer works on those while Python finishes this one and reads the next)."""
         batch, self.batch = self.batch, []
-        previous = self.pending
-        self.pending = (batch, self.encoder.start(batch)) if batch else None
-        if previous is not None:
-            yield from self._emit(*previous)
+        if batch:
+            self.pending.append((batch, self.encoder.start(batch)))
+        while len(self.pending) > IN_FLIGHT:
+            yield from self._emit(*self.pending.popleft())
+
+    def _drain(self) -> Iterator[Any]:
+        while self.pending:
+            yield from self._emit(*self.pending.popleft())
 
     def _emit(self, batch: list[dict[str, Any]], pending: PendingBatch) -> Iterator[Any]:
         buckets = self.config.pack_groups
