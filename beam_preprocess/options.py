@@ -175,7 +175,11 @@ def _packing_arguments(add: Callable[..., None]) -> None:
         dest="pack_groups",
         type=int,
         default=16,
-        help="Parallel packing groups per split (leftovers of all groups are repacked together).",
+        help=(
+            "Buckets of the dedup-and-pack shuffle, by content hash: its parallelism; the worker "
+            "of a bucket keeps ~300 bytes per record of the bucket to find duplicates, so raise "
+            "it for tens of millions of records (leftovers of all buckets are repacked together)."
+        ),
     )
     add(
         "--max-open-rows",

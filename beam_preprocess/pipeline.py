@@ -1,7 +1,8 @@
 """Build the preprocessing graph (`build_pipeline`) and run it (`launch` + `finish`, or `run`).
 
 Run: `python -m beam_preprocess --input 'data/*.jsonl' --output out/ --tokenizer tok/ --seq-len 512`
-(`--help` lists every flag). Locally it uses the DirectRunner with one worker process per core;
+(`--help` lists every flag). Locally it uses the DirectRunner's engine, in this process for
+inputs under LOCAL_PROCESSES_MIN_BYTES and with one worker process per core above;
 `--runner DataflowRunner` with the usual Google Cloud flags runs the same graph on Dataflow.
 
 Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet shards,

@@ -6,9 +6,11 @@ without pickling (it matters at tens of thousands of records per second).
     record   {"source": "path:line", "record": {...raw fields...}}
     example  {"source": ..., "messages": [{"role", "content"}, ...]}  (instruction data)
              {"source": ..., "text": "..."}                           (plain text)
-             plus "hash" (content hash, after dedup) and "split" ("train" | "eval")
-    document (ids int32 bytes, loss mask uint8 bytes); Tokenize emits (pack key, [documents])
-             per batch and key (Beam's cost is per element, so documents travel in lists)
+             plus "hash" (content hash) and "split" ("train" | "eval"), set by Prepare
+    document (ids int32 bytes, loss mask uint8 bytes)
+    tokenized example (hash, source, split, [documents], retokenized, eval record or None);
+             Tokenize emits (bucket, [tokenized examples]) per batch and bucket (Beam's cost is
+             per element, so they travel in lists)
 """
 
 from __future__ import annotations
