@@ -360,7 +360,7 @@ def test_flex_template_job_example_when_configured():
 
 def test_metadata_file_matches_the_pipeline_options():
     """infra/dataflow/preprocess-metadata.json is generated: regenerate with
-    `python -m llmft_infra.flex_template` (from infra/) when the options change."""
+    `python -m llmft_infra` (from infra/) when the options change."""
     from beam_preprocess.flex_template import metadata
 
     committed = json.loads((INFRA_DIR / "dataflow" / "preprocess-metadata.json").read_text())
