@@ -209,7 +209,12 @@ def _trainer_workers(run_id: str) -> list[int]:
         except OSError:
             continue
         is_worker = b"trainer" in argv and b"-m" in argv and b"torch.distributed.run" not in argv
-        if is_worker and f"LLMFT_LAUNCHER_RUN={run_id}".encode() in environ:
+        # The marker is the run's state dir (components/launchers/run_processes.py).
+        marked = any(
+            e.startswith(b"LLMFT_LAUNCHER_RUN=") and e.endswith(f"/{run_id}".encode())
+            for e in environ
+        )
+        if is_worker and marked:
             pids.append(int(entry.name))
     return sorted(pids)
 

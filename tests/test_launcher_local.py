@@ -67,7 +67,7 @@ def _stand_in_config(tmp_path: Path, mode: str) -> TrainConfig:
 
 
 def _assert_nothing_left(launcher: LocalLauncher, run_id: str) -> None:
-    assert marked_pids(run_id) == []
+    assert marked_pids(launcher.marker(run_id)) == []
     assert not launcher.state_dir(run_id).exists()
 
 
@@ -161,7 +161,8 @@ def test_sigterm_stops_every_process_of_the_run(tmp_path: Path) -> None:
             if len(ready) == 4:
                 break
         assert len(ready) == 4, "workers never became ready"
-        assert len(marked_pids(launch.run_id)) >= 6  # 2 agents + 4 workers
+        marker = LocalLauncher(LocalOptions(state_root=tmp_path / "state")).marker(launch.run_id)
+        assert len(marked_pids(marker)) >= 6  # 2 agents + 4 workers
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -189,7 +190,7 @@ def test_cleanup_from_another_launcher_kills_the_run(tmp_path: Path) -> None:
         assert (state_root / launch.rdzv_id / "launcher.json").exists()
         removed = launcher(LocalOptions(state_root=state_root, grace_s=5)).cleanup(launch.run_id)
         assert any("stopped the processes" in r for r in removed)
-        assert marked_pids(launch.run_id) == []
+        assert marked_pids(owner.marker(launch.run_id)) == []
         # Already gone: a second cleanup finds nothing and does not fail.
         assert launcher(LocalOptions(state_root=state_root)).cleanup(launch.run_id) == []
     finally:

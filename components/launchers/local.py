@@ -8,7 +8,7 @@ selectable). So a local run exercises rendezvous, restarts and failure handling 
 How processes are tracked, and why:
 - each agent starts in its own session (process group), so signals reach it and not us;
 - torchrun starts its workers in sessions of their own, so a group kill misses them if an agent
-  dies hard; every process of a run therefore carries `LLMFT_LAUNCHER_RUN=<run>` in its
+  dies hard; every process of a run therefore carries `LLMFT_LAUNCHER_RUN=<state dir>` in its
   environment, and the last resort is to SIGKILL whatever in /proc carries it;
 - a state file per run id (`<state root>/<run>/launcher.json`) lets `cleanup(run_id)` from another
   process (the pipeline's exit handler) find and stop the run.
@@ -43,7 +43,7 @@ from components.launchers.base import (
 )
 from components.launchers.run_processes import MARKER_ENV, marked_pids, terminate_run_processes
 from components.ports import ReservedPort
-from components.run_identity import run_state_dir, safe_run_id
+from components.run_identity import run_state_dir
 from trainer import storage
 
 STATE_FILE = "launcher.json"
@@ -124,6 +124,10 @@ class LocalLauncher(Launcher):
     def state_dir(self, run_id: str) -> Path:
         return run_state_dir(run_id, self._state_root)
 
+    def marker(self, run_id: str) -> str:
+        """The value of MARKER_ENV in every process of the run (run_processes: its state dir)."""
+        return str(self.state_dir(run_id))
+
     def _read_state(self, run_id: str) -> _RunState | None:
         path = self.state_dir(run_id) / STATE_FILE
         try:
@@ -140,7 +144,7 @@ class LocalLauncher(Launcher):
             raise RuntimeError("this launcher already started a run; use a new LocalLauncher")
         self.launch = launch
         state_dir = self.state_dir(launch.run_id)
-        if (state_dir / STATE_FILE).exists() and marked_pids(launch.run_id):
+        if (state_dir / STATE_FILE).exists() and marked_pids(self.marker(launch.run_id)):
             raise ValueError(
                 f"run {launch.run_id!r} is already running locally: pick another run id or stop "
                 "it with the cleanup step (components/steps/cleanup.py)"
@@ -201,7 +205,7 @@ class LocalLauncher(Launcher):
             **os.environ,
             **TORCHRUN_ENV,
             **self.env,
-            MARKER_ENV: safe_run_id(launch.run_id),
+            MARKER_ENV: self.marker(launch.run_id),
             # torchrun prefixes each worker line with this (it fills in the global rank).
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": f"[node{index} rank${{rank}}] ",
         }
@@ -310,8 +314,9 @@ class LocalLauncher(Launcher):
         if self.launch is None:
             return
         running = [n.proc.pid for n in self._nodes if n.proc.poll() is None]
-        if running or marked_pids(self.launch.run_id):
-            terminate_run_processes(self.launch.run_id, running, grace_s=self.grace_s)
+        marker = self.marker(self.launch.run_id)
+        if running or marked_pids(marker):
+            terminate_run_processes(marker, running, grace_s=self.grace_s)
         for node in self._nodes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.proc.wait(timeout=5)
@@ -343,8 +348,8 @@ class LocalLauncher(Launcher):
         removed: list[str] = []
         state = self._read_state(run_id)
         pgids = state.pgids if state else []
-        if pgids or marked_pids(run_id):
-            killed = terminate_run_processes(run_id, pgids, grace_s=self.grace_s)
+        if pgids or marked_pids(self.marker(run_id)):
+            killed = terminate_run_processes(self.marker(run_id), pgids, grace_s=self.grace_s)
             removed.append(f"stopped the processes of run {run_id} ({killed} needed SIGKILL)")
         try:
             from components.etcd import local as etcd_local

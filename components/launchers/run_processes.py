@@ -1,8 +1,10 @@
 """The processes of a local run, found by a marker every one of them inherits.
 
 torchrun starts its workers in sessions of their own, so a group kill misses them if an agent dies
-hard; every process of a run therefore carries `LLMFT_LAUNCHER_RUN=<run>` in its environment, and
-the last resort is to SIGKILL whatever in /proc carries it (components/launchers/local.py).
+hard; every process of a run therefore carries `LLMFT_LAUNCHER_RUN=<marker>` in its environment,
+and the last resort is to SIGKILL whatever in /proc carries it (components/launchers/local.py).
+The marker is the run's state directory, not its id: two runs with the same id under different
+state roots (two users, two test sessions) must never stop each other's processes.
 """
 
 from __future__ import annotations
@@ -14,15 +16,13 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from components.run_identity import safe_run_id
-
 MARKER_ENV = "LLMFT_LAUNCHER_RUN"
 """Environment variable that marks every process of a local run (inherited by torchrun workers)."""
 
 
-def marked_pids(run_id: str) -> list[int]:
+def marked_pids(marker: str) -> list[int]:
     """Pids of live processes carrying this run's marker (Linux /proc; empty elsewhere)."""
-    needle = f"{MARKER_ENV}={safe_run_id(run_id)}".encode()
+    needle = f"{MARKER_ENV}={marker}".encode()
     pids = []
     proc = Path("/proc")
     if not proc.is_dir():
@@ -55,24 +55,24 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def terminate_run_processes(run_id: str, pgids: Iterable[int], *, grace_s: float) -> int:
+def terminate_run_processes(marker: str, pgids: Iterable[int], *, grace_s: float) -> int:
     """SIGTERM the agents' process groups (torchrun then stops its workers cleanly), wait up to
     `grace_s`, then SIGKILL every process still carrying the run's marker. Returns how many
     processes had to be killed."""
     # Only groups whose leader still carries the marker: a recorded pid may have been reused.
-    live = set(marked_pids(run_id))
+    live = set(marked_pids(marker))
     pgids = [pgid for pgid in pgids if pgid in live]
     for pgid in pgids:
         _kill_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and marked_pids(run_id):
+    while time.monotonic() < deadline and marked_pids(marker):
         time.sleep(0.1)
-    leftovers = marked_pids(run_id)
+    leftovers = marked_pids(marker)
     for pid in leftovers:
         _kill(pid, signal.SIGKILL)
     for pgid in pgids:
         _kill_group(pgid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and marked_pids(run_id):
+    while time.monotonic() < deadline and marked_pids(marker):
         time.sleep(0.05)
     return len(leftovers)
