@@ -238,17 +238,18 @@ class DeduplicateAndPackFn(beam.DoFn):
         _, batches = element
         # Two passes over the bucket (Beam's grouped values can be iterated again): the first
         # finds the lowest source of each content, the second packs exactly that copy.
-        first: dict[str, tuple[str, int]] = {}
+        first: dict[str, tuple[tuple[str, int], str]] = {}  # hash -> (order, source) kept
         for batch in batches:
             for content, source, *_ in batch:
                 order = source_order(source)
-                if content not in first or order < first[content]:
-                    first[content] = order
+                if content not in first or order < first[content][0]:
+                    first[content] = (order, source)
         packers: dict[str, tuple[WindowPacker, _RowEmitter]] = {}
         kept = duplicates = 0
         for batch in batches:
             for content, source, split, docs, retokenized, record in batch:
-                if first.get(content) != source_order(source):
+                kept_copy = first.get(content)
+                if kept_copy is None or kept_copy[1] != source:
                     duplicates += 1
                     continue
                 del first[content]  # the same source listed twice keeps one copy too
