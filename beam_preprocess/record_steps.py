@@ -237,5 +237,6 @@ def split_of(example: dict[str, Any], eval_fraction: float, seed: str) -> str:
     if eval_fraction <= 0:
         return "train"
     key = example["text"] if "text" in example else example["messages"][:-1]
-    digest = hashlib.sha256(seed.encode() + b"\x00" + content_key(key))
+    digest = hashlib.sha256(seed.encode() + b"\x00")
+    digest.update(content_key(key))  # no copy of the key to prepend the seed
     return "eval" if int.from_bytes(digest.digest()[:8], "big") / 2**64 < eval_fraction else "train"

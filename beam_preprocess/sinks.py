@@ -19,6 +19,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,28 +52,45 @@ def temp_dir_for(output: str) -> str:
 
 
 class _BundleFile:
-    """One open temporary file of one output in one bundle."""
+    """One open temporary file of one output in one bundle.
+
+    Parquet tables are written in a background thread, one at a time, while the stage packs the
+    next table: pyarrow releases the GIL while it encodes and writes, and the packing stage
+    otherwise leaves a core idle. A failed write raises at the next write or at close.
+    """
 
     def __init__(self, path: str, shards: Shards, schema: Any) -> None:
         self.path = path
         self.stream = FileSystems.create(path)
         self.parquet = None
+        self.writing: Future | None = None
         if shards.format == PARQUET:
             import pyarrow.parquet as pq
 
             # Uncompressed, as Beam's Parquet sink writes by default: the trainer reads each row
             # group once and the pages are token ids that compress poorly.
             self.parquet = pq.ParquetWriter(self.stream, schema, compression="none")
+            self.writer = ThreadPoolExecutor(1, thread_name_prefix="write-parquet")
 
     def write(self, element: Any) -> None:
         if self.parquet is not None:
-            self.parquet.write_table(element)
+            self._wait()
+            self.writing = self.writer.submit(self.parquet.write_table, element)
         else:
             self.stream.write(json.dumps(element, ensure_ascii=False, default=str).encode())
             self.stream.write(b"\n")
 
+    def _wait(self) -> None:
+        if self.writing is not None:
+            writing, self.writing = self.writing, None
+            writing.result()
+
     def close(self) -> None:
         if self.parquet is not None:
+            try:
+                self._wait()
+            finally:
+                self.writer.shutdown()
             self.parquet.close()
         self.stream.close()
 
