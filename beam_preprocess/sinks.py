@@ -86,13 +86,15 @@ class _BundleFile:
             writing.result()
 
     def close(self) -> None:
-        if self.parquet is not None:
-            try:
-                self._wait()
-            finally:
-                self.writer.shutdown()
-            self.parquet.close()
-        self.stream.close()
+        try:
+            if self.parquet is not None:
+                try:
+                    self._wait()
+                finally:
+                    self.writer.shutdown()
+                self.parquet.close()
+        finally:
+            self.stream.close()  # a failed file is never committed (its bundle fails)
 
 
 class _WriteBundleFiles(beam.DoFn):

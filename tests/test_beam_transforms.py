@@ -9,6 +9,7 @@ from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -525,3 +526,25 @@ def test_tokenize_reports_retokenized_sources(tiny_model_dir: Path, tmp_path: Pa
         tokens = p | beam.Create(examples) | Tokenize(config)
         out = tokens.documents | DeduplicateAndPack(64, 0, max_open_rows=8)
         assert_that(out[RETOKENIZED], equal_to(["f:0"]))
+
+
+def test_bundle_file_writes_tables_in_order_and_reports_a_failed_write(tmp_path: Path):
+    """Parquet tables are written in a background thread (sinks._BundleFile): order is kept, and
+    a table the writer refuses fails the bundle at close instead of vanishing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_preprocess.sinks import PARQUET, Shards, _BundleFile
+
+    schema = pa.schema([("n", pa.int32())])
+    shards = Shards(str(tmp_path / "part"), PARQUET)
+    good = _BundleFile(str(tmp_path / "good.parquet"), shards, schema)
+    for start in range(0, 30, 10):
+        good.write(pa.table({"n": pa.array(range(start, start + 10), pa.int32())}))
+    good.close()
+    assert pq.read_table(tmp_path / "good.parquet")["n"].to_pylist() == list(range(30))
+
+    bad = _BundleFile(str(tmp_path / "bad.parquet"), shards, schema)
+    bad.write(pa.table({"other": pa.array(["x"])}))
+    with pytest.raises(ValueError, match="schema"):
+        bad.close()
