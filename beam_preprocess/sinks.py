@@ -88,11 +88,11 @@ class _BundleFile:
     def close(self) -> None:
         try:
             if self.parquet is not None:
+                self.writer.shutdown()  # waits for the table in flight
                 try:
                     self._wait()
                 finally:
-                    self.writer.shutdown()
-                self.parquet.close()
+                    self.parquet.close()
         finally:
             self.stream.close()  # a failed file is never committed (its bundle fails)
 
