@@ -61,10 +61,6 @@ def bucket_of(content_hash: str, buckets: int) -> int:
     return int(content_hash[:8], 16) % buckets
 
 
-IN_FLIGHT = 2
-"""Batches left tokenizing while TokenizeFn finishes an older one (see tokenize.TOKENIZER_CALLS)."""
-
-
 class TokenizeFn(beam.DoFn):
     """Examples -> (bucket, [tokenized example]) per batch; the tokenizer is loaded once per
     worker. A tokenized example is (hash, source, split, [(ids bytes, mask bytes)], retokenized,
@@ -76,6 +72,7 @@ class TokenizeFn(beam.DoFn):
 
     def setup(self) -> None:
         from beam_preprocess.tokenize import (
+            TOKENIZER_CALLS,
             DocumentEncoder,
             EncoderConfig,
             TokenizerSpec,
@@ -98,6 +95,8 @@ class TokenizeFn(beam.DoFn):
                 min_tokens=cfg.min_tokens,
             ),
         )
+        # Batches left tokenizing while Python finishes an older one: as many as run at once.
+        self.in_flight = TOKENIZER_CALLS
         self.truncated = _counter("truncated_or_split")
         self.tokens = _counter("document_tokens")
 
@@ -109,27 +108,23 @@ class TokenizeFn(beam.DoFn):
         # Not a generator: most calls only buffer, and a generator per record costs measurably.
         self.batch.append(example)
         if len(self.batch) >= self.config.tokenize_batch_size:
-            return self._rotate()
+            return self._rotate(keep=self.in_flight)
         return ()
 
     def finish_bundle(self) -> Iterator[Any]:
-        for output in [*self._rotate(), *self._drain()]:
+        for output in self._rotate(keep=0):
             if isinstance(output, pvalue.TaggedOutput):
                 yield pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
             else:
                 yield GlobalWindows.windowed_value(output)
 
-    def _rotate(self) -> Iterator[Any]:
-        """Start tokenizing the buffered batch; finish the oldest while two others are in flight
-        (the tokenizer works on those while Python finishes this one and reads the next)."""
+    def _rotate(self, keep: int) -> Iterator[Any]:
+        """Start tokenizing the buffered batch, then finish the oldest batches until `keep` are
+        left in flight (the tokenizer works on those while Python finishes one and reads on)."""
         batch, self.batch = self.batch, []
         if batch:
             self.pending.append((batch, self.encoder.start(batch)))
-        while len(self.pending) > IN_FLIGHT:
-            yield from self._emit(*self.pending.popleft())
-
-    def _drain(self) -> Iterator[Any]:
-        while self.pending:
+        while len(self.pending) > keep:
             yield from self._emit(*self.pending.popleft())
 
     def _emit(self, batch: list[dict[str, Any]], pending: PendingBatch) -> Iterator[Any]:
