@@ -199,23 +199,18 @@ def following(chain: Chain, *args: str, env: dict[str, str] | None = None) -> It
 
 def _trainer_workers(run_id: str) -> list[int]:
     """PIDs of the trainer worker processes of a local run (not the torchrun agents)."""
+    from components.launchers.run_processes import marked_pids
+    from components.run_identity import run_state_dir
+
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    # The marker is the run's state dir, under the LLMFT_STATE_DIR the chain's processes share.
+    for pid in marked_pids(str(run_state_dir(run_id))):
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        is_worker = b"trainer" in argv and b"-m" in argv and b"torch.distributed.run" not in argv
-        # The marker is the run's state dir (components/launchers/run_processes.py).
-        marked = any(
-            e.startswith(b"LLMFT_LAUNCHER_RUN=") and e.endswith(f"/{run_id}".encode())
-            for e in environ
-        )
-        if is_worker and marked:
-            pids.append(int(entry.name))
+        if b"trainer" in argv and b"-m" in argv and b"torch.distributed.run" not in argv:
+            pids.append(pid)
     return sorted(pids)
 
 
