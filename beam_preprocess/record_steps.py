@@ -212,6 +212,10 @@ def content_key(parts: str | list[dict[str, str]]) -> bytes:
     return "\x1e".join(f"{m['role']}\x1f{m['content']}" for m in parts).encode()
 
 
+HASH_CHARS = 64
+"""Length of a content hash (a SHA-256 hex digest)."""
+
+
 def content_hash(example: dict[str, Any]) -> str:
     """sha256 of the example's content (not its source), the exact-duplicate key."""
     content = example["text"] if "text" in example else example["messages"]

@@ -13,12 +13,18 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from beam_preprocess.columns import tokenized_examples
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.packing import pack_exact, pack_offline, pack_streaming, rows_from_bins
 from beam_preprocess.readers import ReadRecords
 from beam_preprocess.record_steps import Prepare, split_of
 from beam_preprocess.records import DEAD, EVAL_RECORDS, FILTERED, OUTCOME, READ, STATS
-from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
+from beam_preprocess.token_steps import (
+    TABLES,
+    TAIL_TABLES,
+    DeduplicateAndPack,
+    Tokenize,
+)
 
 
 def _pipeline() -> BeamTestPipeline:
@@ -138,10 +144,26 @@ def test_prepare_cleans_and_filters_by_characters():
         assert_that(out[OUTCOME], equal_to([("filtered/too_long_chars", 1)]), label="outcome")
 
 
-def _tokenized(content: str, source: str, doc: tuple[bytes, bytes], **fields) -> tuple:
-    """A tokenized example as Tokenize emits it (see token_steps.TokenizeFn)."""
-    item = {"split": "train", "retokenized": False, "record": None, **fields}
-    return (content, source, item["split"], [doc], item["retokenized"], item["record"])
+def _columns(examples: list[tuple[str, str, tuple[bytes, bytes], bool]]) -> tuple:
+    """Train examples (hash, "path:line" source, (ids, mask) bytes, retokenized), one document
+    each, as Tokenize emits them (token_steps.TokenizedColumns), written out by hand."""
+    docs = [doc for _, _, doc, _ in examples]
+    paths = sorted({source.split(":")[0] for _, source, _, _ in examples})
+    sources = (
+        paths,
+        np.array([paths.index(s.split(":")[0]) for _, s, _, _ in examples], np.int32).tobytes(),
+        np.array([int(s.split(":")[1]) for _, s, _, _ in examples], np.int64).tobytes(),
+    )
+    documents = (
+        np.ones(len(examples), np.int32).tobytes(),
+        np.array([len(ids) // 4 for ids, _ in docs], np.int32).tobytes(),
+        "int32",
+        b"".join(ids for ids, _ in docs),
+        np.packbits(np.frombuffer(b"".join(mask for _, mask in docs), np.uint8)).tobytes(),
+    )
+    hashes = "".join(content.rjust(64, "0") for content, *_ in examples)
+    retokenized = [i for i, example in enumerate(examples) if example[3]]
+    return "train", hashes, sources, documents, retokenized, []
 
 
 def test_deduplicate_keeps_lowest_source_once():
@@ -151,11 +173,9 @@ def test_deduplicate_keeps_lowest_source_once():
     other = (np.arange(5, dtype=np.int32).tobytes(), np.array([0, 1, 1, 1, 1], np.uint8).tobytes())
     # RETOKENIZED names the source of each kept copy; "f:9" is listed twice (one input matched
     # by two patterns) and still kept once.
-    items = [
-        _tokenized("h1", source, doc, retokenized=True) for source in ("f:10", "f:9", "f:9", "f:11")
-    ]
-    items.append(_tokenized("h2", "f:1", other, retokenized=True))
-    keyed = [(0, items[:2]), (0, items[2:])]
+    items = [("h1", source, doc, True) for source in ("f:10", "f:9", "f:9", "f:11")]
+    items.append(("h2", "f:1", other, True))
+    keyed = [(0, _columns(items[:2])), (0, _columns(items[2:]))]
     with _pipeline() as p:
         out = p | beam.Create(keyed) | DeduplicateAndPack(16, 0, max_open_rows=4)
         assert_that(out[RETOKENIZED], equal_to(["f:9", "f:1"]), label="kept")
@@ -260,12 +280,12 @@ def test_tokenize_masks_exactly_the_response(tiny_model_dir: Path):
         )
 
 
-def _documents_of(keyed: tuple[int, list[tuple]]) -> list[tuple[list[int], list[int]]]:
-    """Tokenize's (bucket, [tokenized example]) -> the documents as (ids, mask) lists."""
+def _documents_of(keyed: tuple[int, tuple]) -> list[tuple[list[int], list[int]]]:
+    """Tokenize's (bucket, TokenizedColumns) -> the documents as (ids, mask) lists."""
     return [
-        (np.frombuffer(ids, np.int32).tolist(), np.frombuffer(mask, np.uint8).tolist())
-        for item in keyed[1]
-        for ids, mask in item[3]
+        (ids.tolist(), mask.tolist())
+        for _, _, docs, _, _ in tokenized_examples(keyed[1])
+        for ids, mask in docs
     ]
 
 
@@ -317,10 +337,10 @@ def _check_rows(tables, docs, seq_len: int, pad_id: int) -> None:
 def test_pack_invariants_and_fill():
     seq_len, pad_id = 128, -1
     docs = _random_docs(1500, seq_len)
-    # Tokenize's shape: (bucket, [tokenized example]) per batch and bucket.
-    items = [_tokenized(f"h{i}", f"f:{i}", doc) for i, doc in enumerate(docs)]
+    # Tokenize's shape: (bucket, columns) per batch and bucket.
+    items = [(f"h{i}", f"f:{i}", doc, False) for i, doc in enumerate(docs)]
     keyed = [
-        (k, items[start + k : start + 40 : 4])
+        (k, _columns(items[start + k : start + 40 : 4]))
         for start in range(0, len(items), 40)
         for k in range(4)
     ]
@@ -384,9 +404,17 @@ def test_tokenize_plain_text_appends_eos_and_splits_overlong(tiny_model_dir: Pat
     text = "Sort ascending: 3 1 2 " * 8
     ids = [*tok(text).input_ids, tok.eos_token_id]
     assert len(ids) > 32
-    examples = [{"source": "t:1", "hash": "0" * 64, "split": "train", "text": text}]
-    config = _config(tokenizer=str(tiny_model_dir), seq_len=32, data_kind="text", overlong="split")
-    expected = []
+    short = "Reverse the word: abc"
+    short_ids = [*tok(short).input_ids, tok.eos_token_id]
+    # Both in one bucket (pack_groups=1): the columns must keep each example's documents apart.
+    examples = [
+        {"source": "t:1", "hash": "0" * 64, "split": "train", "text": text},
+        {"source": "t:2", "hash": "1" * 64, "split": "train", "text": short},
+    ]
+    config = _config(
+        tokenizer=str(tiny_model_dir), seq_len=32, data_kind="text", overlong="split", pack_groups=1
+    )
+    expected = [(short_ids, [0] + [1] * (len(short_ids) - 1))]
     for start in range(0, len(ids), 32):
         chunk = ids[start : start + 32]
         if len(chunk) > 1:
@@ -548,3 +576,37 @@ def test_bundle_file_writes_tables_in_order_and_reports_a_failed_write(tmp_path:
     bad.write(pa.table({"other": pa.array(["x"])}))
     with pytest.raises(ValueError, match="schema"):
         bad.close()
+
+
+@pytest.mark.parametrize("largest_id", [65_535, 65_536])
+def test_tokenized_columns_round_trip_ids_masks_and_flags(largest_id: int):
+    from beam_preprocess.columns import ColumnsBuilder
+    from beam_preprocess.tokenize import Encoded
+
+    rng = np.random.default_rng(0)
+
+    def doc(n: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = rng.integers(0, largest_id + 1, n).astype(np.int32)
+        ids[0] = largest_id
+        return ids, (rng.random(n) < 0.5).astype(np.uint8)
+
+    # Sources that "path:line" would not restore are kept whole.
+    sources = ["f:0", "gs://b/x.jsonl:12", "f:007", "no-line", "a:b:3", ":4", "f:1"]
+    examples = [
+        (f"{i:064x}", source, Encoded(docs=[doc(13), doc(3)] if i % 2 else [doc(9)]), {"i": i})
+        for i, source in enumerate(sources)
+    ]
+    examples[1][2].retokenized = True
+    builder = ColumnsBuilder("eval")
+    for content, source, result, record in examples:
+        builder.add(content, source, result, record)
+    columns = builder.columns()
+    assert columns[3][2] == ("uint16" if largest_id < 65_536 else "int32")
+    decoded = list(tokenized_examples(columns))
+    assert [(c, s, r, rec) for c, s, _, r, rec in decoded] == [
+        (content, source, i == 1, {"i": i}) for i, (content, source, _, _) in enumerate(examples)
+    ]
+    for (_, _, result, _), (*_, docs, _, _) in zip(examples, decoded, strict=True):
+        assert [(i.tolist(), m.tolist()) for i, m in docs] == [
+            (i.tolist(), m.tolist()) for i, m in result.docs
+        ]

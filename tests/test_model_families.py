@@ -82,9 +82,12 @@ REFUSED = {("sdpa", "gemma2"): "soft-capping", ("sdpa", "gpt_oss"): "packed docu
 """(setting, family) pairs that cannot be exact: the trainer must refuse them, naming this."""
 
 
-def packed_rows(documents: list[list[int]], seed: int = 0) -> dict[str, torch.Tensor]:
+def packed_rows(
+    documents: list[list[int]], seed: int = 0, targets: float = 0.7
+) -> dict[str, torch.Tensor]:
     """Random tokens packed as rows of the given document lengths, positions restarting per
-    document, and a loss mask with prompt-like gaps (never the first token of a document)."""
+    document, and a loss mask with prompt-like gaps (never the first token of a document):
+    about `targets` of the positions are targets."""
     generator = torch.Generator().manual_seed(seed)
     length = sum(documents[0])
     assert all(sum(row) == length for row in documents)
@@ -92,7 +95,7 @@ def packed_rows(documents: list[list[int]], seed: int = 0) -> dict[str, torch.Te
     positions = torch.cat(
         [torch.cat([torch.arange(n) for n in row]).unsqueeze(0) for row in documents]
     )
-    mask = (torch.rand(ids.shape, generator=generator) < 0.7).long()
+    mask = (torch.rand(ids.shape, generator=generator) < targets).long()
     mask[positions == 0] = 0
     return {"input_ids": ids, "position_ids": positions, "loss_mask": mask}
 
@@ -287,6 +290,86 @@ def test_evaluation_loss_equals_model_loss(family: str, references: References) 
     assert result.target_tokens == len(expected)
     assert result.loss == pytest.approx(expected.double().mean().item(), abs=TOLERANCE)
     assert model.config._attn_implementation == "eager"  # restored for generation
+
+
+# --- the last block on target positions only (trainer/last_block.py) ------------------------
+
+LAST_BLOCK_FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
+"""Families whose last block runs its post-attention norm and MLP on target positions only."""
+
+
+def losses_and_gradients(
+    model: CausalLMLoss, batch: dict[str, torch.Tensor], on_targets: bool
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[int]]:
+    """Per-token losses, parameter gradients, and the row counts the last block's MLP saw."""
+    model.last_block_on_targets = on_targets
+    model.zero_grad()
+    mlp_rows: list[int] = []
+    layer = model.causal_lm().get_decoder().layers[-1]
+    mlp = getattr(layer, "_checkpoint_wrapped_module", layer).mlp
+    hook = mlp.register_forward_pre_hook(lambda m, args: mlp_rows.append(args[0][..., 0].numel()))
+    try:
+        losses = model.token_losses(**batch)
+        losses.sum().backward()
+    finally:
+        hook.remove()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return losses.detach(), grads, mlp_rows
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpoint_wrapper"])
+@pytest.mark.parametrize("family", LAST_BLOCK_FAMILIES)
+def test_last_block_on_targets_equals_full_decoder(
+    family: str, checkpointed: bool, references: References
+) -> None:
+    """Same per-token losses and gradients as the full decoder, with the MLP on targets only."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    config = references.configs[family]
+    implementation = attn_implementation(TrainConfig(), config)
+    model = CausalLMLoss(build(config, implementation, references[family][1])).train()
+    if checkpointed:
+        layers = model.causal_lm().get_decoder().layers
+        for i, layer in enumerate(layers):
+            layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+    batch = packed_rows(LAYOUTS["short_documents"], seed=3, targets=0.25)
+    targets = int(batch["loss_mask"][:, 1:].sum())
+    assert 0 < targets < 0.4 * batch["input_ids"].numel()
+
+    full, full_grads, full_rows = losses_and_gradients(model, batch, on_targets=False)
+    fast, fast_grads, fast_rows = losses_and_gradients(model, batch, on_targets=True)
+
+    calls = 2 if checkpointed else 1  # recomputed in backward
+    assert full_rows == [batch["input_ids"].numel()] * calls
+    assert fast_rows == [targets] * calls
+    torch.testing.assert_close(fast, full)
+    assert fast_grads.keys() == full_grads.keys()
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - set(LAST_BLOCK_FAMILIES)))
+def test_other_families_run_the_full_last_block(family: str, references: References) -> None:
+    from trainer import last_block
+
+    config = references.configs[family]
+    implementation = attn_implementation(TrainConfig(attention="document"), config)
+    model = CausalLMLoss(build(config, implementation, references[family][1])).train()
+    assert last_block.last_layer(model.causal_lm().get_decoder()) is None
+    batch = packed_rows(LAYOUTS["short_documents"], targets=0.25)
+    _, _, rows = losses_and_gradients(model, batch, on_targets=True)
+    assert rows == [batch["input_ids"].numel()]
+
+
+def test_compiled_last_block_runs_the_full_last_block(references: References) -> None:
+    """Per-block torch.compile (config.compile) keeps the full path: no per-batch recompiles."""
+    from trainer import last_block
+
+    model = build(references.configs["llama"], "sdpa", references["llama"][1])
+    decoder = model.get_decoder()
+    assert last_block.last_layer(decoder) is not None
+    decoder.layers[-1] = torch.compile(decoder.layers[-1])
+    assert last_block.last_layer(decoder) is None
 
 
 # --- evaluation: what generation is fed and where it stops ------------------------------------

@@ -22,7 +22,8 @@ maps both to the same fully qualified names.
 
 The loss is computed inside the root module (`CausalLMLoss`): the LM head runs only on
 positions whose next token is a target. Prompt tokens and padding never reach the vocabulary
-projection, which for instruction data and small models is a large share of the FLOPs.
+projection, which for instruction data and small models is a large share of the FLOPs. For
+the families trainer/last_block.py lists, the last block's MLP skips them too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer import attention
+from trainer import attention, last_block
 from trainer.config import TrainConfig
 from trainer.meta_init import parameters_on_meta
 
@@ -97,6 +98,9 @@ class CausalLMLoss(nn.Module):
         """Every rank holds whole gradients (data_parallel resolved to replicate: DDP)."""
         self.autocast: torch.dtype | None = None
         """Compute dtype under DDP when it is not fp32 (FSDP2 casts through its policy instead)."""
+        self.last_block_on_targets = True
+        """Run the last block's MLP only where a target is predicted, where that is exact
+        (trainer/last_block.py); False forces the full decoder (tests compare the two)."""
 
     def causal_lm(self) -> Any:
         """The Hugging Face *ForCausalLM module (under the peft wrapper when LoRA is on)."""
@@ -122,15 +126,19 @@ class CausalLMLoss(nn.Module):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor
     ) -> torch.Tensor:
         causal_lm = self.causal_lm()
-        extra = {}
+        extra: dict[str, Any] = {}
         if causal_lm.config._attn_implementation == attention.NAME:
             extra["document_layout"] = attention.document_layout(position_ids)
-        hidden = causal_lm.get_decoder()(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
-        ).last_hidden_state
+        decoder = causal_lm.get_decoder()
         # Position t predicts token t + 1; keep only the positions whose next token is a target.
         select = loss_mask[:, 1:].bool()
-        logits = head_logits(causal_lm, hidden[:, :-1][select])
+        on_targets = self.last_block_on_targets and last_block.last_layer(decoder) is not None
+        if on_targets:  # the last block returns those positions only, [1, targets, hidden]
+            extra[last_block.ROWS] = last_block.target_rows(loss_mask)
+        hidden = decoder(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
+        ).last_hidden_state
+        logits = head_logits(causal_lm, hidden[0] if on_targets else hidden[:, :-1][select])
         return nn.functional.cross_entropy(
             logits.float(), input_ids[:, 1:][select], reduction="none"
         )
