@@ -1,4 +1,4 @@
-"""Typed options of the preprocessing pipeline and their validation.
+"""Typed options of the preprocessing pipeline, their validation, and the local worker count.
 
 `PreprocessOptions` is a Beam `PipelineOptions` view, so the same flags work on the command line,
 in `PipelineOptions(flags)` and on Dataflow workers. `PreprocessConfig.from_options` validates them
@@ -350,3 +350,21 @@ def help_parser(prog: str = "python -m beam_preprocess") -> argparse.ArgumentPar
     )
     add_preprocess_arguments(parser)
     return parser
+
+
+LOCAL_PROCESSES_MIN_BYTES = 64 * 2**20
+LOCAL_PROCESSES_MIN_CORES = 4
+
+
+def local_workers(input_bytes: int, cores: int) -> int:
+    """Beam worker processes for a local run: one per core for inputs of LOCAL_PROCESSES_MIN_BYTES
+    and more on machines with LOCAL_PROCESSES_MIN_CORES or more, else one, in this process.
+
+    One process keeps ~2.8 cores busy (the Rust tokenizer's threads work while Python prepares
+    and packs), and worker processes cost their start and a data plane through the runner, which
+    then holds the whole shuffle besides. On 2 cores one process was faster at 10x the benchmark's
+    input too (ratio 1.09 against 0.93 with two processes) and used less memory (2.0 GB against
+    2.2 + 1.2 GB): benchmarks/preprocess_bench.py, docs/performance.md.
+    """
+    small = input_bytes < LOCAL_PROCESSES_MIN_BYTES or cores < LOCAL_PROCESSES_MIN_CORES
+    return 1 if small else cores

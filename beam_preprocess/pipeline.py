@@ -1,8 +1,8 @@
 """Build the preprocessing graph (`build_pipeline`) and run it (`launch` + `finish`, or `run`).
 
 Run: `python -m beam_preprocess --input 'data/*.jsonl' --output out/ --tokenizer tok/ --seq-len 512`
-(`--help` lists every flag). Locally it uses the DirectRunner's engine, in this process for
-inputs under LOCAL_PROCESSES_MIN_BYTES and with one worker process per core above;
+(`--help` lists every flag). Locally it uses the DirectRunner's engine, in this process unless
+the input and the machine are large (`local_workers`: then one worker process per core);
 `--runner DataflowRunner` with the usual Google Cloud flags runs the same graph on Dataflow.
 
 Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet shards,
@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments
+from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments, local_workers
 from beam_preprocess.readers import ReadRecords
 from beam_preprocess.record_steps import Prepare
 from beam_preprocess.records import (
@@ -66,10 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DATAFLOW_RUNNERS = ("DataflowRunner", "dataflow")
-LOCAL_PROCESSES_MIN_BYTES = 64 * 2**20
-"""Local runs on less input use one in-process worker: starting a Beam worker process per core
-costs more than it saves there (tokenization, the bulk of the work, uses every core from one
-process anyway). Measured with benchmarks/preprocess_bench.py: see docs/performance.md."""
 
 
 def build_pipeline(
@@ -170,8 +166,8 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     elif standard.runner == "FnApiRunner":
         direct = options.view_as(DirectOptions)
         if not _flag_given(argv, "direct_num_workers"):
-            small = _match_inputs(config.inputs)[0] < LOCAL_PROCESSES_MIN_BYTES
-            direct.direct_num_workers = 1 if small else (os.cpu_count() or 1)
+            input_bytes = _match_inputs(config.inputs)[0]
+            direct.direct_num_workers = local_workers(input_bytes, os.cpu_count() or 1)
         if not _flag_given(argv, "direct_running_mode"):
             # Separate processes: tokenization and packing hold the GIL between Rust calls.
             direct.direct_running_mode = (

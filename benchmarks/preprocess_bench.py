@@ -71,7 +71,8 @@ def build_tokenizer(out_dir: Path) -> Path:
 def run_ours(
     corpus: Path, tokenizer: Path, out: Path, seq_len: int, workers: int | None
 ) -> dict[str, Any]:
-    from beam_preprocess.pipeline import LOCAL_PROCESSES_MIN_BYTES, run
+    from beam_preprocess.options import local_workers
+    from beam_preprocess.pipeline import run
 
     start = time.perf_counter()
     manifest = run(
@@ -93,8 +94,7 @@ def run_ours(
         "rows": rows,
         "tokens_per_s": round(tokens / seconds),
         "fill_ratio": round(tokens / (rows * seq_len), 4),
-        "beam_workers": workers
-        or (1 if corpus.stat().st_size < LOCAL_PROCESSES_MIN_BYTES else os.cpu_count()),
+        "beam_workers": workers or local_workers(corpus.stat().st_size, os.cpu_count() or 1),
         "kept": manifest.stats["kept"],
         "filtered": manifest.stats["filtered"],
     }

@@ -389,3 +389,11 @@ def test_overwrite_deletes_only_what_the_previous_run_listed(tmp_path: Path):
     (dataset / "train" / "mine.txt").unlink()
     _prepare_output(str(dataset), overwrite=True)
     assert dataset.is_dir() and not any(dataset.iterdir())
+
+
+def test_local_runs_use_worker_processes_only_for_large_inputs_on_4_cores_or_more():
+    from beam_preprocess.options import LOCAL_PROCESSES_MIN_BYTES, local_workers
+
+    large, small = LOCAL_PROCESSES_MIN_BYTES, LOCAL_PROCESSES_MIN_BYTES - 1
+    assert [local_workers(large, cores) for cores in (1, 2, 3, 4, 16)] == [1, 1, 1, 4, 16]
+    assert local_workers(small, 16) == 1
