@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from beam_preprocess.packing import Document
-from beam_preprocess.record_steps import HASH_CHARS
+from beam_preprocess.record_steps import HASH_CHARS, source_order
 
 TokenizedColumns = tuple[str, str, tuple[Any, ...], tuple[Any, ...], list[int], list[Any]]
 """The tokenized examples of one batch, bucket and split, as columns (one shuffle element):
@@ -55,9 +55,8 @@ class ColumnsBuilder:
         if result.retokenized:
             self.retokenized.append(len(self.hashes))
         self.hashes.append(content)
-        path, _, line = source.rpartition(":")
-        number = int(line) if line.isascii() and line.isdigit() and path else -1
-        if number < 0 or str(number) != line:  # kept whole when "path:line" would not restore it
+        path, number = source_order(source)
+        if f"{path}:{number}" != source:  # kept whole when "path:line" would not restore it
             path, number = source, -1
         self.path_index.append(self.paths.setdefault(path, len(self.paths)))
         self.lines.append(number)
