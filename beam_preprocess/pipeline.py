@@ -18,7 +18,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ from beam_preprocess.records import (
     STATS,
 )
 from beam_preprocess.sinks import JSONL, PARQUET, CommitShards, Shards, WriteShards, temp_dir_for
+from beam_preprocess.spill import local_spill_dir
 from beam_preprocess.stats import WriteStats, tagged
 from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
 from trainer.packed_data.format import (
@@ -73,17 +74,18 @@ def build_pipeline(
     config: PreprocessConfig,
     pad_id: int,
     tokenizer_spec: TokenizerSpec | None = None,
+    spill_dir: str | None = None,
 ) -> None:
     """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run()).
 
     Pass `tokenizer_spec` when the full tokenizer is at hand (see TokenizerSpec): the workers then
-    start without importing transformers.
+    start without importing transformers. `spill_dir` (local runs) keeps the shuffle on disk.
     """
     out = config.output
     temp = temp_dir_for(out)
     read = pipeline | "Read" >> ReadRecords(list(config.inputs), config.input_format)
     examples = read.records | "Prepare" >> Prepare(config)
-    tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec)
+    tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir)
     packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
     packed = tokens.documents | "DeduplicateAndPack" >> packer
 
@@ -250,9 +252,12 @@ def launch(argv: list[str]) -> LaunchedRun:
     log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
     pipeline = beam.Pipeline(options=options)
     spec = TokenizerSpec.of(tokenizer, config.tokenizer, config.chat_fast_path)
-    build_pipeline(pipeline, config, pad_id_of(tokenizer), spec)
-    with _heap_frozen():
-        result = pipeline.run()
+    # Local runs shuffle through files (beam_preprocess.spill), remote ones through the service.
+    local = runner == "FnApiRunner"
+    with local_spill_dir(config.output) if local else nullcontext() as spill_dir:
+        build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir)
+        with _heap_frozen():
+            result = pipeline.run()  # the local runner returns when the run is over
     return LaunchedRun(result=result, config=config, tokenizer=identity, runner=runner)
 
 

@@ -4,7 +4,8 @@ Tokenize (chat template + loss masks, beam_preprocess.tokenize) runs in the same
 reading and Prepare, with the Rust tokenizer working on one batch in a background thread while
 Python prepares the next: reading, validation and tokenization then share the cores. It emits
 the tokenized examples of a batch per hash bucket and split as columns (beam_preprocess.columns:
-no Python object per example in the shuffle, about 2.1 bytes per token).
+no Python object per example in the shuffle, about 2.1 bytes per token). On local runs those
+columns go to files and the shuffle carries their paths (beam_preprocess.spill).
 
 DeduplicateAndPack groups them by bucket (the only shuffle of the records): in each bucket it
 keeps one copy per content hash (the lowest source), then fills rows of exactly seq_len (windowed
@@ -51,6 +52,7 @@ from beam_preprocess.records import (
     dead_letter,
     outcome,
 )
+from beam_preprocess.spill import BucketColumns, SpilledColumns, SpillWriter
 
 if TYPE_CHECKING:
     from beam_preprocess.tokenize import PendingBatch, TokenizerSpec
@@ -72,9 +74,12 @@ class TokenizeFn(beam.DoFn):
     """Examples -> (bucket, TokenizedColumns) per batch, bucket and split; the tokenizer is
     loaded once per worker."""
 
-    def __init__(self, config: PreprocessConfig, spec: TokenizerSpec | None) -> None:
+    def __init__(
+        self, config: PreprocessConfig, spec: TokenizerSpec | None, spill_dir: str | None
+    ) -> None:
         self.config = config
         self.spec = spec
+        self.spill_dir = spill_dir
 
     def setup(self) -> None:
         from beam_preprocess.tokenize import (
@@ -109,6 +114,7 @@ class TokenizeFn(beam.DoFn):
     def start_bundle(self) -> None:
         self.batch: list[dict[str, Any]] = []
         self.pending: deque[tuple[list[dict[str, Any]], PendingBatch]] = deque()
+        self.spill = SpillWriter(self.spill_dir) if self.spill_dir else None
 
     def process(self, example: dict[str, Any]) -> Iterable[Any]:
         # Not a generator: most calls only buffer, and a generator per record costs measurably.
@@ -123,6 +129,9 @@ class TokenizeFn(beam.DoFn):
                 yield pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
             else:
                 yield GlobalWindows.windowed_value(output)
+        if self.spill is not None:
+            for spilled in self.spill.close():
+                yield GlobalWindows.windowed_value(spilled)
 
     def _rotate(self, keep: int) -> Iterator[Any]:
         """Start tokenizing the buffered batch, then finish the oldest batches until `keep` are
@@ -156,23 +165,36 @@ class TokenizeFn(beam.DoFn):
             columns[key].add(example["hash"], example["source"], result, record)
         for (bucket, _), builder in columns.items():
             self.tokens.inc(builder.tokens)
-            yield bucket, builder.columns()
+            if self.spill is not None:
+                self.spill.write(bucket, builder.columns())
+            else:
+                yield bucket, builder.columns()
 
 
 class Tokenize(beam.PTransform):
-    """Examples -> (bucket, TokenizedColumns); tagged DEAD, FILTERED, OUTCOME.
+    """Examples -> (bucket, TokenizedColumns), or (bucket, SpilledColumns) with `spill_dir`;
+    tagged DEAD, FILTERED, OUTCOME.
 
     `spec` (from the launcher, which loads the full tokenizer anyway) spares each worker the
-    transformers import; without it every worker derives it at setup.
+    transformers import; without it every worker derives it at setup. `spill_dir`, a local
+    directory every worker can read, makes the shuffle carry file paths (local runs:
+    beam_preprocess.spill).
     """
 
-    def __init__(self, config: PreprocessConfig, spec: TokenizerSpec | None = None) -> None:
+    def __init__(
+        self,
+        config: PreprocessConfig,
+        spec: TokenizerSpec | None = None,
+        spill_dir: str | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         self.spec = spec
+        self.spill_dir = spill_dir
 
     def expand(self, examples: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        return examples | "Encode" >> beam.ParDo(TokenizeFn(self.config, self.spec)).with_outputs(
+        encode = TokenizeFn(self.config, self.spec, self.spill_dir)
+        return examples | "Encode" >> beam.ParDo(encode).with_outputs(
             DEAD, FILTERED, OUTCOME, main="documents"
         )
 
@@ -235,10 +257,12 @@ class DeduplicateAndPackFn(beam.DoFn):
     def __init__(self, seq_len: int, pad_id: int, max_open_rows: int) -> None:
         self.seq_len, self.pad_id, self.max_open_rows = seq_len, pad_id, max_open_rows
 
-    def process(self, element: tuple[int, Iterable[TokenizedColumns]]) -> Iterator[Any]:
-        _, batches = element
-        # Two passes over the bucket (Beam's grouped values can be iterated again): the first
-        # finds the lowest source of each content, the second packs exactly that copy.
+    def process(
+        self, element: tuple[int, Iterable[TokenizedColumns | SpilledColumns]]
+    ) -> Iterator[Any]:
+        batches = BucketColumns(element[1])
+        # Two passes over the bucket (grouped values and spilled files can be read again): the
+        # first finds the lowest source of each content, the second packs exactly that copy.
         first: dict[str, tuple[tuple[str, int], str]] = {}  # hash -> (order, source) kept
         for columns in batches:
             for content, source in hashes_and_sources(columns):
@@ -305,7 +329,7 @@ documents)."""
 
 
 class DeduplicateAndPack(beam.PTransform):
-    """(bucket, [tokenized example]) -> (split, pyarrow Table) rows of exactly seq_len in two
+    """(bucket, [TokenizedColumns or SpilledColumns]) -> (split, pyarrow Table) rows of exactly seq_len in two
     outputs, TABLES and TAIL_TABLES (kept apart so each is written inside its own fused stage);
     tagged STATS, OUTCOME ("kept", "duplicate"), EVAL_RECORDS and RETOKENIZED (of kept copies)."""
 

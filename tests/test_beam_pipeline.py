@@ -61,6 +61,7 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
     )
     run(request)
     meta = dataset.metadata
+    assert not list(out.glob(".shuffle-*"))  # the local run's spilled shuffle is gone
     assert json.loads(gcp_resources.read_text()) == {"resources": []}
     manifest = read_manifest(str(out))
     assert compatibility_errors(manifest, _identity(tiny_model_dir), 512) == []

@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -610,3 +611,85 @@ def test_tokenized_columns_round_trip_ids_masks_and_flags(largest_id: int):
         assert [(i.tolist(), m.tolist()) for i, m in docs] == [
             (i.tolist(), m.tolist()) for i, m in result.docs
         ]
+
+
+def test_spilled_shuffle_packs_the_same_rows_as_the_in_memory_one(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """Local runs shuffle file paths instead of columns (beam_preprocess.spill): the same
+    examples, duplicates and eval records come out, packed into the same rows."""
+    from beam_preprocess.record_steps import content_hash
+    from beam_preprocess.records import RETOKENIZED
+
+    examples = []
+    for i in range(300):
+        k = i % 240  # the last 60 examples repeat earlier ones
+        example = _pair(f"Question {k} " + "word " * (k % 37), f"Answer {k}")
+        split = "eval" if k < 24 else "train"
+        examples.append({**example, "source": f"f:{i}", "split": split})
+        examples[-1]["hash"] = content_hash(examples[-1])
+    config = _config(
+        tokenizer=str(tiny_model_dir), seq_len=64, pack_groups=4, tokenize_batch_size=32
+    )
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+
+    def rows(tables: list) -> list[str]:
+        return sorted(json.dumps([split, row]) for split, t in tables for row in t.to_pylist())
+
+    def same(memory: list, spilled: list) -> bool:
+        return sorted(map(json.dumps, memory)) == sorted(map(json.dumps, spilled))
+
+    with _pipeline() as p:
+        created = p | beam.Create(examples)
+        outputs: dict[str, dict[str, Any]] = {}
+        for name, directory in (("memory", None), ("spill", str(spill_dir))):
+            tokens = created | f"Tokenize-{name}" >> Tokenize(config, spill_dir=directory)
+            packed = tokens.documents | f"Pack-{name}" >> DeduplicateAndPack(64, 0, 8)
+            parts = {
+                "tables": (packed[TABLES], packed[TAIL_TABLES])
+                | f"Tables-{name}" >> beam.Flatten(),
+                "eval": packed[EVAL_RECORDS],
+                "outcome": packed[OUTCOME],
+                "retokenized": packed[RETOKENIZED],
+            }
+            outputs[name] = {
+                part: pcoll | f"List-{part}-{name}" >> beam.combiners.ToList()
+                for part, pcoll in parts.items()
+            }
+            outputs[name]["elements"] = tokens.documents | f"Types-{name}" >> beam.Map(
+                lambda keyed: type(keyed[1]).__name__
+            )
+        outputs["memory"]["tables"] |= "Rows-memory" >> beam.Map(rows)
+        outputs["spill"]["tables"] |= "Rows-spill" >> beam.Map(rows)
+        for part in ("tables", "eval", "outcome", "retokenized"):
+            spilled = beam.pvalue.AsSingleton(outputs["spill"][part])
+            check = outputs["memory"][part] | f"Same-{part}" >> beam.Map(same, spilled)
+            assert_that(check, equal_to([True]), label=f"same-{part}")
+        elements = outputs["spill"]["elements"] | beam.Distinct()
+        assert_that(elements, equal_to(["str"]), label="paths")
+        assert_that(
+            outputs["memory"]["outcome"] | beam.FlatMap(list) | beam.CombinePerKey(sum),
+            equal_to([("kept", 240), ("duplicate", 60)]),
+            label="kept",
+        )
+
+
+def test_spilled_files_round_trip_and_a_cut_file_fails(tmp_path: Path):
+    from beam_preprocess.spill import BucketColumns, SpillWriter, read_spilled
+
+    doc = (np.arange(8, dtype=np.int32).tobytes(), np.ones(8, np.uint8).tobytes())
+    elements = [_columns([(f"h{i}", f"f:{i}", doc, i == 1)]) for i in range(3)]
+    writer = SpillWriter(str(tmp_path))
+    for bucket, columns in ((1, elements[0]), (0, elements[1]), (1, elements[2])):
+        writer.write(bucket, columns)
+    (bucket1, path1), (bucket0, path0) = writer.close()  # in the order of first writes
+    assert (bucket1, bucket0) == (1, 0)
+    assert list(read_spilled(path1)) == [elements[0], elements[2]]
+    # Twice over, as the packing step reads a bucket; columns already in the shuffle pass through.
+    group = BucketColumns([path1, elements[1]])
+    assert list(group) == list(group) == [elements[0], elements[2], elements[1]]
+    cut = tmp_path / "cut"
+    cut.write_bytes(Path(path0).read_bytes()[:-3])
+    with pytest.raises(OSError, match="ends inside an element"):
+        list(read_spilled(str(cut)))
