@@ -71,8 +71,9 @@ def bucket_of(content_hash: str, buckets: int) -> int:
 
 
 class TokenizeFn(beam.DoFn):
-    """Examples -> (bucket, TokenizedColumns) per batch, bucket and split; the tokenizer is
-    loaded once per worker."""
+    """Examples -> (bucket, TokenizedColumns) per batch, bucket and split, or with a spill
+    directory (bucket, SpilledColumns) per bundle and bucket; the tokenizer is loaded once per
+    worker."""
 
     def __init__(
         self, config: PreprocessConfig, spec: TokenizerSpec | None, spill_dir: str | None
@@ -329,9 +330,10 @@ documents)."""
 
 
 class DeduplicateAndPack(beam.PTransform):
-    """(bucket, [TokenizedColumns or SpilledColumns]) -> (split, pyarrow Table) rows of exactly seq_len in two
-    outputs, TABLES and TAIL_TABLES (kept apart so each is written inside its own fused stage);
-    tagged STATS, OUTCOME ("kept", "duplicate"), EVAL_RECORDS and RETOKENIZED (of kept copies)."""
+    """(bucket, [TokenizedColumns or SpilledColumns]) -> (split, pyarrow Table) rows of exactly
+    seq_len in two outputs, TABLES and TAIL_TABLES (kept apart so each is written inside its own
+    fused stage); tagged STATS, OUTCOME ("kept", "duplicate"), EVAL_RECORDS and RETOKENIZED (of
+    kept copies)."""
 
     def __init__(self, seq_len: int, pad_id: int, max_open_rows: int) -> None:
         super().__init__()
