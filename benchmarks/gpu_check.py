@@ -107,6 +107,9 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument(
+        "--compile", choices=("true", "false"), default="true", help="false: the eager baseline"
+    )
     parser.add_argument("--extra", nargs="*", default=[], help="more trainer flags")
     parser.add_argument(
         "--dry-run", action="store_true", help="a tiny model on CPU: checks this script only"
@@ -123,7 +126,7 @@ def main() -> None:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
         "-m", "trainer", "--model", str(work / "model"), "--data", str(work / "data"),
         "--output", str(out), "--max-steps", str(args.steps),
-        "--micro-batch-size", str(args.micro_batch_size), "--dtype", "bf16", "--compile", "true",
+        "--micro-batch-size", str(args.micro_batch_size), "--dtype", "bf16", "--compile", args.compile,
         "--reshard-after-forward", "false",
         "--lr", "3e-4", "--warmup-steps", "5", "--log-every", "1", "--export", "false",
         "--eval-at-end", "false", "--checkpoint-at-end", "false", "--resume", "false",
@@ -150,6 +153,7 @@ def main() -> None:
         "steady_steps": len(steady),
         "seq_len": args.seq_len,
         "micro_batch_size": args.micro_batch_size,
+        "compile": args.compile == "true",
         "wall_s": time.time() - started,
     }
     print(

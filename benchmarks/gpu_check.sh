@@ -3,7 +3,7 @@
 # a ~1.1B Llama (random init), bf16, FSDP2 on 1 GPU, torch.compile on; prints tokens/s and MFU
 # (target >= 45%). Usage, from the repository root:
 #
-#     bash benchmarks/gpu_check.sh [--seq-len 4096] [--micro-batch-size 4] [--steps 40]
+#     bash benchmarks/gpu_check.sh [--seq-len 4096] [--micro-batch-size 4] [--steps 40] [--compile false]
 #
 # Uses $PYTHON (default: .venv/bin/python if present, else python3), which needs a CUDA build of
 # torch plus transformers/peft/pyarrow/fsspec (the project image has them). Nothing is downloaded.

@@ -192,9 +192,9 @@ def test_remote_model_is_downloaded_once_into_the_node_cache(tmp_path, monkeypat
         resolve_model_dir(str(tmp_path / "missing" / "model"), local_rank=0)
 
 
-@pytest.mark.parametrize("long_document", [False, True])
+@pytest.mark.parametrize("layout", ["per_document", "one_per_row", "masked"])
 def test_document_attention_matches_masked_sdpa(
-    tiny_model_dir: Path, tokenizer, sample_data_dir: Path, long_document: bool
+    tiny_model_dir: Path, tokenizer, sample_data_dir: Path, layout: str
 ) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -203,14 +203,21 @@ def test_document_attention_matches_masked_sdpa(
 
     attention.register()
     docs = _docs(tokenizer, sample_data_dir, 12)
-    if long_document:  # one document fills most of a row: the dense fallback path
-        ids = [t for d, _ in docs for t in d][:100]
+    ids = [t for d, _ in docs for t in d][:100]
+    if layout == "one_per_row":  # one document fills the row: plain causal attention
         docs = [(ids, [0] * 10 + [1] * 90)]
+    elif layout == "masked":  # a long document and a short one: the dense masked fallback
+        docs = [(ids[:80], [0] + [1] * 79), (ids[80:], [0] + [1] * 19)]
     # Rows of documents only (the last one cut off), as a best-fit packer leaves them.
     (row,) = pack(docs, seq_len=10_000, pad_id=tokenizer.pad_token_id)
     keys = ("input_ids", "position_ids", "loss_mask")
     batch = [torch.tensor([row[k][:96]]) for k in keys]
-    assert (attention.document_layout(batch[1]).slots is None) == long_document
+    found = attention.document_layout(batch[1])
+    assert (found.slots is not None, found.mask is not None) == {
+        "per_document": (True, False),
+        "one_per_row": (False, False),
+        "masked": (False, True),
+    }[layout]
     results = []
     for impl in ("sdpa", attention.NAME):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=impl)

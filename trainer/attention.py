@@ -10,7 +10,8 @@ document left-aligned, zero-padded at its end) and runs SDPA with `is_causal=Tru
 never sees the padding that follows it, so the result is exact, and the cost is
 documents x max_len^2 / 2 instead of B x L^2. When that would not be cheaper (one long document, a
 long padding segment), it falls back to SDPA with the block-diagonal mask, computed once per
-forward.
+forward. Rows that each hold one document need neither: causal SDPA on the batch as it is (the
+flash kernel on GPU).
 
 Model families pass their attention variants as keyword arguments, and this module honours each
 one exactly as transformers' eager attention does (the conformance suite in
@@ -46,7 +47,8 @@ class DocumentLayout:
     documents: int
     max_len: int
     mask: torch.Tensor | None
-    """Dense fallback: [B, 1, L, L] bool, True where attention is allowed."""
+    """Dense fallback: [B, 1, L, L] bool, True where attention is allowed; None with `slots` None:
+    one document per row, plain causal attention on the batch as it is."""
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -60,12 +62,15 @@ def document_layout(position_ids: torch.Tensor, multiple: int = 8) -> DocumentLa
     starts = flat == 0
     starts[::length] = True  # a row always starts a new segment
     doc = torch.cumsum(starts.long(), 0) - 1
+    segments = int(doc[-1]) + 1
+    if segments == batch:  # one document per row (long-document pre-training)
+        return DocumentLayout(None, batch, length, None)
     index = torch.arange(flat.numel(), device=flat.device)
-    start_of = torch.zeros(int(doc[-1]) + 1, dtype=torch.long, device=flat.device)
+    start_of = torch.zeros(segments, dtype=torch.long, device=flat.device)
     start_of[doc[starts]] = index[starts]
     offset = index - start_of[doc]
     # Shapes are rounded up so that torch.compile sees few distinct sizes.
-    documents = _round_up(int(doc[-1]) + 1, multiple)
+    documents = _round_up(segments, multiple)
     max_len = _round_up(int(offset.max()) + 1, multiple)
     # Causal SDPA skips the upper triangle, the masked kernel computes every score: the regrouped
     # layout wins while it holds less than twice the dense score count.
