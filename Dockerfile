@@ -41,6 +41,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --gid 1000 llmft \
  && useradd --uid 1000 --gid 1000 --create-home --shell /bin/bash llmft
 
+# A C compiler: Triton (what torch.compile generates on GPU, where the trainer compiles by default)
+# builds its CUDA launcher with one at run time, and the slim base has none ("Failed to find C
+# compiler"). Python's headers come with the base image.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 # torch first, in its own layer: the largest and the least often changed.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 

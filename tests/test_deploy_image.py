@@ -42,6 +42,8 @@ def test_dockerfile_pins_match_the_project() -> None:
     (index,) = re.findall(r"^ARG TORCH_INDEX_URL=(\S+)", DOCKERFILE, flags=re.M)
     assert re.fullmatch(r"https://download\.pytorch\.org/whl/cu\d+", index), "CUDA build of torch"
     assert "pip install -c constraints.txt ." in DOCKERFILE
+    # torch.compile on GPU (the trainer's default there) needs a C compiler for Triton's launcher.
+    assert re.search(r"apt-get install [^\n]*\bgcc\b", DOCKERFILE), "the image needs gcc"
 
 
 def test_image_is_a_dataflow_custom_container() -> None:

@@ -115,16 +115,22 @@ def test_lr_schedule_peaks_once_and_ends_at_the_minimum(warmup: int) -> None:
     assert all(a > b for a, b in zip(factors[warmup:], factors[warmup + 1 :], strict=False))
 
 
-def test_compile_defaults_off_and_is_honoured_on_cpu_with_a_warning(caplog) -> None:
+def test_compile_defaults_to_gpu_only_and_is_honoured_on_cpu_with_a_warning(caplog) -> None:
     import logging
 
     import torch
 
+    from trainer.model import compiles
     from trainer.startup import device_and_backend
 
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert TrainConfig().compile is None
+    assert compiles(TrainConfig(), gpu) and not compiles(TrainConfig(), cpu)
+    assert not compiles(TrainConfig(compile=False), gpu)
+    assert compiles(TrainConfig(compile=True), cpu)
+    assert load_config([*REQUIRED, "--compile"]).compile is True  # the bare form of bool | None
     if torch.cuda.is_available():
         pytest.skip("checks the CPU warning")
-    assert TrainConfig().compile is False
     with caplog.at_level(logging.WARNING, logger="trainer"):
         device, _ = device_and_backend(TrainConfig(compile=True))
     assert device.type == "cpu"

@@ -76,12 +76,12 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in backward: less memory, ~30% more compute.
     Turn on for large models or long sequences."""
-    compile: bool = False
-    """torch.compile each decoder block (per-block keeps compile time flat in depth). Off by
-    default because on CPU it measured slower than eager (benchmarks/train_bench.py,
-    `ratio_compile_vs_eager`; docs/performance.md). Turn it on for GPU runs, where it is the
-    recommended setting (benchmarks/gpu_check.sh runs with it); on CPU it is honoured, with a
-    warning."""
+    compile: bool | None = None
+    """torch.compile each decoder block (per-block keeps compile time flat in depth). None (the
+    default) compiles on GPU, where it measured 1.29x eager on an H200 (benchmarks/gpu_check.sh,
+    52.8% vs 40.9% MFU), and runs eager on CPU, where compiling measured slower
+    (benchmarks/train_bench.py, `ratio_compile_vs_eager`; docs/performance.md). true on CPU is
+    honoured, with a warning."""
     data_parallel: str = "auto"
     """How parameters spread over ranks. "shard": FSDP2 (ZeRO-3), each rank holds 1/world of the
     weights, gradients and AdamW state. "replicate": DDP (plain tensors): every rank holds the
@@ -264,6 +264,11 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(TrainConfig)
 
 
+def _is_bool(annotation: Any) -> bool:
+    """A flag that takes the bare form (`--compile`, `--no-compile`)."""
+    return annotation in (bool, bool | None)
+
+
 def config_from_mapping(values: dict[str, Any]) -> TrainConfig:
     """A TrainConfig from field values of any source (YAML, JSON, a pipeline's overrides), each
     coerced to its field's type. Unknown fields and bad values are reported together; the
@@ -306,7 +311,7 @@ def load_config(argv: list[str]) -> TrainConfig:
             continue
         key, eq, inline = token[2:].partition("=")
         name = key.replace("-", "_")
-        negated = name.startswith("no_") and types_by_name.get(name[3:]) is bool
+        negated = name.startswith("no_") and _is_bool(types_by_name.get(name[3:]))
         if negated:
             flags.append((name[3:], False))
             i += 1
@@ -329,7 +334,7 @@ def load_config(argv: list[str]) -> TrainConfig:
         if eq:
             flags.append((name, inline))
             i += 1
-        elif types_by_name[name] is bool and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+        elif _is_bool(types_by_name[name]) and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
             flags.append((name, True))
             i += 1
         elif i + 1 < len(argv):

@@ -202,6 +202,11 @@ def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def compiles(config: TrainConfig, device: torch.device) -> bool:
+    """Whether decoder blocks are compiled: `config.compile`, or on GPU only when it is None."""
+    return config.compile if config.compile is not None else device.type == "cuda"
+
+
 def lora_config(config: TrainConfig) -> Any:
     from peft import LoraConfig
 
@@ -280,7 +285,7 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
 
         for i, block in enumerate(blocks):
             blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-    if config.compile:
+    if compiles(config, device):
         # Per block, not the whole model: compile time stays flat in depth and FSDP's hooks stay
         # outside the graphs (the torchtitan recipe).
         for i, block in enumerate(blocks):
