@@ -161,7 +161,7 @@ def check_gke_accelerator(backend: str, accelerator_type: str) -> str | None:
     """On GKE the accelerator becomes a node selector: the name must have a GKE label."""
     if backend != "gke":
         return None
-    from components.accelerators import gke_accelerator
+    from components.platform_facts import gke_accelerator
 
     try:
         gke_accelerator(accelerator_type)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components.accelerators import gke_accelerator
+from components.platform_facts import gke_accelerator
 from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, TrainLaunch
 from components.launchers.customjob import CustomJobOptions
 from components.launchers.gke import GkeLauncher, GkeOptions

@@ -1,0 +1,63 @@
+"""The platform facts table: hand-computed cases from the sources named in the module."""
+
+import pytest
+
+from components import platform_facts as facts
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_fact_table_names_its_source() -> None:
+    for source in (facts.ACCELERATORS_SOURCE, facts.MACHINES_SOURCE, facts.GKE_ALLOCATABLE_SOURCE):
+        assert "cloud.google.com" in source
+    assert all(source for _, source in facts.KFP_FEATURE_FLOORS.values())
+
+
+def test_names_map_both_ways() -> None:
+    assert facts.accelerator("nvidia-l4") is facts.accelerator("NVIDIA_L4")
+    assert facts.gke_accelerator("NVIDIA_H100_80GB") == "nvidia-h100-80gb"
+    assert facts.gke_accelerator("") is None
+    with pytest.raises(ValueError, match="NVIDIA_L4"):
+        facts.accelerator("nvidia-l5")
+
+
+def test_e2_standard_8_allocatable_by_hand() -> None:
+    # CPU: 8 - (0.06 + 0.01 + 2 * 0.005 + 4 * 0.0025) = 7.91, minus the 0.5 system-pod margin.
+    # Memory: 32 - (1 + 0.8 + 0.8 + 16 * 0.06) - 100/1024 = 28.342 GiB, minus the 1 GiB margin.
+    room = facts.gke_allocatable("e2-standard-8")
+    assert room == facts.Allocatable(cpu=7.41, memory_gib=27.342)
+    assert facts.gke_fit_error("preprocess", "8", "32G", "e2-standard-8")
+    assert facts.gke_fit_error("preprocess", "2", "8G", "e2-standard-8") is None
+
+
+@pytest.mark.parametrize(
+    ("machine", "gpu", "count", "ok"),
+    [
+        ("g2-standard-24", "nvidia-l4", 2, True),
+        ("a3-highgpu-8g", "nvidia-l4", 8, False),  # the deploy guide's old one-liner (audit N3)
+        ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, True),
+        ("a3-highgpu-8g", "NVIDIA_H100_80GB", 4, False),
+        ("a3-megagpu-8g", "nvidia-h100-mega-80gb", 8, True),
+        ("a2-ultragpu-1g", "NVIDIA_A100_80GB", 1, True),
+        ("a2-highgpu-1g", "NVIDIA_A100_80GB", 1, False),
+        ("n1-standard-8", "NVIDIA_TESLA_T4", 2, True),
+        ("n1-standard-8", "NVIDIA_TESLA_T4", 3, False),
+        ("n1-standard-8", "NVIDIA_L4", 1, False),
+        ("e2-standard-8", "NVIDIA_L4", 1, False),
+    ],
+)
+def test_machine_accelerator_pairs(machine: str, gpu: str, count: int, ok: bool) -> None:
+    errors = facts.machine_accelerator_errors(machine, gpu, count)
+    assert (errors == []) is ok, errors
+
+
+def test_refusal_names_the_fix() -> None:
+    (error,) = facts.machine_accelerator_errors("a3-highgpu-8g", "nvidia-l4", 2)
+    assert "g2-standard-24" in error
+    (error,) = facts.machine_accelerator_errors("a3-highgpu-8g", "", 0)
+    assert "accelerator_type=NVIDIA_H100_80GB" in error
+
+
+def test_kfp_floor_is_the_newest_feature() -> None:
+    assert facts.kfp_backend_floor() == (2, 16, 0)
+    assert facts.quantity("500m") == 0.5 and facts.quantity("28Gi") == 28 * 2**30
