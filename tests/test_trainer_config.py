@@ -139,3 +139,18 @@ def test_compile_defaults_to_gpu_only_and_is_honoured_on_cpu_with_a_warning(capl
     with caplog.at_level(logging.WARNING, logger="trainer"):
         device_and_backend(TrainConfig())
     assert "compile" not in caplog.text
+
+
+def test_sdpa_kernels_setting() -> None:
+    from trainer import attention
+    from trainer.config import TrainConfig
+
+    base = {"model": "m", "data": "d", "output": "o"}
+    assert not TrainConfig(**base, sdpa_kernels="cudnn,flash,math").errors()
+    (error,) = TrainConfig(**base, sdpa_kernels="cudnn,fa3").errors()
+    assert "sdpa_kernels" in error and "'cudnn,fa3'" in error
+    with attention.sdpa_kernels("cudnn,math"):
+        assert attention._contiguous_inputs  # cuDNN first: dense inputs
+    assert not attention._contiguous_inputs
+    with attention.sdpa_kernels("auto"):
+        assert not attention._contiguous_inputs

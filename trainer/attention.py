@@ -36,6 +36,37 @@ import torch
 from torch.nn import functional as F
 
 NAME = "llmft_document"
+_SDPA_BACKENDS = {
+    "flash": "FLASH_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+
+
+_contiguous_inputs = False
+"""Set while cuDNN's kernel is preferred: it takes [B, H, L, D] inputs only in a dense layout, not
+the transposed views of [B, L, H, D] projections that attention layers pass."""
+
+
+@contextlib.contextmanager
+def sdpa_kernels(setting: str) -> Iterator[None]:
+    """Context in which SDPA tries the kernels of `setting` (TrainConfig.sdpa_kernels) in its
+    order; "auto" leaves PyTorch's own order. Compiled blocks see it too: the attention call is
+    outside their graphs (`document_attention` is not compiled)."""
+    global _contiguous_inputs
+    if setting == "auto":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [getattr(SDPBackend, _SDPA_BACKENDS[name]) for name in setting.split(",")]
+    _contiguous_inputs = backends[0] == SDPBackend.CUDNN_ATTENTION
+    try:
+        with sdpa_kernel(backends, set_priority=True):
+            yield
+    finally:
+        _contiguous_inputs = False
 
 
 @dataclass
@@ -131,6 +162,8 @@ def document_attention(
             allowed = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
         out = _explicit_attention(q, k, v, allowed, scaling, dropout, softcap, s_aux)
     else:
+        if _contiguous_inputs:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=allowed, is_causal=allowed is None, dropout_p=dropout,
             scale=scaling, enable_gqa=q.shape[1] != k.shape[1],

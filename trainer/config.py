@@ -17,6 +17,9 @@ from typing import Any
 from trainer.config_file import coerce_field, read_yaml_mapping
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 
+SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
+"""Names of torch's SDPA kernels (`torch.nn.attention.SDPBackend`) that `sdpa_kernels` takes."""
+
 
 @dataclass
 class TrainConfig:
@@ -107,6 +110,10 @@ class TrainConfig:
     transformers' SDPA with a block-diagonal L x L mask (refused for models SDPA cannot compute
     exactly: Gemma2, gpt-oss); "eager": the model's own eager attention with that mask (slowest;
     refused for gpt-oss, whose masks ignore document boundaries). docs/trainer.md has the table."""
+    sdpa_kernels: str = "auto"
+    """Fused attention kernels SDPA may use on GPU, in order of preference: "auto" (PyTorch's own
+    order, flash first) or a comma list of flash, cudnn, efficient, math, e.g. "cudnn,flash,math"
+    (torchtitan's order). docs/performance.md has what each measured on an H200."""
     backend: str = "auto"
     """Process-group backend: "auto" (nccl on GPU, gloo on CPU), "nccl" or "gloo"."""
 
@@ -200,6 +207,12 @@ class TrainConfig:
             errors.append(f"dtype must be auto, bf16 or fp32 (got {self.dtype!r})")
         if self.attention not in ("document", "sdpa", "eager"):
             errors.append(f"attention must be document, sdpa or eager (got {self.attention!r})")
+        kernels = self.sdpa_kernels.split(",")
+        if self.sdpa_kernels != "auto" and not set(kernels) <= set(SDPA_KERNELS):
+            errors.append(
+                f"sdpa_kernels must be auto or a comma list of {', '.join(SDPA_KERNELS)} "
+                f"(got {self.sdpa_kernels!r})"
+            )
         if self.data_parallel not in ("auto", "shard", "replicate"):
             errors.append(
                 f"data_parallel must be auto, shard or replicate (got {self.data_parallel!r})"

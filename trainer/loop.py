@@ -9,11 +9,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from trainer import checkpoint
+from trainer.attention import sdpa_kernels
 from trainer.data import DataPosition
 from trainer.metrics import flops_per_token, peak_flops, peak_memory_bytes
 from trainer.run_state import NonFiniteLossError, Preempted, Run, checkpoints_dir
@@ -38,6 +40,15 @@ def train(r: Run) -> None:
     per_token, peak = _flops(r)
     window = Window()
     batches = r.batches.iterate(r.state.position)
+    with sdpa_kernels(config.sdpa_kernels):
+        last_saved = _steps(r, window, batches, per_token, peak)
+    if config.checkpoint_at_end and r.state.step != last_saved:
+        save_checkpoint(r)
+
+
+def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float | None) -> int:
+    """Optimizer steps until the last one (or a preemption); returns the step last saved."""
+    config = r.config
     last_saved = r.state.step
     while r.state.step < r.total_steps:
         micro, position = next(batches)
@@ -71,8 +82,7 @@ def train(r: Run) -> None:
                 save_checkpoint(r)
             log.warning("SIGTERM: saved step %d, exiting to be resumed", r.state.step)
             raise Preempted
-    if config.checkpoint_at_end and r.state.step != last_saved:
-        save_checkpoint(r)
+    return last_saved
 
 
 def _flops(r: Run) -> tuple[float, float | None]:
