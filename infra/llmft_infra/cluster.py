@@ -34,6 +34,9 @@ CLUSTER_NAME = "llmft"
 gpu_driver = gcp.container.NodePoolNodeConfigGuestAcceleratorGpuDriverInstallationConfigArgs
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 """Access is decided by IAM, not by legacy scopes."""
+DATAPATH_PROVIDER = "ADVANCED_DATAPATH"
+"""GKE Dataplane V2, which enforces NetworkPolicy (cloud.google.com/kubernetes-engine/docs/
+concepts/dataplane-v2: "built-in network policy enforcement"; set at cluster creation only)."""
 PROJECT_PLACEHOLDER = "PROJECT_ID"
 """What docs/deploy/rbac.yaml writes in place of the project id."""
 
@@ -204,6 +207,10 @@ def _cluster(
         initial_node_count=1,
         node_config=gcp.container.ClusterNodeConfigArgs(**_node_config(nodes, "default")),
         workload_identity_config={"workload_pool": f"{project}.svc.id.goog"},
+        # Dataplane V2 (eBPF) enforces NetworkPolicy: without it the per-run etcd's policy
+        # (components/etcd/manifests.py) is inert and any pod could reach that etcd. It can only
+        # be chosen when the cluster is created.
+        datapath_provider=DATAPATH_PROVIDER,
         release_channel={"channel": "REGULAR"},
         deletion_protection=gke.deletion_protection,
         resource_labels=settings.labels,

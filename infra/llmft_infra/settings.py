@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from components.platform_facts import machine, machine_accelerator_errors
 from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
 from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, RunParams
 
@@ -262,6 +263,20 @@ def _gke_errors(gke: GkeSettings, region: str, errors: list[str]) -> None:
         )
     if gke.accelerator_count < 1:
         errors.append("gke.accelerator_count: at least 1 (a CPU-only cluster needs no GPU pool)")
+    elif gke.accelerator_type.startswith("nvidia-"):
+        # GKE rejects a pool whose machine cannot carry its GPUs, ~10 minutes into `pulumi up`.
+        errors += [
+            f"gke.gpu_machine_type/accelerator_type/accelerator_count: {problem}"
+            for problem in machine_accelerator_errors(
+                gke.gpu_machine_type, gke.accelerator_type, gke.accelerator_count
+            )
+        ]
+    cpu_machine = machine(gke.cpu_machine_type)
+    if cpu_machine is not None and cpu_machine.gpus:
+        errors.append(
+            f"gke.cpu_machine_type: {gke.cpu_machine_type} carries GPUs; the CPU pool needs a "
+            f"machine without any, e.g. {GkeSettings.cpu_machine_type}"
+        )
     if gke.cpu_min_nodes < 1 or gke.cpu_max_nodes < gke.cpu_min_nodes:
         errors.append("gke.cpu_min_nodes/cpu_max_nodes: need 1 <= min <= max")
     if gke.gpu_max_nodes < 1:

@@ -50,6 +50,17 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def __init__(self) -> None:
         self.resources: list[Recorded] = []
+        self.depends_on: dict[str, list[str]] = {}
+        """Resource name -> names of its explicit `depends_on` (the mocks' registration carries
+        no dependencies, so a stack transformation records them)."""
+
+    def record_dependencies(self, args: pulumi.ResourceTransformationArgs) -> None:
+        """A stack transformation: note `args.opts.depends_on` by resource name, change nothing."""
+        depends = args.opts.depends_on if args.opts else None
+        if isinstance(depends, pulumi.Resource):
+            depends = [depends]
+        self.depends_on[args.name] = [d._name for d in depends or []]
+        return None
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         self.resources.append(
@@ -124,6 +135,7 @@ def run_stack(settings: Any, extra: Any = None) -> tuple[RecordingMocks, dict[st
 
     @pulumi.runtime.test
     def program() -> Any:
+        pulumi.runtime.register_stack_transformation(mocks.record_dependencies)
         result = build_stack(settings)
         if extra is not None:
             extra()
