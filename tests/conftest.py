@@ -166,7 +166,8 @@ TIERS = {
         "test_trainer_distributed.py", "test_trainer_single.py",
     ),
     "e2e": (
-        "test_deploy_cli.py", "test_evaluate_end_to_end.py", "test_gcs_chain.py",
+        "test_deploy_cli.py", "test_deploy_guide.py", "test_evaluate_end_to_end.py",
+        "test_gcs_chain.py",
         "test_pipeline_local.py",
     ),
 }  # fmt: skip
