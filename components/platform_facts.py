@@ -342,8 +342,8 @@ KFP_FEATURE_FLOORS: dict[str, tuple[tuple[int, int, int], str]] = {
     ),
     "secretAsEnv secretNameParameter": (
         (2, 5, 0),
-        "kubeflow/pipelines backend/src/v2/driver/driver.go:905@2.5.0 (absent at 2.4.1, "
-        "where the field is dropped and the Secret's name is empty)",
+        "kubeflow/pipelines backend/src/v2/driver/driver.go:905@2.5.0 (absent at 2.4.1, which "
+        "reads secretName, compiled with the same name)",
     ),
     "secretAsEnv optional": (
         (2, 15, 0),

@@ -14,9 +14,11 @@ import pytest
 import yaml
 from fakes.pulumi_mocks import (
     GKE_CONFIG,
+    IAM_WHERE,
     INFRA_DIR,
     VERTEX_CONFIG,
     RecordingMocks,
+    iam_grants,
     run_stack,
     stack,
 )
@@ -36,25 +38,7 @@ def gke_stack() -> tuple[RecordingMocks, dict[str, Any]]:
     return stack(GKE_CONFIG)
 
 
-def _grants(mocks: RecordingMocks) -> set[tuple[str, str, str, str]]:
-    """(scope type, scope, role, member) with scope = bucket/repository/secret/account name."""
-    where = {
-        "gcp:projects/iAMMember:IAMMember": ("project", "project"),
-        "gcp:storage/bucketIAMMember:BucketIAMMember": ("bucket", "bucket"),
-        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (
-            "repository",
-            "repository",
-        ),
-        "gcp:secretmanager/secretIamMember:SecretIamMember": ("secret", "secretId"),
-        "gcp:serviceaccount/iAMMember:IAMMember": ("account", "serviceAccountId"),
-    }
-    grants = set()
-    for r in mocks.resources:
-        if r.typ in where:
-            kind, key = where[r.typ]
-            scope = str(r.inputs[key]).rsplit("/", 1)[-1]
-            grants.add((kind, scope, r.inputs["role"], r.inputs["member"]))
-    return grants
+_grants = iam_grants
 
 
 def sa(name: str) -> str:
@@ -144,13 +128,7 @@ def test_apis(vertex_stack, gke_stack):
         assert all(s.inputs["disableOnDestroy"] is False for s in services)
 
 
-IAM_TYPES = (
-    "gcp:projects/iAMMember:IAMMember",
-    "gcp:storage/bucketIAMMember:BucketIAMMember",
-    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
-    "gcp:secretmanager/secretIamMember:SecretIamMember",
-    "gcp:serviceaccount/iAMMember:IAMMember",
-)
+IAM_TYPES = tuple(IAM_WHERE)
 
 
 def test_every_grant_waits_for_the_apis(vertex_stack, gke_stack):

@@ -143,3 +143,24 @@ def run_stack(settings: Any, extra: Any = None) -> tuple[RecordingMocks, dict[st
 
     program()
     return mocks, outputs
+
+
+IAM_WHERE = {
+    "gcp:projects/iAMMember:IAMMember": ("project", "project"),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": ("bucket", "bucket"),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": ("repository", "repository"),
+    "gcp:secretmanager/secretIamMember:SecretIamMember": ("secret", "secretId"),
+    "gcp:serviceaccount/iAMMember:IAMMember": ("account", "serviceAccountId"),
+}
+"""IAM member resource type -> (scope kind, the input naming the scope)."""
+
+
+def iam_grants(mocks: RecordingMocks) -> set[tuple[str, str, str, str]]:
+    """(scope kind, scope, role, member); scope = project/bucket/repository/secret/account name."""
+    grants = set()
+    for r in mocks.resources:
+        if r.typ in IAM_WHERE:
+            kind, key = IAM_WHERE[r.typ]
+            scope = str(r.inputs[key]).rsplit("/", 1)[-1]
+            grants.add((kind, scope, r.inputs["role"], r.inputs["member"]))
+    return grants
