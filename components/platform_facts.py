@@ -280,7 +280,7 @@ def gke_allocatable(machine_type: str) -> Allocatable | None:
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 _SCALE = {
     None: 1,
-    "m": 1e-3,
+    "m": 0.001,
     "k": 1e3,
     "M": 1e6,
     "G": 1e9,

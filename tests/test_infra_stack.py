@@ -251,7 +251,11 @@ def test_kubernetes_objects_use_the_cluster_provider(gke_stack):
     assert k8s and all(r.provider and "::gke-cluster::" in r.provider for r in k8s)
     (namespace,) = mocks.of_type("kubernetes:core/v1:Namespace")
     assert namespace.inputs["metadata"]["name"] == "kubeflow"
-    trainer = mocks.named("ksa-trainer").inputs["metadata"]
+    (trainer,) = [
+        r.inputs["metadata"]
+        for r in mocks.of_type("kubernetes:core/v1:ServiceAccount")
+        if r.inputs["metadata"]["name"] == "llmft-trainer"
+    ]
     assert (trainer["name"], trainer["namespace"]) == ("llmft-trainer", "kubeflow")
     assert trainer["annotations"] == {
         "iam.gke.io/gcp-service-account": EMAIL.format("llmft-trainer")

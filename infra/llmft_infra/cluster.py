@@ -4,9 +4,10 @@
   nodes run as their own account with only the node role and image pulls.
 - A CPU pool for KFP, the per-run etcd and component pods; a GPU pool that autoscales from zero
   (no GPU node while nothing trains) with GKE-managed NVIDIA drivers.
-- Kubernetes objects go through a provider bound to this cluster: the namespace, the trainer's
-  service account, docs/deploy/rbac.yaml (read from that file, placeholders filled in) and the
-  vendored Training Operator v1.9 manifest.
+- Kubernetes objects go through a provider bound to this cluster: the namespace,
+  docs/deploy/rbac.yaml (the pipeline's and the trainer's service accounts and the pipeline's
+  Role; read from that file, placeholders filled in) and the vendored Training Operator v1.9
+  manifest.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ class Gke:
     gpu_pool: gcp.container.NodePool
     provider: k8s.Provider
     namespaces: dict[str, k8s.core.v1.Namespace]
-    trainer_ksa: k8s.core.v1.ServiceAccount
     rbac: k8s.yaml.ConfigFile
     training_operator: k8s.yaml.ConfigFile | None
 
@@ -156,10 +156,8 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
     cpu_pool, gpu_pool = _node_pools(gke, settings.project, cluster, nodes)
     provider, namespaces = _namespaces(gke, cluster, cpu_pool)
     _workload_identity(gke, settings.project, names, cloud, grants, cluster)
-    trainer_ksa, rbac, operator = _kubernetes_objects(
-        gke, settings.project, names, cloud, provider, namespaces
-    )
-    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, trainer_ksa, rbac, operator)
+    rbac, operator = _kubernetes_objects(gke, settings.project, names, provider, namespaces)
+    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, rbac, operator)
 
 
 def _node_account(
@@ -325,22 +323,11 @@ def _kubernetes_objects(
     gke: GkeSettings,
     project: str,
     names: Names,
-    cloud: Cloud,
     provider: k8s.Provider,
     namespaces: dict[str, k8s.core.v1.Namespace],
-) -> tuple[k8s.core.v1.ServiceAccount, k8s.yaml.ConfigFile, k8s.yaml.ConfigFile | None]:
-    """The trainer's service account, docs/deploy/rbac.yaml and the Training Operator."""
+) -> tuple[k8s.yaml.ConfigFile, k8s.yaml.ConfigFile | None]:
+    """docs/deploy/rbac.yaml (both service accounts, the Role) and the Training Operator."""
     in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespaces[gke.namespace]])
-    trainer_ksa = k8s.core.v1.ServiceAccount(
-        "ksa-trainer",
-        metadata={
-            "name": TRAINER_ACCOUNT,
-            "namespace": gke.namespace,
-            "labels": {"app.kubernetes.io/part-of": "llmft"},
-            "annotations": {"iam.gke.io/gcp-service-account": cloud.accounts["trainer"].email},
-        },
-        opts=in_namespace,
-    )
     rbac = k8s.yaml.ConfigFile(
         "rbac",
         file=str(RBAC_FILE),
@@ -357,4 +344,4 @@ def _kubernetes_objects(
                 provider=provider, depends_on=[namespaces[TRAINING_OPERATOR_NAMESPACE]]
             ),
         )
-    return trainer_ksa, rbac, operator
+    return rbac, operator

@@ -18,7 +18,7 @@ from typing import Any
 
 from components.platform_facts import machine, machine_accelerator_errors
 from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
-from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, RunParams
+from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, TARGET_DEFAULTS, RunParams
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO_ROOT / "docs" / "deploy" / "rbac.yaml"
@@ -26,9 +26,9 @@ TRAINING_OPERATOR_FILE = (
     Path(__file__).resolve().parents[1] / "vendor" / "training-operator-v1.9.0.yaml"
 )
 
-TRAINER_ACCOUNT = "llmft-trainer"
-"""Training replicas' Google service account id, and their Kubernetes service account (GKE):
-the same name `llmft render pytorchjob --service-account` defaults to."""
+TRAINER_ACCOUNT: str = TARGET_DEFAULTS["kfp"]["service_account"]
+"""Training replicas' Google service account id, and the name of their Kubernetes service
+account (docs/deploy/rbac.yaml), which the kfp target's `service_account` defaults to."""
 DATAFLOW_ACCOUNT = "llmft-dataflow"
 """Dataflow workers' service account id (the pipeline passes it as `service_account_email`)."""
 NODE_ACCOUNT = "llmft-gke-nodes"
@@ -49,7 +49,7 @@ class Names:
     pipeline_account: str
     """Google service account of the pipeline (rbac.yaml's Workload Identity annotation)."""
     pipeline_ksa: str
-    """Kubernetes service account of KFP's pods (rbac.yaml's ServiceAccount)."""
+    """Kubernetes service account of KFP's pods (rbac.yaml's ServiceAccount with the Role)."""
     rbac_namespace: str
     """Namespace rbac.yaml is written for (KFP's, `kubeflow`)."""
     docker_repository: str
@@ -67,7 +67,11 @@ def names() -> Names:
     from components.image import IMAGE_REPOSITORY
 
     docs = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d]
-    account = next(d for d in docs if d["kind"] == "ServiceAccount")
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    bound = {s["name"] for s in binding["subjects"] if s["kind"] == "ServiceAccount"}
+    account = next(
+        d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] in bound
+    )
     gsa = account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
     repository, image = IMAGE_REPOSITORY.split("/")[-2:]
     return Names(
