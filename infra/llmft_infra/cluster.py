@@ -303,14 +303,13 @@ def _workload_identity(
     # Workload Identity: the pipeline's pods (rbac.yaml's service account) act as the pipeline
     # account, the PyTorchJob pods as the trainer account.
     pool = f"serviceAccount:{project}.svc.id.goog"
-    after_cluster = {"depends_on": [cluster]}
     for key, ksa in (("pipeline", names.pipeline_ksa), ("trainer", TRAINER_ACCOUNT)):
         grants.account(
             cloud.accounts[key],
             "roles/iam.workloadIdentityUser",
             f"ksa-{ksa}",
             f"{pool}[{gke.namespace}/{ksa}]",
-            **after_cluster,
+            depends_on=[cluster],
         )
     # Vertex AI Pipelines driving this cluster (backend=gke) fetch its credentials as the pipeline
     # account; what it may do inside is rbac.yaml's Role. GKE has no per-cluster IAM.
