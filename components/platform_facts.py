@@ -318,6 +318,11 @@ def gke_fit_error(what: str, cpu: str, memory: str, machine_type: str) -> str | 
 # --- KFP backend versions ------------------------------------------------------------------------
 
 KFP_FEATURE_FLOORS: dict[str, tuple[tuple[int, int, int], str]] = {
+    "accelerator count from a parameter": (
+        (2, 4, 0),
+        "kubeflow/pipelines backend/src/v2/driver/driver.go:513@2.4.0 (resourceCount resolved "
+        "from the task's inputs; 2.3.0 reads only a constant count)",
+    ),
     "kubernetes platform config (unknown fields tolerated)": (
         (2, 4, 1),
         "kubeflow/pipelines backend/src/v2/cmd/driver/main.go: strict jsonpb at 2.4.0, "

@@ -106,6 +106,8 @@ def test_every_platform_field_and_placeholder_of_the_compiled_kfp_yaml_has_a_flo
     assert used, "no platform spec found"
     assert sorted(used - KFP_PLATFORM_FIELDS.keys()) == [], "add these to KFP_PLATFORM_FIELDS"
     assert set(KFP_PLATFORM_FIELDS.values()) <= KFP_FEATURE_FLOORS.keys()
+    if re.search(r"resourceCount: '\{\{\$\.inputs\.parameters", text):
+        assert "accelerator count from a parameter" in KFP_FEATURE_FLOORS
     placeholders = set(re.findall(r"\{\{\$\.(pipeline_job_[a-z_]+)\}\}", text))
     assert placeholders == {"pipeline_job_uuid", "pipeline_job_schedule_time_utc"}
     assert {f"{p} placeholder" for p in placeholders} <= KFP_FEATURE_FLOORS.keys()
