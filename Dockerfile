@@ -37,6 +37,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/home/llmft/.cache/huggingface \
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 
+# GKE's device plugin mounts the NVIDIA driver at /usr/local/nvidia and sets no environment, so
+# without this the CUDA build of torch finds no libcuda.so.1 there and silently runs on CPU
+# (components/platform_facts.py: GKE_NVIDIA_LIBRARY_PATH, with its source; the test checks the
+# two agree). Vertex AI injects the driver itself; on a machine without GPUs the paths are absent
+# and harmless.
+ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib \
+    PATH=/usr/local/nvidia/bin:${PATH}
+
 # A fixed numeric uid so Kubernetes' runAsNonRoot can verify it without /etc/passwd.
 RUN groupadd --gid 1000 llmft \
  && useradd --uid 1000 --gid 1000 --create-home --shell /bin/bash llmft

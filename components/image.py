@@ -14,6 +14,8 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     VERSION = "0.1.0"
 
 IMAGE_REPOSITORY = "us-docker.pkg.dev/llmft-project/llmft/llmft"
-"""Artifact Registry repository the image is pushed to (override at compile time with --image)."""
+"""Artifact Registry repository the image is pushed to. Change it here, build the image, then
+compile: the compiled YAML names the image, and the image's own launchers start the CustomJob,
+PyTorchJob and Dataflow workers with the same name, so it cannot be a compile-time flag."""
 
 DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}"

@@ -280,7 +280,7 @@ def gke_allocatable(machine_type: str) -> Allocatable | None:
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 _SCALE = {
     None: 1,
-    "m": 1e-3,
+    "m": 0.001,
     "k": 1e3,
     "M": 1e6,
     "G": 1e9,
@@ -318,6 +318,11 @@ def gke_fit_error(what: str, cpu: str, memory: str, machine_type: str) -> str | 
 # --- KFP backend versions ------------------------------------------------------------------------
 
 KFP_FEATURE_FLOORS: dict[str, tuple[tuple[int, int, int], str]] = {
+    "accelerator count from a parameter": (
+        (2, 4, 0),
+        "kubeflow/pipelines backend/src/v2/driver/driver.go:513@2.4.0 (resourceCount resolved "
+        "from the task's inputs; 2.3.0 reads only a constant count)",
+    ),
     "kubernetes platform config (unknown fields tolerated)": (
         (2, 4, 1),
         "kubeflow/pipelines backend/src/v2/cmd/driver/main.go: strict jsonpb at 2.4.0, "
@@ -326,6 +331,24 @@ KFP_FEATURE_FLOORS: dict[str, tuple[tuple[int, int, int], str]] = {
     "pipeline_job_uuid placeholder": (
         (2, 4, 0),
         "kubeflow/pipelines backend/src/v2/driver/resolve.go@2.4.0",
+    ),
+    "secretAsEnv": (
+        (2, 0, 0),
+        "kubeflow/pipelines backend/src/v2/driver/driver.go:502@2.0.0",
+    ),
+    "activeDeadlineSeconds": (
+        (2, 1, 0),
+        "kubeflow/pipelines backend/src/v2/driver/driver.go:607@2.1.0 (absent at 2.0.5)",
+    ),
+    "podMetadata labels": (
+        (2, 1, 0),
+        "kubeflow/pipelines backend/src/v2/compiler/argocompiler/container.go:300@2.1.0 "
+        "(absent at 2.0.5)",
+    ),
+    "secretAsEnv secretNameParameter": (
+        (2, 5, 0),
+        "kubeflow/pipelines backend/src/v2/driver/driver.go:905@2.5.0 (absent at 2.4.1, which "
+        "reads secretName, compiled with the same name)",
     ),
     "secretAsEnv optional": (
         (2, 15, 0),
@@ -340,7 +363,23 @@ KFP_FEATURE_FLOORS: dict[str, tuple[tuple[int, int, int], str]] = {
         "kubeflow/pipelines backend/src/v2/driver/resolve.go:440@2.16.0 (kubeflow/pipelines#13474)",
     ),
 }
-"""Features the compiled KFP YAML uses -> (first KFP backend release that honours it, source)."""
+"""Features the compiled KFP YAML uses -> (first KFP backend release that honours it, source).
+The releases between 2.5.0 and 2.14.0 do not exist (the backend's numbering jumped to the SDK's)."""
+
+KFP_PLATFORM_FIELDS: dict[str, str] = {
+    "activeDeadlineSeconds": "activeDeadlineSeconds",
+    "podMetadata.labels": "podMetadata labels",
+    "secretAsEnv.secretName": "secretAsEnv",
+    "secretAsEnv.keyToEnv": "secretAsEnv",
+    "secretAsEnv.secretNameParameter": "secretAsEnv secretNameParameter",
+    "secretAsEnv.optional": "secretAsEnv optional",
+    "securityContext.runAsUser": "securityContext",
+    "securityContext.runAsGroup": "securityContext",
+    "securityContext.runAsNonRoot": "securityContext",
+}
+"""Field of the compiled KFP YAML's Kubernetes platform spec (an executor's key, then the key
+inside it or inside its list items) -> its feature in KFP_FEATURE_FLOORS. A field the compiled
+YAML uses must be listed (tests/test_deploy_docs.py), so a new one cannot slip past the floor."""
 
 
 def kfp_backend_floor() -> tuple[int, int, int]:

@@ -308,7 +308,7 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
     "kfp": {
         "backend": "gke",
         "preprocess_runner": "DataflowRunner",
-        "service_account": "llmft-pipeline",  # the KSA of docs/deploy/rbac.yaml
+        "service_account": "llmft-trainer",  # training pods' KSA (docs/deploy/rbac.yaml)
     },
 }
 """Per-target defaults of the parameters whose right value depends on where the pipeline runs

@@ -150,7 +150,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 TIERS = {
     "unit": (
         "test_artifacts.py", "test_beam_transforms.py", "test_cli_errors.py",
-        "test_deploy_config.py", "test_deploy_image.py", "test_deploy_kfp.py",
+        "test_deploy_config.py", "test_deploy_docs.py", "test_deploy_image.py",
+        "test_deploy_kfp.py",
         "test_deploy_vertex.py", "test_evaluate_registry.py", "test_evaluate_units.py",
         "test_flex_template.py", "test_infra_from_stack.py", "test_infra_policy.py",
         "test_infra_stack.py", "test_launcher_gke.py", "test_launcher_vertex.py",
@@ -166,7 +167,8 @@ TIERS = {
         "test_trainer_distributed.py", "test_trainer_single.py",
     ),
     "e2e": (
-        "test_deploy_cli.py", "test_evaluate_end_to_end.py", "test_gcs_chain.py",
+        "test_deploy_cli.py", "test_deploy_guide.py", "test_evaluate_end_to_end.py",
+        "test_gcs_chain.py",
         "test_pipeline_local.py",
     ),
 }  # fmt: skip

@@ -184,3 +184,19 @@ def test_schedule_time_placeholder_is_filled_for_one_off_runs(templates: dict[st
     config.parameters["backend"] = "local"
     with pytest.raises(ValueError, match="backend=local runs the trainer on this machine"):
         prepare_parameters(config, "kfp", schedule_time=None, recurring=True)
+
+
+def test_each_backend_gets_its_own_parameters_over_the_shared_ones(tmp_path: Path) -> None:
+    """Shared `parameters`, then the backend's own section, then --param: the trainer's identity
+    is an email on Vertex and a Kubernetes name on KFP, from one file."""
+    path = tmp_path / "deploy.yaml"
+    path.write_text(
+        "parameters: {max_steps: 5, service_account: shared}\n"
+        "vertex: {parameters: {service_account: t@p.iam.gserviceaccount.com}}\n"
+        "kfp: {parameters: {service_account: llmft-trainer, nodes: 4}}\n"
+    )
+    vertex = load_for("vertex", path)
+    assert vertex.parameters == {"max_steps": 5, "service_account": "t@p.iam.gserviceaccount.com"}
+    kfp = load_for("kfp", path, parameters={"nodes": 2})
+    assert kfp.parameters == {"max_steps": 5, "service_account": "llmft-trainer", "nodes": 2}
+    assert load_for("kfp", path).parameters["nodes"] == 4

@@ -132,3 +132,26 @@ def test_cloudbuild_pushes_the_image_the_components_use() -> None:
     assert runner.invoke(app, ["image-tag"]).output.strip() == version
     assert runner.invoke(app, ["image-tag", "--full"]).output.strip() == DEFAULT_IMAGE
     assert DEFAULT_IMAGE.endswith(f":{version}")
+
+
+def _env(name: str) -> str:
+    """The value the Dockerfile's ENV instructions give `name` (the last one wins)."""
+    text = DOCKERFILE.replace("\\\n", " ")
+    values = [
+        m.group(1)
+        for line in text.splitlines()
+        if line.startswith("ENV ")
+        for m in re.finditer(rf"(?:^ENV\s+|\s){name}=(\S+)", line)
+    ]
+    assert values, f"the Dockerfile sets no {name}"
+    return values[-1]
+
+
+def test_gke_driver_mount_is_on_the_loader_path() -> None:
+    """N1: GKE mounts the NVIDIA driver under /usr/local/nvidia and sets no env; without it on
+    LD_LIBRARY_PATH the CUDA torch wheel finds no libcuda and trains on CPU."""
+    from components.platform_facts import GKE_NVIDIA_DIR, GKE_NVIDIA_LIBRARY_PATH
+
+    assert _env("LD_LIBRARY_PATH") == GKE_NVIDIA_LIBRARY_PATH
+    assert _env("PATH").split(":")[0] == f"{GKE_NVIDIA_DIR}/bin"
+    assert _env("PATH").endswith("${PATH}"), "keep the base image's PATH"

@@ -3,6 +3,7 @@ Artifact Registry upload through the real RegistryClient against a recording end
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from pathlib import Path
@@ -145,6 +146,38 @@ def test_run_of_an_uploaded_version(kfp_api: FakeKfp, templates: dict[str, Path]
         "train_data_uri": "gs://b/x",
         "backend": "gke",
     }
+
+
+WHEN = dt.datetime(2026, 1, 5, 3, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize("tag", ["2.14.0", "2.15.0", "v2.4.1"])
+def test_a_backend_older_than_the_floor_is_refused_before_anything_is_sent(
+    kfp_api: FakeKfp, templates: dict[str, Path], tag: str
+) -> None:
+    """N7: KFP before 2.16 silently drops settings the compiled YAML relies on (the optional
+    Secret, securityContext, the schedule-time placeholder); the healthz probe names the release."""
+    kfp_api.tag_name = tag
+    config = _config(kfp_api, templates["kfp"], cron="0 3 * * 1")
+    config.schedule.display_name = "weekly-fine-tune"
+    for attempt in (
+        lambda: submit_kfp(config, schedule_time=WHEN, report=lambda _: None),
+        lambda: create_kfp_schedule(config, report=lambda _: None),
+    ):
+        with pytest.raises(ValueError, match=rf"is backend {tag}; .* needs 2\.16\.0 or later"):
+            attempt()
+    assert [r.method for r in kfp_api.requests] == ["GET", "GET"]  # only the probes
+    # Listing and deleting what an old backend holds still works.
+    assert list_schedules(config, "kfp", display_name="weekly-fine-tune") == []
+
+
+@pytest.mark.parametrize("tag", ["2.16.0", "2.17.0", "unknown", None])
+def test_a_current_or_unreported_backend_is_accepted(kfp_api: FakeKfp, tag: str | None) -> None:
+    from pipelines.deploy.clients import kfp_backend_error
+
+    assert kfp_backend_error(kfp_api.url, tag) is None
+    kfp_api.tag_name = tag  # type: ignore[assignment]
+    assert kfp_client(_config(kfp_api, None).kfp) is not None
 
 
 def test_schedule_translates_cron_and_keeps_the_placeholder(

@@ -51,11 +51,15 @@ def test_vertex_stack_to_a_runnable_config(tmp_path, monkeypatch):
         "project": "my-project",
         "region": "us-central1",
         "work_uri": "gs://my-project-llmft/work",
-        "service_account": "llmft-trainer@my-project.iam.gserviceaccount.com",
         "dataflow_options": {
             "service_account_email": "llmft-dataflow@my-project.iam.gserviceaccount.com"
         },
     }
+    # CustomJob replicas run as the trainer's Google account; a Vertex-only stack has no KSA.
+    assert config.vertex.parameters == {
+        "service_account": "llmft-trainer@my-project.iam.gserviceaccount.com"
+    }
+    assert config.kfp.parameters == {}
     monkeypatch.chdir(REPO)  # the default template is compiled/fine_tune.vertex.yaml
     config.template = "compiled/fine_tune.vertex.yaml"
     validate(config, "vertex", "run")
@@ -96,7 +100,80 @@ def test_gke_stack_from_stdin_updates_an_existing_config(tmp_path):
     assert written["kfp"] == {
         "pipeline_root": "gs://my-project-llmft/kfp-root",
         "service_account": "llmft-pipeline",
+        "parameters": {"service_account": "llmft-trainer"},
     }
+    assert written["vertex"]["parameters"] == {
+        "service_account": "llmft-trainer@my-project.iam.gserviceaccount.com"
+    }
+    # The GPU pool's machines, in the pipeline's (Vertex) accelerator naming.
+    assert {k: written["parameters"][k] for k in ("machine_type", "accelerator_type", "accelerator_count")} == {
+        "machine_type": "g2-standard-24", "accelerator_type": "NVIDIA_L4", "accelerator_count": 2,
+    }  # fmt: skip
+
+
+def test_an_older_shared_trainer_email_is_moved_to_the_vertex_section(tmp_path):
+    """Configs written before the per-backend sections held the trainer's email in the shared
+    parameters, where it would reach KFP runs (which need a Kubernetes name)."""
+    outputs = stack(GKE_CONFIG)[1]
+    out = tmp_path / "deploy.yaml"
+    email = outputs["trainer_service_account"]
+    out.write_text(yaml.safe_dump({"parameters": {"service_account": email, "nodes": 2}}))
+    source = _outputs_file(tmp_path, GKE_CONFIG)
+    args = ["config", "from-stack", "--stack-output", str(source), "--output", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    written = yaml.safe_load(out.read_text())
+    assert "service_account" not in written["parameters"] and written["parameters"]["nodes"] == 2
+    assert written["vertex"]["parameters"]["service_account"] == email
+
+
+H100_CONFIG = {"project": "my-project", "region": "us-central1", "gke": {}}
+"""A GKE stack with the defaults: a3-highgpu-8g nodes with 8 x nvidia-h100-80gb."""
+STACKS = {"gke-l4": GKE_CONFIG, "gke-h100": H100_CONFIG, "vertex-only": VERTEX_CONFIG}
+
+
+@pytest.mark.parametrize("backend", ["kfp", "vertex"])
+@pytest.mark.parametrize("name", list(STACKS))
+def test_from_stack_config_passes_a_dry_run(tmp_path, monkeypatch, name, backend):
+    """N4: the written config is one a run on either backend accepts: on KFP (trainer on GKE)
+    the training pods' Kubernetes service account and the GPU pool's accelerators; on Vertex the
+    trainer's email. `--dry-run` makes every check a submission makes, offline."""
+    from components.platform_facts import gke_accelerator
+    from components.run_params import RunParams
+
+    monkeypatch.chdir(REPO)
+    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "KF_PIPELINES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    outputs = stack(STACKS[name])[1]
+    out = tmp_path / "deploy.yaml"
+    source = _outputs_file(tmp_path, STACKS[name])
+    wrote = CliRunner().invoke(
+        app, ["config", "from-stack", "--stack-output", str(source), "--output", str(out)]
+    )
+    assert wrote.exit_code == 0, wrote.output
+    result = CliRunner().invoke(
+        app,
+        [
+            "run", "--backend", backend, "--config", str(out), "--dry-run",
+            "--param", "train_data_uri=gs://my-project-llmft/raw/*.jsonl",
+            "--param", "base_model=Qwen/Qwen2.5-0.5B",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"dry run: a {backend} run of compiled/fine_tune.{backend}")
+    params = json.loads(result.output.split("\n", 1)[1])
+    assert params["backend"] == ("gke" if backend == "kfp" else "vertex")
+    if backend == "vertex":
+        assert params["service_account"] == outputs["trainer_service_account"]
+    else:  # the stack's KSA; without one, the template's default for the target
+        target_default = RunParams.for_target("kfp").service_account
+        assert params.get("service_account", target_default) == outputs.get(
+            "trainer_ksa", target_default
+        )
+    if "gke_cluster" in outputs:
+        assert gke_accelerator(params["accelerator_type"]) == outputs["accelerator_type"]
+        assert params["accelerator_count"] == outputs["accelerator_count"]
+        assert params["machine_type"] == outputs["gpu_machine_type"]
+        assert params["gke_cluster"] == outputs["gke_cluster"]
 
 
 @pytest.mark.parametrize(

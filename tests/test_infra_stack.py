@@ -14,9 +14,11 @@ import pytest
 import yaml
 from fakes.pulumi_mocks import (
     GKE_CONFIG,
+    IAM_WHERE,
     INFRA_DIR,
     VERTEX_CONFIG,
     RecordingMocks,
+    iam_grants,
     run_stack,
     stack,
 )
@@ -36,25 +38,7 @@ def gke_stack() -> tuple[RecordingMocks, dict[str, Any]]:
     return stack(GKE_CONFIG)
 
 
-def _grants(mocks: RecordingMocks) -> set[tuple[str, str, str, str]]:
-    """(scope type, scope, role, member) with scope = bucket/repository/secret/account name."""
-    where = {
-        "gcp:projects/iAMMember:IAMMember": ("project", "project"),
-        "gcp:storage/bucketIAMMember:BucketIAMMember": ("bucket", "bucket"),
-        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (
-            "repository",
-            "repository",
-        ),
-        "gcp:secretmanager/secretIamMember:SecretIamMember": ("secret", "secretId"),
-        "gcp:serviceaccount/iAMMember:IAMMember": ("account", "serviceAccountId"),
-    }
-    grants = set()
-    for r in mocks.resources:
-        if r.typ in where:
-            kind, key = where[r.typ]
-            scope = str(r.inputs[key]).rsplit("/", 1)[-1]
-            grants.add((kind, scope, r.inputs["role"], r.inputs["member"]))
-    return grants
+_grants = iam_grants
 
 
 def sa(name: str) -> str:
@@ -79,6 +63,8 @@ BASE_GRANTS = {
     ("account", EMAIL.format("llmft-trainer"), "roles/iam.serviceAccountUser", PIPELINE),
     ("account", EMAIL.format("llmft-dataflow"), "roles/iam.serviceAccountUser", PIPELINE),
     ("bucket", BUCKET, "roles/storage.objectAdmin", TRAINER),
+    # N6: Vertex replicas read the Hugging Face token as the trainer account.
+    ("secret", "llmft-hf-token", "roles/secretmanager.secretAccessor", TRAINER),
     ("project", PROJECT, "roles/dataflow.worker", DATAFLOW),
     ("bucket", BUCKET, "roles/storage.objectAdmin", DATAFLOW),
     ("repository", "llmft", "roles/artifactregistry.reader", DATAFLOW),
@@ -140,6 +126,32 @@ def test_apis(vertex_stack, gke_stack):
         services = mocks.of_type("gcp:projects/service:Service")
         assert {s.inputs["service"] for s in services} == set(APIS) | extra
         assert all(s.inputs["disableOnDestroy"] is False for s in services)
+
+
+IAM_TYPES = tuple(IAM_WHERE)
+
+
+def test_every_grant_waits_for_the_apis(vertex_stack, gke_stack):
+    """N16: project-level grants call the Cloud Resource Manager API, the others IAM and the
+    resource's own API; on a fresh project each must be enabled before the first grant."""
+    from llmft_infra.cloud import APIS
+
+    assert "cloudresourcemanager.googleapis.com" in APIS
+    apis = {f"api-{api.split('.')[0]}" for api in APIS}
+    for mocks in (vertex_stack[0], gke_stack[0]):
+        grants = [r for r in mocks.resources if r.typ in IAM_TYPES]
+        assert grants
+        for grant in grants:
+            assert apis <= set(mocks.depends_on[grant.name]), grant.name
+    gke_part = [
+        r.name
+        for r in gke_stack[0].resources
+        if r.typ in IAM_TYPES
+        and r.inputs["role"].split(".")[-1]
+        in ("defaultNodeServiceAccount", "clusterViewer", "workloadIdentityUser")
+    ]
+    assert len(gke_part) == 4
+    assert all("api-container" in gke_stack[0].depends_on[name] for name in gke_part)
 
 
 def test_bucket_is_private_versioned_and_expires_scratch_only(vertex_stack):
@@ -205,6 +217,8 @@ def test_cluster_and_pools(gke_stack):
     assert cluster["nodeConfig"]["serviceAccount"] == EMAIL.format("llmft-gke-nodes")
     assert cluster["deletionProtection"] is True
     assert cluster["location"] == "us-central1"
+    # N13: Dataplane V2 enforces the per-run etcd's NetworkPolicy (inert without it).
+    assert cluster["datapathProvider"] == "ADVANCED_DATAPATH"
     cpu, gpu = mocks.named("cpu-pool").inputs, mocks.named("gpu-pool").inputs
     for pool in (cpu, gpu):
         config = pool["nodeConfig"]
@@ -237,7 +251,11 @@ def test_kubernetes_objects_use_the_cluster_provider(gke_stack):
     assert k8s and all(r.provider and "::gke-cluster::" in r.provider for r in k8s)
     (namespace,) = mocks.of_type("kubernetes:core/v1:Namespace")
     assert namespace.inputs["metadata"]["name"] == "kubeflow"
-    trainer = mocks.named("ksa-trainer").inputs["metadata"]
+    (trainer,) = [
+        r.inputs["metadata"]
+        for r in mocks.of_type("kubernetes:core/v1:ServiceAccount")
+        if r.inputs["metadata"]["name"] == "llmft-trainer"
+    ]
     assert (trainer["name"], trainer["namespace"]) == ("llmft-trainer", "kubeflow")
     assert trainer["annotations"] == {
         "iam.gke.io/gcp-service-account": EMAIL.format("llmft-trainer")
@@ -400,6 +418,29 @@ def test_settings_errors_are_reported_together():
         "gke.colour: unknown",
     ):
         assert fragment in message
+
+
+def test_gpu_machine_must_carry_the_accelerators():
+    """N3: GKE rejects a GPU pool whose machine type cannot carry its accelerators, ~10 minutes
+    into `pulumi up`; the stack refuses it first, naming the machine types that fit."""
+    from llmft_infra.settings import parse_settings
+
+    base = {"project": PROJECT, "region": "us-central1"}
+    with pytest.raises(ValueError, match=r"cannot run on a3-highgpu-8g.*use g2-standard-96"):
+        parse_settings({**base, "gke": {"accelerator_type": "nvidia-l4"}})
+    with pytest.raises(ValueError, match="cannot run on g2-standard-24: it carries 2 x NVIDIA_L4"):
+        parse_settings({**base, "gke": {"accelerator_type": "nvidia-l4", "gpu_machine_type": "g2-standard-24"}})  # fmt: skip
+    with pytest.raises(ValueError, match="cpu_machine_type: a2-highgpu-1g carries GPUs"):
+        parse_settings({**base, "gke": {"cpu_machine_type": "a2-highgpu-1g"}})
+    with pytest.raises(ValueError, match="accelerator 'nvidia-x1' is unknown"):
+        parse_settings({**base, "gke": {"accelerator_type": "nvidia-x1"}})
+    for gke in (
+        {},  # the defaults: a3-highgpu-8g with 8 x nvidia-h100-80gb
+        GKE_CONFIG["gke"],  # g2-standard-24 with 2 x nvidia-l4
+        {"gpu_machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4", "accelerator_count": 2},
+        {"gpu_machine_type": "z9-future-8g", "accelerator_type": "nvidia-l4", "accelerator_count": 2},
+    ):  # fmt: skip
+        assert parse_settings({**base, "gke": gke}).gke is not None
 
 
 def test_example_stack_config_and_pulumi_config_load():

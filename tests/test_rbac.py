@@ -59,8 +59,9 @@ def test_rbac_validation_is_not_a_rubber_stamp() -> None:
 
 def test_role_grants_exactly_what_the_code_asks_for_and_kfp_needs() -> None:
     kinds = [d["kind"] for d in RBAC]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding"]  # namespaced only, no ClusterRole
-    account, role, binding = RBAC
+    # namespaced only, no ClusterRole
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ServiceAccount"]
+    account, role, binding, trainer = RBAC
     granted = _granted(role)
     needed = rbac_permissions()
     assert not needed & KFP_ITSELF.keys(), "a KFP-only permission is now used by our code"
@@ -77,6 +78,16 @@ def test_role_grants_exactly_what_the_code_asks_for_and_kfp_needs() -> None:
     assert {d["metadata"]["namespace"] for d in RBAC} == {sa_subject["namespace"]}
     example = yaml.safe_load((REPO / "docs/deploy/example.yaml").read_text())
     assert example["kfp"]["service_account"] == "llmft-pipeline"
+    # N18: the training pods' account is bound to nothing (no Kubernetes API rights) and is the
+    # kfp target's default for the PyTorchJob pods.
+    from components.run_params import RunParams
+
+    assert trainer["metadata"]["name"] == RunParams.for_target("kfp").service_account
+    assert trainer["metadata"]["name"] == example["kfp"]["parameters"]["service_account"]
+    assert trainer["metadata"]["name"] not in {s["name"] for s in binding["subjects"]}
+    assert trainer["metadata"]["annotations"] == {
+        "iam.gke.io/gcp-service-account": "llmft-trainer@PROJECT_ID.iam.gserviceaccount.com"
+    }
 
 
 def test_every_reviewed_permission_is_still_asked_for(request: pytest.FixtureRequest) -> None:

@@ -182,7 +182,7 @@ def test_each_default_is_written_once_in_the_code() -> None:
         '"kubeflow"': "components/run_params.py",
         '"llmft-hf-token"': "components/run_params.py",
         '"us-central1"': "components/run_params.py",
-        '"llmft-pipeline"': "components/run_params.py",
+        '"llmft-trainer"': "components/run_params.py",
         "lr: float = 2e-5": "trainer/config.py",  # learning_rate's default is the trainer's
         "1e-3": None,  # the old pipeline default, gone
     }
@@ -328,7 +328,7 @@ def test_the_schema_validation_applies_the_named_checks(data_file: str):
         "unresolved KFP placeholder" in e
         for e in params.errors(target="kfp", run_id="{{$.pipeline_job_uuid}}")
     )
-    assert RunParams.for_target("kfp").service_account == "llmft-pipeline"
+    assert RunParams.for_target("kfp").service_account == "llmft-trainer"
     assert RunParams.for_target("vertex").backend == "vertex"
     assert RunParams().backend == "local" and RunParams().preprocess_runner == "DirectRunner"
 

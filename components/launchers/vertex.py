@@ -6,10 +6,11 @@ first reads its `gcp_resources` output, then lists the run's jobs by label, and 
 previous attempt started (unless that one failed: then a new one resumes from the checkpoints).
 Transient API errors while polling are retried with exponential backoff.
 
-Cleanup in depth: the launcher writes a `gcp_resources` output in Google Cloud Pipeline
-Components' format right after creating the job, so cancelling the pipeline run cancels the job
-(Vertex Pipelines reads it); SIGTERM or any failure of the launcher cancels it too; cleanup
-cancels every job with the run label.
+Cleanup in depth: cancelling the pipeline run sends the task SIGTERM, and `Launcher.run` cancels
+the job then (as GCPC's own SIGTERM handler does); any failure of the launcher cancels it too;
+cleanup cancels every job with the run label. The `gcp_resources` output, written in Google
+Cloud Pipeline Components' format right after the job is created, is the console's link to the
+job and what a retried task reads first; it cancels nothing by itself.
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ def api_endpoint(location: str) -> str:
 
 
 def job_uri(location: str, job_name: str) -> str:
-    """The resource URI GCPC writes in gcp_resources (what Vertex Pipelines cancels)."""
+    """The resource URI GCPC writes in gcp_resources (the console's link to the job)."""
     return f"https://{api_endpoint(location)}/v1/{job_name}"
 
 
 def write_gcp_resources(path: str, location: str, job_name: str) -> None:
-    """GCPC's `gcp_resources` JSON for one CustomJob (Vertex Pipelines cancels it with the run)."""
+    """GCPC's `gcp_resources` JSON for one CustomJob (the console links it; a retry reads it)."""
     payload = {
         "resources": [{"resourceType": "CustomJob", "resourceUri": job_uri(location, job_name)}]
     }

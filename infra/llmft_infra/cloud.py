@@ -9,7 +9,6 @@ the project; `llmft_infra.policy` lists them with the reason, and the tests fail
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -27,6 +26,9 @@ APIS = (
     "aiplatform.googleapis.com",
     "artifactregistry.googleapis.com",
     "cloudbuild.googleapis.com",
+    # Project-level IAM grants (projects.setIamPolicy) go through this API; a fresh project
+    # answers 403 "has not been used" without it.
+    "cloudresourcemanager.googleapis.com",
     "compute.googleapis.com",
     "dataflow.googleapis.com",
     "iam.googleapis.com",
@@ -57,14 +59,31 @@ class Cloud:
 class Grants:
     """Create IAM member resources, one per (scope, role, member), with readable names."""
 
-    def __init__(self, settings: Settings, cloud_grants: list[pulumi.Resource]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cloud_grants: list[pulumi.Resource],
+        apis: dict[str, gcp.projects.Service],
+    ) -> None:
         self.settings = settings
         self.created = cloud_grants
+        self.apis = apis
+        """Every grant waits for these (the GKE part adds its API before its grants)."""
 
     def _name(self, scope: str, role: str, who: str) -> str:
         return f"{scope}-{role.removeprefix('roles/').replace('.', '-')}-{who}"
 
-    def project(self, role: str, who: str, member: pulumi.Input[str], **opts: Any) -> None:
+    def _opts(self, depends_on: list[pulumi.Resource] | None = None) -> pulumi.ResourceOptions:
+        """After the APIs: an IAM call to a service not yet enabled fails with 403."""
+        return pulumi.ResourceOptions(depends_on=[*self.apis.values(), *(depends_on or [])])
+
+    def project(
+        self,
+        role: str,
+        who: str,
+        member: pulumi.Input[str],
+        depends_on: list[pulumi.Resource] | None = None,
+    ) -> None:
         """Project-wide: only for roles that have no narrower scope (see policy.py)."""
         self.created.append(
             gcp.projects.IAMMember(
@@ -72,7 +91,7 @@ class Grants:
                 project=self.settings.project,
                 role=role,
                 member=member,
-                opts=pulumi.ResourceOptions(**opts),
+                opts=self._opts(depends_on),
             )
         )
 
@@ -81,7 +100,11 @@ class Grants:
     ) -> None:
         self.created.append(
             gcp.storage.BucketIAMMember(
-                self._name("bucket", role, who), bucket=bucket.name, role=role, member=member
+                self._name("bucket", role, who),
+                bucket=bucket.name,
+                role=role,
+                member=member,
+                opts=self._opts(),
             )
         )
 
@@ -100,6 +123,7 @@ class Grants:
                 repository=repo.name,
                 role=role,
                 member=member,
+                opts=self._opts(),
             )
         )
 
@@ -113,6 +137,7 @@ class Grants:
                 secret_id=secret.secret_id,
                 role=role,
                 member=member,
+                opts=self._opts(),
             )
         )
 
@@ -122,7 +147,7 @@ class Grants:
         role: str,
         who: str,
         member: pulumi.Input[str],
-        **opts: Any,
+        depends_on: list[pulumi.Resource] | None = None,
     ) -> None:
         """On one service account (actAs, Workload Identity), not on every account of the project."""
         self.created.append(
@@ -131,7 +156,7 @@ class Grants:
                 service_account_id=account.name,
                 role=role,
                 member=member,
-                opts=pulumi.ResourceOptions(**opts),
+                opts=self._opts(depends_on),
             )
         )
 
@@ -154,7 +179,7 @@ def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
     docker_repo, kfp_repo, hf_token = _repositories_and_secret(settings, names, after_apis)
     accounts = _accounts(project, names, after_apis)
     cloud = Cloud(apis, bucket, docker_repo, kfp_repo, hf_token, accounts)
-    grants = Grants(settings, cloud.grants)
+    grants = Grants(settings, cloud.grants, cloud.apis)
     _grant_service_accounts(grants, cloud)
     _grant_deployers(grants, cloud, settings.deployers)
     return cloud, grants
@@ -287,8 +312,11 @@ def _grant_service_accounts(grants: Grants, cloud: Cloud) -> None:
     grants.account(accounts["trainer"], "roles/iam.serviceAccountUser", "pipeline", pipeline)
     grants.account(accounts["dataflow"], "roles/iam.serviceAccountUser", "pipeline", pipeline)
 
-    # Training replicas read the dataset and base model, write checkpoints and the model.
+    # Training replicas read the dataset and base model, write checkpoints and the model; on
+    # Vertex AI each replica reads the Hugging Face token at start (components/secrets.py), so a
+    # gated model downloads there too.
     grants.bucket(bucket, "roles/storage.objectAdmin", "trainer", trainer)
+    grants.secret(hf_token, "roles/secretmanager.secretAccessor", "trainer", trainer)
 
     # Dataflow workers: the worker role (project-only), the bucket, the custom container.
     grants.project("roles/dataflow.worker", "dataflow", dataflow)

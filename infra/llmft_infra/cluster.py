@@ -4,9 +4,10 @@
   nodes run as their own account with only the node role and image pulls.
 - A CPU pool for KFP, the per-run etcd and component pods; a GPU pool that autoscales from zero
   (no GPU node while nothing trains) with GKE-managed NVIDIA drivers.
-- Kubernetes objects go through a provider bound to this cluster: the namespace, the trainer's
-  service account, docs/deploy/rbac.yaml (read from that file, placeholders filled in) and the
-  vendored Training Operator v1.9 manifest.
+- Kubernetes objects go through a provider bound to this cluster: the namespace,
+  docs/deploy/rbac.yaml (the pipeline's and the trainer's service accounts and the pipeline's
+  Role; read from that file, placeholders filled in) and the vendored Training Operator v1.9
+  manifest.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ CLUSTER_NAME = "llmft"
 gpu_driver = gcp.container.NodePoolNodeConfigGuestAcceleratorGpuDriverInstallationConfigArgs
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 """Access is decided by IAM, not by legacy scopes."""
+DATAPATH_PROVIDER = "ADVANCED_DATAPATH"
+"""GKE Dataplane V2, which enforces NetworkPolicy (cloud.google.com/kubernetes-engine/docs/
+concepts/dataplane-v2: "built-in network policy enforcement"; set at cluster creation only)."""
 PROJECT_PLACEHOLDER = "PROJECT_ID"
 """What docs/deploy/rbac.yaml writes in place of the project id."""
 
@@ -56,7 +60,6 @@ class Gke:
     gpu_pool: gcp.container.NodePool
     provider: k8s.Provider
     namespaces: dict[str, k8s.core.v1.Namespace]
-    trainer_ksa: k8s.core.v1.ServiceAccount
     rbac: k8s.yaml.ConfigFile
     training_operator: k8s.yaml.ConfigFile | None
 
@@ -153,10 +156,8 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
     cpu_pool, gpu_pool = _node_pools(gke, settings.project, cluster, nodes)
     provider, namespaces = _namespaces(gke, cluster, cpu_pool)
     _workload_identity(gke, settings.project, names, cloud, grants, cluster)
-    trainer_ksa, rbac, operator = _kubernetes_objects(
-        gke, settings.project, names, cloud, provider, namespaces
-    )
-    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, trainer_ksa, rbac, operator)
+    rbac, operator = _kubernetes_objects(gke, settings.project, names, provider, namespaces)
+    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, rbac, operator)
 
 
 def _node_account(
@@ -204,6 +205,10 @@ def _cluster(
         initial_node_count=1,
         node_config=gcp.container.ClusterNodeConfigArgs(**_node_config(nodes, "default")),
         workload_identity_config={"workload_pool": f"{project}.svc.id.goog"},
+        # Dataplane V2 (eBPF) enforces NetworkPolicy: without it the per-run etcd's policy
+        # (components/etcd/manifests.py) is inert and any pod could reach that etcd. It can only
+        # be chosen when the cluster is created.
+        datapath_provider=DATAPATH_PROVIDER,
         release_channel={"channel": "REGULAR"},
         deletion_protection=gke.deletion_protection,
         resource_labels=settings.labels,
@@ -298,14 +303,13 @@ def _workload_identity(
     # Workload Identity: the pipeline's pods (rbac.yaml's service account) act as the pipeline
     # account, the PyTorchJob pods as the trainer account.
     pool = f"serviceAccount:{project}.svc.id.goog"
-    after_cluster = {"depends_on": [cluster]}
     for key, ksa in (("pipeline", names.pipeline_ksa), ("trainer", TRAINER_ACCOUNT)):
         grants.account(
             cloud.accounts[key],
             "roles/iam.workloadIdentityUser",
             f"ksa-{ksa}",
             f"{pool}[{gke.namespace}/{ksa}]",
-            **after_cluster,
+            depends_on=[cluster],
         )
     # Vertex AI Pipelines driving this cluster (backend=gke) fetch its credentials as the pipeline
     # account; what it may do inside is rbac.yaml's Role. GKE has no per-cluster IAM.
@@ -318,22 +322,11 @@ def _kubernetes_objects(
     gke: GkeSettings,
     project: str,
     names: Names,
-    cloud: Cloud,
     provider: k8s.Provider,
     namespaces: dict[str, k8s.core.v1.Namespace],
-) -> tuple[k8s.core.v1.ServiceAccount, k8s.yaml.ConfigFile, k8s.yaml.ConfigFile | None]:
-    """The trainer's service account, docs/deploy/rbac.yaml and the Training Operator."""
+) -> tuple[k8s.yaml.ConfigFile, k8s.yaml.ConfigFile | None]:
+    """docs/deploy/rbac.yaml (both service accounts, the Role) and the Training Operator."""
     in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespaces[gke.namespace]])
-    trainer_ksa = k8s.core.v1.ServiceAccount(
-        "ksa-trainer",
-        metadata={
-            "name": TRAINER_ACCOUNT,
-            "namespace": gke.namespace,
-            "labels": {"app.kubernetes.io/part-of": "llmft"},
-            "annotations": {"iam.gke.io/gcp-service-account": cloud.accounts["trainer"].email},
-        },
-        opts=in_namespace,
-    )
     rbac = k8s.yaml.ConfigFile(
         "rbac",
         file=str(RBAC_FILE),
@@ -350,4 +343,4 @@ def _kubernetes_objects(
                 provider=provider, depends_on=[namespaces[TRAINING_OPERATOR_NAMESPACE]]
             ),
         )
-    return trainer_ksa, rbac, operator
+    return rbac, operator

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from components.platform_facts import machine, machine_accelerator_errors
 from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
-from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, RunParams
+from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, TARGET_DEFAULTS, RunParams
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO_ROOT / "docs" / "deploy" / "rbac.yaml"
@@ -25,9 +26,9 @@ TRAINING_OPERATOR_FILE = (
     Path(__file__).resolve().parents[1] / "vendor" / "training-operator-v1.9.0.yaml"
 )
 
-TRAINER_ACCOUNT = "llmft-trainer"
-"""Training replicas' Google service account id, and their Kubernetes service account (GKE):
-the same name `llmft render pytorchjob --service-account` defaults to."""
+TRAINER_ACCOUNT: str = TARGET_DEFAULTS["kfp"]["service_account"]
+"""Training replicas' Google service account id, and the name of their Kubernetes service
+account (docs/deploy/rbac.yaml), which the kfp target's `service_account` defaults to."""
 DATAFLOW_ACCOUNT = "llmft-dataflow"
 """Dataflow workers' service account id (the pipeline passes it as `service_account_email`)."""
 NODE_ACCOUNT = "llmft-gke-nodes"
@@ -48,7 +49,7 @@ class Names:
     pipeline_account: str
     """Google service account of the pipeline (rbac.yaml's Workload Identity annotation)."""
     pipeline_ksa: str
-    """Kubernetes service account of KFP's pods (rbac.yaml's ServiceAccount)."""
+    """Kubernetes service account of KFP's pods (rbac.yaml's ServiceAccount with the Role)."""
     rbac_namespace: str
     """Namespace rbac.yaml is written for (KFP's, `kubeflow`)."""
     docker_repository: str
@@ -66,7 +67,11 @@ def names() -> Names:
     from components.image import IMAGE_REPOSITORY
 
     docs = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d]
-    account = next(d for d in docs if d["kind"] == "ServiceAccount")
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    bound = {s["name"] for s in binding["subjects"] if s["kind"] == "ServiceAccount"}
+    account = next(
+        d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] in bound
+    )
     gsa = account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
     repository, image = IMAGE_REPOSITORY.split("/")[-2:]
     return Names(
@@ -262,6 +267,20 @@ def _gke_errors(gke: GkeSettings, region: str, errors: list[str]) -> None:
         )
     if gke.accelerator_count < 1:
         errors.append("gke.accelerator_count: at least 1 (a CPU-only cluster needs no GPU pool)")
+    elif gke.accelerator_type.startswith("nvidia-"):
+        # GKE rejects a pool whose machine cannot carry its GPUs, ~10 minutes into `pulumi up`.
+        errors += [
+            f"gke.gpu_machine_type/accelerator_type/accelerator_count: {problem}"
+            for problem in machine_accelerator_errors(
+                gke.gpu_machine_type, gke.accelerator_type, gke.accelerator_count
+            )
+        ]
+    cpu_machine = machine(gke.cpu_machine_type)
+    if cpu_machine is not None and cpu_machine.gpus:
+        errors.append(
+            f"gke.cpu_machine_type: {gke.cpu_machine_type} carries GPUs; the CPU pool needs a "
+            f"machine without any, e.g. {GkeSettings.cpu_machine_type}"
+        )
     if gke.cpu_min_nodes < 1 or gke.cpu_max_nodes < gke.cpu_min_nodes:
         errors.append("gke.cpu_min_nodes/cpu_max_nodes: need 1 <= min <= max")
     if gke.gpu_max_nodes < 1:

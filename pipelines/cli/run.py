@@ -30,6 +30,13 @@ WaitOpt = Annotated[bool, typer.Option(help="Follow the run and exit non-zero if
 VerboseOpt = Annotated[
     bool, typer.Option(help="Local: also stream the tasks' logs to the terminal.")
 ]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Vertex/KFP: check the config and parameters as a submission would, print the "
+        "parameters, submit nothing (no credentials or server needed)."
+    ),
+]
 
 
 @user_errors
@@ -44,6 +51,7 @@ def run_cmd(
     schedule_time: ScheduleTimeOpt = None,
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
+    dry_run: DryRunOpt = False,
     *,
     deploy: dict[str, Any],
 ) -> None:
@@ -56,10 +64,17 @@ def run_cmd(
         deploy, display_name=display_name, experiment=experiment, failure_policy=failure_policy
     )
     if check_choice(backend, TARGETS) == "local":
-        _warn_ignored({**remote, "schedule_time": schedule_time, "wait": wait or None})
+        _warn_ignored(
+            {
+                **remote,
+                "schedule_time": schedule_time,
+                "wait": wait or None,
+                "dry_run": dry_run or None,
+            }
+        )
         _run_local(params, config, verbose)
     else:
-        _submit(backend, config, params, remote, schedule_time, wait)
+        _submit(backend, config, params, remote, schedule_time, wait, dry_run)
 
 
 def _warn_ignored(remote: dict[str, Any]) -> None:
@@ -99,12 +114,22 @@ def _submit(
     remote: dict[str, Any],
     schedule_time: str | None,
     wait: bool,
+    dry_run: bool = False,
 ) -> None:
-    """Load the deploy config (file + flags) and submit one run to Vertex AI or KFP."""
+    """Load the deploy config (file + flags) and submit one run to Vertex AI or KFP (or, with
+    `dry_run`, check it and print the run's parameters)."""
+    import json
+
     from pipelines.deploy.config import load_for
+    from pipelines.deploy.submit import dry_run as check_run
     from pipelines.deploy.submit import submit_kfp, submit_vertex
 
     cfg = load_for(backend, config, parameters=params, **remote)
     when = parse_schedule_time(schedule_time)
+    if dry_run:
+        checked = check_run(cfg, backend, schedule_time=when)
+        typer.echo(f"dry run: a {backend} run of {cfg.template} passes every check; parameters:")
+        typer.echo(json.dumps(checked, indent=2, sort_keys=True))
+        return
     submit = submit_vertex if backend == "vertex" else submit_kfp
     submit(cfg, schedule_time=when, wait=wait, report=typer.echo)

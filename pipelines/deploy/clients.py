@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -125,11 +126,34 @@ def kfp_host(settings: KfpSettings) -> str:
     return host.rstrip("/")
 
 
-def kfp_client(settings: KfpSettings) -> kfp.client.Client:
+def kfp_backend_error(host: str, tag_name: object) -> str | None:
+    """Why the KFP backend of release `tag_name` (its healthz `tag_name`) cannot run the compiled
+    pipeline as intended, or None. An unknown or unparseable tag is not judged."""
+    from components.platform_facts import kfp_backend_floor, version_text
+
+    found = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", str(tag_name or ""))
+    if not found:
+        return None
+    version = tuple(int(part) for part in found.groups())
+    floor = kfp_backend_floor()
+    if version >= floor:
+        return None
+    return (
+        f"KFP at {host} is backend {tag_name}; the compiled pipeline needs {version_text(floor)} "
+        "or later (docs/deploy/README.md, KFP on GKE: on older ones optional Secrets, pod "
+        "security settings or the schedule-time placeholder are silently dropped): upgrade "
+        "Kubeflow Pipelines"
+    )
+
+
+def kfp_client(settings: KfpSettings, *, check_version: bool = True) -> kfp.client.Client:
     """A kfp.Client for the configured host, checked to answer before it is returned.
 
     kfp.Client retries an unreachable endpoint for half a minute before failing with a stack
-    trace; one quick health probe first turns that into an immediate, readable error.
+    trace; one quick health probe first turns that into an immediate, readable error. The same
+    probe reports the backend's release (`tag_name`, since KFP 2.0.0:
+    backend/src/apiserver/main.go); with `check_version`, one older than the compiled
+    pipeline's floor is refused before anything is uploaded, run or scheduled.
     """
     import warnings
 
@@ -157,6 +181,8 @@ def kfp_client(settings: KfpSettings) -> kfp.client.Client:
         raise ValueError(
             f"{host} answered {probe.status_code} to /apis/v2beta1/healthz: is it a KFP API endpoint?"
         )
+    elif check_version and (problem := kfp_backend_error(host, _healthz_tag(probe))):
+        raise ValueError(problem)
     with warnings.catch_warnings():
         warnings.simplefilter(
             "ignore", FutureWarning
@@ -201,3 +227,12 @@ def schedule_service(location: str, credentials: Credentials) -> Any:
         credentials=credentials,
         client_options={"api_endpoint": f"{location}-aiplatform.googleapis.com"},
     )
+
+
+def _healthz_tag(probe: Any) -> object:
+    """The `tag_name` of a healthz answer (None when the body is not the JSON KFP sends)."""
+    try:
+        body = probe.json()
+    except ValueError:
+        return None
+    return body.get("tag_name") if isinstance(body, dict) else None

@@ -56,6 +56,9 @@ class VertexSettings:
     """Artifact Registry KFP repository, `https://<region>-kfp.pkg.dev/<project>/<repo>`."""
     encryption_key: str | None = None
     """Cloud KMS key for CMEK, `projects/.../cryptoKeys/<key>`."""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    """Pipeline parameters for runs on Vertex AI only, over the shared `parameters` (e.g. the
+    trainer's service-account email, where KFP needs a Kubernetes name)."""
 
 
 @dataclass
@@ -82,6 +85,9 @@ class KfpSettings:
     """Uploaded pipeline version to run (with pipeline_id)."""
     iap_client_id: str | None = None
     """OAuth client id when the endpoint sits behind Identity-Aware Proxy."""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    """Pipeline parameters for runs on KFP only, over the shared `parameters` (e.g. the
+    training pods' Kubernetes service account)."""
 
 
 @dataclass
@@ -115,7 +121,8 @@ class DeployConfig:
     display_name: str = "llmft-fine-tune"
     """Run display name (a timestamp is added by the backends' job ids)."""
     parameters: dict[str, Any] = field(default_factory=dict)
-    """Pipeline parameters; names must exist in the template."""
+    """Pipeline parameters; names must exist in the template. `vertex.parameters` and
+    `kfp.parameters` override them for runs on that backend; `--param` flags override both."""
     vertex: VertexSettings = field(default_factory=VertexSettings)
     kfp: KfpSettings = field(default_factory=KfpSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
@@ -243,8 +250,10 @@ def flag_overrides(backend: Backend, **flags: Any) -> dict[str, Any]:
     for name, value in flags.items():
         if value is None or value == [] or value == {}:
             continue
-        if name in ("template", "display_name", "parameters"):
+        if name in ("template", "display_name"):
             overrides[name] = value
+        elif name == "parameters":  # over the file's shared and this backend's parameters
+            overrides[f"{backend}.parameters"] = value
         elif name in _SHARED:
             overrides[f"{backend}.{name}"] = value
         elif name in _VERTEX_ONLY:
@@ -270,8 +279,14 @@ def default_template(backend: Backend) -> str:
 
 
 def load_for(backend: Backend, path: Path | None, **flags: Any) -> DeployConfig:
-    """`load_config` with flags, defaulting the template to the backend's compiled target."""
+    """`load_config` with flags, defaulting the template to the backend's compiled target.
+
+    `parameters` of the result are the ones a run on `backend` gets: the shared ones, then the
+    backend's own section's, then the flags'.
+    """
     config = load_config(path, flag_overrides(backend, **flags))
+    section: VertexSettings | KfpSettings = config.vertex if backend == "vertex" else config.kfp
+    config.parameters = {**config.parameters, **section.parameters}
     if config.template is None and not (backend == "kfp" and config.kfp.version_id):
         config.template = default_template(backend)
     return config

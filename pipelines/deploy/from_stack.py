@@ -47,21 +47,33 @@ def parse_stack_output(text: str, source: str = "stack output") -> dict[str, Any
 
 
 def config_from_stack(outputs: dict[str, Any]) -> dict[str, Any]:
-    """The deploy-config keys the stack determines, as a nested mapping."""
+    """The deploy-config keys the stack determines, as a nested mapping.
+
+    The trainer's identity depends on where it runs: a Vertex CustomJob runs as the trainer's
+    Google service account (an email, under `vertex.parameters`), PyTorchJob pods on GKE as the
+    Kubernetes service account that Workload Identity maps to it (`trainer_ksa`, under
+    `kfp.parameters`). A GKE stack's GPU pool also fixes the training machines: its machine type,
+    accelerator (in the Vertex naming the pipeline takes) and count go to the shared parameters,
+    a combination that Vertex AI offers too.
+    """
+    from components.platform_facts import accelerator
+
     parameters: dict[str, Any] = {
         "project": outputs["project"],
         "region": outputs["region"],
         "work_uri": outputs["work_uri"],
-        # Vertex CustomJob replicas run as the trainer account (on GKE the pods' Kubernetes
-        # service account, `trainer_ksa`, is mapped to the same account).
-        "service_account": outputs["trainer_service_account"],
         "dataflow_options": {"service_account_email": outputs["dataflow_service_account"]},
     }
+    vertex_parameters = {"service_account": outputs["trainer_service_account"]}
     kfp: dict[str, Any] = {"pipeline_root": outputs["kfp_pipeline_root"]}
     if outputs.get("gke_cluster"):
         parameters["gke_cluster"] = outputs["gke_cluster"]
         parameters["namespace"] = outputs["namespace"]
+        parameters["machine_type"] = outputs["gpu_machine_type"]
+        parameters["accelerator_type"] = accelerator(outputs["accelerator_type"]).vertex_name
+        parameters["accelerator_count"] = int(outputs["accelerator_count"])
         kfp["service_account"] = outputs["pipeline_ksa"]
+        kfp["parameters"] = {"service_account": outputs["trainer_ksa"]}
     return {
         "parameters": parameters,
         "vertex": {
@@ -70,9 +82,21 @@ def config_from_stack(outputs: dict[str, Any]) -> dict[str, Any]:
             "pipeline_root": outputs["pipeline_root"],
             "service_account": outputs["pipeline_service_account"],
             "registry": outputs["kfp_registry"],
+            "parameters": vertex_parameters,
         },
         "kfp": kfp,
     }
+
+
+def _drop_moved(base: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
+    """Forget a shared `service_account` that an earlier from-stack wrote (the trainer's email):
+    it now lives under `vertex.parameters`, and left shared it would reach KFP runs too."""
+    shared = base.get("parameters")
+    if isinstance(shared, dict) and shared.get("service_account") == outputs.get(
+        "trainer_service_account"
+    ):
+        base = {**base, "parameters": {k: v for k, v in shared.items() if k != "service_account"}}
+    return base
 
 
 def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +121,7 @@ def write_config(outputs: dict[str, Any], path: Path) -> dict[str, Any]:
     from trainer.config_file import read_yaml_mapping
 
     base = read_yaml_mapping(path) if path.exists() else {}
-    config = _merge(base, config_from_stack(outputs))
+    config = _merge(_drop_moved(base, outputs), config_from_stack(outputs))
     text = yaml.safe_dump(config, sort_keys=False)
     header = "# Written by `llmft config from-stack` from the infra stack's outputs; edit freely.\n"
     path.parent.mkdir(parents=True, exist_ok=True)

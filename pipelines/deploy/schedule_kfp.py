@@ -173,7 +173,7 @@ def list_kfp_schedules(
 ) -> list[ScheduleSummary]:
     """The recurring runs (optionally only those named `display_name`)."""
     validate(config, "kfp", "manage")
-    client = client or kfp_client(config.kfp)
+    client = client or kfp_client(config.kfp, check_version=False)
     with cloud_errors("listing KFP recurring runs"):
         runs = _kfp_list(client, config, display_name)
     return [
@@ -197,7 +197,7 @@ def manage_kfp_schedule(
 ) -> None:
     """Pause (disable), resume (enable) or delete one recurring run."""
     validate(config, "kfp", "manage")
-    client = client or kfp_client(config.kfp)
+    client = client or kfp_client(config.kfp, check_version=False)
     with cloud_errors(f"{action} recurring run {ident}"):
         if action == "pause":
             client.disable_recurring_run(ident)

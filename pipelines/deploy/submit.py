@@ -195,6 +195,20 @@ def vertex_parameters(
     return params, credentials
 
 
+def dry_run(
+    config: DeployConfig, backend: str, *, schedule_time: dt.datetime | None = None
+) -> dict[str, Any]:
+    """Every check `submit_vertex`/`submit_kfp` makes before contacting anything; the parameters
+    the run would get. Needs no credentials and no server (a registry-URI or uploaded template
+    is checked by name and type only, as it is not fetched).
+
+    Raises:
+        ValueError: every config or parameter problem, as a real submission would report them.
+    """
+    validate(config, "vertex" if backend == "vertex" else "kfp", "run")
+    return prepare_parameters(config, backend, schedule_time=schedule_time, recurring=False)
+
+
 def vertex_job(config: DeployConfig, params: dict[str, Any], credentials: Credentials) -> Any:
     """Build (not submit) the `aiplatform.PipelineJob` for this config."""
     from google.cloud import aiplatform

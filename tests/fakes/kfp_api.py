@@ -32,6 +32,8 @@ class FakeKfp(LocalHttpServer):
         self.runs: dict[str, dict[str, Any]] = {}
         self.run_states: list[str] = ["RUNNING", "SUCCEEDED"]
         self.recurring: dict[str, dict[str, Any]] = {}
+        self.tag_name = "2.16.0"
+        """The release the healthz answer reports (backend/src/apiserver/main.go@2.16.0)."""
 
     @staticmethod
     def _named(items: list[dict[str, Any]], flt: str | None) -> list[dict[str, Any]]:
@@ -46,7 +48,12 @@ class FakeKfp(LocalHttpServer):
     def handle(self, rec: Recorded) -> tuple[int, Any]:
         path, q = rec.path.removeprefix(self.API), rec.query
         if path == "/healthz":
-            return 200, {"multi_user": False, "pipeline_store": "kfp"}
+            return 200, {
+                "commit_sha": "0123abc",
+                "tag_name": self.tag_name,
+                "multi_user": False,
+                "pipeline_store": "kfp",
+            }
         if path == "/experiments" and rec.method == "GET":
             found = self._named(list(self.experiments.values()), q.get("filter"))
             return 200, {"experiments": found, "total_size": len(found)}

@@ -50,6 +50,17 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def __init__(self) -> None:
         self.resources: list[Recorded] = []
+        self.depends_on: dict[str, list[str]] = {}
+        """Resource name -> names of its explicit `depends_on` (the mocks' registration carries
+        no dependencies, so a stack transformation records them)."""
+
+    def record_dependencies(self, args: pulumi.ResourceTransformationArgs) -> None:
+        """A stack transformation: note `args.opts.depends_on` by resource name, change nothing."""
+        depends = args.opts.depends_on if args.opts else None
+        if isinstance(depends, pulumi.Resource):
+            depends = [depends]
+        self.depends_on[args.name] = [d._name for d in depends or []]
+        return None
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         self.resources.append(
@@ -124,6 +135,7 @@ def run_stack(settings: Any, extra: Any = None) -> tuple[RecordingMocks, dict[st
 
     @pulumi.runtime.test
     def program() -> Any:
+        pulumi.runtime.register_stack_transformation(mocks.record_dependencies)
         result = build_stack(settings)
         if extra is not None:
             extra()
@@ -131,3 +143,24 @@ def run_stack(settings: Any, extra: Any = None) -> tuple[RecordingMocks, dict[st
 
     program()
     return mocks, outputs
+
+
+IAM_WHERE = {
+    "gcp:projects/iAMMember:IAMMember": ("project", "project"),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": ("bucket", "bucket"),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": ("repository", "repository"),
+    "gcp:secretmanager/secretIamMember:SecretIamMember": ("secret", "secretId"),
+    "gcp:serviceaccount/iAMMember:IAMMember": ("account", "serviceAccountId"),
+}
+"""IAM member resource type -> (scope kind, the input naming the scope)."""
+
+
+def iam_grants(mocks: RecordingMocks) -> set[tuple[str, str, str, str]]:
+    """(scope kind, scope, role, member); scope = project/bucket/repository/secret/account name."""
+    grants = set()
+    for r in mocks.resources:
+        if r.typ in IAM_WHERE:
+            kind, key = IAM_WHERE[r.typ]
+            scope = str(r.inputs[key]).rsplit("/", 1)[-1]
+            grants.add((kind, scope, r.inputs["role"], r.inputs["member"]))
+    return grants
