@@ -228,6 +228,13 @@ def evaluate_cmd(
         str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")
     ] = None,
     require_pass: Annotated[bool, typer.Option(help="Exit 1 when the quality gate fails.")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            help="Replace metrics.json, generations.jsonl and report.html in --output even "
+            "when no llmft evaluation wrote them."
+        ),
+    ] = False,
 ) -> None:
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, HTML report."""
     import logging
@@ -245,6 +252,7 @@ def evaluate_cmd(
         base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
         max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
         champion=champion, thresholds=thresholds, max_new_tokens=max_new_tokens, device=device,
+        overwrite=overwrite,
     )  # fmt: skip
     result = run_evaluation(request)
     print_json(
