@@ -13,7 +13,7 @@ from typing import Any
 from trainer.config import TrainConfig
 
 
-def preflight(config: TrainConfig, *, local: bool) -> None:
+def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> None:
     """What the trainer would find out on every rank, found here once, before torchrun or a
     cloud job starts: each problem in one ValueError.
 
@@ -22,6 +22,9 @@ def preflight(config: TrainConfig, *, local: bool) -> None:
     and, for a local model directory, that its tokenizer is the one the data was packed with and
     that it has positions for `seq_len` tokens. `local`: the model and data paths are on this
     machine (the local backend); otherwise only what is readable here (gs:// via fsspec) is read.
+    A run that would resume from a checkpoint another run left in its output (another model,
+    data or recipe: `trainer.checkpoint.RESUME_MUST_MATCH`) is refused, unless `overwrite` (the
+    caller then deletes those checkpoints).
     """
     from trainer.packed_data.format import read_manifest
 
@@ -53,8 +56,25 @@ def preflight(config: TrainConfig, *, local: bool) -> None:
             )
         if model_dir is not None:
             errors += _model_fits_errors(model_dir, config, manifest)
+    if config.resume and not overwrite and (local or "://" in config.output):
+        errors += _resume_errors(config)
     if errors:
         raise ValueError("the training run cannot start:\n  - " + "\n  - ".join(errors))
+
+
+def _resume_errors(config: TrainConfig) -> list[str]:
+    """A checkpoint of another run in the output: the trainer would refuse it on every rank."""
+    from trainer import storage
+
+    if not storage.exists(config.checkpoints_dir()):
+        return []
+    from trainer.checkpoint import check_resume  # imports torch: only when there is one
+
+    try:
+        check_resume(config.checkpoints_dir(), config)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
 
 
 def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | None:

@@ -47,6 +47,13 @@ def train_cmd(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            help="Delete the checkpoints a previous run left in --output and start over "
+            "(default: resume from them, refused when they are another run's)."
+        ),
+    ] = False,
 ) -> None:
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
     import uuid
@@ -73,7 +80,7 @@ def train_cmd(
             rdzv_endpoint=rdzv_endpoint,
             max_restarts=max_restarts,
         )
-        metadata = train(launch, LocalOptions())
+        metadata = train(launch, LocalOptions(), overwrite=overwrite)
     except LaunchFailed as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(130 if isinstance(exc, LaunchCancelled) else 1) from None

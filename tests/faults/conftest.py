@@ -63,9 +63,12 @@ def instruction_rows(n: int, tag: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def small_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """A packed dataset of 300 instruction records for the tiny model (seq_len 512)."""
-    source = tmp_path_factory.mktemp("fault_records") / "train.jsonl"
-    source.write_text("".join(json.dumps(r) + "\n" for r in instruction_rows(300, "base")))
-    out = tmp_path_factory.mktemp("fault_dataset") / "dataset"
-    preprocess([source], out, tiny_model_dir)
+    """A small packed dataset (seq_len 64) made with the tiny model's tokenizer."""
+    from packed_fixtures import write_packed_dataset
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    records = instruction_rows(48, "small")
+    out = tmp_path_factory.mktemp("fault_dataset")
+    write_packed_dataset(out, tokenizer, {"train": records[:40], "eval": records[40:]}, seq_len=64)
     return out
