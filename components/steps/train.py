@@ -191,7 +191,7 @@ def train(
         ValueError: invalid options or inputs (all listed together), before anything starts.
         LaunchFailed: the run failed or was cancelled (with the reason and last log lines).
     """
-    from components.preflight import preflight
+    from components.preflight import check_rendezvous, preflight
 
     if isinstance(options, VertexOptions) and launch.rdzv_backend != "c10d":
         logger.warning(
@@ -202,6 +202,8 @@ def train(
     launch.validate()
     if launch.entrypoint == TRAINER_ENTRYPOINT:
         preflight(launch.trainer, local=isinstance(options, LocalOptions), overwrite=overwrite)
+    if isinstance(options, LocalOptions) and launch.rdzv_endpoint:
+        check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
     if overwrite:
         storage.remove(launch.trainer.checkpoints_dir())
     runner = launcher(options, log=log)
