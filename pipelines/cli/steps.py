@@ -273,3 +273,37 @@ def evaluate_cmd(
     )
     if require_pass and not result.passed:
         raise typer.Exit(1)
+
+
+@user_errors
+def cleanup_cmd(
+    run_id: Annotated[
+        str | None,
+        typer.Option(help="The local run to remove, running or not (default: every dead run)."),
+    ] = None,
+    state_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="State root of the runs ($LLMFT_STATE_DIR, else <tmp>/llmft-runs; a local "
+            "pipeline run's is <workdir>/state)."
+        ),
+    ] = None,
+) -> None:
+    """Remove what a local run left: its processes (torchrun agents, trainers, etcd), the ports
+    they held, its etcd data dir and its state. Without --run-id: every run whose launcher is gone."""
+    from components.run_identity import state_root
+    from components.steps.cleanup import CleanupRequest, local_runs_by_liveness, run
+
+    root = str(state_root(state_dir))
+    if run_id is not None:
+        runs, live = [run_id], []
+    else:
+        runs, live = local_runs_by_liveness(root)
+    for name in runs:
+        removed = run(CleanupRequest(backend="local", run_id=name, state_root=root))
+        for line in removed or [f"nothing left of run {name}"]:
+            typer.echo(line)
+    for name in live:
+        typer.echo(f"run {name} is still running: pass --run-id {name} to stop it anyway")
+    if not runs and not live:
+        typer.echo(f"no local runs under {root}")
