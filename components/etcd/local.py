@@ -77,7 +77,7 @@ def find_etcd(binary: str | None = None) -> str:
     return found
 
 
-_alive = lifeline.alive
+_alive = lifeline.alive  # the one liveness check, by the name this module always used
 
 
 def _is_our_etcd(pid: int, data_dir: str) -> bool:

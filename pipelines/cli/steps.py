@@ -295,9 +295,9 @@ def cleanup_cmd(
     from components.steps.cleanup import CleanupRequest, local_runs_by_liveness, run
 
     root = str(state_root(state_dir))
-    if run_id is not None:
-        runs, live = [run_id], []
-    else:
+    runs: list[str] = [run_id] if run_id is not None else []
+    live: list[str] = []
+    if run_id is None:
         runs, live = local_runs_by_liveness(root)
     for name in runs:
         removed = run(CleanupRequest(backend="local", run_id=name, state_root=root))
