@@ -229,6 +229,7 @@ def _execute(
     previous = {
         sig: signal.signal(sig, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         for sig in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(sig) is not signal.SIG_IGN  # `nohup llmft run` keeps SIGHUP ignored
     }
     watchdog = Watchdog(state_dir, log_file.with_name("watchdog.log"))
     watchdog.start()
