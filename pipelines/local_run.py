@@ -226,10 +226,12 @@ def _execute(
 
     # SIGTERM (e.g. from a scheduler) and SIGHUP (the terminal closed) are handled like Ctrl-C so
     # the cleanup after this runs; a SIGKILL leaves it to the watchdog.
+    signals = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # `nohup llmft run` ignores it
+        signals.append(signal.SIGHUP)
     previous = {
         sig: signal.signal(sig, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        for sig in (signal.SIGTERM, signal.SIGHUP)
-        if signal.getsignal(sig) is not signal.SIG_IGN  # `nohup llmft run` keeps SIGHUP ignored
+        for sig in signals
     }
     watchdog = Watchdog(state_dir, log_file.with_name("watchdog.log"))
     watchdog.start()
