@@ -25,6 +25,9 @@ from trainer.packed_data.format import (
 )
 
 DATA_KINDS = ("instruction", "text")
+GLOB_CHARS = "*?[]"
+"""Characters Beam's file systems read as a pattern: refused in --output, which is matched and
+deleted by pattern while the dataset is committed (`out[1]` would fail only after all the work)."""
 NORMALIZATIONS = ("NFC", "NFKC", "none")
 
 
@@ -267,6 +270,11 @@ class PreprocessConfig:
             errors.append("--input is required (a file, glob or gs:// pattern)")
         if not o.output:
             errors.append("--output is required (the dataset directory to write)")
+        elif any(char in o.output for char in GLOB_CHARS):
+            errors.append(
+                f"--output {o.output!r} contains a glob character ({' '.join(GLOB_CHARS)}): "
+                "choose a directory name without them"
+            )
         if not o.tokenizer:
             errors.append("--tokenizer is required (the model's tokenizer directory or name)")
         elif o.tokenizer.lower().endswith(".gguf"):

@@ -8,6 +8,12 @@ Uncompressed JSONL files larger than `SPLIT_BYTES` are read in ranges cut at lin
 every worker parses (one sequential pass of `bytes.count` finds the cuts and each range's first line
 number, so lines keep exact numbers). Other files are read whole by one worker: JSON arrays and
 Parquet footers need the whole file, CSV quotes may span lines, and compressed streams cannot seek.
+
+Compressed files (`.gz`, `.bz2`, `.zst`, `.deflate`, `.lzma`, by suffix) are decompressed as they
+are read. A broken record never stops a file: an undecodable line, a JSON value nested deeper than
+Python's parser allows, a CSV row with a bad byte or a field over `CSV_FIELD_LIMIT`, or an
+unreadable Parquet row group each become dead letters (one per record they held, so `records_read`
+counts every record), and the records after them are read.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.io import fileio
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import CompressedFile, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -41,6 +47,10 @@ SPLIT_BYTES = 4 << 20
 per-range cost (one open and seek) is nothing."""
 _MAX_RAW_CHARS = 10_000
 """Raw text kept in a dead letter: enough to see the problem, bounded for huge broken lines."""
+CSV_FIELD_LIMIT = 16 << 20
+"""Largest CSV field read (16 MiB; Python's csv default is 128 KiB, which a long document passes).
+A larger field makes its row a dead letter (`invalid_csv`); `--max-chars` filters long records
+later either way."""
 
 
 def format_of(path: str, requested: str = "auto") -> str:
@@ -134,6 +144,10 @@ class ReadFileRecords(beam.DoFn):
     def _parse(self, path: str, start: int, end: int, first_line: int) -> Iterator[Parsed]:
         if start == 0 and end == WHOLE_FILE:
             with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as stream:
+                if isinstance(stream, CompressedFile):
+                    # Beam's decompressing wrapper is neither iterable nor an io object: make it
+                    # a buffered binary stream, as every parser expects.
+                    stream = io.BufferedReader(_RawReader(stream), buffer_size=1 << 20)
                 yield from _PARSERS[format_of(path, self.input_format)](stream, path)
             return
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
@@ -143,6 +157,24 @@ class ReadFileRecords(beam.DoFn):
 
 
 Parsed = tuple[str, Any, "tuple[str, str] | None"]
+
+
+class _RawReader(io.RawIOBase):
+    """A Beam `CompressedFile` (read side) as a raw io stream."""
+
+    def __init__(self, stream: CompressedFile) -> None:
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._stream.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+_TOO_DEEP = "the value is nested too deeply to parse (deeper than Python's recursion limit)"
 
 
 def _object_or_error(source: str, value: Any, raw: Any) -> Parsed:
@@ -170,6 +202,9 @@ def _parse_jsonl(stream: Any, path: str, first_line: int = 1) -> Iterator[Parsed
         except json.JSONDecodeError as exc:
             yield source, text.rstrip("\n")[:_MAX_RAW_CHARS], ("invalid_json", str(exc))
             continue
+        except RecursionError:
+            yield source, text.rstrip("\n")[:_MAX_RAW_CHARS], ("invalid_json", _TOO_DEEP)
+            continue
         yield _object_or_error(source, value, text.rstrip("\n")[:_MAX_RAW_CHARS])
 
 
@@ -185,9 +220,10 @@ def _parse_json(stream: Any, path: str) -> Iterator[Parsed]:
 def _parse_json_array(data: bytes, path: str) -> Iterator[Parsed]:
     try:
         value = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raw = data[:_MAX_RAW_CHARS].decode("utf-8", "replace")
-        yield path, raw, ("invalid_json", f"the file is not valid JSON: {exc}")
+        why = _TOO_DEEP if isinstance(exc, RecursionError) else exc
+        yield path, raw, ("invalid_json", f"the file is not valid JSON: {why}")
         return
     if not isinstance(value, list):
         yield (
@@ -201,40 +237,101 @@ def _parse_json_array(data: bytes, path: str) -> Iterator[Parsed]:
 
 
 def _parse_csv(stream: Any, path: str) -> Iterator[Parsed]:
-    text = io.TextIOWrapper(stream, encoding="utf-8", newline="")
-    reader = csv.DictReader(text)
+    """Rows of a CSV file with a header line; each broken row is its own dead letter.
+
+    Bytes are decoded with `surrogateescape` so that a bad byte spoils only its row (found by its
+    escaped bytes), and a csv error (a field over `CSV_FIELD_LIMIT`) costs only the line the
+    reader was on: the reader resumes at the next line.
+    """
+    csv.field_size_limit(CSV_FIELD_LIMIT)
+    text = io.TextIOWrapper(stream, encoding="utf-8", errors="surrogateescape", newline="")
+    reader = csv.reader(text)
+    header: list[str] | None = None
+    while True:
+        line = reader.line_num
+        try:
+            values = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield f"{path}:{reader.line_num}", None, ("invalid_csv", f"{type(exc).__name__}: {exc}")
+            if reader.line_num == line:
+                return  # nothing consumed: the stream itself is broken
+            continue
+        source = f"{path}:{reader.line_num}"
+        if header is None:
+            if _undecodable(values):
+                yield source, _readable(values), ("invalid_utf8", "the header is not valid UTF-8")
+                return
+            header = values
+            continue
+        if not values:
+            continue  # a blank line is not a row
+        if _undecodable(values):
+            yield source, _readable(values), ("invalid_utf8", "the row is not valid UTF-8")
+        elif len(values) != len(header):
+            yield (
+                source,
+                _readable(values),
+                (
+                    "invalid_csv",
+                    f"expected {len(header)} fields as in the header, got {len(values)}",
+                ),
+            )
+        else:
+            yield source, dict(zip(header, values, strict=True)), None
+
+
+def _undecodable(values: list[str]) -> bool:
+    """True when a field holds bytes that were not UTF-8 (escaped as lone surrogates)."""
+    return any(not value.isascii() and _has_surrogates(value) for value in values)
+
+
+def _has_surrogates(value: str) -> bool:
     try:
-        for row in reader:
-            source = f"{path}:{reader.line_num}"
-            if None in row or None in row.values():
-                yield (
-                    source,
-                    row,
-                    (
-                        "invalid_csv",
-                        f"expected {len(reader.fieldnames or [])} fields as in the header",
-                    ),
-                )
-                continue
-            yield source, row, None
-    except (csv.Error, UnicodeDecodeError) as exc:
-        yield f"{path}:{reader.line_num}", None, ("invalid_csv", f"{type(exc).__name__}: {exc}")
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _readable(values: list[str]) -> list[str]:
+    """A broken row's fields as valid text (bad bytes replaced), bounded, for its dead letter."""
+    return [
+        value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")[:_MAX_RAW_CHARS]
+        for value in values
+    ]
 
 
 def _parse_parquet(stream: Any, path: str) -> Iterator[Parsed]:
+    """Rows of a Parquet file, one row group at a time; a row group that cannot be read (a corrupt
+    page, a failed page checksum) makes one dead letter per row it held, naming the file, the row
+    group and the error, and the next row group is read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(io.BytesIO(stream.read()))
-    except (pa.ArrowInvalid, OSError) as exc:
-        yield path, None, ("invalid_parquet", f"{type(exc).__name__}: {exc}")
+        parquet = pq.ParquetFile(io.BytesIO(stream.read()), page_checksum_verification=True)
+    except (pa.ArrowException, OSError) as exc:
+        yield path, None, ("invalid_parquet", f"{path}: {type(exc).__name__}: {exc}")
         return
     row = 0
-    for batch in parquet.iter_batches(batch_size=8192):
-        for record in batch.to_pylist():
-            yield f"{path}#{row}", record, None
-            row += 1
+    for group in range(parquet.num_row_groups):
+        end = row + parquet.metadata.row_group(group).num_rows
+        try:
+            for batch in parquet.iter_batches(batch_size=8192, row_groups=[group]):
+                for record in batch.to_pylist():
+                    yield f"{path}#{row}", record, None
+                    row += 1
+        except (pa.ArrowException, OSError) as exc:
+            error = (
+                "invalid_parquet",
+                f"{path}: row group {group} (rows {row}-{end - 1}) cannot be read: "
+                f"{type(exc).__name__}: {exc}",
+            )
+            for lost in range(row, end):
+                yield f"{path}#{lost}", None, error
+        row = end
 
 
 _PARSERS = {

@@ -7,13 +7,14 @@ a model without enough positions or an empty dataset is one clear error instead 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 from trainer.config import TrainConfig
 
 
-def preflight(config: TrainConfig, *, local: bool) -> None:
+def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> None:
     """What the trainer would find out on every rank, found here once, before torchrun or a
     cloud job starts: each problem in one ValueError.
 
@@ -22,6 +23,9 @@ def preflight(config: TrainConfig, *, local: bool) -> None:
     and, for a local model directory, that its tokenizer is the one the data was packed with and
     that it has positions for `seq_len` tokens. `local`: the model and data paths are on this
     machine (the local backend); otherwise only what is readable here (gs:// via fsspec) is read.
+    A run that would resume from a checkpoint another run left in its output (another model,
+    data or recipe: `trainer.checkpoint.RESUME_MUST_MATCH`) is refused, unless `overwrite` (the
+    caller then deletes those checkpoints).
     """
     from trainer.packed_data.format import read_manifest
 
@@ -53,8 +57,25 @@ def preflight(config: TrainConfig, *, local: bool) -> None:
             )
         if model_dir is not None:
             errors += _model_fits_errors(model_dir, config, manifest)
+    if config.resume and not overwrite and (local or "://" in config.output):
+        errors += _resume_errors(config)
     if errors:
         raise ValueError("the training run cannot start:\n  - " + "\n  - ".join(errors))
+
+
+def _resume_errors(config: TrainConfig) -> list[str]:
+    """A checkpoint of another run in the output: the trainer would refuse it on every rank."""
+    from trainer import storage
+
+    if not storage.exists(config.checkpoints_dir()):
+        return []
+    from trainer.checkpoint import check_resume  # imports torch: only when there is one
+
+    try:
+        check_resume(config.checkpoints_dir(), config)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
 
 
 def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | None:
@@ -105,3 +126,74 @@ def _model_fits_errors(model_dir: Path, config: TrainConfig, manifest: Any) -> l
             return [*errors, f"tokenizer {str(tokenizer_dir)!r} does not load: {exc}"]
         errors += compatibility_errors(manifest, TokenizerIdentity.of(tokenizer), None)
     return errors
+
+
+PROBE_TIMEOUT_S = 3.0
+"""How long the rendezvous probe waits for a connection or an answer."""
+
+
+def check_rendezvous(rdzv_backend: str, endpoint: str) -> None:
+    """Refuse a given rendezvous endpoint that cannot work, before any agent starts (an agent
+    would otherwise wait out its rendezvous timeout: 10 minutes for c10d, a traceback after ~70 s
+    for etcd).
+
+    c10d on this machine: the first local agent hosts the store there, so the port must be free
+    (a foreign listener makes every agent a client of something that never answers). etcd-v3 /
+    etcd-v2: an etcd must answer at the endpoint (GET /version).
+
+    Raises:
+        ValueError: one line: what is wrong, and what to pass instead.
+    """
+    host, _, port_text = endpoint.rpartition(":")
+    port = int(port_text)
+    if rdzv_backend == "c10d":
+        if _is_this_machine(host) and _listening(host, port):
+            raise ValueError(
+                f"--rdzv-endpoint {endpoint}: the port is already in use by another process, and "
+                "the c10d store of this run must listen there: pick a free port, or leave "
+                "--rdzv-endpoint empty to get one"
+            )
+        return
+    problem = _etcd_problem(endpoint)
+    if problem:
+        raise ValueError(
+            f"--rdzv-endpoint {endpoint}: no etcd answers there ({problem}): pass a running "
+            "etcd's client endpoint, or leave --rdzv-endpoint empty to start one for the run"
+        )
+
+
+def _is_this_machine(host: str) -> bool:
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return False
+    if address.startswith("127.") or address == "0.0.0.0":
+        return True
+    try:
+        return address == socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return False
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def _etcd_problem(endpoint: str) -> str:
+    """Why `endpoint` is not an etcd client endpoint ("" when it is one)."""
+    import requests
+
+    try:
+        response = requests.get(f"http://{endpoint}/version", timeout=PROBE_TIMEOUT_S)
+        version = response.json()
+    except requests.RequestException as exc:
+        return f"{type(exc).__name__}"
+    except ValueError:
+        return "the answer is not etcd's"
+    if not isinstance(version, dict) or "etcdserver" not in version:
+        return "the answer is not etcd's"
+    return ""

@@ -221,10 +221,20 @@ def _execute(
     from rich.live import Live
 
     from components.steps.cleanup import cleanup_local_state
+    from components.watchdog import Watchdog
     from pipelines.fine_tune import build_fine_tune
 
-    # SIGTERM (e.g. from a scheduler) is handled like Ctrl-C so the cleanup after this runs.
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # SIGTERM (e.g. from a scheduler) and SIGHUP (the terminal closed) are handled like Ctrl-C so
+    # the cleanup after this runs; a SIGKILL leaves it to the watchdog.
+    signals = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # `nohup llmft run` ignores it
+        signals.append(signal.SIGHUP)
+    previous = {
+        sig: signal.signal(sig, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        for sig in signals
+    }
+    watchdog = Watchdog(state_dir, log_file.with_name("watchdog.log"))
+    watchdog.start()
     follow_stop = threading.Event()
     follower: threading.Thread | None = None
     try:
@@ -249,8 +259,10 @@ def _execute(
     except KeyboardInterrupt:
         return True
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         cleanup_local_state(state_dir)  # whatever the exit handler could not reach
+        watchdog.stop()
         follow_stop.set()
         if follower is not None:
             follower.join()

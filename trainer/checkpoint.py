@@ -10,7 +10,8 @@ Layout of one checkpoint, `OUTPUT/checkpoints/step-00000120/`:
 
 Only directories with COMPLETE count: a run killed mid-save leaves an incomplete directory that
 resume ignores and the next retention pass deletes. DCP also reshards on load, so a retry with a
-different world size resumes from the same checkpoint.
+different world size resumes from the same checkpoint. A checkpoint made from another model, data
+or training recipe (`RESUME_MUST_MATCH`) is refused (`check_resume`), never silently continued.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import logging
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import storage
+from trainer.config import TrainConfig
 from trainer.data import DataPosition
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,77 @@ def complete_checkpoints(checkpoints: str) -> list[tuple[int, str]]:
 def latest_checkpoint(checkpoints: str) -> tuple[int, str] | None:
     found = complete_checkpoints(checkpoints)
     return found[-1] if found else None
+
+
+RESUME_MUST_MATCH = (
+    "model",
+    "tokenizer",
+    "data",
+    "seq_len",
+    "seed",
+    "shuffle",
+    "lr",
+    "min_lr_ratio",
+    "warmup_steps",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_eps",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+)
+"""TrainConfig fields a resumed run must share with its checkpoint: what its weights and optimizer
+state were made from and for. Continuing with another model or dataset would export the old
+run's weights under the new run's name. The rest (max_steps, epochs, batch sizes, engine,
+checkpoint and logging settings) may change on resume."""
+_LOCATIONS = ("model", "data")
+
+
+def read_state(path: str) -> TrainerState:
+    """The trainer state (step, data position, config snapshot) of the checkpoint at `path`."""
+    with storage.open(f"{path}/{STATE_FILE}", "r") as f:
+        return TrainerState.from_dict(json.load(f))
+
+
+def resume_conflicts(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
+    """How `config` differs from a checkpoint's saved config in `RESUME_MUST_MATCH` (empty when
+    it may resume; a checkpoint without a saved config is not judged)."""
+    conflicts = []
+    for name in RESUME_MUST_MATCH:
+        if name not in saved:
+            continue
+        then, now = saved[name], getattr(config, name)
+        if name == "tokenizer":
+            then, now = then or saved.get("model"), config.resolved_tokenizer()
+        if name in (*_LOCATIONS, "tokenizer") and then and now:
+            same = storage.same_location(str(then), str(now))
+        else:
+            same = then == now
+        if not same:
+            conflicts.append(f"{name} {then!r} there, {now!r} now")
+    return conflicts
+
+
+def check_resume(checkpoints: str, config: TrainConfig) -> None:
+    """Refuse to resume from the newest complete checkpoint under `checkpoints` when it was made
+    by another run (`resume_conflicts`); nothing to check when there is none.
+
+    Raises:
+        ValueError: one line: what differs, and the way out.
+    """
+    latest = latest_checkpoint(checkpoints)
+    if latest is None:
+        return
+    step, path = latest
+    conflicts = resume_conflicts(read_state(path).config, config)
+    if conflicts:
+        raise ValueError(
+            f"{config.output!r} holds a checkpoint (step {step}) of another run: "
+            + "; ".join(conflicts)
+            + ": pass a new --output, or --overwrite to delete its checkpoints and start over"
+        )
 
 
 def _app_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -145,8 +219,7 @@ def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
         model_state_dict=state_dict["model"],
         optim_state_dict=state_dict["optim"],
     )
-    with storage.open(f"{path}/{STATE_FILE}", "r") as f:
-        state = TrainerState.from_dict(json.load(f))
+    state = read_state(path)
     rng_file = f"{path}/rng/rank-{dist.get_rank():05d}.pt"
     if state.world_size == dist.get_world_size() and storage.exists(rng_file):
         with storage.open(rng_file, "rb") as f:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer import storage
 from trainer.config_file import coerce_field, read_yaml_mapping
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 
@@ -160,6 +162,10 @@ class TrainConfig:
     def resolved_tokenizer(self) -> str:
         return self.tokenizer or self.model
 
+    def checkpoints_dir(self) -> str:
+        """OUTPUT/checkpoints: the run's DCP checkpoints (trainer/checkpoint.py)."""
+        return storage.join(self.output, "checkpoints")
+
     def global_batch_rows(self, world_size: int) -> int:
         return self.micro_batch_size * self.grad_accum_steps * world_size
 
@@ -233,6 +239,26 @@ class TrainConfig:
             parse_size(self.export_shard_size)
         except ValueError as exc:
             errors.append(str(exc))
+        return errors + self._writes_into_inputs()
+
+    def _writes_into_inputs(self) -> list[str]:
+        """The run writes OUTPUT and the exported model, never into its base model or tokenizer
+        (`--model run/model --output run` would overwrite the base model's own weights)."""
+        if not self.output:
+            return []
+        export = self.export_dir or storage.join(self.output, "model")
+        errors = []
+        for what, source in (("model", self.model), ("tokenizer", self.tokenizer)):
+            if not source or not (storage.is_remote(source) or os.path.exists(source)):
+                continue  # a hub id, or a path that does not exist (reported elsewhere)
+            for flag, target in (("--output", self.output), ("export_dir", export)):
+                into = storage.holds(source, target)
+                if into or (flag == "export_dir" and storage.holds(target, source)):
+                    errors.append(
+                        f"{flag} {target!r} would write into the base {what} {source!r}: "
+                        "choose an --output outside it (the trained model goes to OUTPUT/model)"
+                    )
+                    break
         return errors
 
     def to_dict(self) -> dict[str, Any]:

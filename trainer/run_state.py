@@ -58,4 +58,4 @@ class Run:
 
 
 def checkpoints_dir(r: Run) -> str:
-    return f"{r.output}/checkpoints"
+    return r.config.checkpoints_dir()

@@ -90,6 +90,7 @@ def _resume(r: Run) -> None:
     latest = checkpoint.latest_checkpoint(checkpoints_dir(r))
     if latest is not None:
         step, path = latest
+        checkpoint.check_resume(checkpoints_dir(r), config)  # another run's checkpoint: refused
         log.info("resuming from %s", path)
         r.state = checkpoint.load(path, r.model, r.optimizer)
         r.scheduler.load_state_dict(r.state.scheduler)

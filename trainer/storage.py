@@ -73,6 +73,23 @@ def normalize(uri: str) -> str:
     return uri if is_remote(uri) else local_path(uri)
 
 
+def same_location(a: str, b: str) -> bool:
+    """Whether `a` and `b` name the same place (local paths resolved: relative, symlinks)."""
+    return _canonical(a) == _canonical(b)
+
+
+def holds(outer: str, inner: str) -> bool:
+    """Whether `inner` is `outer` or lies inside it (local paths resolved, as `same_location`)."""
+    outer_c, inner_c = _canonical(outer), _canonical(inner)
+    return inner_c == outer_c or inner_c.startswith(outer_c.rstrip("/") + "/")
+
+
+def _canonical(uri: str) -> str:
+    if is_remote(uri):
+        return uri.rstrip("/")
+    return os.path.realpath(os.path.expanduser(local_path(uri)))
+
+
 def join(root: str, *parts: str) -> str:
     """`root/part/...` with exactly one slash between parts (URIs and paths alike)."""
     out = root.rstrip("/")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import requests
 
+from components import lifeline
 from components.ports import LOOPBACK, ReservedPort
 from components.run_identity import run_state_dir, safe_run_id
 
@@ -76,19 +77,7 @@ def find_etcd(binary: str | None = None) -> str:
     return found
 
 
-def _alive(pid: int) -> bool:
-    """True if `pid` runs and is not a zombie (a zombie has exited; its parent just hasn't reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+_alive = lifeline.alive  # the one liveness check, by the name this module always used
 
 
 def _is_our_etcd(pid: int, data_dir: str) -> bool:
@@ -123,6 +112,7 @@ def start(
     root: str | Path | None = None,
     binary: str | None = None,
     timeout_s: float = 30.0,
+    die_with_parent: bool = False,
 ) -> str:
     """Start this run's etcd on loopback and wait until it is healthy.
 
@@ -136,6 +126,8 @@ def start(
         root: state root (default: $LLMFT_STATE_DIR or `<tmp>/llmft-runs`).
         binary: etcd executable (default: `etcd` on PATH).
         timeout_s: how long to wait for /health before giving up.
+        die_with_parent: etcd gets SIGTERM when the calling process dies (the local launcher's
+            own etcd; not the pipeline's etcd step, whose etcd outlives the step).
 
     Returns:
         The client endpoint, `127.0.0.1:PORT`.
@@ -157,8 +149,9 @@ def start(
     with ReservedPort() as client_port, ReservedPort() as peer_port:
         log_file = str(path.parent / "etcd.log")
         proc, info = _spawn(
-            executable, run_id, client_port, peer_port, log_file, enable_v2, detached
-        )
+            executable, run_id, client_port, peer_port, log_file, enable_v2, detached,
+            die_with_parent,
+        )  # fmt: skip
         # Written before the health wait so that a cleanup racing with us can still stop it.
         path.write_text(json.dumps(asdict(info), indent=2))
         deadline = time.monotonic() + timeout_s
@@ -188,6 +181,7 @@ def _spawn(
     log_file: str,
     enable_v2: bool,
     detached: bool,
+    die_with_parent: bool = False,
 ) -> tuple[subprocess.Popen[bytes], LocalEtcd]:
     """Start a single-member etcd on the given loopback ports, in a fresh temp data dir."""
     name = f"llmft-{safe_run_id(run_id)}"[:63]
@@ -217,6 +211,7 @@ def _spawn(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=detached,
+            preexec_fn=lifeline.die_with_parent() if die_with_parent else None,
         )
     info = LocalEtcd(
         run_id=run_id,

@@ -28,7 +28,12 @@ from components.evaluation.general_probes import MAX_NEW_TOKENS as PROBE_MAX_NEW
 from components.evaluation.general_probes import load_probes
 from components.evaluation.generation import generate_answers, has_chat_template
 from components.evaluation.loading import check_model_path, loaded_model, read_tokenizer
-from components.evaluation.outputs import EvaluationResult, Scores, write_outputs
+from components.evaluation.outputs import (
+    EvaluationResult,
+    Scores,
+    check_output_dir,
+    write_outputs,
+)
 from components.evaluation.scoring import score_rows
 from trainer import storage
 from trainer.packed_data.format import Manifest, TokenizerIdentity, compatibility_errors
@@ -143,6 +148,9 @@ class EvaluationRequest:
     """Side-by-side samples shown in the report."""
     device: str | None = None
     """Torch device; default CUDA (bf16) when present, else CPU (fp32)."""
+    overwrite: bool = False
+    """Replace metrics.json, generations.jsonl and report.html in `output_dir` even when no
+    evaluation wrote them (`outputs.check_output_dir`)."""
 
 
 def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
@@ -158,6 +166,7 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         raise ValueError(
             f"output {request.output_dir!r} is a file: give a directory for the report"
         )
+    check_output_dir(request.output_dir, overwrite=request.overwrite)
     manifest = data_io.load_manifest(request.data_dir)
     roles = {
         "base": request.base,

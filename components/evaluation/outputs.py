@@ -111,6 +111,37 @@ def generations(
     return entries
 
 
+OUTPUT_FILES = (METRICS_FILE, GENERATIONS_FILE, REPORT_FILE)
+
+
+def check_output_dir(output_dir: str, *, overwrite: bool) -> None:
+    """Refuse to replace files in `output_dir` that an earlier evaluation did not write.
+
+    The files an evaluation writes (`OUTPUT_FILES`) may be replaced when the directory's
+    metrics.json is an evaluation's (a re-run or a retried task); a user's own files of those
+    names are replaced only with `overwrite`. Other files in the directory are never touched.
+
+    Raises:
+        ValueError: what is there, and the way out.
+    """
+    out = output_dir.rstrip("/")
+    taken = [name for name in OUTPUT_FILES if storage.exists(f"{out}/{name}")]
+    if not taken or overwrite or _written_by_evaluation(f"{out}/{METRICS_FILE}"):
+        return
+    raise ValueError(
+        f"output {output_dir!r} already holds {', '.join(taken)}, which no llmft evaluation "
+        "wrote: choose another --output, or pass --overwrite to replace them"
+    )
+
+
+def _written_by_evaluation(metrics_path: str) -> bool:
+    try:
+        document = json.loads(storage.read_text(metrics_path))
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and {"metrics", "passed", "models"} <= document.keys()
+
+
 def write_outputs(
     output_dir: str,
     *,

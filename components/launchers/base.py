@@ -210,8 +210,10 @@ class _Interrupted(BaseException):
 
 @contextmanager
 def _signals_raise() -> Iterator[None]:
-    """Turn SIGTERM/SIGINT into `_Interrupted` while waiting (main thread only: Python delivers
-    signals there; elsewhere the caller's own handling applies)."""
+    """Turn SIGTERM/SIGINT/SIGHUP into `_Interrupted` while waiting (main thread only: Python
+    delivers signals there; elsewhere the caller's own handling applies). SIGHUP is a closed
+    terminal: it cancels the run like SIGTERM instead of killing this process alone (unless it is
+    ignored, as under `nohup`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -219,7 +221,10 @@ def _signals_raise() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         raise _Interrupted(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signals = [signal.SIGTERM, signal.SIGINT]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # `nohup llmft train` ignores it
+        signals.append(signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:

@@ -11,7 +11,11 @@ How processes are tracked, and why:
   dies hard; every process of a run therefore carries `LLMFT_LAUNCHER_RUN=<state dir>` in its
   environment, and the last resort is to SIGKILL whatever in /proc carries it;
 - a state file per run id (`<state root>/<run>/launcher.json`) lets `cleanup(run_id)` from another
-  process (the pipeline's exit handler) find and stop the run.
+  process (the pipeline's exit handler, `llmft cleanup`) find and stop the run;
+- the agents and the run's own etcd get SIGTERM when this launcher dies, even by SIGKILL
+  (`lifeline.die_with_parent`); an agent then stops its workers. What such a run leaves (its
+  state, the etcd's data dir) `llmft cleanup` removes: the state records the launcher's pid, so
+  `llmft cleanup` without a run id knows which runs are dead.
 
 Run by hand: `llmft train --backend local --nodes 2 --nproc-per-node 2 --model M --data D --output O`.
 """
@@ -42,6 +46,7 @@ from components.launchers.base import (
     TrainLaunch,
 )
 from components.launchers.run_processes import MARKER_ENV, marked_pids, terminate_run_processes
+from components.lifeline import die_with_parent
 from components.ports import ReservedPort
 from components.run_identity import run_state_dir
 from trainer import storage
@@ -67,6 +72,8 @@ class _RunState:
     etcd_started: bool = False
     state_dir: str = ""
     log_dir: str = ""
+    launcher_pid: int = 0
+    """The process following the run: when it is gone, the run is dead (`llmft cleanup`)."""
 
     def write(self) -> None:
         path = Path(self.state_dir) / STATE_FILE
@@ -155,7 +162,10 @@ class LocalLauncher(Launcher):
         log_dir = self._log_dir or default_logs / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         self._state = _RunState(
-            run_id=launch.run_id, state_dir=str(state_dir), log_dir=str(log_dir)
+            run_id=launch.run_id,
+            state_dir=str(state_dir),
+            log_dir=str(log_dir),
+            launcher_pid=os.getpid(),
         )
         self._state.write()
         self._started_at = time.monotonic()
@@ -194,6 +204,7 @@ class LocalLauncher(Launcher):
             enable_v2=launch.rdzv_backend == "etcd-v2",
             detached=True,
             root=self._state_root,
+            die_with_parent=True,
         )
         self._state.etcd_started = True
         self._state.write()
@@ -232,6 +243,7 @@ class LocalLauncher(Launcher):
             errors="replace",
             bufsize=1,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         node = _Node(index=index, proc=proc, log_path=log_path, tail=deque(maxlen=self.tail_lines))
         node.log_file = log_path.open("w", encoding="utf-8")

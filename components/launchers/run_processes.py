@@ -20,9 +20,10 @@ MARKER_ENV = "LLMFT_LAUNCHER_RUN"
 """Environment variable that marks every process of a local run (inherited by torchrun workers)."""
 
 
-def marked_pids(marker: str) -> list[int]:
-    """Pids of live processes carrying this run's marker (Linux /proc; empty elsewhere)."""
-    needle = f"{MARKER_ENV}={marker}".encode()
+def marked_pids(marker: str, *, env: str = MARKER_ENV) -> list[int]:
+    """Pids of live processes carrying this run's marker in variable `env` (Linux /proc; empty
+    elsewhere)."""
+    needle = f"{env}={marker}".encode()
     pids = []
     proc = Path("/proc")
     if not proc.is_dir():
@@ -55,24 +56,26 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def terminate_run_processes(marker: str, pgids: Iterable[int], *, grace_s: float) -> int:
+def terminate_run_processes(
+    marker: str, pgids: Iterable[int], *, grace_s: float, env: str = MARKER_ENV
+) -> int:
     """SIGTERM the agents' process groups (torchrun then stops its workers cleanly), wait up to
-    `grace_s`, then SIGKILL every process still carrying the run's marker. Returns how many
-    processes had to be killed."""
+    `grace_s`, then SIGKILL every process still carrying the run's marker (in variable `env`).
+    Returns how many processes had to be killed."""
     # Only groups whose leader still carries the marker: a recorded pid may have been reused.
-    live = set(marked_pids(marker))
+    live = set(marked_pids(marker, env=env))
     pgids = [pgid for pgid in pgids if pgid in live]
     for pgid in pgids:
         _kill_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and marked_pids(marker):
+    while time.monotonic() < deadline and marked_pids(marker, env=env):
         time.sleep(0.1)
-    leftovers = marked_pids(marker)
+    leftovers = marked_pids(marker, env=env)
     for pid in leftovers:
         _kill(pid, signal.SIGKILL)
     for pgid in pgids:
         _kill_group(pgid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and marked_pids(marker):
+    while time.monotonic() < deadline and marked_pids(marker, env=env):
         time.sleep(0.05)
     return len(leftovers)

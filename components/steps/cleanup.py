@@ -6,12 +6,13 @@ succeed whatever state the run is in, so every deletion ignores what is already 
 - gke: delete the run's PyTorchJobs and etcd StatefulSet/Service/PVCs by label;
 - vertex: cancel the run's still-active CustomJobs (found by label).
 
-Run by hand: `python -c "from components.steps.cleanup import CleanupRequest, run;
-run(CleanupRequest(backend='local', run_id='RUN'))"`.
+Run by hand for local runs: `llmft cleanup --run-id RUN` (or, without a run id, every local run
+whose launcher is gone: what an `llmft train` killed by SIGKILL or a lost terminal left behind).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -83,3 +84,30 @@ def cleanup_local_state(state_root: str | os.PathLike[str]) -> list[str]:
         # Directory names are safe run ids, and safe_run_id is idempotent on them.
         removed += run(CleanupRequest(backend="local", run_id=run_dir.name, state_root=str(root)))
     return removed
+
+
+def local_runs_by_liveness(state_root: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
+    """(dead, live) run ids under `state_root`: a run is live while the process that follows it
+    (its launcher, recorded in its state) runs, or, with no launcher recorded, while processes of
+    the run or its etcd run (a pipeline's etcd step outlives its task on purpose)."""
+    from components.etcd import local as etcd_local
+    from components.launchers.local import STATE_FILE
+    from components.launchers.run_processes import marked_pids
+    from components.lifeline import alive
+
+    root = Path(state_root)
+    dead: list[str] = []
+    live: list[str] = []
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        try:
+            pid = int(json.loads((run_dir / STATE_FILE).read_text()).get("launcher_pid") or 0)
+        except (OSError, ValueError, AttributeError):
+            pid = 0
+        if pid:
+            running = alive(pid)
+        else:
+            running = bool(marked_pids(str(run_dir))) or (
+                etcd_local.status(run_dir.name, root=root) is not None
+            )
+        (live if running else dead).append(run_dir.name)
+    return dead, live

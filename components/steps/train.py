@@ -173,13 +173,16 @@ def train(
     *,
     timeout_s: float | None = None,
     log: LogSink | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train `launch` where `options` say and return the Model artifact's metadata.
 
     Paths in `launch.trainer` are as the workers see them (gs:// on GKE and Vertex;
     `export_dir` is where the HF model goes). Vertex always rendezvouses with c10d at the primary
     replica: another rdzv_backend is ignored there, with a warning. With an entrypoint other than
-    the trainer's (tests run a stand-in script) the trainer's preflight is skipped.
+    the trainer's (tests run a stand-in script) the trainer's preflight is skipped. `overwrite`
+    deletes the checkpoints a previous run left in the output (once the preflight passed) instead
+    of refusing to resume from another run's checkpoint.
 
     Returns:
         base_model, steps, tokens, target_tokens, final_loss, model_uri (+ run facts).
@@ -188,7 +191,7 @@ def train(
         ValueError: invalid options or inputs (all listed together), before anything starts.
         LaunchFailed: the run failed or was cancelled (with the reason and last log lines).
     """
-    from components.preflight import preflight
+    from components.preflight import check_rendezvous, preflight
 
     if isinstance(options, VertexOptions) and launch.rdzv_backend != "c10d":
         logger.warning(
@@ -198,7 +201,11 @@ def train(
         launch = dataclasses.replace(launch, rdzv_backend="c10d", rdzv_endpoint="")
     launch.validate()
     if launch.entrypoint == TRAINER_ENTRYPOINT:
-        preflight(launch.trainer, local=isinstance(options, LocalOptions))
+        preflight(launch.trainer, local=isinstance(options, LocalOptions), overwrite=overwrite)
+    if isinstance(options, LocalOptions) and launch.rdzv_endpoint:
+        check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
+    if overwrite:
+        storage.remove(launch.trainer.checkpoints_dir())
     runner = launcher(options, log=log)
     result = runner.run(launch, timeout=timeout_s)
     runner.log(f"[launcher] {result.describe()}")

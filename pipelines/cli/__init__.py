@@ -39,6 +39,7 @@ app.command(
     add_help_option=False,
 )(steps.preprocess_cmd)
 app.command("evaluate")(steps.evaluate_cmd)
+app.command("cleanup")(steps.cleanup_cmd)
 
 render_app = typer.Typer(help="Print manifests without creating anything.", no_args_is_help=True)
 render_app.command("pytorchjob")(steps.render_pytorchjob)

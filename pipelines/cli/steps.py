@@ -47,6 +47,13 @@ def train_cmd(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            help="Delete the checkpoints a previous run left in --output and start over "
+            "(default: resume from them, refused when they are another run's)."
+        ),
+    ] = False,
 ) -> None:
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
     import uuid
@@ -73,7 +80,7 @@ def train_cmd(
             rdzv_endpoint=rdzv_endpoint,
             max_restarts=max_restarts,
         )
-        metadata = train(launch, LocalOptions())
+        metadata = train(launch, LocalOptions(), overwrite=overwrite)
     except LaunchFailed as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(130 if isinstance(exc, LaunchCancelled) else 1) from None
@@ -228,6 +235,13 @@ def evaluate_cmd(
         str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")
     ] = None,
     require_pass: Annotated[bool, typer.Option(help="Exit 1 when the quality gate fails.")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            help="Replace metrics.json, generations.jsonl and report.html in --output even "
+            "when no llmft evaluation wrote them."
+        ),
+    ] = False,
 ) -> None:
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, HTML report."""
     import logging
@@ -245,6 +259,7 @@ def evaluate_cmd(
         base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
         max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
         champion=champion, thresholds=thresholds, max_new_tokens=max_new_tokens, device=device,
+        overwrite=overwrite,
     )  # fmt: skip
     result = run_evaluation(request)
     print_json(
@@ -258,3 +273,37 @@ def evaluate_cmd(
     )
     if require_pass and not result.passed:
         raise typer.Exit(1)
+
+
+@user_errors
+def cleanup_cmd(
+    run_id: Annotated[
+        str | None,
+        typer.Option(help="The local run to remove, running or not (default: every dead run)."),
+    ] = None,
+    state_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="State root of the runs ($LLMFT_STATE_DIR, else <tmp>/llmft-runs; a local "
+            "pipeline run's is <workdir>/state)."
+        ),
+    ] = None,
+) -> None:
+    """Remove what a local run left: its processes (torchrun agents, trainers, etcd), the ports
+    they held, its etcd data dir and its state. Without --run-id: every run whose launcher is gone."""
+    from components.run_identity import state_root
+    from components.steps.cleanup import CleanupRequest, local_runs_by_liveness, run
+
+    root = str(state_root(state_dir))
+    runs: list[str] = [run_id] if run_id is not None else []
+    live: list[str] = []
+    if run_id is None:
+        runs, live = local_runs_by_liveness(root)
+    for name in runs:
+        removed = run(CleanupRequest(backend="local", run_id=name, state_root=root))
+        for line in removed or [f"nothing left of run {name}"]:
+            typer.echo(line)
+    for name in live:
+        typer.echo(f"run {name} is still running: pass --run-id {name} to stop it anyway")
+    if not runs and not live:
+        typer.echo(f"no local runs under {root}")

@@ -1,0 +1,150 @@
+"""Fault: a launcher's death left its run running (issue 37, fourth bullet).
+
+SIGKILL of `llmft train` (or `llmft run`), or SIGHUP from a closed terminal, left torchrun agents,
+trainers and etcd running, holding their ports and data dir, and the `llmft cleanup` the docs
+mentioned did not exist. Now the agents and the run's etcd die with the launcher (parent-death
+signal), SIGHUP cancels the run like SIGTERM, a local pipeline run has a watchdog on its runner's
+pid, and `llmft cleanup` removes what a dead run left (state, etcd data dir).
+
+The tests wait on explicit signals: the trainer pauses after step 1 and says so with a file
+(tests/trainer_pause), and process ends are polled with a failsafe deadline only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_cli_errors import llmft
+from trainer_pause.sitecustomize import pause_env
+
+from faults.conftest import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _gone(pids: list[int]) -> bool:
+    from components.lifeline import alive
+
+    return not any(alive(pid) for pid in pids)
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen]]:
+    """Processes a test starts; whatever is left is killed at the end."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _start_train(
+    started: list[subprocess.Popen], model: Path, data: Path, tmp_path: Path
+) -> tuple[subprocess.Popen, str, dict]:
+    """`llmft train` (etcd-v3: it starts the run's own etcd) paused after step 1; returns the
+    process, the run's marker and its etcd's recorded state, once the trainer is paused."""
+    from components.run_identity import run_state_dir
+
+    run_id = f"orphan-{uuid.uuid4().hex[:8]}"
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    cmd = [
+        sys.executable, "-m", "pipelines.cli", "train", "--model", str(model), "--data", str(data),
+        "--output", str(tmp_path / "run"), "--max-steps", "50", "--run-id", run_id,
+        "--set", "log_every=1", "--set", "tensorboard=false",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=pause_env(1, str(ready)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    started.append(proc)
+    wait_for(lambda: (ready / "paused.rank0").exists() or proc.poll() is not None, "step 1")
+    assert proc.poll() is None, f"llmft train ended early with {proc.returncode}"
+    state = run_state_dir(run_id)
+    etcd = json.loads((state / "etcd.json").read_text())
+    return proc, str(state), etcd
+
+
+def test_sigkill_of_llmft_train_takes_its_run_down_and_cleanup_removes_the_rest(
+    started, tiny_model_dir: Path, small_dataset: Path, tmp_path: Path
+):
+    from components.launchers.run_processes import marked_pids
+
+    proc, marker, etcd = _start_train(started, tiny_model_dir, small_dataset, tmp_path)
+    run_processes = marked_pids(marker)
+    assert run_processes  # the agent and its worker
+
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    wait_for(lambda: _gone([*run_processes, etcd["pid"]]), "the agents, trainer and etcd to end")
+    assert Path(etcd["data_dir"]).is_dir() and Path(marker).is_dir()  # what cleanup is for
+
+    result = llmft("cleanup")
+    assert result.exit_code == 0, result.output
+    assert Path(marker).name in result.output
+    assert not Path(etcd["data_dir"]).exists()
+    assert not Path(marker).exists()
+
+
+def test_sighup_cancels_llmft_train_like_sigterm(
+    started, tiny_model_dir: Path, small_dataset: Path, tmp_path: Path
+):
+    from components.launchers.run_processes import marked_pids
+
+    proc, marker, etcd = _start_train(started, tiny_model_dir, small_dataset, tmp_path)
+    run_processes = marked_pids(marker)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=180) == 130  # cancelled, after stopping what it started
+    assert _gone([*run_processes, etcd["pid"]])
+    assert not Path(etcd["data_dir"]).exists()
+    assert not Path(marker).exists()
+
+
+RUNNER = """
+import json, signal, subprocess, sys
+from pathlib import Path
+from components.etcd import local as etcd_local
+from components.watchdog import Watchdog
+
+root, ready = Path(sys.argv[1]), Path(sys.argv[2])
+Watchdog(root, root.parent / "watchdog.log").start()
+etcd_local.start("pipeline-run", detached=True, root=root)  # as the pipeline's etcd step does
+child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+ready.write_text(json.dumps({"child": child.pid}))
+signal.pause()
+"""
+
+
+def test_watchdog_stops_a_local_pipeline_run_whose_runner_was_killed(started, tmp_path: Path):
+    """`llmft run --backend local` in miniature: a runner with a watchdog, an etcd started like
+    the pipeline's etcd step (it outlives its task, so no parent-death signal), and a task."""
+    root, ready = tmp_path / "state", tmp_path / "ready.json"
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(root), str(ready)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    started.append(runner)
+    wait_for(lambda: ready.exists() or runner.poll() is not None, "the runner to start")
+    assert runner.poll() is None
+    etcd = json.loads((root / "pipeline-run" / "etcd.json").read_text())
+    child = json.loads(ready.read_text())["child"]
+
+    runner.send_signal(signal.SIGKILL)
+    runner.wait()
+    wait_for(lambda: _gone([child, etcd["pid"]]), "the watchdog to stop the run")
+    wait_for(lambda: not (root / "pipeline-run").exists(), "the watchdog to clean the state")
+    assert not Path(etcd["data_dir"]).exists()
