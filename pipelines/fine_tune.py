@@ -39,6 +39,7 @@ from components import kfp_components as c
 from components.param_checks import TARGETS as BUILD_TARGETS
 from components.run_params import RunParams, defaults
 from pipelines.pipeline_interface import pipeline_docstring, pipeline_signature
+from trainer.cuda_guard import EXPECT_CUDA_ENV
 
 PIPELINE_NAME = "llmft-fine-tune"
 TARGETS = tuple(target for target in BUILD_TARGETS if target != "local")
@@ -220,6 +221,8 @@ def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any
         evaluated.set_accelerator_type(GKE_EVAL_GPU)
     if target != "local":
         evaluated.set_accelerator_limit(p.eval_accelerator_count)
+        # Given a GPU (validation requires at least 1 in the cloud): stop if torch sees none.
+        evaluated.set_env_variable(EXPECT_CUDA_ENV, "1")
     return evaluated
 
 

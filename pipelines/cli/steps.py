@@ -134,11 +134,11 @@ def render_pytorchjob(
     set_: SetOpt = None,
 ) -> None:
     """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
-    from components.accelerators import gke_accelerator
     from components.image import DEFAULT_IMAGE
     from components.launchers.base import TrainLaunch
     from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, to_yaml
     from components.param_checks import resolve_nproc_per_node
+    from components.platform_facts import gke_accelerator
 
     gpus = RunParams.accelerator_count if accelerator else 0
     launch = TrainLaunch(
