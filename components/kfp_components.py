@@ -86,6 +86,7 @@ def validate_inputs(
     registered_model: str,
     champion_model: str,
     serving_image: str,
+    train_timeout_s: int,
     target: str,
     run_id: str,
     schedule_time: str,
@@ -174,6 +175,7 @@ def train(
     accelerator_count: int,
     service_account: str,
     hf_token_secret: str,
+    train_timeout_s: int,
     model: Output[Model],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
 ):

@@ -12,7 +12,7 @@
   Kubernetes service account (docs/deploy/rbac.yaml).
 - "local": what `llmft run --backend local` runs through kfp.local (never compiled).
 Each target's defaults (`TARGET_DEFAULTS` in components/run_params.py) are what a run launched
-from the console with only data, base model, project and bucket filled in needs
+from the console with only data, base model, project, bucket and Dataflow account filled in needs
 (tests/test_compile.py checks it); `validate_inputs` receives the target and refuses a backend
 that cannot run there.
 
@@ -37,7 +37,7 @@ from kfp import dsl
 
 from components import kfp_components as c
 from components.param_checks import TARGETS as BUILD_TARGETS
-from components.run_params import RunParams, defaults
+from components.run_params import TRAIN_TIMEOUT_MAX_S, RunParams, defaults
 from pipelines.pipeline_interface import pipeline_docstring, pipeline_signature
 from trainer.cuda_guard import EXPECT_CUDA_ENV
 
@@ -62,6 +62,20 @@ STEP_RESOURCES: dict[str, tuple[str, str]] = {
     "cleanup": ("1", "2G"),
 }
 """CPU and memory limits per task (Vertex sizes the machine from limits, not requests)."""
+KFP_STEP_REQUESTS: dict[str, tuple[str, str]] = {
+    "validate-inputs": ("500m", "2G"),
+    "preprocess": ("2", "8G"),  # launching Dataflow; DirectRunner bursts towards the limit
+    "etcd-up": ("250m", "1G"),
+    "train": ("500m", "2G"),
+    "register": ("500m", "2G"),
+    "cleanup": ("250m", "1G"),
+}
+"""CPU and memory requests of the CPU-only tasks on KFP. KFP copies only limits into the pod, and
+Kubernetes then defaults each request to its limit (kubernetes.io/docs/concepts/configuration/
+manage-resources-containers), so without these the preprocess pod asked for 8 CPU / 32G and fit
+no node of the stack's e2-standard-8 CPU pool (issue 29 N2; tests/test_compile.py checks them
+against `components.platform_facts.gke_allocatable`). Evaluate runs on a GPU node: its request
+is its limit."""
 
 
 def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Callable[..., Any]:
@@ -92,6 +106,9 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
         for task in (cleanup_task, validated, prep, etcd, trained, evaluated, registered):
             cpu, memory = STEP_RESOURCES[task.name]
             task.set_cpu_limit(cpu).set_memory_limit(memory)
+            if target == "kfp" and task.name in KFP_STEP_REQUESTS:
+                cpu, memory = KFP_STEP_REQUESTS[task.name]
+                task.set_cpu_request(cpu).set_memory_request(memory)
         if target == "kfp":
             _apply_kubernetes_settings(
                 [cleanup_task, validated, prep, etcd, trained, evaluated],
@@ -192,6 +209,7 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
         accelerator_count=p.accelerator_count,
         service_account=p.service_account,
         hf_token_secret=p.hf_token_secret,
+        train_timeout_s=p.train_timeout_s,
     ).set_caching_options(False)
     if target != "local":
         # Safe to retry: the trainer resumes from its latest complete checkpoint. Not locally:
@@ -244,7 +262,7 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
     """kfp-kubernetes settings for KFP on GKE (never in the Vertex target)."""
     from kfp import kubernetes
 
-    from components.launchers.pytorchjob import IMAGE_UID
+    from components.launchers.pytorchjob import DEADLINE_GRACE_S, IMAGE_UID
 
     for task in tasks:
         # The image runs as root for Dataflow's worker boot; task pods use its `llmft` user.
@@ -261,7 +279,8 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
             optional=True,
         )
     # The launcher steps only wait on cluster jobs; bound them so a lost watch cannot hang a run.
-    kubernetes.set_timeout(tasks[4], 7 * 24 * 3600)
+    # Above the longest train_timeout_s plus the job's grace: the step cancels the job first.
+    kubernetes.set_timeout(tasks[4], TRAIN_TIMEOUT_MAX_S + 2 * DEADLINE_GRACE_S)
 
 
 fine_tune = build_fine_tune("vertex")

@@ -21,7 +21,7 @@ from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, Tra
 from components.launchers.customjob import CustomJobOptions
 from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.local import LocalLauncher, LocalOptions
-from components.launchers.pytorchjob import PyTorchJobOptions
+from components.launchers.pytorchjob import PyTorchJobOptions, deadline_for
 from components.launchers.vertex import VertexLauncher, VertexOptions
 from components.platform_facts import gke_accelerator
 from components.run_params import Backend, RdzvBackend, choices
@@ -61,6 +61,8 @@ class TrainRequest:
     accelerator_count: int
     service_account: str
     hf_token_secret: str
+    train_timeout_s: int
+    """The launcher cancels the job after this long; the job carries it too, plus a grace."""
     model: Any
     """The Model artifact written: its `.uri` and `.metadata` are set here."""
     gcp_resources: str
@@ -84,7 +86,8 @@ def run(request: TrainRequest) -> None:
     model.uri = data_artifact_uri(
         model.uri, work_uri=request.work_uri, run_id=request.run_id, name="model"
     )
-    model.metadata.update(train(trainer_launch(request, model.uri), backend_options(request)))
+    launch, options = trainer_launch(request, model.uri), backend_options(request)
+    model.metadata.update(train(launch, options, timeout_s=request.train_timeout_s or None))
 
 
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
@@ -132,6 +135,8 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             gpus_per_node=request.accelerator_count or None,
             service_account=request.service_account or None,
             hf_token_secret=request.hf_token_secret or None,
+            # Ends the job on the cluster even if this step is killed before it can cancel.
+            active_deadline_seconds=deadline_for(request.train_timeout_s or None),
         )
         return GkeOptions(job=job, cluster=request.gke_cluster)
     if request.backend == "vertex":
@@ -141,6 +146,7 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             accelerator_count=request.accelerator_count or None,
             service_account=request.service_account or None,
             hf_token_secret=request.hf_token_secret or None,
+            timeout_s=deadline_for(request.train_timeout_s or None),
         )
         return VertexOptions(
             project=request.project,
