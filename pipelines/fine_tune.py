@@ -78,6 +78,20 @@ against `components.platform_facts.gke_allocatable`). Evaluate runs on a GPU nod
 is its limit."""
 
 
+def kfp_gpu_node_errors(gpu_machine_type: str) -> list[str]:
+    """Why the KFP target's evaluate task fits no node of the GKE GPU pool (`llmft run --dry-run`).
+
+    On KFP the evaluate task has no request, so Kubernetes requests its limits
+    (`STEP_RESOURCES["evaluate"]`) on a GPU node; a pool machine that cannot allocate them (a
+    g2-standard-12 has about 11 CPU to give) leaves the task Pending with no timeout.
+    """
+    from components.platform_facts import gke_fit_error
+
+    cpu, memory = STEP_RESOURCES["evaluate"]
+    error = gke_fit_error("the evaluate task", cpu, memory, gpu_machine_type)
+    return [f"machine_type={gpu_machine_type!r} (the GPU node pool): {error}"] if error else []
+
+
 def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Callable[..., Any]:
     """The `fine_tune` pipeline function for a target ("vertex", "kfp" or "local").
 

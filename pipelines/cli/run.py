@@ -30,6 +30,13 @@ WaitOpt = Annotated[bool, typer.Option(help="Follow the run and exit non-zero if
 VerboseOpt = Annotated[
     bool, typer.Option(help="Local: also stream the tasks' logs to the terminal.")
 ]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        help="vertex/kfp: check the config and parameters against the pipeline's rules and the "
+        "platform facts (machines, GPUs, node sizes), then stop: nothing is submitted."
+    ),
+]
 
 
 @user_errors
@@ -44,6 +51,7 @@ def run_cmd(
     schedule_time: ScheduleTimeOpt = None,
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
+    dry_run: DryRunOpt = False,
     *,
     deploy: dict[str, Any],
 ) -> None:
@@ -56,8 +64,12 @@ def run_cmd(
         deploy, display_name=display_name, experiment=experiment, failure_policy=failure_policy
     )
     if check_choice(backend, TARGETS) == "local":
+        if dry_run:
+            raise ValueError("--dry-run checks a cloud launch: use --backend vertex or kfp")
         _warn_ignored({**remote, "schedule_time": schedule_time, "wait": wait or None})
         _run_local(params, config, verbose)
+    elif dry_run:
+        _dry_run(backend, config, params, remote, schedule_time)
     else:
         _submit(backend, config, params, remote, schedule_time, wait)
 
@@ -108,3 +120,34 @@ def _submit(
     when = parse_schedule_time(schedule_time)
     submit = submit_vertex if backend == "vertex" else submit_kfp
     submit(cfg, schedule_time=when, wait=wait, report=typer.echo)
+
+
+def _dry_run(
+    backend: Any,
+    config: Path | None,
+    params: dict[str, Any],
+    remote: dict[str, Any],
+    schedule_time: str | None,
+) -> None:
+    """Everything `_submit` checks before it needs credentials, plus the platform facts that
+    decide whether the run can be scheduled; raises ValueError (exit 2) on the first problems."""
+    from pipelines.deploy.config import load_for
+    from pipelines.deploy.submit import prepare_parameters
+    from pipelines.fine_tune import kfp_gpu_node_errors
+
+    cfg = load_for(backend, config, parameters=params, **remote)
+    checked = prepare_parameters(
+        cfg, backend, schedule_time=parse_schedule_time(schedule_time), recurring=False
+    )
+    from components.param_values import params_from_mapping
+    from components.run_params import RunParams
+
+    run = params_from_mapping(checked, base=RunParams.for_target(backend))
+    if backend == "kfp" and run.backend == "gke":
+        errors = kfp_gpu_node_errors(run.machine_type)
+        if errors:
+            raise ValueError(f"{len(errors)} problem(s):\n  - " + "\n  - ".join(errors))
+    typer.echo(
+        f"dry run: a {backend} run of {cfg.template} with {len(checked)} parameter(s) passes "
+        "validation; nothing was submitted"
+    )
