@@ -124,16 +124,20 @@ def preprocess(
     dataset: Output[Dataset],
     summary: Output[Markdown],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
-):
+) -> NamedTuple("PreprocessOutputs", [("dataset_uri", str)]):  # type: ignore[valid-type]
     """Turn raw records into packed, tokenized Parquet shards with Apache Beam.
 
     Runs the Beam pipeline in-process (DirectRunner) or submits it to Dataflow and waits; the
     Dataflow job is written to `gcp_resources` so cancelling the pipeline cancels the job.
+
+    Returns:
+        dataset_uri: the Dataset artifact's URI, for steps that only pass it on (a string is
+            not downloaded into their pod the way an input artifact is).
     """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.preprocess import PreprocessRequest, run
 
-    run(PreprocessRequest(**params))
+    return run(PreprocessRequest(**params))
 
 
 @llmft_component
@@ -157,7 +161,7 @@ def train(
     backend: str,
     run_id: str,
     base_model: str,
-    dataset: Input[Dataset],
+    dataset_uri: str,
     rdzv_endpoint: str,
     rdzv_backend: str,
     nodes: int,
@@ -178,13 +182,20 @@ def train(
     train_timeout_s: int,
     model: Output[Model],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
-):
+) -> NamedTuple("TrainOutputs", [("model_uri", str)]):  # type: ignore[valid-type]
     """Fine-tune with FSDP2 on N nodes x P processes: local torchrun agents, a PyTorchJob on GKE or
-    a Vertex AI CustomJob. Exports a Hugging Face model directory as the Model artifact."""
+    a Vertex AI CustomJob. Exports a Hugging Face model directory as the Model artifact.
+
+    The dataset comes by URI (the workers read it; an input artifact would first be downloaded
+    into this small launcher pod).
+
+    Returns:
+        model_uri: where the exported Hugging Face model is (the Model artifact's files).
+    """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.train import TrainRequest, run
 
-    run(TrainRequest(**params))
+    return run(TrainRequest(**params))
 
 
 @llmft_component
@@ -216,7 +227,8 @@ def evaluate(
 
 @llmft_component
 def register(
-    tuned_model: Input[Model],
+    model_uri: str,
+    base_model: str,
     run_id: str,
     project: str,
     region: str,
@@ -224,6 +236,9 @@ def register(
     serving_image: str,
 ) -> str:
     """Upload the tuned model to Vertex AI Model Registry (a new version of `registered_model`).
+
+    The model comes by URI: the registry reads it from gs://; an input artifact would first be
+    downloaded whole into this small pod.
 
     Returns:
         The registered model version's resource name.

@@ -115,7 +115,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             etcd = _etcd_up(p, run_id, prep)
             trained = _train(p, target, run_id, validated, prep, etcd)
             evaluated = _evaluate(p, target, validated, prep, trained)
-            registered = _register(p, run_id, evaluated, trained)
+            registered = _register(p, run_id, validated, evaluated, trained)
 
         for task in (cleanup_task, validated, prep, etcd, trained, evaluated, registered):
             cpu, memory = STEP_RESOURCES[task.name]
@@ -205,7 +205,7 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
         backend=p.backend,
         run_id=run_id,
         base_model=validated.outputs["base_model"],
-        dataset=prep.outputs["dataset"],
+        dataset_uri=prep.outputs["dataset_uri"],  # by URI: not downloaded into the launcher pod
         rdzv_endpoint=etcd.output,
         rdzv_backend=p.rdzv_backend,
         nodes=p.nodes,
@@ -258,12 +258,13 @@ def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any
     return evaluated
 
 
-def _register(p: RunParams, run_id: str, evaluated: Any, trained: Any) -> Any:
+def _register(p: RunParams, run_id: str, validated: Any, evaluated: Any, trained: Any) -> Any:
     """Upload to the Model Registry when the gate passed and registration is on."""
     with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
         with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
             return c.register(
-                tuned_model=trained.outputs["model"],
+                model_uri=trained.outputs["model_uri"],  # by URI: the registry reads gs://
+                base_model=validated.outputs["base_model"],
                 run_id=run_id,
                 project=p.project,
                 region=p.region,

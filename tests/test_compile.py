@@ -322,3 +322,21 @@ def test_kfp_cpu_tasks_request_what_the_stacks_cpu_nodes_can_allocate(fresh: Pat
     _, vertex = _console_run(fresh, "vertex")
     for executor in _executors(vertex).values():
         assert "resourceCpuRequest" not in executor["container"]["resources"]
+
+
+@pytest.mark.parametrize("target", ["vertex", "kfp"])
+def test_train_and_register_take_uris_not_input_artifacts(fresh: Path, target: str):
+    """N14: the KFP launcher downloads every input artifact into the task's pod before it runs:
+    the whole dataset into the 1 CPU / 4G train launcher, the whole model (140 GB for a 70B) into
+    register. Both take URIs as strings; the artifacts still record where the data is."""
+    _, spec = _console_run(fresh, target)
+    components = spec["components"]
+    for name in ("comp-train", "comp-register"):
+        assert "artifacts" not in components[name]["inputDefinitions"], name
+    assert "dataset_uri" in components["comp-train"]["inputDefinitions"]["parameters"]
+    assert "model_uri" in components["comp-register"]["inputDefinitions"]["parameters"]
+    # Lineage: preprocess still outputs the Dataset artifact, train the Model artifact.
+    assert "dataset" in components["comp-preprocess"]["outputDefinitions"]["artifacts"]
+    assert "model" in components["comp-train"]["outputDefinitions"]["artifacts"]
+    assert "dataset_uri" in components["comp-preprocess"]["outputDefinitions"]["parameters"]
+    assert "model_uri" in components["comp-train"]["outputDefinitions"]["parameters"]

@@ -43,12 +43,10 @@ def test_cloud_workers_cannot_read_kfps_default_artifact_store() -> None:
 
 
 def _request(backend: str, **changes: object):
-    from types import SimpleNamespace
-
     from components.steps.train import TrainRequest
 
     fields = dict(
-        backend=backend, run_id="r1", base_model="gs://b/m", dataset=SimpleNamespace(uri="gs://b/d"),
+        backend=backend, run_id="r1", base_model="gs://b/m", dataset_uri="gs://b/d",
         rdzv_endpoint="", rdzv_backend="c10d", nodes=2, nproc_per_node=0, max_steps=10,
         learning_rate=1e-4, trainer_overrides={}, project="my-project", region="us-central1",
         work_uri="gs://b/w", namespace="ml", gke_cluster="", machine_type="g2-standard-24",

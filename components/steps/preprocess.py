@@ -368,9 +368,9 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
     return build_argv(extra_args=extra, **params)
 
 
-def run(request: PreprocessRequest) -> None:
-    """The `preprocess` component: write the dataset, its Markdown summary and gcp_resources, and
-    describe the Dataset artifact."""
+def run(request: PreprocessRequest) -> tuple[str]:
+    """The `preprocess` component: write the dataset, its Markdown summary and gcp_resources,
+    describe the Dataset artifact, and return `(dataset_uri,)`."""
     from components.artifacts import data_artifact_uri
     from components.secrets import load_hf_token
 
@@ -389,3 +389,4 @@ def run(request: PreprocessRequest) -> None:
     with open(summary_path, "w") as f:
         f.write(result["summary_markdown"])
     dataset.metadata.update(result["metadata"])
+    return (str(dataset.uri),)

@@ -41,8 +41,8 @@ class TrainRequest:
     backend: Backend
     run_id: str
     base_model: str
-    dataset: Any
-    """The packed Dataset artifact (read by `.uri`)."""
+    dataset_uri: str
+    """The packed dataset (the preprocess step's `dataset_uri` output)."""
     rdzv_endpoint: str
     """The etcd step's output ("" lets the launcher choose)."""
     rdzv_backend: RdzvBackend
@@ -69,8 +69,8 @@ class TrainRequest:
     """Path of the component's gcp_resources output (Vertex: cancel with the pipeline)."""
 
 
-def run(request: TrainRequest) -> None:
-    """The `train` component: train, and describe the Model artifact.
+def run(request: TrainRequest) -> tuple[str]:
+    """The `train` component: train, describe the Model artifact, return `(model_uri,)`.
 
     The Model artifact holds the exported Hugging Face model only (the KFP launcher downloads
     every input artifact before a task runs: evaluate and register must not fetch optimizer
@@ -88,6 +88,7 @@ def run(request: TrainRequest) -> None:
     )
     launch, options = trainer_launch(request, model.uri), backend_options(request)
     model.metadata.update(train(launch, options, timeout_s=request.train_timeout_s or None))
+    return (str(model.metadata["model_uri"]),)
 
 
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
@@ -96,7 +97,7 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
     from components.trainer_params import trainer_config
 
     local = request.backend == "local"
-    data = str(request.dataset.uri)
+    data = str(request.dataset_uri)
     if not local:
         check_worker_readable(data)
     export_dir = storage.normalize(model_uri) if local else model_uri
@@ -242,6 +243,7 @@ def model_metadata(
         "final_loss": summary.get("final_loss"),
         "model_uri": model_uri,
         "run_uri": output,
+        "dataset_uri": launch.data,  # lineage: the data came by URI, not as an input artifact
         "run_id": launch.run_id,
         "backend": backend,
         "nodes": launch.nodes,
