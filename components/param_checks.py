@@ -144,6 +144,8 @@ def check_machine_accelerator(
         return [f"machine_type={machine_type!r}: {e}" for e in found]
     if not accelerator_type or accelerator_count <= 0:
         return []
+    if check_gke_accelerator(backend, accelerator_type):
+        return []  # an unknown name: check_gke_accelerator reports it
     return [
         f"machine_type={machine_type!r}: {e}"
         for e in node_gpu_errors(machine_type, accelerator_type, accelerator_count)
