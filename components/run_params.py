@@ -45,9 +45,10 @@ SCHEDULE_TIME_PLACEHOLDER = "{{$.pipeline_job_schedule_time_utc}}"
 """KFP's schedule-time placeholder (`dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER`), written
 literally in `train_data_uri` by scheduled runs; the first step fills it in."""
 
-TRAIN_TIMEOUT_MAX_S = 7 * 24 * 3600
-"""The longest `train_timeout_s` (7 days, Vertex's own CustomJob default); the KFP target bounds
-the train task a little above it (pipelines/fine_tune.py)."""
+TRAIN_TIMEOUT_MAX_S = 7 * 24 * 3600 - 3600
+"""The longest `train_timeout_s`: an hour under 7 days (Vertex's own CustomJob default timeout),
+so that the jobs' deadline (this plus a short grace) stays within it; the KFP target bounds the
+train task a little above the jobs' deadline (pipelines/fine_tune.py)."""
 
 PROJECT_ID = (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a Google Cloud project id (6-30 lowercase chars)")
 REGION = (r"[a-z]+-[a-z]+[0-9]+", "a Google Cloud region such as us-central1")
