@@ -86,6 +86,7 @@ def validate_inputs(
     registered_model: str,
     champion_model: str,
     serving_image: str,
+    train_timeout_s: int,
     target: str,
     run_id: str,
     schedule_time: str,
@@ -123,16 +124,21 @@ def preprocess(
     dataset: Output[Dataset],
     summary: Output[Markdown],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
-):
+) -> NamedTuple("PreprocessOutputs", [("dataset_uri", str)]):  # type: ignore[valid-type]
     """Turn raw records into packed, tokenized Parquet shards with Apache Beam.
 
     Runs the Beam pipeline in-process (DirectRunner) or submits it to Dataflow and waits; the
-    Dataflow job is written to `gcp_resources` so cancelling the pipeline cancels the job.
+    Dataflow job is written to `gcp_resources` (the console's link to it); cancelling the
+    pipeline cancels the job through this step's SIGTERM handler.
+
+    Returns:
+        dataset_uri: the Dataset artifact's URI, for steps that only pass it on (a string is
+            not downloaded into their pod the way an input artifact is).
     """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.preprocess import PreprocessRequest, run
 
-    run(PreprocessRequest(**params))
+    return run(PreprocessRequest(**params))
 
 
 @llmft_component
@@ -156,7 +162,7 @@ def train(
     backend: str,
     run_id: str,
     base_model: str,
-    dataset: Input[Dataset],
+    dataset_uri: str,
     rdzv_endpoint: str,
     rdzv_backend: str,
     nodes: int,
@@ -174,15 +180,23 @@ def train(
     accelerator_count: int,
     service_account: str,
     hf_token_secret: str,
+    train_timeout_s: int,
     model: Output[Model],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
-):
+) -> NamedTuple("TrainOutputs", [("model_uri", str)]):  # type: ignore[valid-type]
     """Fine-tune with FSDP2 on N nodes x P processes: local torchrun agents, a PyTorchJob on GKE or
-    a Vertex AI CustomJob. Exports a Hugging Face model directory as the Model artifact."""
+    a Vertex AI CustomJob. Exports a Hugging Face model directory as the Model artifact.
+
+    The dataset comes by URI (the workers read it; an input artifact would first be downloaded
+    into this small launcher pod).
+
+    Returns:
+        model_uri: where the exported Hugging Face model is (the Model artifact's files).
+    """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.train import TrainRequest, run
 
-    run(TrainRequest(**params))
+    return run(TrainRequest(**params))
 
 
 @llmft_component
@@ -214,7 +228,8 @@ def evaluate(
 
 @llmft_component
 def register(
-    tuned_model: Input[Model],
+    model_uri: str,
+    base_model: str,
     run_id: str,
     project: str,
     region: str,
@@ -222,6 +237,9 @@ def register(
     serving_image: str,
 ) -> str:
     """Upload the tuned model to Vertex AI Model Registry (a new version of `registered_model`).
+
+    The model comes by URI: the registry reads it from gs://; an input artifact would first be
+    downloaded whole into this small pod.
 
     Returns:
         The registered model version's resource name.

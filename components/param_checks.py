@@ -86,7 +86,7 @@ def check_service_account(backend: str, service_account: str) -> str | None:
             return (
                 "service_account is empty: on GKE name the Kubernetes service account of the "
                 "training pods (bound to a Google service account by Workload Identity, e.g. "
-                "llmft-pipeline from docs/deploy/rbac.yaml)"
+                "llmft-trainer from docs/deploy/rbac.yaml)"
             )
         if not _KSA.match(service_account):
             return (
@@ -97,14 +97,59 @@ def check_service_account(backend: str, service_account: str) -> str | None:
 
 
 def check_dataflow_service_account(preprocess_runner: str, account: str) -> str | None:
-    """Dataflow workers run as this email; empty means the Compute Engine default account."""
-    valid = not account or _SA_EMAIL.match(account) or _COMPUTE_SA.match(account)
-    if preprocess_runner == "DataflowRunner" and not valid:
+    """Dataflow workers run as this email, which must be given (issue 29 N17): left empty,
+    Dataflow runs them as the Compute Engine default account, which in organizations under the
+    secure-by-default `iam.automaticIamGrantsForDefaultServiceAccounts` constraint holds no
+    roles, so the job fails on gs:// and `dataflow.worker` after it started. Naming the default
+    account explicitly (NUMBER-compute@developer.gserviceaccount.com) is accepted."""
+    if preprocess_runner != "DataflowRunner":
+        return None
+    if not account:
+        return (
+            "dataflow_service_account is empty: with DataflowRunner name the workers' service "
+            "account (e.g. llmft-dataflow@PROJECT.iam.gserviceaccount.com, which `llmft config "
+            "from-stack` writes); the Compute Engine default account it would fall back to has "
+            "no roles in organizations with secure-by-default IAM, and the job would fail on "
+            "gs:// after starting"
+        )
+    if not (_SA_EMAIL.match(account) or _COMPUTE_SA.match(account)):
         return (
             f"dataflow_service_account={account!r} is not a service-account email "
-            "(NAME@PROJECT.iam.gserviceaccount.com); empty uses the Compute Engine default"
+            "(NAME@PROJECT.iam.gserviceaccount.com)"
         )
     return None
+
+
+def check_machine_accelerator(
+    backend: str, machine_type: str, accelerator_type: str, accelerator_count: int
+) -> list[str]:
+    """The training machine and its GPUs, against components/platform_facts.py (issue 29 N15).
+
+    Vertex: the machine type fixes the GPU model and count (a3-highgpu-8g is 8 x H100 80GB).
+    GKE: `machine_type` names the GPU node pool's machine; a pod may take part of a node, so
+    the count must be at most what one node carries.
+    """
+    from components.platform_facts import machine_accelerator_errors, node_gpu_errors
+
+    if backend not in ("vertex", "gke"):
+        return []
+    if accelerator_count > 0 and not accelerator_type:
+        return [
+            f"accelerator_count={accelerator_count} but accelerator_type is empty: name the GPU "
+            "or set accelerator_count=0 for CPU-only training"
+        ]
+    if backend == "vertex":
+        count = accelerator_count if accelerator_type else 0
+        found = machine_accelerator_errors(machine_type, accelerator_type, count)
+        return [f"machine_type={machine_type!r}: {e}" for e in found]
+    if not accelerator_type or accelerator_count <= 0:
+        return []
+    if check_gke_accelerator(backend, accelerator_type):
+        return []  # an unknown name: check_gke_accelerator reports it
+    return [
+        f"machine_type={machine_type!r}: {e}"
+        for e in node_gpu_errors(machine_type, accelerator_type, accelerator_count)
+    ]
 
 
 def check_secret_name(name: str, value: str) -> str | None:

@@ -221,6 +221,35 @@ def machine_accelerator_errors(machine_type: str, accelerator_name: str, count: 
     return []
 
 
+def node_gpu_errors(machine_type: str, accelerator_name: str, count: int) -> list[str]:
+    """Why a GKE pod asking for `count` x `accelerator_name` fits no node of `machine_type`.
+
+    On GKE a pod may take part of a node's GPUs, so the count must be at most what the node
+    carries (of the same model); a machine type outside these tables, or an N1 (whose GPU count
+    is the pool's choice), is not judged. [] when it fits.
+    """
+    try:
+        gpu = accelerator(accelerator_name)
+    except ValueError as exc:
+        return [str(exc)]
+    most = max([m.gpus for m in GPU_MACHINES if m.accelerator == gpu.vertex_name], default=0)
+    most = max(most, *N1_GPUS.get(gpu.vertex_name, (0,)))
+    if count > most:
+        return [f"{count} x {gpu.gke_name} per pod: no GKE node carries more than {most}"]
+    found = machine(machine_type)
+    if found is None or not found.gpus:
+        return []
+    if found.accelerator != gpu.vertex_name or found.gpus < count:
+        options = [m.name for m in GPU_MACHINES if m.accelerator == gpu.vertex_name]
+        return [
+            f"{count} x {gpu.gke_name} per pod cannot land on a {machine_type} node (it carries "
+            f"{found.gpus} x {accelerator(found.accelerator).gke_name}): set machine_type to the "
+            f"GPU node pool's machine type ({', '.join(options) or 'an N1 machine'}) or the "
+            "accelerator to what the pool carries"
+        ]
+    return []
+
+
 def _refit(machine_type: str, gpu: Accelerator, count: int, why: str) -> str:
     options = machines_for(gpu.vertex_name, count)
     fix = f"use {' or '.join(options)}" if options else f"no machine type carries {count} of them"
@@ -349,6 +378,11 @@ KFP_FEATURE_FLOORS: dict[str, tuple[tuple[int, int, int], str]] = {
         (2, 5, 0),
         "kubeflow/pipelines backend/src/v2/driver/driver.go:905@2.5.0 (absent at 2.4.1, which "
         "reads secretName, compiled with the same name)",
+    ),
+    "task resource requests (resourceCpuRequest, resourceMemoryRequest)": (
+        (2, 4, 0),
+        "kubeflow/pipelines#11500 (the driver read only the deprecated cpuLimit-style fields) "
+        "and #11839 (the resource_* fields are read by backends from 2.4)",
     ),
     "secretAsEnv optional": (
         (2, 15, 0),

@@ -45,6 +45,11 @@ SCHEDULE_TIME_PLACEHOLDER = "{{$.pipeline_job_schedule_time_utc}}"
 """KFP's schedule-time placeholder (`dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER`), written
 literally in `train_data_uri` by scheduled runs; the first step fills it in."""
 
+TRAIN_TIMEOUT_MAX_S = 7 * 24 * 3600 - 3600
+"""The longest `train_timeout_s`: an hour under 7 days (Vertex's own CustomJob default timeout),
+so that the jobs' deadline (this plus a short grace) stays within it; the KFP target bounds the
+train task a little above the jobs' deadline (pipelines/fine_tune.py)."""
+
 PROJECT_ID = (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a Google Cloud project id (6-30 lowercase chars)")
 REGION = (r"[a-z]+-[a-z]+[0-9]+", "a Google Cloud region such as us-central1")
 K8S_LABEL_NAME = (
@@ -104,8 +109,8 @@ class RunParams:
     )
     dataflow_service_account: str = param(
         "",
-        "Service-account email the Dataflow workers run as; empty uses the project's Compute "
-        "Engine default service account.",
+        "Service-account email the Dataflow workers run as; required with DataflowRunner (the "
+        "Compute Engine default account has no roles under secure-by-default IAM).",
     )
 
     # --- training ------------------------------------------------------------------------------
@@ -164,7 +169,9 @@ class RunParams:
         ),
     )
     machine_type: str = param(
-        "a3-highgpu-8g", "Machine type per node on Vertex AI (e.g. a3-highgpu-8g)."
+        "a3-highgpu-8g",
+        "Machine type per node: on Vertex AI each replica's (e.g. a3-highgpu-8g, which carries "
+        "8 x NVIDIA_H100_80GB); on GKE the GPU node pool's, to check the accelerators fit.",
     )
     accelerator_type: str = param(
         "NVIDIA_H100_80GB",
@@ -236,6 +243,17 @@ class RunParams:
         "image from Vertex AI Model Garden; required when register_model is true.",
     )
 
+    # --- cloud launch limits (issue 29) --------------------------------------------------------
+    train_timeout_s: int = param(
+        TRAIN_TIMEOUT_MAX_S,
+        "Longest the training job may run, provisioning included (seconds): the train step "
+        "cancels it then, and the job itself carries the limit plus a short grace "
+        "(PyTorchJob activeDeadlineSeconds, CustomJob timeout) so it ends even if the step was "
+        "killed first.",
+        ge=60,
+        le=TRAIN_TIMEOUT_MAX_S,
+    )
+
     @classmethod
     def for_target(cls, target: str = "local") -> RunParams:
         """The defaults of a pipeline target (`TARGET_DEFAULTS`)."""
@@ -275,6 +293,9 @@ class RunParams:
             )
             if e
         ]
+        errors += checks.check_machine_accelerator(
+            self.backend, self.machine_type, self.accelerator_type, self.accelerator_count
+        )
         errors += checks.check_cloud_locations(
             cloud=self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner",
             project=self.project,
@@ -313,7 +334,7 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 """Per-target defaults of the parameters whose right value depends on where the pipeline runs
 (the fields' own defaults are the local runner's): a run launched from the console with only
-data, base model, project and bucket filled in must pass (tests/test_compile.py)."""
+data, base model, project, bucket and Dataflow account filled in must pass (tests/test_compile.py)."""
 
 
 def raise_errors(errors: list[str]) -> None:

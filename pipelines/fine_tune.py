@@ -8,11 +8,11 @@
   document); the launchers themselves reach GKE or Vertex CustomJob. Defaults: backend=vertex,
   Dataflow preprocessing.
 - "kfp": KFP on GKE, with kfp-kubernetes settings for the task pods (the HF token Secret as env,
-  pod labels, timeouts). Defaults: backend=gke, Dataflow preprocessing, the `llmft-pipeline`
-  Kubernetes service account (docs/deploy/rbac.yaml).
+  pod labels, timeouts). Defaults: backend=gke, Dataflow preprocessing, training pods as the
+  `llmft-trainer` Kubernetes service account (docs/deploy/rbac.yaml).
 - "local": what `llmft run --backend local` runs through kfp.local (never compiled).
 Each target's defaults (`TARGET_DEFAULTS` in components/run_params.py) are what a run launched
-from the console with only data, base model, project and bucket filled in needs
+from the console with only data, base model, project, bucket and Dataflow account filled in needs
 (tests/test_compile.py checks it); `validate_inputs` receives the target and refuses a backend
 that cannot run there.
 
@@ -37,8 +37,9 @@ from kfp import dsl
 
 from components import kfp_components as c
 from components.param_checks import TARGETS as BUILD_TARGETS
-from components.run_params import RunParams, defaults
+from components.run_params import TRAIN_TIMEOUT_MAX_S, RunParams, defaults
 from pipelines.pipeline_interface import pipeline_docstring, pipeline_signature
+from trainer.cuda_guard import EXPECT_CUDA_ENV
 
 PIPELINE_NAME = "llmft-fine-tune"
 TARGETS = tuple(target for target in BUILD_TARGETS if target != "local")
@@ -61,6 +62,34 @@ STEP_RESOURCES: dict[str, tuple[str, str]] = {
     "cleanup": ("1", "2G"),
 }
 """CPU and memory limits per task (Vertex sizes the machine from limits, not requests)."""
+KFP_STEP_REQUESTS: dict[str, tuple[str, str]] = {
+    "validate-inputs": ("500m", "2G"),
+    "preprocess": ("2", "8G"),  # launching Dataflow; DirectRunner bursts towards the limit
+    "etcd-up": ("250m", "1G"),
+    "train": ("500m", "2G"),
+    "register": ("500m", "2G"),
+    "cleanup": ("250m", "1G"),
+}
+"""CPU and memory requests of the CPU-only tasks on KFP. KFP copies only limits into the pod, and
+Kubernetes then defaults each request to its limit (kubernetes.io/docs/concepts/configuration/
+manage-resources-containers), so without these the preprocess pod asked for 8 CPU / 32G and fit
+no node of the stack's e2-standard-8 CPU pool (issue 29 N2; tests/test_compile.py checks them
+against `components.platform_facts.gke_allocatable`). Evaluate runs on a GPU node: its request
+is its limit."""
+
+
+def kfp_gpu_node_errors(gpu_machine_type: str) -> list[str]:
+    """Why the KFP target's evaluate task fits no node of the GKE GPU pool (`llmft run --dry-run`).
+
+    On KFP the evaluate task has no request, so Kubernetes requests its limits
+    (`STEP_RESOURCES["evaluate"]`) on a GPU node; a pool machine that cannot allocate them (a
+    g2-standard-12 has about 11 CPU to give) leaves the task Pending with no timeout.
+    """
+    from components.platform_facts import gke_fit_error
+
+    cpu, memory = STEP_RESOURCES["evaluate"]
+    error = gke_fit_error("the evaluate task", cpu, memory, gpu_machine_type)
+    return [f"machine_type={gpu_machine_type!r} (the GPU node pool): {error}"] if error else []
 
 
 def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Callable[..., Any]:
@@ -86,11 +115,14 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             etcd = _etcd_up(p, run_id, prep)
             trained = _train(p, target, run_id, validated, prep, etcd)
             evaluated = _evaluate(p, target, validated, prep, trained)
-            registered = _register(p, run_id, evaluated, trained)
+            registered = _register(p, run_id, validated, evaluated, trained)
 
         for task in (cleanup_task, validated, prep, etcd, trained, evaluated, registered):
             cpu, memory = STEP_RESOURCES[task.name]
             task.set_cpu_limit(cpu).set_memory_limit(memory)
+            if target == "kfp" and task.name in KFP_STEP_REQUESTS:
+                cpu, memory = KFP_STEP_REQUESTS[task.name]
+                task.set_cpu_request(cpu).set_memory_request(memory)
         if target == "kfp":
             _apply_kubernetes_settings(
                 [cleanup_task, validated, prep, etcd, trained, evaluated],
@@ -173,7 +205,7 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
         backend=p.backend,
         run_id=run_id,
         base_model=validated.outputs["base_model"],
-        dataset=prep.outputs["dataset"],
+        dataset_uri=prep.outputs["dataset_uri"],  # by URI: not downloaded into the launcher pod
         rdzv_endpoint=etcd.output,
         rdzv_backend=p.rdzv_backend,
         nodes=p.nodes,
@@ -191,6 +223,7 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
         accelerator_count=p.accelerator_count,
         service_account=p.service_account,
         hf_token_secret=p.hf_token_secret,
+        train_timeout_s=p.train_timeout_s,
     ).set_caching_options(False)
     if target != "local":
         # Safe to retry: the trainer resumes from its latest complete checkpoint. Not locally:
@@ -220,15 +253,18 @@ def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any
         evaluated.set_accelerator_type(GKE_EVAL_GPU)
     if target != "local":
         evaluated.set_accelerator_limit(p.eval_accelerator_count)
+        # Given a GPU (validation requires at least 1 in the cloud): stop if torch sees none.
+        evaluated.set_env_variable(EXPECT_CUDA_ENV, "1")
     return evaluated
 
 
-def _register(p: RunParams, run_id: str, evaluated: Any, trained: Any) -> Any:
+def _register(p: RunParams, run_id: str, validated: Any, evaluated: Any, trained: Any) -> Any:
     """Upload to the Model Registry when the gate passed and registration is on."""
     with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
         with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
             return c.register(
-                tuned_model=trained.outputs["model"],
+                model_uri=trained.outputs["model_uri"],  # by URI: the registry reads gs://
+                base_model=validated.outputs["base_model"],
                 run_id=run_id,
                 project=p.project,
                 region=p.region,
@@ -241,7 +277,7 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
     """kfp-kubernetes settings for KFP on GKE (never in the Vertex target)."""
     from kfp import kubernetes
 
-    from components.launchers.pytorchjob import IMAGE_UID
+    from components.launchers.pytorchjob import DEADLINE_GRACE_S, IMAGE_UID
 
     for task in tasks:
         # The image runs as root for Dataflow's worker boot; task pods use its `llmft` user.
@@ -258,7 +294,8 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
             optional=True,
         )
     # The launcher steps only wait on cluster jobs; bound them so a lost watch cannot hang a run.
-    kubernetes.set_timeout(tasks[4], 7 * 24 * 3600)
+    # Above the longest train_timeout_s plus the job's grace: the step cancels the job first.
+    kubernetes.set_timeout(tasks[4], TRAIN_TIMEOUT_MAX_S + 2 * DEADLINE_GRACE_S)
 
 
 fine_tune = build_fine_tune("vertex")

@@ -398,3 +398,44 @@ def test_local_runs_use_worker_processes_only_for_large_inputs_on_4_cores_or_mor
     large, small = LOCAL_PROCESSES_MIN_BYTES, LOCAL_PROCESSES_MIN_BYTES - 1
     assert [local_workers(large, cores) for cores in (1, 2, 3, 4, 16)] == [1, 1, 1, 4, 16]
     assert local_workers(small, 16) == 1
+
+
+def test_dataflow_workers_get_a_hub_tokenizer_staged_under_temp_location(
+    tiny_model_dir: Path, gcs_emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N5: Dataflow workers carry no HF token (and may have no internet): the launching step,
+    which has the token, stages the hub tokenizer under temp_location and workers read that."""
+    import beam_preprocess.tokenize as tokenize
+    from components.steps.preprocess import resolve_tokenizer
+
+    real_load = tokenize.load_tokenizer
+    asked: list[str] = []
+
+    def from_the_hub(name: str):  # the hub is out of reach here: it serves the tiny tokenizer
+        asked.append(name)
+        assert name == "some-org/gated-model"
+        return real_load(str(tiny_model_dir))
+
+    monkeypatch.setattr(tokenize, "load_tokenizer", from_the_hub)
+    bucket = gcs_emulator.create_bucket("tokenizer-staging")
+    argv = [
+        "--tokenizer=some-org/gated-model",
+        "--runner=DataflowRunner",
+        f"--temp_location={bucket}/work/tmp",
+    ]
+    resolved = resolve_tokenizer(argv)
+    staged = f"{bucket}/work/tmp/llmft-tokenizers/some-org--gated-model"
+    assert resolved == [f"--tokenizer={staged}", *argv[1:]] and asked == [argv[0].split("=")[1]]
+    # What a worker does with it: the real loader, from gs://, no hub involved.
+    monkeypatch.setattr(tokenize, "load_tokenizer", real_load)
+    from trainer.packed_data.format import TokenizerIdentity
+
+    on_worker = TokenizerIdentity.of(real_load(staged))
+    assert replace(on_worker, name_or_path="") == replace(
+        _identity(tiny_model_dir), name_or_path=""
+    )
+    # In the task (DirectRunner) the step has the token: the hub id is used as it is.
+    direct = ["--tokenizer=some-org/gated-model", "--runner=DirectRunner"]
+    assert resolve_tokenizer(direct) == direct
+    with pytest.raises(ValueError, match="temp_location gs://"):
+        resolve_tokenizer(["--tokenizer=some-org/gated-model", "--runner=DataflowRunner"])

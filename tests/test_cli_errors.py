@@ -289,3 +289,51 @@ def test_cloud_run_with_a_malformed_config(tmp_path: Path, backend: str) -> None
     config = tmp_path / "deploy.yaml"
     config.write_text("vertex: {project: [\n")
     assert_user_error(llmft("run", "--backend", backend, "--config", str(config)), "not valid YAML")
+
+
+_DRY_RUN_PARAMS = [
+    "--param", "train_data_uri=gs://b/d/*.jsonl", "--param", "base_model=gs://b/m",
+    "--param", "project=my-project", "--param", "work_uri=gs://b/w",
+    "--param", "dataflow_service_account=llmft-dataflow@my-project.iam.gserviceaccount.com",
+]  # fmt: skip
+_DRY_RUN_BACKENDS = {
+    "vertex": ["--backend", "vertex", "--project", "my-project", "--pipeline-root", "gs://b/root"],
+    "kfp": ["--backend", "kfp", "--host", "http://127.0.0.1:9", "--pipeline-root", "gs://b/root"],
+}
+
+
+@pytest.mark.parametrize(
+    ("backend", "changes", "fragment"),
+    [
+        ("vertex", [], ""),
+        ("kfp", ["service_account=llmft-trainer"], ""),
+        # N15: Vertex would reject L4s on an A3 machine only at create_custom_job.
+        ("vertex", ["accelerator_type=NVIDIA_L4"], "use g2-standard-96"),
+        # GKE: the pods ask for 8 L4s; the pool's g2-standard-24 nodes carry 2.
+        ("kfp", ["accelerator_type=NVIDIA_L4", "machine_type=g2-standard-24"], "carries 2 x"),
+        # N2-style: the evaluate task (12 CPU / 48G) fits no g2-standard-12 GPU node.
+        (
+            "kfp",
+            ["accelerator_type=NVIDIA_L4", "accelerator_count=1", "machine_type=g2-standard-12"],
+            "the evaluate task requests 12 CPU",
+        ),
+        # N17
+        ("vertex", ["dataflow_service_account="], "dataflow_service_account is empty"),
+    ],
+)
+def test_dry_run_checks_the_launch_against_the_platform_facts(
+    backend: str, changes: list[str], fragment: str
+) -> None:
+    """`llmft run --dry-run` stops before credentials or a server: exit 0 when the launch can be
+    scheduled, else exit 2 with the fix."""
+    extra = [arg for change in changes for arg in ("--param", change)]
+    result = llmft("run", *_DRY_RUN_BACKENDS[backend], *_DRY_RUN_PARAMS, *extra, "--dry-run")
+    if not fragment:
+        assert result.exit_code == 0, result.output
+        assert "passes validation; nothing was submitted" in result.output
+    else:
+        assert_user_error(result, fragment)
+
+
+def test_dry_run_is_for_cloud_launches() -> None:
+    assert_user_error(llmft("run", "--dry-run"), "--backend vertex or kfp")

@@ -137,8 +137,11 @@ CONSOLE_FILLED = {
     "base_model": "gs://my-bucket/models/llama-3-8b",
     "project": "my-project",
     "work_uri": "gs://my-bucket/llmft-work",
+    "dataflow_service_account": "llmft-dataflow@my-project.iam.gserviceaccount.com",
 }
-"""What a user must fill when launching from the console: data, base model, project, bucket."""
+"""What a user must fill when launching from the console: data, base model, project, bucket,
+and the Dataflow workers' account (issue 29 N17: the Compute Engine default has no roles under
+secure-by-default IAM)."""
 
 
 def _console_run(fresh: Path, target: str) -> tuple[dict, dict]:
@@ -181,6 +184,9 @@ def test_a_console_launch_with_defaults_passes_the_pipelines_validation(
         return params.errors(target=compiled_target, run_id="run-123")
 
     assert errors() == []
+    assert any(
+        "dataflow_service_account is empty" in e for e in errors(dataflow_service_account="")
+    )
     # The compiled defaults cannot train locally: the pipeline refuses `local` before starting.
     assert any("cannot run from a" in e for e in errors(backend="local"))
     # Idle GPUs are refused: one process per accelerator.
@@ -272,3 +278,65 @@ def test_compile_cli_rejects_unknown_target(tmp_path: Path):
         text=True,
     )
     assert out.returncode == 2 and "choose vertex, kfp or all" in out.stderr
+
+
+def _stack_cpu_machine_type() -> str:
+    """The CPU node pool's machine type of the stack in infra/ (its GkeSettings default)."""
+    import dataclasses
+
+    infra = str(REPO / "infra")
+    if infra not in sys.path:
+        sys.path.insert(0, infra)
+    from llmft_infra.settings import GkeSettings
+
+    return str(
+        next(f.default for f in dataclasses.fields(GkeSettings) if f.name == "cpu_machine_type")
+    )
+
+
+def test_kfp_cpu_tasks_request_what_the_stacks_cpu_nodes_can_allocate(fresh: Path):
+    """N2: KFP copies only limits into the pod and Kubernetes then requests the limit, so a task
+    without a request asking 8 CPU / 32G fit no e2-standard-8 node (about 7.4 CPU / 27 GiB
+    allocatable). Every task without a GPU requests what a node of the stack's CPU pool can
+    allocate; its limits are kept (DirectRunner may burst), and Vertex (which sizes machines
+    from limits) gets no requests."""
+    from components.platform_facts import gke_allocatable, gke_fit_error
+
+    machine = _stack_cpu_machine_type()
+    assert gke_allocatable(machine) is not None, f"{machine} is missing from platform_facts"
+    _, spec = _console_run(fresh, "kfp")
+    cpu_tasks = 0
+    for name, executor in _executors(spec).items():
+        resources = executor["container"]["resources"]
+        if "accelerator" in resources:
+            continue
+        cpu_tasks += 1
+        cpu, memory = resources.get("resourceCpuRequest"), resources.get("resourceMemoryRequest")
+        assert cpu and memory, f"{name} has no request: Kubernetes would request its limit"
+        assert gke_fit_error(name, cpu, memory, machine) is None
+        assert resources["resourceCpuLimit"] and resources["resourceMemoryLimit"]
+    assert cpu_tasks == 6
+    preprocess = _executors(spec)["exec-preprocess"]["container"]["resources"]
+    assert gke_fit_error("preprocess", preprocess["resourceCpuLimit"],
+                         preprocess["resourceMemoryLimit"], machine)  # the old failure  # fmt: skip
+    _, vertex = _console_run(fresh, "vertex")
+    for executor in _executors(vertex).values():
+        assert "resourceCpuRequest" not in executor["container"]["resources"]
+
+
+@pytest.mark.parametrize("target", ["vertex", "kfp"])
+def test_train_and_register_take_uris_not_input_artifacts(fresh: Path, target: str):
+    """N14: the KFP launcher downloads every input artifact into the task's pod before it runs:
+    the whole dataset into the 1 CPU / 4G train launcher, the whole model (140 GB for a 70B) into
+    register. Both take URIs as strings; the artifacts still record where the data is."""
+    _, spec = _console_run(fresh, target)
+    components = spec["components"]
+    for name in ("comp-train", "comp-register"):
+        assert "artifacts" not in components[name]["inputDefinitions"], name
+    assert "dataset_uri" in components["comp-train"]["inputDefinitions"]["parameters"]
+    assert "model_uri" in components["comp-register"]["inputDefinitions"]["parameters"]
+    # Lineage: preprocess still outputs the Dataset artifact, train the Model artifact.
+    assert "dataset" in components["comp-preprocess"]["outputDefinitions"]["artifacts"]
+    assert "model" in components["comp-train"]["outputDefinitions"]["artifacts"]
+    assert "dataset_uri" in components["comp-preprocess"]["outputDefinitions"]["parameters"]
+    assert "model_uri" in components["comp-train"]["outputDefinitions"]["parameters"]

@@ -134,9 +134,7 @@ def _check_run(backend: str, params: dict[str, Any], outputs: dict[str, Any]) ->
     from components.platform_facts import gke_accelerator
 
     assert params["work_uri"] == outputs["work_uri"]
-    assert (
-        params["dataflow_options"]["service_account_email"] == outputs["dataflow_service_account"]
-    )
+    assert params["dataflow_service_account"] == outputs["dataflow_service_account"]
     assert gke_accelerator(params["accelerator_type"]) == outputs["accelerator_type"]
     assert params["accelerator_count"] == outputs["accelerator_count"]
     assert params["machine_type"] == outputs["gpu_machine_type"]

@@ -297,6 +297,7 @@ def test_the_compiled_vertex_template_makes_a_valid_request(vertex: FakeVertex) 
         parameters={
             "train_data_uri": "gs://my-bucket/raw/*.jsonl",
             "base_model": "latest-registered",
+            "dataflow_service_account": "llmft-dataflow@my-proj.iam.gserviceaccount.com",
         },
     )
     # The pipeline's own first-step checks run before submission, with the template's defaults.

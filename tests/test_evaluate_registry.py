@@ -158,35 +158,32 @@ def test_register_collects_all_errors(fake_registry: FakeModelService) -> None:
     )
 
 
-def test_register_model_artifact_from_trainer_metadata(fake_registry: FakeModelService) -> None:
+def test_register_the_trained_model_by_uri(fake_registry: FakeModelService) -> None:
     """The `register` component's entry: display name -> new model, then versions of it."""
-    from kfp.dsl import Model
-
     from components.steps.register import RegisterRequest
     from components.steps.register import run as register
 
-    metadata = {"model_uri": "gs://bucket/runs/run-1/train/model", "base_model": "gs://bucket/base"}
     first = register(RegisterRequest(
-        tuned_model=Model(uri="gs://bucket/runs/run-1/train", metadata=metadata), run_id="run-1",
-        project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft", serving_image=IMAGE,
+        model_uri="gs://bucket/runs/run-1/train/model", base_model="gs://bucket/base",
+        run_id="run-1", project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft",
+        serving_image=IMAGE,
     ))  # fmt: skip
     assert first == f"{PARENT}/models/1000@1"
     second = register(RegisterRequest(
-        tuned_model=Model(uri="gs://bucket/runs/run-2/train/model"), run_id="run-2",
+        model_uri="gs://bucket/runs/run-2/train/model", base_model="", run_id="run-2",
         project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft", serving_image=IMAGE,
     ))  # fmt: skip
     assert second == f"{PARENT}/models/1000@2"
     uploads = [r for r in fake_registry.requests if isinstance(r, model_service.UploadModelRequest)]
     assert uploads[0].parent_model == "" and uploads[1].parent_model == f"{PARENT}/models/1000"
     assert uploads[0].model.artifact_uri == "gs://bucket/runs/run-1/train/model"
-    # Without metadata the Model artifact itself is the HF model (the exported files only).
     assert uploads[1].model.artifact_uri == "gs://bucket/runs/run-2/train/model"
     assert uploads[0].model.description == "fine-tuned by llmft run run-1 from gs://bucket/base"
     assert uploads[1].model.display_name == "tiny-llama-ft"
     assert uploads[1].model.labels["llmft-run-id"] == "run-2"
     # By resource name too, and "latest-registered" resolves to the newest files.
     third = register(RegisterRequest(
-        tuned_model=Model(uri="gs://bucket/runs/run-3/train/model"), run_id="run-3",
+        model_uri="gs://bucket/runs/run-3/train/model", base_model="", run_id="run-3",
         project=PROJECT, region=LOCATION, registered_model=f"{PARENT}/models/1000", serving_image=IMAGE,
     ))  # fmt: skip
     assert third == f"{PARENT}/models/1000@3"

@@ -227,3 +227,19 @@ def test_general_probes_file_and_scoring() -> None:
     assert zero.is_correct("At 0 degrees.") and not zero.is_correct("It freezes at -18.0°C.")
     assert retained([True, True, False], [True, False, True]) == 0.5
     assert retained([False], [True]) is None
+
+
+def test_evaluation_given_a_gpu_stops_when_cuda_is_unavailable(monkeypatch) -> None:
+    """N1: the pipeline gives the evaluate task a GPU and LLMFT_EXPECT_CUDA=1; the old code then
+    scored the models in fp32 on CPU without a word."""
+    import torch
+
+    from components.evaluation.loading import pick_device
+    from trainer.cuda_guard import EXPECT_CUDA_ENV
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(EXPECT_CUDA_ENV, "1")
+    with pytest.raises(RuntimeError, match="evaluation was given GPUs"):
+        pick_device()
+    monkeypatch.delenv(EXPECT_CUDA_ENV)
+    assert pick_device() == (torch.device("cpu"), torch.float32)

@@ -301,15 +301,13 @@ def test_evaluate_reads_and_writes_gcs(chain: Chain) -> None:
 
 
 def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelService) -> None:
-    from kfp.dsl import Model
-
     from components.steps.register import RegisterRequest, run
 
     summary = json.loads(storage.read_text(chain.uri("run/summary.json")))
-    metadata = {"model_uri": summary["model_dir"], "base_model": summary["base_model"]}
     name = run(
         RegisterRequest(
-            tuned_model=Model(uri=chain.uri("run"), metadata=metadata),
+            model_uri=summary["model_dir"],
+            base_model=summary["base_model"],
             run_id="gcs-chain",
             project="my-project",
             region="us-central1",

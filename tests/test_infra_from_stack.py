@@ -51,9 +51,7 @@ def test_vertex_stack_to_a_runnable_config(tmp_path, monkeypatch):
         "project": "my-project",
         "region": "us-central1",
         "work_uri": "gs://my-project-llmft/work",
-        "dataflow_options": {
-            "service_account_email": "llmft-dataflow@my-project.iam.gserviceaccount.com"
-        },
+        "dataflow_service_account": "llmft-dataflow@my-project.iam.gserviceaccount.com",
     }
     # CustomJob replicas run as the trainer's Google account; a Vertex-only stack has no KSA.
     assert config.vertex.parameters == {
@@ -86,10 +84,11 @@ def test_gke_stack_from_stdin_updates_an_existing_config(tmp_path):
     # The user's keys stay; the stack's keys are the stack's.
     assert written["schedule"] == {"cron": "CRON_TZ=UTC 0 3 * * 1", "display_name": "weekly"}
     assert written["parameters"]["nodes"] == 4
-    assert written["parameters"]["dataflow_options"] == {
-        "max_num_workers": 20,
-        "service_account_email": "llmft-dataflow@my-project.iam.gserviceaccount.com",
-    }
+    assert written["parameters"]["dataflow_options"] == {"max_num_workers": 20}
+    assert (
+        written["parameters"]["dataflow_service_account"]
+        == "llmft-dataflow@my-project.iam.gserviceaccount.com"
+    )
     assert written["vertex"]["labels"] == {"team": "ml"}
     assert written["vertex"]["project"] == "my-project"
     assert (

@@ -257,12 +257,16 @@ def test_failed_job_reports_pod_reasons(
         )
         r.on("GET", "/api/v1/namespaces/ml/pods", pods_reply)
         r.on("GET", "/api/v1/namespaces/ml/events", events_reply)
+        r.on("DELETE", f"{JOBS}/{NAME}", (200, {"kind": "Status", "status": "Success"}))
 
     gke, router, _ = launcher(setup, follow_logs=False)
     result = gke.run(small_launch(), timeout=30)
     assert result.status == "failed"
     for text in expected:
         assert text in result.message
+    # A Failed job keeps its pods (cleanPodPolicy None), running ones holding GPUs: deleted now.
+    [delete] = router.sent("DELETE", f"{JOBS}/{NAME}")
+    assert delete.body["propagationPolicy"] == "Background"
     assert (
         router.sent("GET", "/api/v1/namespaces/ml/events")[0].query["fieldSelector"]
         == f"involvedObject.name={NAME}-worker-0"

@@ -240,7 +240,7 @@ def test_replica_commands_rendezvous_at_the_primary(tmp_path: Path) -> None:
             trainer=TrainConfig(model="m", data="d", output=str(tmp_path)),
             entrypoint=(WORKER,),
         ),
-        options=CustomJobOptions(accelerator_type=None),
+        options=CustomJobOptions(machine_type="n2-standard-8", accelerator_type=None),
     )
     port = ReservedPort()  # held until the primary's c10d store listens on it
     spec = {"cluster": {"workerpool0": [port.endpoint], "workerpool1": ["127.0.0.1:1"]}}
@@ -407,3 +407,29 @@ def test_the_hf_token_is_read_at_run_time_by_secret_name(tmp_path: Path, golden:
     golden.check("vertex_create_custom_job.json", create.body)
     with pytest.raises(ValueError, match="must not carry the HF token"):
         build_custom_job(launch=launch(), options=CustomJobOptions(env={"HF_TOKEN": "x"}))
+
+
+@pytest.mark.parametrize(
+    ("machine", "accelerator", "count", "expected"),
+    [
+        ("a3-highgpu-8g", "NVIDIA_L4", 8, "use g2-standard-96"),
+        ("a3-highgpu-8g", "NVIDIA_H100_80GB", 4, "use a3-highgpu-4g"),
+        ("g2-standard-24", "NVIDIA_L4", 1, "it carries 2 x NVIDIA_L4"),
+        ("a3-highgpu-8g", None, None, "set accelerator_type=NVIDIA_H100_80GB"),
+        ("n2-standard-8", "NVIDIA_L4", 1, "it carries no GPUs"),
+    ],
+)
+def test_machine_and_accelerator_are_cross_checked_before_anything_is_created(
+    machine: str, accelerator: str | None, count: int | None, expected: str
+) -> None:
+    """N15: Vertex rejects these at create_custom_job, after Dataflow has been paid for."""
+    with pytest.raises(ValueError, match="invalid Vertex CustomJob options") as err:
+        build_custom_job(
+            launch=launch(nodes=2, nproc_per_node=count or 1),
+            options=CustomJobOptions(
+                machine_type=machine, accelerator_type=accelerator, accelerator_count=count
+            ),
+        )
+    assert expected in str(err.value)
+    ok = CustomJobOptions(machine_type="g2-standard-24", accelerator_type="NVIDIA_L4")
+    assert build_custom_job(launch=launch(nodes=2, nproc_per_node=2), options=ok)

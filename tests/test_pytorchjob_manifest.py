@@ -125,6 +125,43 @@ def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(
     assert "value" not in env["HF_TOKEN"]  # the token itself never appears in the manifest
 
 
+def test_gpu_pods_get_the_driver_mount_and_expect_cuda_cpu_pods_neither() -> None:
+    """N1: GKE mounts the driver at /usr/local/nvidia/lib64, off pip torch's loader path."""
+    from components.platform_facts import GKE_NVIDIA_LIBRARY_PATH
+
+    def env_of(options: PyTorchJobOptions) -> dict[str, str]:
+        job = build_pytorchjob(launch=seven_b_launch(), options=options)
+        [container] = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in container["env"]}
+
+    gpu = env_of(PyTorchJobOptions(accelerator="nvidia-h100-80gb"))
+    assert "/usr/local/nvidia/lib64" in gpu["LD_LIBRARY_PATH"].split(":")
+    assert gpu["LD_LIBRARY_PATH"] == GKE_NVIDIA_LIBRARY_PATH
+    assert gpu["LLMFT_EXPECT_CUDA"] == "1"
+    cpu = env_of(PyTorchJobOptions(accelerator=None))
+    assert "LD_LIBRARY_PATH" not in cpu and "LLMFT_EXPECT_CUDA" not in cpu
+    # An explicit env still wins (a custom image with its own loader path).
+    assert env_of(PyTorchJobOptions(env={"LD_LIBRARY_PATH": "/x"}))["LD_LIBRARY_PATH"] == "/x"
+
+
+def test_multi_node_pods_are_kept_in_one_zone(pytorchjob_schema: dict) -> None:
+    """N8: a required podAffinity on the zone label, selecting this run's trainer pods."""
+    job = build_pytorchjob(launch=seven_b_launch(), options=PyTorchJobOptions(namespace="ml"))
+    jsonschema.validate(job, pytorchjob_schema)
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    [term] = template["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["topologyKey"] == "topology.kubernetes.io/zone"
+    selected = term["labelSelector"]["matchLabels"]
+    assert selected[K8S_RUN_LABEL] == RUN
+    # The selector matches the job's own pods (and so, via the run label, no other run's).
+    assert selected.items() <= template["metadata"]["labels"].items()
+    one_node = TrainLaunch(run_id=RUN, trainer=seven_b_launch().trainer, nodes=1)
+    single = build_pytorchjob(launch=one_node, options=PyTorchJobOptions())
+    assert "affinity" not in single["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
 def operator_past_backoff_limit(restart_counts: list[int], backoff_limit: int) -> bool:
     """Training Operator v1.9's `PastBackoffLimit`: restarts summed over the job's running pods."""
     total = sum(restart_counts)

@@ -134,13 +134,13 @@ def test_gguf_converts_once_to_a_plain_directory(converted: Path, cache_dir: Pat
 
 
 def test_preprocess_reads_the_gguf_tokenizer_from_the_converted_directory(converted: Path) -> None:
-    from components.steps.preprocess import resolve_gguf_tokenizer
+    from components.steps.preprocess import resolve_tokenizer
 
     argv = ["--input=data.jsonl", "--tokenizer", str(GGUF), "--seq-len=64"]
-    assert resolve_gguf_tokenizer(argv) == [argv[0], "--tokenizer", str(converted), argv[3]]
-    assert resolve_gguf_tokenizer([f"--tokenizer={GGUF}"]) == [f"--tokenizer={converted}"]
+    assert resolve_tokenizer(argv) == [argv[0], "--tokenizer", str(converted), argv[3]]
+    assert resolve_tokenizer([f"--tokenizer={GGUF}"]) == [f"--tokenizer={converted}"]
     with pytest.raises(ValueError, match="temp_location gs://"):
-        resolve_gguf_tokenizer([f"--tokenizer={GGUF}", "--runner=DataflowRunner"])
+        resolve_tokenizer([f"--tokenizer={GGUF}", "--runner=DataflowRunner"])
 
 
 def test_sharded_full_finetune_resumes_and_exports_a_working_model(

@@ -40,3 +40,32 @@ def test_cloud_workers_cannot_read_kfps_default_artifact_store() -> None:
     check_worker_readable("gs://bkt/root/run/preprocess/dataset")
     with pytest.raises(ValueError, match="gs:// pipeline root"):
         check_worker_readable("minio://mlpipeline/v2/artifacts/run/preprocess/dataset")
+
+
+def _request(backend: str, **changes: object):
+    from components.steps.train import TrainRequest
+
+    fields = dict(
+        backend=backend, run_id="r1", base_model="gs://b/m", dataset_uri="gs://b/d",
+        rdzv_endpoint="", rdzv_backend="c10d", nodes=2, nproc_per_node=0, max_steps=10,
+        learning_rate=1e-4, trainer_overrides={}, project="my-project", region="us-central1",
+        work_uri="gs://b/w", namespace="ml", gke_cluster="", machine_type="g2-standard-24",
+        accelerator_type="NVIDIA_L4", accelerator_count=2, service_account="llmft-trainer",
+        hf_token_secret="", train_timeout_s=3600, model=None, gcp_resources="",
+    )  # fmt: skip
+    return TrainRequest(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_the_jobs_carry_the_train_timeout_plus_a_grace() -> None:
+    """N9: a KFP terminate can kill the step before its cancel reaches the cluster; the job then
+    still ends by itself (the operator's activeDeadlineSeconds, Vertex's scheduling timeout)."""
+    from components.launchers.pytorchjob import DEADLINE_GRACE_S, build_pytorchjob
+    from components.steps.train import backend_options, trainer_launch
+
+    gke = backend_options(_request("gke"))
+    launch = trainer_launch(_request("gke"), "gs://b/root/model")
+    job = build_pytorchjob(launch=launch, options=gke.job)  # type: ignore[union-attr]
+    deadline = job["spec"]["runPolicy"]["activeDeadlineSeconds"]
+    assert deadline == 3600 + DEADLINE_GRACE_S and 0 < DEADLINE_GRACE_S <= 900
+    vertex = backend_options(_request("vertex"))
+    assert vertex.job.timeout_s == 3600 + DEADLINE_GRACE_S  # type: ignore[union-attr]

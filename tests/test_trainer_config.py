@@ -154,3 +154,20 @@ def test_sdpa_kernels_setting() -> None:
     assert not attention._contiguous_inputs
     with attention.sdpa_kernels("auto"):
         assert not attention._contiguous_inputs
+
+
+def test_a_rank_given_gpus_stops_when_cuda_is_unavailable(monkeypatch) -> None:
+    """N1: on GKE without the driver on the loader path torch sees no CUDA; the old code then
+    trained on CPU with gloo while the GPUs were billed."""
+    import torch
+
+    from trainer.cuda_guard import EXPECT_CUDA_ENV
+    from trainer.startup import device_and_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(EXPECT_CUDA_ENV, "1")
+    with pytest.raises(RuntimeError, match=r"given GPUs .* sees no CUDA"):
+        device_and_backend(TrainConfig())
+    monkeypatch.delenv(EXPECT_CUDA_ENV)
+    device, backend = device_and_backend(TrainConfig())  # not given GPUs: CPU is intended
+    assert device.type == "cpu" and backend == "gloo"

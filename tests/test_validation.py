@@ -280,7 +280,11 @@ def test_identities_are_checked_per_backend():
         check_service_account("gke", "trainer@my-proj.iam.gserviceaccount.com") or ""
     )
     assert check_service_account("gke", "llmft-pipeline") is None
-    assert check_dataflow_service_account("DataflowRunner", "") is None  # Compute Engine default
+    # N17: empty would run the workers as the Compute Engine default account, which has no
+    # roles under secure-by-default IAM; naming it explicitly is the user's informed choice.
+    missing = check_dataflow_service_account("DataflowRunner", "") or ""
+    assert "dataflow_service_account is empty" in missing and "secure-by-default" in missing
+    assert check_dataflow_service_account("DirectRunner", "") is None
     assert (
         check_dataflow_service_account(
             "DataflowRunner", "123-compute@developer.gserviceaccount.com"
@@ -310,6 +314,7 @@ def test_the_schema_validation_applies_the_named_checks(data_file: str):
     cloud = good(
         "gs://b/data.jsonl", backend="gke", project="my-project", work_uri="gs://b/w",
         service_account="llmft-pipeline", accelerator_type="NVIDIA_L4",
+        machine_type="g2-standard-96",
     )  # fmt: skip
     params = params_from_mapping(cloud)
     assert params.errors(target="kfp", run_id="run-1") == []
@@ -320,6 +325,9 @@ def test_the_schema_validation_applies_the_named_checks(data_file: str):
         "service_account": ("", "service_account is empty"),
         "eval_accelerator_count": (0, "at least 1 GPU"),
         "hf_token_secret": ("bad name", "give a secret's name"),
+        # N15 on GKE: 8 L4s per pod need a node carrying 8 of them.
+        "machine_type": ("a3-highgpu-8g", "cannot land on a a3-highgpu-8g node"),
+        "accelerator_count": (9, "no GKE node carries more than 8"),
     }
     for name, (value, message) in problems.items():
         errors = dataclasses.replace(params, **{name: value}).errors(target="kfp")
@@ -338,3 +346,47 @@ def test_cloud_evaluation_runs_on_a_gpu():
     assert "not a Vertex accelerator" in (check_eval_accelerator("vertex", "L4", 1) or "")
     assert "at least 1 GPU" in (check_eval_accelerator("kfp", "", 0) or "")
     assert check_eval_accelerator("local", "", 0) is None
+
+
+@pytest.mark.parametrize(
+    ("backend", "machine", "accelerator", "count", "expected"),
+    [
+        ("vertex", "a3-highgpu-8g", "NVIDIA_L4", 8, "use g2-standard-96"),
+        ("vertex", "a3-highgpu-8g", "NVIDIA_H100_80GB", 2, "use a3-highgpu-2g"),
+        ("vertex", "a3-highgpu-8g", "", 0, "set accelerator_type=NVIDIA_H100_80GB"),
+        ("vertex", "n1-standard-8", "NVIDIA_TESLA_T4", 3, "must be one of 1, 2, 4"),
+        ("gke", "g2-standard-24", "NVIDIA_L4", 4, "it carries 2 x nvidia-l4"),
+        ("gke", "g2-standard-24", "NVIDIA_H100_80GB", 1, "it carries 2 x nvidia-l4"),
+        ("gke", "a3-highgpu-8g", "", 8, "accelerator_type is empty"),
+    ],
+)
+def test_machine_and_accelerators_are_checked_against_the_platform_facts(
+    backend: str, machine: str, accelerator: str, count: int, expected: str
+) -> None:
+    """N15: a combination the platform cannot schedule is refused by the first step (and by
+    `llmft run --dry-run`), before Dataflow or any GPU is paid for."""
+    from components.param_checks import check_machine_accelerator
+
+    errors = check_machine_accelerator(backend, machine, accelerator, count)
+    assert any(expected in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("backend", "machine", "accelerator", "count"),
+    [
+        ("vertex", "a3-highgpu-8g", "NVIDIA_H100_80GB", 8),
+        ("vertex", "g2-standard-24", "NVIDIA_L4", 2),
+        ("vertex", "n2-standard-8", "", 0),
+        ("vertex", "n1-standard-16", "NVIDIA_TESLA_T4", 4),
+        ("vertex", "a9-newgpu-8g", "NVIDIA_B200", 8),  # a type the facts do not know: not judged
+        ("gke", "g2-standard-24", "nvidia-l4", 2),
+        ("gke", "a3-highgpu-8g", "NVIDIA_H100_80GB", 4),  # part of a node
+        ("local", "a3-highgpu-8g", "NVIDIA_L4", 8),
+    ],
+)
+def test_schedulable_machine_and_accelerators_pass(
+    backend: str, machine: str, accelerator: str, count: int
+) -> None:
+    from components.param_checks import check_machine_accelerator
+
+    assert check_machine_accelerator(backend, machine, accelerator, count) == []

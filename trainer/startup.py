@@ -104,6 +104,16 @@ def _resume(r: Run) -> None:
 
 
 def device_and_backend(config: TrainConfig) -> tuple[torch.device, str]:
+    """The rank's device (its CUDA device, else CPU) and process-group backend.
+
+    Raises:
+        RuntimeError: the launcher gave this rank GPUs (`LLMFT_EXPECT_CUDA=1`) but CUDA is
+            unavailable (trainer/cuda_guard.py).
+        ValueError: backend=nccl without GPUs.
+    """
+    from trainer.cuda_guard import check_cuda
+
+    check_cuda(torch.cuda.is_available(), "the trainer")
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)

@@ -39,9 +39,17 @@ class LoadedModel:
 
 
 def pick_device(device: str | None = None) -> tuple[Any, Any]:
-    """The torch device and dtype to evaluate with: `device` if given, else CUDA+bf16 or CPU+fp32."""
+    """The torch device and dtype to evaluate with: `device` if given, else CUDA+bf16 or CPU+fp32.
+
+    Raises:
+        RuntimeError: the pipeline gave this step GPUs (`LLMFT_EXPECT_CUDA=1`) but CUDA is
+            unavailable: scoring a large model in fp32 on CPU would take hours unnoticed.
+    """
     import torch
 
+    from trainer.cuda_guard import check_cuda
+
+    check_cuda(torch.cuda.is_available(), "evaluation")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)

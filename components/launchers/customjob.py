@@ -99,6 +99,11 @@ class CustomJobOptions:
                 f"accelerator_type={accelerator!r} is not a Vertex accelerator name "
                 "(e.g. NVIDIA_H100_80GB, NVIDIA_L4)"
             )
+        else:  # the machine type fixes the GPUs: refused here, not by create_custom_job later
+            from components.platform_facts import machine_accelerator_errors
+
+            count = self.accelerators(launch) if accelerator else 0
+            errors += machine_accelerator_errors(self.machine_type, accelerator or "", count)
         secret = self.hf_token_secret
         if secret and not secret.startswith("projects/"):
             errors.append(

@@ -222,6 +222,9 @@ class GkeLauncher(Launcher):
         if phase == "Failed":
             problems = self.diagnose(pods)
             message = f"PyTorchJob {self.name} failed: {reason}".rstrip(": ")
+            # cleanPodPolicy None keeps the pods, and running or crash-looping ones hold their
+            # GPUs: delete the job (its logs were diagnosed above) rather than wait for cleanup.
+            self.jobs.delete(self.name)
             return FAILED, message + (f"; {summarize(problems)}" if problems else "")
         if all_workers_succeeded(workers, pods, nodes):
             return SUCCEEDED, f"all {nodes} workers succeeded"

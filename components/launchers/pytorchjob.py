@@ -19,6 +19,12 @@ Design choices:
   `restarts_per_node x nodes + 1`: every node may use its configured restarts, even all at once.
 - Pods run as the image's unprivileged user (uid 1000): the image itself runs as root because
   Dataflow's worker boot needs it.
+- GPU pods get GKE's driver mount on the loader path (`GKE_NVIDIA_LIBRARY_PATH`, else pip torch
+  sees no CUDA) and `LLMFT_EXPECT_CUDA=1`, so a trainer that still sees no GPU stops at once
+  instead of training on CPU while the GPUs are billed (trainer/cuda_guard.py).
+- A multi-node job's pods must share one zone (a required podAffinity on
+  `topology.kubernetes.io/zone`): a regional GPU pool would otherwise spread them, and FSDP's
+  collectives would cross zones every step (slower, and inter-zone egress is billed).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 
 from components.image import DEFAULT_IMAGE
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
+from components.platform_facts import GKE_NVIDIA_LIBRARY_PATH
 from components.run_identity import k8s_labels, resource_name
 from components.run_params import K8S_LABEL_NAME, K8S_SUBDOMAIN_NAME, RunParams
 
@@ -47,6 +54,13 @@ CLEAN_POD_POLICIES = ("None", "Running", "All")
 RESTART_POLICIES = ("OnFailure", "Never", "Always", "ExitCode")
 IMAGE_UID = 1000
 """The unprivileged user the Dockerfile creates (`llmft`)."""
+ZONE_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
+"""The well-known node label of a node's zone (kubernetes.io/docs/reference/labels-annotations-
+taints/#topologykubernetesiozone)."""
+DEADLINE_GRACE_S = 600
+"""`activeDeadlineSeconds` = the launcher's own timeout + this: the launcher deletes the job at its
+timeout; the operator ends it by itself a little later should the launcher have been killed
+(a KFP terminate can cut the launcher's cancel short, issue 29 N9)."""
 
 
 def backoff_limit_for(nodes: int, restarts_per_node: int) -> int:
@@ -249,8 +263,10 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
         *launch.entrypoint,
         *launch.trainer_args(),
     ]
+    gpus = options.gpus(launch)
     env: list[dict[str, Any]] = [
-        {"name": key, "value": value} for key, value in {**TORCHRUN_ENV, **options.env}.items()
+        {"name": key, "value": value}
+        for key, value in {**TORCHRUN_ENV, **gpu_env(gpus), **options.env}.items()
     ]
     for env_name, ref in options.secrets().items():
         secret, key = parse_secret_ref(ref)
@@ -260,7 +276,6 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
         env.append({"name": env_name, "valueFrom": {"secretKeyRef": key_ref}})
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
-    gpus = options.gpus(launch)
     if gpus:
         limits[GPU_RESOURCE] = gpus
     if options.cpu:
@@ -299,7 +314,43 @@ def _pod_spec(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) ->
         pod_spec["tolerations"] = [
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
         ]
+    if launch.nodes > 1:
+        pod_spec["affinity"] = same_zone_affinity(launch.run_id)
     return pod_spec
+
+
+def gpu_env(gpus: int) -> dict[str, str]:
+    """Environment of a pod given `gpus` GPUs on GKE: the driver mount on the loader path and the
+    expectation of CUDA (trainer/cuda_guard.py); {} for CPU pods."""
+    from trainer.cuda_guard import expect_cuda_env
+
+    if gpus <= 0:
+        return {}
+    return {"LD_LIBRARY_PATH": GKE_NVIDIA_LIBRARY_PATH, **expect_cuda_env(gpus)}
+
+
+def same_zone_affinity(run_id: str) -> dict[str, Any]:
+    """A required podAffinity: every pod of the run's training job in the zone of the others.
+
+    The first pod matches its own term, which the scheduler accepts when no other pod matches
+    yet (kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-
+    and-anti-affinity); the rest follow it into its zone.
+    """
+    return {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": k8s_labels(run_id, "trainer")},
+                    "topologyKey": ZONE_TOPOLOGY_KEY,
+                }
+            ]
+        }
+    }
+
+
+def deadline_for(timeout_s: float | None) -> int | None:
+    """`runPolicy.activeDeadlineSeconds` for a launcher timeout (`DEADLINE_GRACE_S` later)."""
+    return None if timeout_s is None else int(timeout_s) + DEADLINE_GRACE_S
 
 
 def _elastic_policy(

@@ -222,8 +222,15 @@ class VertexLauncher(Launcher):
     def start(self, launch: TrainLaunch) -> None:
         from google.cloud import aiplatform_v1
 
+        from trainer.cuda_guard import expect_cuda_env
+
         self.launch = launch
-        job = build_custom_job(launch=launch, options=self.job_options)
+        # Replicas given GPUs stop at once if torch sees none (trainer/cuda_guard.py).
+        gpus = self.job_options.accelerators(launch) if self.job_options.accelerator_type else 0
+        options = dataclasses.replace(
+            self.job_options, env={**expect_cuda_env(gpus), **self.job_options.env}
+        )
+        job = build_custom_job(launch=launch, options=options)
         existing = self.find_started(launch)
         if existing:
             self.job_name = existing

@@ -91,14 +91,17 @@ def build_argv(
     return argv + list(extra_args or [])
 
 
-def resolve_gguf_tokenizer(argv: list[str]) -> list[str]:
-    """`argv` with a `--tokenizer X.gguf` replaced by a tokenizer directory Beam can read.
+def resolve_tokenizer(argv: list[str]) -> list[str]:
+    """`argv` with `--tokenizer` turned into a tokenizer directory Beam (and its workers) can read.
 
-    Beam (and its workers) read tokenizer directories and never import torch, so a GGUF base
-    model is resolved here, before Beam starts: to the converted model directory (trainer/gguf.py,
-    cached per machine by content, the same directory the train and evaluate steps load). For
-    DataflowRunner its tokenizer files are staged to `<temp_location>/llmft-tokenizers/<name>/`,
-    because workers cannot see this machine's disk.
+    - A GGUF base model: Beam reads tokenizer directories and never imports torch, so it is
+      resolved here, before Beam starts, to the converted model directory (trainer/gguf.py,
+      cached per machine by content, the same directory the train and evaluate steps load).
+    - A hub id on DataflowRunner (issue 29 N5): workers carry no Hugging Face token and, without
+      public IPs, cannot reach the hub at all, so this step (which has the token) downloads the
+      tokenizer once.
+    For DataflowRunner the tokenizer files are then staged to
+    `<temp_location>/llmft-tokenizers/<name>/`, because workers cannot see this machine's disk.
     """
     import argparse
 
@@ -106,28 +109,30 @@ def resolve_gguf_tokenizer(argv: list[str]) -> list[str]:
     for flag in ("--tokenizer", "--runner", "--temp_location"):
         parser.add_argument(flag, default="")
     known, _ = parser.parse_known_args(argv)
+    from beam_preprocess.pipeline import DATAFLOW_RUNNERS
+    from components.evaluation.loading import is_hub_id
     from trainer.gguf import is_gguf
 
-    if not is_gguf(known.tokenizer):
+    dataflow = known.runner in DATAFLOW_RUNNERS
+    if is_gguf(known.tokenizer):
+        from trainer.gguf import resolve_gguf
+
+        staging = _staging_dir(known.temp_location, "a .gguf tokenizer") if dataflow else ""
+        resolved = resolve_gguf(known.tokenizer)
+        if staging:
+            resolved = _stage_tokenizer(resolved, staging)
+    elif dataflow and is_hub_id(known.tokenizer):
+        import tempfile
+
+        from beam_preprocess import tokenize
+
+        staging = _staging_dir(known.temp_location, "a hub tokenizer")
+        with tempfile.TemporaryDirectory(prefix="llmft-tokenizer-") as tmp:
+            local = os.path.join(tmp, known.tokenizer.replace("/", "--"))
+            tokenize.load_tokenizer(known.tokenizer).save_pretrained(local)
+            resolved = _stage_tokenizer(local, staging)
+    else:
         return argv
-    from beam_preprocess.pipeline import DATAFLOW_RUNNERS
-    from trainer.gguf import resolve_gguf
-
-    resolved = resolve_gguf(known.tokenizer)
-    if known.runner in DATAFLOW_RUNNERS:
-        if not known.temp_location.startswith("gs://"):
-            raise ValueError(
-                "a .gguf tokenizer on DataflowRunner needs --temp_location gs://... to stage the "
-                "converted tokenizer for the workers"
-            )
-        import fsspec
-
-        staged = f"{known.temp_location.rstrip('/')}/llmft-tokenizers/{os.path.basename(resolved)}"
-        fs, root = fsspec.core.url_to_fs(staged)
-        for name in os.listdir(resolved):
-            if name.startswith(("tokenizer", "chat_template", "special_tokens")):
-                fs.put(os.path.join(resolved, name), f"{root}/{name}")
-        resolved = staged
     log.info("tokenizer %s resolved to %s", known.tokenizer, resolved)
     out = []
     for i, arg in enumerate(argv):
@@ -137,6 +142,28 @@ def resolve_gguf_tokenizer(argv: list[str]) -> list[str]:
             arg = resolved
         out.append(arg)
     return out
+
+
+def _staging_dir(temp_location: str, what: str) -> str:
+    """Where tokenizers are staged for Dataflow workers (checked before anything is fetched)."""
+    if not temp_location.startswith("gs://"):
+        raise ValueError(
+            f"{what} on DataflowRunner needs --temp_location gs://... to stage the tokenizer "
+            "for the workers"
+        )
+    return f"{temp_location.rstrip('/')}/llmft-tokenizers"
+
+
+def _stage_tokenizer(local_dir: str, staging: str) -> str:
+    """Copy a tokenizer directory's files to `<staging>/<its name>`; returns that URI."""
+    import fsspec
+
+    staged = f"{staging}/{os.path.basename(local_dir.rstrip('/'))}"
+    fs, root = fsspec.core.url_to_fs(staged)
+    for file in os.listdir(local_dir):
+        if file.startswith(("tokenizer", "chat_template", "special_tokens")):
+            fs.put(os.path.join(local_dir, file), f"{root}/{file}")
+    return staged
 
 
 def run_beam(argv: list[str], *, gcp_resources_path: str | None = None) -> dict[str, Any]:
@@ -150,7 +177,7 @@ def run_beam(argv: list[str], *, gcp_resources_path: str | None = None) -> dict[
     """
     from beam_preprocess.pipeline import DATAFLOW_RUNNERS, finish, launch
 
-    argv = resolve_gguf_tokenizer(argv)
+    argv = resolve_tokenizer(argv)
     launched = launch(argv)
     if launched.runner in DATAFLOW_RUNNERS:
         job_id = launched.result.job_id()
@@ -341,9 +368,9 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
     return build_argv(extra_args=extra, **params)
 
 
-def run(request: PreprocessRequest) -> None:
-    """The `preprocess` component: write the dataset, its Markdown summary and gcp_resources, and
-    describe the Dataset artifact."""
+def run(request: PreprocessRequest) -> tuple[str]:
+    """The `preprocess` component: write the dataset, its Markdown summary and gcp_resources,
+    describe the Dataset artifact, and return `(dataset_uri,)`."""
     from components.artifacts import data_artifact_uri
     from components.secrets import load_hf_token
 
@@ -362,3 +389,4 @@ def run(request: PreprocessRequest) -> None:
     with open(summary_path, "w") as f:
         f.write(result["summary_markdown"])
     dataset.metadata.update(result["metadata"])
+    return (str(dataset.uri),)

@@ -17,8 +17,10 @@ class RegisterRequest:
     """The `register` component's parameters (components/kfp_components.py), by the same names;
     each run parameter's meaning and default are in components/run_params.py."""
 
-    tuned_model: Any
-    """The train step's Model artifact (`.uri`, `.metadata`)."""
+    model_uri: str
+    """The exported Hugging Face model (the train step's `model_uri` output)."""
+    base_model: str
+    """What it was fine-tuned from (for the version's description; "" to leave it out)."""
     run_id: str
     project: str
     region: str
@@ -31,12 +33,7 @@ class RegisterRequest:
 
 
 def run(request: RegisterRequest) -> str:
-    """Upload the trainer's Model artifact as a new version; return the version's name.
-
-    The Model artifact is the exported HF model (its `model_uri` metadata names the same place).
-    """
-    metadata = request.tuned_model.metadata
-    artifact_uri = str(metadata.get("model_uri") or request.tuned_model.uri)
+    """Upload the exported model at `model_uri` as a new version; return the version's name."""
     parent, display_name = resolve_model(
         model=request.registered_model,
         project=request.project,
@@ -44,10 +41,10 @@ def run(request: RegisterRequest) -> str:
         credentials=request.credentials,
     )
     description = f"fine-tuned by llmft run {request.run_id}"
-    if metadata.get("base_model"):
-        description += f" from {metadata['base_model']}"
+    if request.base_model:
+        description += f" from {request.base_model}"
     version = register_model(
-        artifact_uri=artifact_uri,
+        artifact_uri=request.model_uri,
         display_name=display_name,
         serving=ServingContainer(image_uri=request.serving_image),
         run_id=request.run_id,

@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components.platform_facts import gke_accelerator
 from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, TrainLaunch
 from components.launchers.customjob import CustomJobOptions
 from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.local import LocalLauncher, LocalOptions
-from components.launchers.pytorchjob import PyTorchJobOptions
+from components.launchers.pytorchjob import PyTorchJobOptions, deadline_for
 from components.launchers.vertex import VertexLauncher, VertexOptions
+from components.platform_facts import gke_accelerator
 from components.run_params import Backend, RdzvBackend, choices
 from trainer import storage
 
@@ -41,8 +41,8 @@ class TrainRequest:
     backend: Backend
     run_id: str
     base_model: str
-    dataset: Any
-    """The packed Dataset artifact (read by `.uri`)."""
+    dataset_uri: str
+    """The packed dataset (the preprocess step's `dataset_uri` output)."""
     rdzv_endpoint: str
     """The etcd step's output ("" lets the launcher choose)."""
     rdzv_backend: RdzvBackend
@@ -61,14 +61,16 @@ class TrainRequest:
     accelerator_count: int
     service_account: str
     hf_token_secret: str
+    train_timeout_s: int
+    """The launcher cancels the job after this long; the job carries it too, plus a grace."""
     model: Any
     """The Model artifact written: its `.uri` and `.metadata` are set here."""
     gcp_resources: str
     """Path of the component's gcp_resources output (Vertex: cancel with the pipeline)."""
 
 
-def run(request: TrainRequest) -> None:
-    """The `train` component: train, and describe the Model artifact.
+def run(request: TrainRequest) -> tuple[str]:
+    """The `train` component: train, describe the Model artifact, return `(model_uri,)`.
 
     The Model artifact holds the exported Hugging Face model only (the KFP launcher downloads
     every input artifact before a task runs: evaluate and register must not fetch optimizer
@@ -84,7 +86,9 @@ def run(request: TrainRequest) -> None:
     model.uri = data_artifact_uri(
         model.uri, work_uri=request.work_uri, run_id=request.run_id, name="model"
     )
-    model.metadata.update(train(trainer_launch(request, model.uri), backend_options(request)))
+    launch, options = trainer_launch(request, model.uri), backend_options(request)
+    model.metadata.update(train(launch, options, timeout_s=request.train_timeout_s or None))
+    return (str(model.metadata["model_uri"]),)
 
 
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
@@ -93,7 +97,7 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
     from components.trainer_params import trainer_config
 
     local = request.backend == "local"
-    data = str(request.dataset.uri)
+    data = str(request.dataset_uri)
     if not local:
         check_worker_readable(data)
     export_dir = storage.normalize(model_uri) if local else model_uri
@@ -132,6 +136,8 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             gpus_per_node=request.accelerator_count or None,
             service_account=request.service_account or None,
             hf_token_secret=request.hf_token_secret or None,
+            # Ends the job on the cluster even if this step is killed before it can cancel.
+            active_deadline_seconds=deadline_for(request.train_timeout_s or None),
         )
         return GkeOptions(job=job, cluster=request.gke_cluster)
     if request.backend == "vertex":
@@ -141,6 +147,7 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             accelerator_count=request.accelerator_count or None,
             service_account=request.service_account or None,
             hf_token_secret=request.hf_token_secret or None,
+            timeout_s=deadline_for(request.train_timeout_s or None),
         )
         return VertexOptions(
             project=request.project,
@@ -243,6 +250,7 @@ def model_metadata(
         "final_loss": summary.get("final_loss"),
         "model_uri": model_uri,
         "run_uri": output,
+        "dataset_uri": launch.data,  # lineage: the data came by URI, not as an input artifact
         "run_id": launch.run_id,
         "backend": backend,
         "nodes": launch.nodes,

@@ -33,8 +33,9 @@ VerboseOpt = Annotated[
 DryRunOpt = Annotated[
     bool,
     typer.Option(
-        help="Vertex/KFP: check the config and parameters as a submission would, print the "
-        "parameters, submit nothing (no credentials or server needed)."
+        help="vertex/kfp: check the config and parameters as a submission would, and against "
+        "the platform facts (machines, GPUs, node sizes); print the parameters, submit nothing "
+        "(no credentials or server needed)."
     ),
 ]
 
@@ -64,14 +65,9 @@ def run_cmd(
         deploy, display_name=display_name, experiment=experiment, failure_policy=failure_policy
     )
     if check_choice(backend, TARGETS) == "local":
-        _warn_ignored(
-            {
-                **remote,
-                "schedule_time": schedule_time,
-                "wait": wait or None,
-                "dry_run": dry_run or None,
-            }
-        )
+        if dry_run:
+            raise ValueError("--dry-run checks a cloud launch: use --backend vertex or kfp")
+        _warn_ignored({**remote, "schedule_time": schedule_time, "wait": wait or None})
         _run_local(params, config, verbose)
     else:
         _submit(backend, config, params, remote, schedule_time, wait, dry_run)
@@ -128,7 +124,10 @@ def _submit(
     when = parse_schedule_time(schedule_time)
     if dry_run:
         checked = check_run(cfg, backend, schedule_time=when)
-        typer.echo(f"dry run: a {backend} run of {cfg.template} passes every check; parameters:")
+        typer.echo(
+            f"dry run: a {backend} run of {cfg.template} passes validation; nothing was "
+            "submitted. Its parameters:"
+        )
         typer.echo(json.dumps(checked, indent=2, sort_keys=True))
         return
     submit = submit_vertex if backend == "vertex" else submit_kfp

@@ -180,14 +180,13 @@ def preprocess_cmd(ctx: typer.Context) -> None:
     from beam_preprocess.cli import main as preprocess_main
 
     args = list(ctx.args)
-    if any(arg.lower().endswith(".gguf") for arg in args):
-        from components.steps.preprocess import resolve_gguf_tokenizer
+    from components.steps.preprocess import resolve_tokenizer
 
-        try:
-            args = resolve_gguf_tokenizer(args)
-        except ValueError as exc:
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(2) from None
+    try:  # a GGUF file, or a hub id for Dataflow workers: a directory they can read
+        args = resolve_tokenizer(args)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
     code = preprocess_main(args, prog="llmft preprocess")
     if code:
         raise typer.Exit(code)

@@ -62,7 +62,7 @@ def config_from_stack(outputs: dict[str, Any]) -> dict[str, Any]:
         "project": outputs["project"],
         "region": outputs["region"],
         "work_uri": outputs["work_uri"],
-        "dataflow_options": {"service_account_email": outputs["dataflow_service_account"]},
+        "dataflow_service_account": outputs["dataflow_service_account"],
     }
     vertex_parameters = {"service_account": outputs["trainer_service_account"]}
     kfp: dict[str, Any] = {"pipeline_root": outputs["kfp_pipeline_root"]}

@@ -205,8 +205,18 @@ def dry_run(
     Raises:
         ValueError: every config or parameter problem, as a real submission would report them.
     """
+    from components.param_values import params_from_mapping
+    from components.run_params import RunParams
+    from pipelines.fine_tune import kfp_gpu_node_errors
+
     validate(config, "vertex" if backend == "vertex" else "kfp", "run")
-    return prepare_parameters(config, backend, schedule_time=schedule_time, recurring=False)
+    checked = prepare_parameters(config, backend, schedule_time=schedule_time, recurring=False)
+    run = params_from_mapping(checked, base=RunParams.for_target(backend))
+    if backend == "kfp" and run.backend == "gke":  # the GPU-node tasks against the node's size
+        errors = kfp_gpu_node_errors(run.machine_type)
+        if errors:
+            raise ValueError(f"{len(errors)} problem(s):\n  - " + "\n  - ".join(errors))
+    return checked
 
 
 def vertex_job(config: DeployConfig, params: dict[str, Any], credentials: Credentials) -> Any:
