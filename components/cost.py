@@ -348,8 +348,10 @@ def estimate(
     train_hours: float | None = None
     if gpus and model is not None:
         peak = accelerator(shape.accelerator_type).peak_tflops * 1e12
-        per_gpu = MFU_MEASURED[shape.compile] * peak / flops_per_token(
-            model, shape.seq_len, lora=shape.lora
+        per_gpu = (
+            MFU_MEASURED[shape.compile]
+            * peak
+            / flops_per_token(model, shape.seq_len, lora=shape.lora)
         )
         compute_s = tokens / (per_gpu * gpus)
         saves = _checkpoint_count(shape, compute_s)
@@ -374,7 +376,11 @@ def estimate(
         train_gpu_hours * price,
         f"{shape.nodes} x {shape.gpus_per_node} {shape.accelerator_type or 'CPU'} at "
         f"${price:.2f}/GPU-h"
-        + (f", {per_gpu:,.0f} tokens/s/GPU at MFU {MFU_MEASURED[shape.compile]:.1%}" if per_gpu else ""),
+        + (
+            f", {per_gpu:,.0f} tokens/s/GPU at MFU {MFU_MEASURED[shape.compile]:.1%}"
+            if per_gpu
+            else ""
+        ),
     )
     return Estimate(
         steps=(_preprocess(shape, data_tokens), train, _evaluate(shape, prices)),
@@ -470,6 +476,10 @@ def train_timeout_s(est: Estimate, max_cost_usd: float) -> int:
 
 
 # --- the actual cost ----------------------------------------------------------------------------
+
+COST_FILE = "cost.json"
+"""The training job's actual cost (`actual_cost`), written by the train step into the trainer's
+run directory; the evaluate step keeps it in metrics.json and the report."""
 
 
 def actual_cost(

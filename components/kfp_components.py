@@ -86,18 +86,34 @@ def validate_inputs(
     registered_model: str,
     champion_model: str,
     serving_image: str,
+    capacity: str,
+    max_cost_usd: float,
+    max_wait_minutes: int,
+    reservation: str,
+    gpu_hour_price_usd: float,
+    model_parameters: int,
     target: str,
     run_id: str,
     schedule_time: str,
 ) -> NamedTuple(  # type: ignore[valid-type]
-    "ValidatedInputs", [("base_model", str), ("train_data_uri", str), ("champion_model", str)]
+    "ValidatedInputs",
+    [
+        ("base_model", str),
+        ("train_data_uri", str),
+        ("champion_model", str),
+        ("train_timeout_s", int),
+        ("cost_estimate", dict),
+    ],
 ):
-    """Check every run parameter before anything costly starts; resolve what a run reads.
+    """Check every run parameter before anything costly starts; resolve what a run reads;
+    estimate the run's cost and refuse it over max_cost_usd.
 
     Returns:
         base_model: the model to start from (`latest-registered` resolved to a model URI).
         train_data_uri: the data URI with the schedule-time placeholder filled in.
         champion_model: the model to beat besides the base ("" for none).
+        train_timeout_s: the training job's timeout that keeps it within max_cost_usd (0: none).
+        cost_estimate: expected GPU-hours, wall hours and USD per pipeline step.
     """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.validate import ValidateRequest, run
@@ -174,6 +190,11 @@ def train(
     accelerator_count: int,
     service_account: str,
     hf_token_secret: str,
+    capacity: str,
+    max_wait_minutes: int,
+    reservation: str,
+    gpu_hour_price_usd: float,
+    job_timeout_s: int,
     model: Output[Model],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
 ):

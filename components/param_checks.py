@@ -218,7 +218,9 @@ def check_registry(
     return errors
 
 
-def check_capacity(backend: str, capacity: str, reservation: str, max_wait_minutes: int) -> str | None:
+def check_capacity(
+    backend: str, capacity: str, reservation: str, max_wait_minutes: int
+) -> str | None:
     """Capacity types are cloud settings; a reservation is a Vertex setting (on GKE the node
     pool consumes it) and is on-demand capacity; waiting applies to queued capacity."""
     if backend == "local" and (capacity != "on-demand" or reservation):

@@ -186,48 +186,6 @@ class RunParams:
         "the token itself.",
     )
 
-    # --- cost and capacity (components/cost.py, components/capacity.py) ------------------------
-    capacity: Capacity = param(
-        "on-demand",
-        'How the training machines are obtained: "on-demand", "spot" (cheaper, preemptible: '
-        "checkpoints every few minutes and restarts that resume) or \"flex-start\" (Dynamic "
-        "Workload Scheduler: waits for capacity, then runs unpreempted at a discount).",
-    )
-    max_cost_usd: float = param(
-        0.0,
-        "Budget in US dollars: a run whose estimate exceeds it is refused before anything "
-        "starts, and the training job's timeout is set so that its spend stays within it "
-        "(0: no budget).",
-        ge=0.0,
-    )
-    max_wait_minutes: int = param(
-        0,
-        "capacity=flex-start on Vertex AI: how long the job may wait for its machines before it "
-        "fails (0: Vertex's default).",
-        ge=0,
-    )
-    reservation: str = param(
-        "",
-        "Vertex AI: a Compute Engine reservation to run in "
-        '("projects/P/zones/Z/reservations/NAME"); empty uses none.',
-        pattern=(
-            r"projects/[^/]+/zones/[^/]+/reservations/[^/]+",
-            "projects/P/zones/Z/reservations/NAME",
-        ),
-    )
-    gpu_hour_price_usd: float = param(
-        0.0,
-        "Price of one GPU-hour (machine share included) for the estimate and the actual cost; "
-        "0 takes the dated price table in components/cost.py for accelerator_type and capacity.",
-        ge=0.0,
-    )
-    model_parameters: int = param(
-        0,
-        "Parameters of base_model for the cost estimate; 0 reads them from the model's "
-        "config.json (local or gs://).",
-        ge=0,
-    )
-
     # --- evaluation and registry ---------------------------------------------------------------
     eval_accelerator_type: str = param(
         "NVIDIA_L4",
@@ -277,6 +235,48 @@ class RunParams:
         "",
         "Serving container image (pinned tag) for the registered model, e.g. a vLLM or TGI "
         "image from Vertex AI Model Garden; required when register_model is true.",
+    )
+
+    # --- cost and capacity (components/cost.py, components/capacity.py) ------------------------
+    capacity: Capacity = param(
+        "on-demand",
+        'How the training machines are obtained: "on-demand", "spot" (cheaper, preemptible: '
+        'checkpoints every few minutes and restarts that resume) or "flex-start" (Dynamic '
+        "Workload Scheduler: waits for capacity, then runs unpreempted at a discount).",
+    )
+    max_cost_usd: float = param(
+        0.0,
+        "Budget in US dollars: a run whose estimate exceeds it is refused before anything "
+        "starts, and the training job's timeout is set so that its spend stays within it "
+        "(0: no budget).",
+        ge=0.0,
+    )
+    max_wait_minutes: int = param(
+        0,
+        "capacity=flex-start on Vertex AI: how long the job may wait for its machines before it "
+        "fails (0: Vertex's default).",
+        ge=0,
+    )
+    reservation: str = param(
+        "",
+        "Vertex AI: a Compute Engine reservation to run in "
+        '("projects/P/zones/Z/reservations/NAME"); empty uses none.',
+        pattern=(
+            r"projects/[^/]+/zones/[^/]+/reservations/[^/]+",
+            "projects/P/zones/Z/reservations/NAME",
+        ),
+    )
+    gpu_hour_price_usd: float = param(
+        0.0,
+        "Price of one GPU-hour (machine share included) for the estimate and the actual cost; "
+        "0 takes the dated price table in components/cost.py for accelerator_type and capacity.",
+        ge=0.0,
+    )
+    model_parameters: int = param(
+        0,
+        "Parameters of base_model for the cost estimate; 0 reads them from the model's "
+        "config.json (local or gs://).",
+        ge=0,
     )
 
     @classmethod

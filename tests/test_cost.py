@@ -14,7 +14,9 @@ from components.cost import ModelSize, RunShape
 pytestmark = pytest.mark.unit
 
 # An 8B-class Llama: 7.5B parameters in matmuls, 32 layers, hidden 4096.
-LLAMA8B = ModelSize(parameters=8_000_000_000, matmul_parameters=7_500_000_000, layers=32, hidden=4096)
+LLAMA8B = ModelSize(
+    parameters=8_000_000_000, matmul_parameters=7_500_000_000, layers=32, hidden=4096
+)
 H100_RUN = RunShape(
     backend="vertex",
     nodes=2,
@@ -83,7 +85,9 @@ def test_lora_on_spot_with_time_checkpoints_by_hand() -> None:
 
 
 def test_time_checkpoints_are_counted() -> None:
-    shape = RunShape(**{**H100_RUN.__dict__, "checkpoint_every_minutes": 5.0, "checkpoint_every": 250})
+    shape = RunShape(
+        **{**H100_RUN.__dict__, "checkpoint_every_minutes": 5.0, "checkpoint_every": 250}
+    )
     est = cost.estimate(shape, model=LLAMA8B)
     # 1,614 s of compute: 5 saves by time (every 300 s), 4 by steps (every 250 of 1000), 1 at the end
     train_s = cost.STARTUP_S + 1_614.029 + 10 * 96 * cost.CHECKPOINT_S_PER_GB / 2

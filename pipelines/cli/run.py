@@ -30,6 +30,20 @@ WaitOpt = Annotated[bool, typer.Option(help="Follow the run and exit non-zero if
 VerboseOpt = Annotated[
     bool, typer.Option(help="Local: also stream the tasks' logs to the terminal.")
 ]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Check the parameters and print the cost estimate per step; start nothing "
+        "(needs no credentials)."
+    ),
+]
+PricesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="YAML/JSON prices overriding the dated table in components/cost.py, e.g. "
+        "'NVIDIA_H100_80GB: {spot: 3.5}' (USD per GPU-hour)."
+    ),
+]
 
 
 @user_errors
@@ -44,10 +58,15 @@ def run_cmd(
     schedule_time: ScheduleTimeOpt = None,
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
+    dry_run: DryRunOpt = False,
+    prices: PricesOpt = None,
     *,
     deploy: dict[str, Any],
 ) -> None:
-    """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP."""
+    """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP.
+
+    The cost estimate is printed first; a run whose estimate exceeds max_cost_usd is refused
+    before anything starts. --dry-run stops after the estimate."""
     from components.param_checks import TARGETS
 
     params = parse_params(param)
@@ -57,9 +76,25 @@ def run_cmd(
     )
     if check_choice(backend, TARGETS) == "local":
         _warn_ignored({**remote, "schedule_time": schedule_time, "wait": wait or None})
-        _run_local(params, config, verbose)
+        from pipelines.local_run import resolve_parameters
+
+        _check_cost(resolve_parameters(params, config)[0], prices, remote=False)
+        if not dry_run:
+            _run_local(params, config, verbose)
     else:
-        _submit(backend, config, params, remote, schedule_time, wait)
+        _submit(backend, config, params, remote, schedule_time, wait, dry_run, prices)
+
+
+def _check_cost(run_params: Any, prices: Path | None, *, remote: bool) -> None:
+    """Print the run's cost estimate; refuse it (ValueError: exit 2) over max_cost_usd."""
+    from components import cost
+
+    table = cost.load_prices(str(prices)) if prices else None
+    estimate = cost.estimate_for(run_params, remote=remote, prices=table)
+    typer.echo("cost estimate (components/cost.py; an estimate, not a quote):")
+    typer.echo(estimate.table())
+    if error := cost.budget_error(estimate, run_params.max_cost_usd):
+        raise ValueError(error)
 
 
 def _warn_ignored(remote: dict[str, Any]) -> None:
@@ -99,12 +134,22 @@ def _submit(
     remote: dict[str, Any],
     schedule_time: str | None,
     wait: bool,
+    dry_run: bool = False,
+    prices: Path | None = None,
 ) -> None:
-    """Load the deploy config (file + flags) and submit one run to Vertex AI or KFP."""
+    """Load the deploy config (file + flags), estimate the cost and submit one run to Vertex AI
+    or KFP (with `dry_run`, stop after the estimate: no credentials are needed up to there)."""
+    from components.param_values import params_from_mapping
+    from components.run_params import RunParams
     from pipelines.deploy.config import load_for
-    from pipelines.deploy.submit import submit_kfp, submit_vertex
+    from pipelines.deploy.submit import prepare_parameters, submit_kfp, submit_vertex
 
     cfg = load_for(backend, config, parameters=params, **remote)
     when = parse_schedule_time(schedule_time)
+    checked = prepare_parameters(cfg, backend, schedule_time=when, recurring=False)
+    run_params = params_from_mapping(checked, base=RunParams.for_target(backend))
+    _check_cost(run_params, prices, remote=False)
+    if dry_run:
+        return
     submit = submit_vertex if backend == "vertex" else submit_kfp
     submit(cfg, schedule_time=when, wait=wait, report=typer.echo)
