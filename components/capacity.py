@@ -16,6 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from components.run_params import choices
+
+CAPACITIES: tuple[str, ...] = choices("capacity")
+"""on-demand, spot, flex-start (the `capacity` run parameter's choices)."""
 PREEMPTIBLE = ("spot",)
 """Capacity types whose machines can be taken away mid-run."""
 SPOT_CHECKPOINT_MINUTES = 10.0

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from components.capacity import CAPACITIES
 from components.platform_facts import GKE_SPOT_POD_GRACE_S, accelerator
 
 # --- prices -------------------------------------------------------------------------------------
@@ -42,8 +43,6 @@ PRICES_SOURCE = (
     "session that wrote them: confirm for your region and contract, and override with "
     "`gpu_hour_price_usd` or `llmft run --prices FILE`"
 )
-
-CAPACITIES = ("on-demand", "spot", "flex-start")
 
 GPU_HOUR_USD: dict[str, dict[str, float]] = {
     "NVIDIA_B200": {"on-demand": 14.40, "spot": 5.60, "flex-start": 7.20},
@@ -88,9 +87,11 @@ BYTES_PER_TOKEN = 2.86
 """Raw JSONL bytes per token before preprocessing: 32 MB -> 11.2M tokens in the preprocess
 benchmark (8k BPE tokenizer, docs/performance.md); larger vocabularies give fewer tokens, so the
 estimate errs high."""
-CHECKPOINT_S_PER_GB = 2.1
-"""Seconds to save one GB of DCP checkpoint (local disk, 2 ranks, median of 3:
-benchmarks/checkpoint_bench.py, docs/performance.md "checkpoint"). gs:// is slower."""
+CHECKPOINT_S_PER_GB = 9.4
+"""Seconds to save one GB of DCP checkpoint per node: 9.44 s/GB measured on this project's
+2-core CI machine under load 6-10 (2 ranks, local disk, 1.61 GB, median of 3:
+benchmarks/checkpoint_bench.py, docs/performance.md "checkpoint"). A GPU node's disks and CPUs
+are faster, gs:// is slower: a conservative stand-in until measured there."""
 CHECKPOINT_BYTES_PER_PARAM = 4
 """fp32 master weights; + 8 bytes (AdamW's two moments) per trainable parameter."""
 CHECKPOINT_BYTES_PER_TRAINABLE = 8
@@ -360,9 +361,10 @@ def estimate(
         sigterm_save_s = checkpoint_gb(model, lora=shape.lora) * CHECKPOINT_S_PER_GB / shape.nodes
         if shape.capacity == "spot" and sigterm_save_s > GKE_SPOT_POD_GRACE_S:
             notes.append(
-                f"a SIGTERM checkpoint takes ~{sigterm_save_s:.0f} s, more than a preempted GKE "
-                f"Spot pod's {GKE_SPOT_POD_GRACE_S} s: a preemption loses the work since the "
-                f"last time-based checkpoint (every {shape.checkpoint_every_minutes:g} min)"
+                f"a SIGTERM checkpoint takes ~{sigterm_save_s:.0f} s, more than the "
+                f"{GKE_SPOT_POD_GRACE_S} s a preempted GKE Spot pod gets (a Spot VM has 30 s): "
+                "a preemption may lose the work since the last time-based checkpoint (every "
+                f"{shape.checkpoint_every_minutes:g} min)"
             )
     elif gpus:
         notes.append("training time unknown: the model's size is (set model_parameters)")
