@@ -177,3 +177,61 @@ def test_model_size_is_read_from_config_json(tiny_model_dir: Path) -> None:
     assert (size.layers, size.hidden) == (config["num_hidden_layers"], config["hidden_size"])
     with pytest.raises(ValueError, match="model_parameters"):
         cost.model_size(str(tiny_model_dir / "missing"))
+
+
+def test_train_step_records_the_actual_cost_and_the_report_shows_it(tmp_path: Path) -> None:
+    """The train step turns the job's own times into cost.json (with the trainer's starts and
+    preemptions); the evaluation report lists it."""
+    from test_capacity_requests import request
+
+    from components.evaluation.gate import GateDecision
+    from components.evaluation.outputs import cost_details
+    from components.evaluation.report import render_report
+    from components.steps.train import record_actual_cost
+
+    (tmp_path / "summary.json").write_text(json.dumps({"attempts": 3, "preemptions": 2}))
+    times = {"started_at": "2026-12-04T10:00:00+00:00", "ended_at": "2026-12-04T12:15:00+00:00"}
+    spot = request("vertex", capacity="spot")
+    metadata = record_actual_cost(spot, times, str(tmp_path))
+    # 2 nodes x 8 H100 for 2.25 h = 36 GPU-h at the Spot price of $3.90
+    assert metadata == {"gpu_hours": 36.0, "cost_usd": 140.4}
+    written = json.loads((tmp_path / cost.COST_FILE).read_text())
+    assert written["attempts"] == 3 and written["preemptions"] == 2
+    assert written["started"] == times["started_at"] and written["capacity"] == "spot"
+
+    details = cost_details(written)
+    assert details["training cost"] == "$140.40 at $3.90/GPU-h, spot"
+    assert details["training starts / preemptions"] == "3 / 2"
+    page = render_report(
+        metrics={},
+        decision=GateDecision(passed=True),
+        models={},
+        samples=[],
+        curves=None,
+        details=details,
+    )
+    assert "training GPU-hours" in page and "36.00 (16 GPUs x 2.25 h)" in page
+
+
+def test_the_jobs_own_start_and_end_are_read_from_each_backend() -> None:
+    import datetime as dt
+
+    from google.cloud import aiplatform_v1
+
+    from components.launchers import gke, vertex
+
+    start = dt.datetime(2026, 12, 4, 10, 0, tzinfo=dt.UTC)
+    job = aiplatform_v1.CustomJob(start_time=start, end_time=start + dt.timedelta(hours=2))
+    assert vertex.job_times(job) == {
+        "started_at": "2026-12-04T10:00:00+00:00",
+        "ended_at": "2026-12-04T12:00:00+00:00",
+    }
+    assert vertex.job_times(aiplatform_v1.CustomJob()) == {}  # not started: the launcher's clock
+    status = {"startTime": "2026-12-04T10:00:00Z", "completionTime": "2026-12-04T11:30:00Z"}
+    assert gke.job_times({"status": status}) == {
+        "started_at": "2026-12-04T10:00:00+00:00",
+        "ended_at": "2026-12-04T11:30:00+00:00",
+    }
+    assert gke.job_times({"status": {"startTime": "2026-12-04T10:00:00Z"}}) == {
+        "started_at": "2026-12-04T10:00:00+00:00"
+    }
