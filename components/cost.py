@@ -153,8 +153,13 @@ def model_size(model_dir: str) -> ModelSize:
 
 
 def flops_per_token(size: ModelSize, seq_len: int, *, lora: bool) -> float:
-    """Training FLOPs per token (the trainer's MFU convention, trainer/metrics.py)."""
-    return (4 if lora else 6) * size.matmul_parameters + 12 * size.layers * size.hidden * seq_len
+    """Training FLOPs per token: the trainer's own formula (trainer/metrics.py), the convention
+    the MFU in `MFU_MEASURED` was measured in."""
+    from trainer.metrics import flops_per_token as trainer_flops_per_token
+
+    return trainer_flops_per_token(
+        size.matmul_parameters, size.layers, size.hidden, seq_len, lora=lora
+    )
 
 
 def checkpoint_gb(size: ModelSize, *, lora: bool) -> float:
@@ -568,7 +573,7 @@ def estimate_for(
     model: ModelSize | None = None
     if params.model_parameters:
         model = ModelSize.of_count(params.model_parameters)
-    else:
+    elif params.backend != "local":  # local training is not priced: no need to size the model
         try:
             model = model_size(base_model or params.base_model)
         except (ValueError, OSError):

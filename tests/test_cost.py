@@ -235,3 +235,34 @@ def test_the_jobs_own_start_and_end_are_read_from_each_backend() -> None:
     assert gke.job_times({"status": {"startTime": "2026-12-04T10:00:00Z"}}) == {
         "started_at": "2026-12-04T10:00:00+00:00"
     }
+
+
+def test_estimate_for_run_parameters_sizes_the_model_and_the_input(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """From `RunParams`: the model's size from its config.json, the data's tokens from the raw
+    input's size, the batch from the trainer's config, Spot's time-based checkpoints."""
+    from components.run_params import RunParams
+
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b"x" * 286_000)
+    params = RunParams(
+        backend="vertex",
+        base_model=str(tiny_model_dir),
+        train_data_uri=str(tmp_path / "*.jsonl"),
+        preprocess_runner="DataflowRunner",
+        capacity="spot",
+        nodes=2,
+        trainer_overrides={"micro_batch_size": 2, "grad_accum_steps": 3},
+    )
+    est = cost.estimate_for(params, remote=False)
+    size = cost.model_size(str(tiny_model_dir))
+    shape = cost.shape_of(params)
+    # 2 nodes x 8 processes (one per GPU) x 2 rows x 3 micro-batches = 96 rows per step
+    assert shape.global_batch_rows == 96 and shape.checkpoint_every_minutes == 10.0
+    assert est.train_tokens == 200 * 96 * 512
+    assert est.data_tokens == 100_000  # 286,000 bytes / 2.86
+    assert est.tokens_per_s_per_gpu == pytest.approx(
+        0.528 * 989e12 / cost.flops_per_token(size, 512, lora=False)
+    )
+    assert est.gpu_hour_usd == 3.90 and est.step("preprocess").usd > 0
