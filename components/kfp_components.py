@@ -87,18 +87,34 @@ def validate_inputs(
     champion_model: str,
     serving_image: str,
     train_timeout_s: int,
+    capacity: str,
+    max_cost_usd: float,
+    max_wait_minutes: int,
+    reservation: str,
+    gpu_hour_price_usd: float,
+    model_parameters: int,
     target: str,
     run_id: str,
     schedule_time: str,
 ) -> NamedTuple(  # type: ignore[valid-type]
-    "ValidatedInputs", [("base_model", str), ("train_data_uri", str), ("champion_model", str)]
+    "ValidatedInputs",
+    [
+        ("base_model", str),
+        ("train_data_uri", str),
+        ("champion_model", str),
+        ("budget_timeout_s", int),
+        ("cost_estimate", dict),
+    ],
 ):
-    """Check every run parameter before anything costly starts; resolve what a run reads.
+    """Check every run parameter before anything costly starts; resolve what a run reads;
+    estimate the run's cost and refuse it over max_cost_usd.
 
     Returns:
         base_model: the model to start from (`latest-registered` resolved to a model URI).
         train_data_uri: the data URI with the schedule-time placeholder filled in.
         champion_model: the model to beat besides the base ("" for none).
+        budget_timeout_s: the training job's timeout that keeps it within max_cost_usd (0: none).
+        cost_estimate: expected GPU-hours, wall hours and USD per pipeline step.
     """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.validate import ValidateRequest, run
@@ -181,6 +197,11 @@ def train(
     service_account: str,
     hf_token_secret: str,
     train_timeout_s: int,
+    capacity: str,
+    max_wait_minutes: int,
+    reservation: str,
+    gpu_hour_price_usd: float,
+    budget_timeout_s: int,
     model: Output[Model],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
 ) -> NamedTuple("TrainOutputs", [("model_uri", str)]):  # type: ignore[valid-type]

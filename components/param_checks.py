@@ -261,3 +261,28 @@ def check_registry(
         elif serving_image.endswith(":latest"):
             errors.append(f"serving_image={serving_image!r} uses :latest: pin a version")
     return errors
+
+
+def check_capacity(
+    backend: str, capacity: str, reservation: str, max_wait_minutes: int
+) -> str | None:
+    """Capacity types are cloud settings; a reservation is a Vertex setting (on GKE the node
+    pool consumes it) and is on-demand capacity; waiting applies to queued capacity."""
+    if backend == "local" and (capacity != "on-demand" or reservation):
+        return (
+            f"capacity={capacity!r}/reservation: the local backend trains on this machine; use "
+            "backend=vertex or gke, or leave capacity=on-demand and reservation empty"
+        )
+    if reservation and backend != "vertex":
+        return (
+            "reservation is a Vertex AI setting: on GKE create the GPU node pool from the "
+            "reservation (--reservation-affinity=specific) and leave reservation empty"
+        )
+    if reservation and capacity != "on-demand":
+        return f"reservation with capacity={capacity!r}: a reservation is on-demand capacity"
+    if max_wait_minutes and not (capacity == "flex-start" and backend == "vertex"):
+        return (
+            "max_wait_minutes applies to capacity=flex-start on Vertex AI (on GKE the cluster's "
+            "queue decides): set those, or max_wait_minutes=0"
+        )
+    return None

@@ -37,6 +37,7 @@ Backend = Literal["local", "gke", "vertex"]
 RdzvBackend = Literal["etcd-v3", "etcd-v2", "c10d"]
 Runner = Literal["DirectRunner", "DataflowRunner"]
 DataKind = Literal["instruction", "text"]
+Capacity = Literal["on-demand", "spot", "flex-start"]
 
 LATEST_REGISTERED = "latest-registered"
 """`base_model` / `champion_model` value: the newest version of `registered_model` in the Vertex AI
@@ -254,6 +255,48 @@ class RunParams:
         le=TRAIN_TIMEOUT_MAX_S,
     )
 
+    # --- cost and capacity (components/cost.py, components/capacity.py) ------------------------
+    capacity: Capacity = param(
+        "on-demand",
+        'How the training machines are obtained: "on-demand", "spot" (cheaper, preemptible: '
+        'checkpoints every few minutes and restarts that resume) or "flex-start" (Dynamic '
+        "Workload Scheduler: waits for capacity, then runs unpreempted at a discount).",
+    )
+    max_cost_usd: float = param(
+        0.0,
+        "Budget in US dollars: a run whose estimate exceeds it is refused before anything "
+        "starts, and the training job's timeout is set so that its spend stays within it "
+        "(0: no budget).",
+        ge=0.0,
+    )
+    max_wait_minutes: int = param(
+        0,
+        "capacity=flex-start on Vertex AI: how long the job may wait for its machines before it "
+        "fails (0: Vertex's default).",
+        ge=0,
+    )
+    reservation: str = param(
+        "",
+        "Vertex AI: a Compute Engine reservation to run in "
+        '("projects/P/zones/Z/reservations/NAME"); empty uses none.',
+        pattern=(
+            r"projects/[^/]+/zones/[^/]+/reservations/[^/]+",
+            "projects/P/zones/Z/reservations/NAME",
+        ),
+    )
+    gpu_hour_price_usd: float = param(
+        0.0,
+        "Price of one GPU-hour (machine share included) for the estimate and the actual cost; "
+        "0 takes the dated price table in components/cost.py for accelerator_type and capacity.",
+        ge=0.0,
+    )
+    model_parameters: int = param(
+        0,
+        "Parameters of base_model for the cost estimate; 0 reads them from the model's "
+        "config.json (local or gs://).",
+        ge=0,
+    )
+
     @classmethod
     def for_target(cls, target: str = "local") -> RunParams:
         """The defaults of a pipeline target (`TARGET_DEFAULTS`)."""
@@ -305,6 +348,10 @@ class RunParams:
         )
         if gke_error := checks.check_gke_accelerator(self.backend, self.accelerator_type):
             errors.append(gke_error)
+        if capacity_error := checks.check_capacity(
+            self.backend, self.capacity, self.reservation, self.max_wait_minutes
+        ):
+            errors.append(capacity_error)
         errors += checks.check_registry(
             latest=LATEST_REGISTERED,
             models=(self.base_model, self.champion_model),

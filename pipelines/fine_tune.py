@@ -224,6 +224,11 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
         service_account=p.service_account,
         hf_token_secret=p.hf_token_secret,
         train_timeout_s=p.train_timeout_s,
+        capacity=p.capacity,
+        max_wait_minutes=p.max_wait_minutes,
+        reservation=p.reservation,
+        gpu_hour_price_usd=p.gpu_hour_price_usd,
+        budget_timeout_s=validated.outputs["budget_timeout_s"],
     ).set_caching_options(False)
     if target != "local":
         # Safe to retry: the trainer resumes from its latest complete checkpoint. Not locally:

@@ -19,6 +19,7 @@ from fakes.pulumi_mocks import run_stack
 from typer.testing import CliRunner
 
 from pipelines.cli import app
+from pipelines.cli.run import DRY_RUN_PARAMETERS
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs/deploy/README.md"
@@ -121,7 +122,7 @@ def test_the_guide_from_pulumi_up_to_a_run(offline: None, tmp_path: Path) -> Non
             result = CliRunner().invoke(app, [*args[1:], "--dry-run"])
             assert result.exit_code == 0, f"{line}\n{result.output}"
             backend = args[args.index("--backend") + 1]
-            params = json.loads(result.output.split("\n", 1)[1])
+            params = json.loads(result.output.split(DRY_RUN_PARAMETERS + "\n", 1)[1])
             ran.append(f"run {backend}")
             _check_run(backend, params, outputs)
     assert ran == ["cp", "from-stack", "run vertex", "run kfp"]

@@ -12,6 +12,7 @@ from fakes.pulumi_mocks import GKE_CONFIG, VERTEX_CONFIG, stack
 from typer.testing import CliRunner
 
 from pipelines.cli import app
+from pipelines.cli.run import DRY_RUN_PARAMETERS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,8 +159,8 @@ def test_from_stack_config_passes_a_dry_run(tmp_path, monkeypatch, name, backend
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"dry run: a {backend} run of compiled/fine_tune.{backend}")
-    params = json.loads(result.output.split("\n", 1)[1])
+    assert f"dry run: a {backend} run of compiled/fine_tune.{backend}" in result.output
+    params = json.loads(result.output.split(DRY_RUN_PARAMETERS + "\n", 1)[1])
     assert params["backend"] == ("gke" if backend == "kfp" else "vertex")
     if backend == "vertex":
         assert params["service_account"] == outputs["trainer_service_account"]

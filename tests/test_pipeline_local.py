@@ -213,6 +213,14 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path], mo
     AutoModelForCausalLM.from_pretrained(model_dirs[0].parent)
     report = (run_dir / "evaluate" / "report").read_text()
     assert "<html" in report.lower() and "<img" in report.lower()
+    # the training job's actual cost (local: its own clock, no GPU priced) reached the report,
+    # and the validate step returned the estimate
+    assert (
+        "training GPU-hours" in report and "training starts / preemptions</dt><dd>1 / 0" in report
+    )
+    validated = json.loads((run_dir / "validate-inputs" / "executor_output.json").read_text())
+    estimate = validated["parameterValues"]["cost_estimate"]
+    assert estimate["optimizer_steps"] == 20 and estimate["usd"] == 0.0, estimate
     # the before/after metrics are printed, and the tuned model beats its base
     assert "before / after" in out and "quality gate: passed" in out
     executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())

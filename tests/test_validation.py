@@ -129,10 +129,11 @@ def test_schedule_time_fills_the_data_window(tmp_path: Path) -> None:
         "base_model": "m",
         "train_data_uri": f"{tmp_path}/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl",
     }
-    base, uri, champion = validate_step(
+    base, uri, champion, timeout_s, estimate = validate_step(
         ValidateRequest(schedule_time="2026-12-01T00:00:00Z", **params)
     )
     assert (base, uri, champion) == ("m", f"{window}/*.jsonl", "")
+    assert timeout_s == 0 and estimate["usd"] == 0.0  # local: not priced, no budget
     with pytest.raises(ValueError, match="not started by a schedule"):
         validate_step(ValidateRequest(schedule_time="", **params))
 

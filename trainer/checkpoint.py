@@ -51,6 +51,8 @@ class TrainerState:
     target_tokens: int = 0
     global_batch_rows: int = 0
     world_size: int = 0
+    preemptions: int = 0
+    """SIGTERMs this run has stopped for and saved on (counted across resumes)."""
     config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

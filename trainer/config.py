@@ -134,6 +134,11 @@ class TrainConfig:
     # --- checkpoints, logging, export ---------------------------------------------------------
     checkpoint_every: int = 0
     """Save a DCP checkpoint every N optimizer steps (0: only on SIGTERM and at the end)."""
+    checkpoint_every_minutes: float = 0.0
+    """Also save a checkpoint when this many minutes have passed since the last one (0: off).
+    For preemptible capacity, where a SIGTERM checkpoint may not fit the grace period: it bounds
+    the work a preemption loses to these minutes. The ranks agree on it in the step's all-reduce,
+    so they all save after the same step."""
     keep_checkpoints: int = 2
     """Complete checkpoints to keep; older ones are deleted after a new one is complete."""
     checkpoint_at_end: bool = True
@@ -195,7 +200,7 @@ class TrainConfig:
             errors.append(f"lr must be > 0 (got {self.lr})")
         if not 0 <= self.min_lr_ratio <= 1:
             errors.append(f"min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
-        for name in ("warmup_steps", "checkpoint_every", "lora_rank"):
+        for name in ("warmup_steps", "checkpoint_every", "checkpoint_every_minutes", "lora_rank"):
             if getattr(self, name) < 0:
                 errors.append(f"{name} must be >= 0 (got {getattr(self, name)})")
         if self.max_steps is not None and 1 <= self.max_steps <= self.warmup_steps:

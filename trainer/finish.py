@@ -75,6 +75,8 @@ def save(r: Run) -> None:
             "eval_loss": r.eval_loss,
             "model_dir": model_out if r.config.export else None,
             "resumed_from_step": r.resumed_from_step,
+            "attempts": r.attempt,
+            "preemptions": r.state.preemptions,
             "wall_time_s": time.time() - r.started,
             "world_size": r.world_size,
             "data_position": asdict(r.state.position),

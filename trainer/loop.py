@@ -50,6 +50,7 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
     """Optimizer steps until the last one (or a preemption); returns the step last saved."""
     config = r.config
     last_saved = r.state.step
+    r.last_saved_at = time.monotonic()
     while r.state.step < r.total_steps:
         micro, position = next(batches)
         lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; the step advances it
@@ -72,14 +73,15 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
             record = {"loss": loss, "lr": lr, "grad_norm": grad_norm}
             _write_metrics(r, window, record, position, per_token, peak)
             window = Window()
-        if config.checkpoint_every and r.state.step % config.checkpoint_every == 0:
+        every_n = config.checkpoint_every and r.state.step % config.checkpoint_every == 0
+        if (every_n or r.save_agreed) and not r.stop_agreed:
             saving = time.perf_counter()
             save_checkpoint(r)
             last_saved = r.state.step
             window.started += time.perf_counter() - saving  # throughput measures training only
         if r.stop_agreed:
-            if r.state.step != last_saved:
-                save_checkpoint(r)
+            r.state.preemptions += 1
+            save_checkpoint(r)
             log.warning("SIGTERM: saved step %d, exiting to be resumed", r.state.step)
             raise Preempted
     return last_saved
@@ -137,4 +139,5 @@ def save_checkpoint(r: Run) -> None:
     path = checkpoint.save(
         checkpoints_dir(r), r.model, r.optimizer, r.state, keep=r.config.keep_checkpoints
     )
+    r.last_saved_at = time.monotonic()
     log.info("saved checkpoint %s in %.1fs", path, time.perf_counter() - started)

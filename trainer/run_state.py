@@ -51,10 +51,16 @@ class Run:
     losses: list[float] = field(default_factory=list)
     eval_loss: float | None = None
     started: float = field(default_factory=time.time)
+    attempt: int = 1
+    """Which start of this run this is (OUTPUT/attempts/: 1 = the first)."""
     stop_requested: bool = False
     """Set by the SIGTERM handler on this rank."""
     stop_agreed: bool = False
     """Some rank had stop_requested at the last step's all-reduce: all ranks stop together."""
+    save_agreed: bool = False
+    """Some rank had save_due at the last step's all-reduce: all ranks save after this step."""
+    last_saved_at: float = field(default_factory=time.monotonic)
+    """When this rank last saved a checkpoint (or started), for `checkpoint_every_minutes`."""
 
 
 def checkpoints_dir(r: Run) -> str:

@@ -42,8 +42,28 @@ def setup(config: TrainConfig) -> Run:
 
     if config.resume:
         _resume(r)
+    r.attempt = record_attempt(r)
     log_settings(r)
     return r
+
+
+ATTEMPTS_DIR = "attempts"
+
+
+def record_attempt(r: Run) -> int:
+    """Rank 0 writes OUTPUT/attempts/attempt-NNNNN.json for this start (the step it starts from):
+    a run restarted after a preemption or a crash counts its starts here, also when the SIGTERM
+    checkpoint did not fit the grace period. Returns this start's number (1 = first)."""
+    from trainer import storage
+
+    number = torch.zeros(1, dtype=torch.int64, device=r.device)
+    if r.rank == 0:
+        folder = f"{r.output}/{ATTEMPTS_DIR}"
+        number[0] = len(storage.listdir(folder)) + 1
+        with storage.open(f"{folder}/attempt-{int(number[0]):05d}.json", "w") as f:
+            json.dump({"start_step": r.state.step, "world_size": r.world_size}, f)
+    dist.broadcast(number, src=0)
+    return int(number[0])
 
 
 def _data(r: Run) -> None:

@@ -9,6 +9,7 @@ losses and the gradients are divided by the global target count afterwards.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,7 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> tuple[float, float, int]:
     One all-reduce per step besides the gradient reduction (FSDP2's or DDP's): backward runs on the summed loss, and
     the division by the global target count, the gradient norm and the clipping are applied to
     the local gradient shards afterwards, from a single reduced vector
-    [loss sum, target count, stop flag, squared gradient norm]. Synchronisation points are what
+    [loss sum, target count, stop flag, save flag, squared gradient norm]. Synchronisation points are what
     a step loses most time on when processes share busy CPUs or a slow network.
     """
     model, device = r.model, r.device
@@ -41,6 +42,9 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> tuple[float, float, int]:
         # FSDP2 and DDP average gradients over ranks: x world_size turns that into the sum.
         (loss * r.world_size).backward()
         loss_sum += loss.detach().double()
+    # A time-based checkpoint is due by this rank's clock, this step's compute included.
+    every_s = r.config.checkpoint_every_minutes * 60
+    save_due = bool(every_s) and time.monotonic() - r.last_saved_at >= every_s
     grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
     squared = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum() if grads else 0.0
     squared = torch.as_tensor(squared, dtype=torch.float64, device=device)
@@ -49,16 +53,18 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> tuple[float, float, int]:
             loss_sum,
             torch.tensor(float(local_targets), dtype=torch.float64, device=device),
             torch.tensor(float(r.stop_requested), dtype=torch.float64, device=device),
+            torch.tensor(float(save_due), dtype=torch.float64, device=device),
             # Sharded: each rank holds a distinct shard of every gradient, squared norms add up.
             # Replicated: every rank holds the whole reduced gradient, its norm is the global one.
             torch.zeros_like(squared) if model.replicated else squared,
         ]
     )
     dist.all_reduce(stats)
-    loss_total, target_count, stop, squared_total = stats.tolist()
+    loss_total, target_count, stop, save, squared_total = stats.tolist()
     if model.replicated:
         squared_total = float(squared)
     r.stop_agreed = stop > 0
+    r.save_agreed = save > 0
     targets = int(target_count)
     norm_value = math.sqrt(squared_total) / max(targets, 1)
     loss_value = loss_total / max(targets, 1)

@@ -131,6 +131,9 @@ class EvaluationRequest:
     eval_records/part-*.jsonl."""
     train_metrics: str | None = None
     """The trainer's metrics JSONL, plotted as the training loss curve."""
+    train_cost: str | None = None
+    """The training job's actual cost (the train step's cost.json), kept in metrics.json and
+    shown in the report."""
     champion: str | None = None
     """The currently registered model (see components.registry), evaluated the same way and
     compared against when `thresholds.compare_to_champion`."""
@@ -218,6 +221,7 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         num_samples=request.num_samples,
         settings=settings,
         train_metrics=request.train_metrics,
+        train_cost=request.train_cost,
     )
 
 

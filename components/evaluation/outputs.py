@@ -153,8 +153,10 @@ def write_outputs(
     num_samples: int,
     settings: dict[str, Any],
     train_metrics: str | None,
+    train_cost: str | None = None,
 ) -> EvaluationResult:
-    """Write metrics.json, generations.jsonl and report.html under `output_dir`."""
+    """Write metrics.json, generations.jsonl and report.html under `output_dir`; the training
+    job's actual cost (`train_cost`, a cost.json) goes into both."""
     metrics = scores.metrics
     entries = generations(scores, roles, examples, probes)
     samples = entries[: min(num_samples, len(examples))]
@@ -174,6 +176,9 @@ def write_outputs(
         "models": roles,
         "settings": settings,
     }
+    cost = json.loads(storage.read_text(train_cost)) if train_cost else None
+    if cost is not None:
+        document["training_cost"] = cost
     storage.write_text(metrics_path, json.dumps(document, indent=2) + "\n")
     storage.write_text(generations_path, "".join(json.dumps(g) + "\n" for g in entries))
     details = {
@@ -184,6 +189,8 @@ def write_outputs(
         "device": scores.device,
         "training metrics": train_metrics or "–",
     }
+    if cost is not None:
+        details |= cost_details(cost)
     curves = read_training_curve(train_metrics) if train_metrics else None
     page = render_report(
         metrics=metrics,
@@ -204,3 +211,16 @@ def write_outputs(
         generations_path=generations_path,
         samples=samples,
     )
+
+
+def cost_details(cost: dict[str, Any]) -> dict[str, str]:
+    """The report's lines on what training cost (the train step's cost.json)."""
+    details = {
+        "training GPU-hours": f"{cost['gpu_hours']:.2f} ({cost['gpus']} GPUs x {cost['hours']:.2f} h)",
+        "training cost": f"${cost['cost_usd']:,.2f} at ${cost['gpu_hour_usd']:.2f}/GPU-h, "
+        f"{cost['capacity']}",
+        "training job": f"{cost['started']} to {cost['ended']}",
+    }
+    if cost.get("attempts") is not None:
+        details["training starts / preemptions"] = f"{cost['attempts']} / {cost['preemptions']}"
+    return details

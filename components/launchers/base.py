@@ -270,14 +270,26 @@ class Launcher(ABC):
         self, launch: TrainLaunch, status: str, message: str, *, started: float, **extra: Any
     ) -> LaunchResult:
         """`launch`'s result on this backend, timed from `started` (a `time.monotonic()`);
-        `extra` are the backend's other `LaunchResult` fields (details, exit code, log tail)."""
+        `extra` are the backend's other `LaunchResult` fields (details, exit code, log tail).
+
+        `details` always hold `started_at` and `ended_at` (ISO 8601, UTC), what the actual cost
+        is computed from: the job's own times where the backend reports them, else this
+        launcher's clock."""
+        import datetime as dt
+
+        duration = time.monotonic() - started
+        now = dt.datetime.now(dt.UTC)
+        details = dict(extra.pop("details", None) or {})
+        details.setdefault("started_at", (now - dt.timedelta(seconds=duration)).isoformat())
+        details.setdefault("ended_at", now.isoformat())
         return LaunchResult(
             run_id=launch.run_id,
             backend=self.backend,
             status=status,
             output=launch.output,
             message=message,
-            duration_s=time.monotonic() - started,
+            duration_s=duration,
+            details=details,
             **extra,
         )
 

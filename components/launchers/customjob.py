@@ -75,6 +75,32 @@ class CustomJobOptions:
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels (the run's labels are always set)."""
 
+    # --- capacity (components/capacity.py) -----------------------------------------------------
+    capacity: str = "on-demand"
+    """on-demand, spot (`scheduling.strategy` SPOT) or flex-start (FLEX_START: Dynamic Workload
+    Scheduler queues the job until its machines are free)."""
+    max_wait_s: int | None = None
+    """flex-start: how long the job may wait for its machines (`scheduling.max_wait_duration`;
+    None: Vertex's default)."""
+    reservation: str | None = None
+    """A Compute Engine reservation (`projects/P/zones/Z/reservations/NAME`) every replica
+    consumes (`machine_spec.reservation_affinity`, SPECIFIC_RESERVATION)."""
+
+    def capacity_errors(self) -> list[str]:
+        """Problems of the capacity settings, each with what to change."""
+        from components.capacity import CAPACITIES
+
+        errors = []
+        if self.capacity not in CAPACITIES:
+            errors.append(f"capacity={self.capacity!r}: choose one of {', '.join(CAPACITIES)}")
+        if self.max_wait_s is not None and self.capacity != "flex-start":
+            errors.append("max_wait_s applies to capacity=flex-start only")
+        if self.reservation and self.capacity != "on-demand":
+            errors.append(
+                f"reservation with capacity={self.capacity!r}: reservations are on-demand"
+            )
+        return errors
+
     def accelerators(self, launch: TrainLaunch) -> int:
         """Accelerators per replica: `accelerator_count`, else one per process when typed."""
         return launch.accelerators_per_node(self.accelerator_count, self.accelerator_type)
@@ -114,7 +140,7 @@ class CustomJobOptions:
             errors.append(
                 "env must not carry the HF token: pass hf_token_secret (read at run time)"
             )
-        return errors
+        return errors + self.capacity_errors()
 
 
 def torchrun_command(launch: TrainLaunch, *, primary: bool) -> list[str]:
@@ -171,6 +197,8 @@ def _pool(launch: TrainLaunch, options: CustomJobOptions, *, primary: bool, repl
     if options.accelerator_type and count:
         machine.accelerator_type = getattr(aiplatform_v1.AcceleratorType, options.accelerator_type)
         machine.accelerator_count = count
+    if options.reservation:
+        machine.reservation_affinity = _reservation_affinity(options.reservation)
     disk = aiplatform_v1.DiskSpec(
         boot_disk_type=options.boot_disk_type, boot_disk_size_gb=options.boot_disk_size_gb
     )
@@ -208,10 +236,46 @@ def _job_spec(pools: list[Any], options: CustomJobOptions) -> Any:
         spec.base_output_directory = aiplatform_v1.GcsDestination(
             output_uri_prefix=options.base_output_directory
         )
-    if options.timeout_s or options.restart_job_on_worker_restart:
+    if options.timeout_s or options.restart_job_on_worker_restart or _strategy(options):
         spec.scheduling = aiplatform_v1.Scheduling(
             restart_job_on_worker_restart=options.restart_job_on_worker_restart
         )
         if options.timeout_s:
             spec.scheduling.timeout = duration_pb2.Duration(seconds=options.timeout_s)
+        _schedule_capacity(spec.scheduling, options)
     return spec
+
+
+# --- capacity: scheduling strategy, the wait for flex-start, reservations -----------------------
+
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+"""The key of a specific reservation's affinity (cloud.google.com/vertex-ai/docs/training/
+use-reservations)."""
+_STRATEGIES = {"spot": "SPOT", "flex-start": "FLEX_START"}
+"""capacity -> `Scheduling.Strategy` (on-demand leaves it unset: Vertex's default)."""
+
+
+def _strategy(options: CustomJobOptions) -> str | None:
+    return _STRATEGIES.get(options.capacity)
+
+
+def _schedule_capacity(scheduling: Any, options: CustomJobOptions) -> None:
+    """`scheduling.strategy` and, for flex-start, `max_wait_duration`."""
+    from google.cloud import aiplatform_v1
+    from google.protobuf import duration_pb2
+
+    strategy = _strategy(options)
+    if strategy:
+        scheduling.strategy = getattr(aiplatform_v1.Scheduling.Strategy, strategy)
+    if options.max_wait_s:
+        scheduling.max_wait_duration = duration_pb2.Duration(seconds=options.max_wait_s)
+
+
+def _reservation_affinity(reservation: str) -> Any:
+    from google.cloud import aiplatform_v1
+
+    return aiplatform_v1.ReservationAffinity(
+        reservation_affinity_type=aiplatform_v1.ReservationAffinity.Type.SPECIFIC_RESERVATION,
+        key=RESERVATION_KEY,
+        values=[reservation],
+    )

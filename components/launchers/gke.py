@@ -53,6 +53,18 @@ from components.launchers.pytorchjob_api import JobGone, PyTorchJobApi
 from components.run_identity import k8s_selector
 
 
+def job_times(job: Mapping[str, Any]) -> dict[str, str]:
+    """The PyTorchJob's own start and completion (status.startTime, completionTime), where set."""
+    import datetime as dt
+
+    status = job.get("status") or {}
+    return {
+        key: dt.datetime.fromisoformat(status[field].replace("Z", "+00:00")).isoformat()
+        for key, field in (("started_at", "startTime"), ("ended_at", "completionTime"))
+        if status.get(field)
+    }
+
+
 @dataclass(frozen=True)
 class GkeOptions:
     """Where and how the GKE backend runs a PyTorchJob (`GkeLauncher`)."""
@@ -194,6 +206,7 @@ class GkeLauncher(Launcher):
                     self._logs.follow(self.namespace, pods)
                 workers = job.get("status", {}).get("replicaStatuses", {}).get("Worker", {})
                 details = {"job": self.name, "condition": phase, "replicas": workers}
+                details |= job_times(job)
                 verdict = self._verdict(phase, f"{reason}: {text}", workers, pods, clock)
                 if verdict is not None:
                     status, message = verdict

@@ -139,6 +139,15 @@ class PyTorchJobOptions:
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels for the job and its pods (the run's labels are always set)."""
 
+    # --- capacity (components/capacity.py) -----------------------------------------------------
+    capacity: str = "on-demand"
+    """on-demand; spot (node selector `cloud.google.com/gke-spot` + its toleration: a Spot node
+    pool or Autopilot Spot Pods); flex-start (node selector `cloud.google.com/gke-flex-start`: a
+    node pool with flex-start provisioning, GKE >= 1.32.2-gke.1652000)."""
+    termination_grace_s: int | None = None
+    """The pods' terminationGracePeriodSeconds (time for the SIGTERM checkpoint); None: the
+    Kubernetes default (30 s). A preempted Spot node gives pods at most GKE_SPOT_POD_GRACE_S."""
+
     def gpus(self, launch: TrainLaunch) -> int:
         """GPUs per pod: `gpus_per_node`, else one per process when an accelerator is set."""
         return launch.accelerators_per_node(self.gpus_per_node, self.accelerator)
@@ -165,6 +174,12 @@ class PyTorchJobOptions:
                 f"gpus_per_node={gpus} < nproc_per_node={launch.nproc_per_node}: one process "
                 "per GPU"
             )
+        from components.capacity import CAPACITIES
+
+        if self.capacity not in CAPACITIES:
+            errors.append(f"capacity={self.capacity!r}: choose one of {', '.join(CAPACITIES)}")
+        if self.termination_grace_s is not None and self.termination_grace_s < 0:
+            errors.append(f"termination_grace_s={self.termination_grace_s}: cannot be negative")
         if (self.scheduling_queue or self.priority_class) and not self.gang_scheduling:
             errors.append("scheduling_queue/priority_class need gang_scheduling=True")
         for name, ref in self.secrets().items():
@@ -316,6 +331,7 @@ def _pod_spec(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) ->
         ]
     if launch.nodes > 1:
         pod_spec["affinity"] = same_zone_affinity(launch.run_id)
+    _schedule_capacity(pod_spec, options)
     return pod_spec
 
 
@@ -351,6 +367,29 @@ def same_zone_affinity(run_id: str) -> dict[str, Any]:
 def deadline_for(timeout_s: float | None) -> int | None:
     """`runPolicy.activeDeadlineSeconds` for a launcher timeout (`DEADLINE_GRACE_S` later)."""
     return None if timeout_s is None else int(timeout_s) + DEADLINE_GRACE_S
+
+
+# --- capacity: Spot and flex-start nodes, the termination grace period --------------------------
+
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
+"""Node label (and taint key, where the node pool is tainted) of GKE Spot VMs
+(cloud.google.com/kubernetes-engine/docs/how-to/spot-vms)."""
+GKE_FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
+"""Node label of flex-start nodes (cloud.google.com/kubernetes-engine/docs/how-to/
+dws-flex-start-training)."""
+
+
+def _schedule_capacity(pod_spec: dict[str, Any], options: PyTorchJobOptions) -> None:
+    """Select Spot or flex-start nodes (tolerating the Spot taint), and set the grace period."""
+    label = {"spot": GKE_SPOT_LABEL, "flex-start": GKE_FLEX_START_LABEL}.get(options.capacity)
+    if label:
+        pod_spec.setdefault("nodeSelector", {})[label] = "true"
+    if options.capacity == "spot":
+        pod_spec.setdefault("tolerations", []).append(
+            {"key": GKE_SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+        )
+    if options.termination_grace_s is not None:
+        pod_spec["terminationGracePeriodSeconds"] = options.termination_grace_s
 
 
 def _elastic_policy(

@@ -73,6 +73,15 @@ ACTIVE = (
 )
 
 
+def job_times(job: Any) -> dict[str, str]:
+    """The CustomJob's own start and end (billing runs between them), where set."""
+    times = {}
+    for key, value in (("started_at", job.start_time), ("ended_at", job.end_time)):
+        if value and value.timestamp() > 0:
+            times[key] = value.isoformat()
+    return times
+
+
 def read_gcp_resources(path: str | None, location: str) -> str:
     """The CustomJob named in a previous attempt's `gcp_resources` output, or "" (GCPC's
     `check_if_job_exists`: an absent or empty file means no job was started)."""
@@ -274,7 +283,7 @@ class VertexLauncher(Launcher):
                 )
                 break
             time.sleep(self.poll_s)
-        details = {"job": self.job_name, "state": state}
+        details = {"job": self.job_name, "state": state, **job_times(job)}
         return self.result(self.launch, status, message, started=started, details=details)
 
     def cancel(self) -> None:

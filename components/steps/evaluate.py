@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from components.cost import COST_FILE
 from components.evaluation.evaluate import EvaluationRequest, run_evaluation
 from components.evaluation.gate import GateThresholds
 from trainer import storage
@@ -62,6 +63,7 @@ def run(request: EvaluateRequest) -> tuple[bool]:
     tuned = storage.normalize(str(metadata.get("model_uri") or request.tuned_model.uri))
     run_dir = storage.normalize(str(metadata.get("run_uri") or "")).rstrip("/")
     train_metrics = f"{run_dir}/metrics.jsonl" if run_dir else ""
+    train_cost = f"{run_dir}/{COST_FILE}" if run_dir else ""
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         thresholds = GateThresholds(
             min_loss_improvement=request.min_loss_improvement,
@@ -78,6 +80,7 @@ def run(request: EvaluateRequest) -> tuple[bool]:
                 train_metrics=train_metrics
                 if train_metrics and storage.exists(train_metrics)
                 else None,
+                train_cost=train_cost if train_cost and storage.exists(train_cost) else None,
                 champion=request.champion_model or None,
                 thresholds=thresholds,
             )

@@ -21,10 +21,10 @@ from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, Tra
 from components.launchers.customjob import CustomJobOptions
 from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.local import LocalLauncher, LocalOptions
-from components.launchers.pytorchjob import PyTorchJobOptions, deadline_for
+from components.launchers.pytorchjob import DEADLINE_GRACE_S, PyTorchJobOptions, deadline_for
 from components.launchers.vertex import VertexLauncher, VertexOptions
 from components.platform_facts import gke_accelerator
-from components.run_params import Backend, RdzvBackend, choices
+from components.run_params import Backend, Capacity, RdzvBackend, choices
 from trainer import storage
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,12 @@ class TrainRequest:
     hf_token_secret: str
     train_timeout_s: int
     """The launcher cancels the job after this long; the job carries it too, plus a grace."""
+    capacity: Capacity
+    max_wait_minutes: int
+    reservation: str
+    gpu_hour_price_usd: float
+    budget_timeout_s: int
+    """The training job's timeout from the budget (the validate step's output; 0: none)."""
     model: Any
     """The Model artifact written: its `.uri` and `.metadata` are set here."""
     gcp_resources: str
@@ -86,13 +92,59 @@ def run(request: TrainRequest) -> tuple[str]:
     model.uri = data_artifact_uri(
         model.uri, work_uri=request.work_uri, run_id=request.run_id, name="model"
     )
-    launch, options = trainer_launch(request, model.uri), backend_options(request)
-    model.metadata.update(train(launch, options, timeout_s=request.train_timeout_s or None))
+    launch = trainer_launch(request, model.uri)
+    options = backend_options(request)
+    metadata = train(launch, options, timeout_s=training_timeout_s(request))
+    metadata |= record_actual_cost(request, metadata.pop("job_times"), launch.trainer.output)
+    model.metadata.update(metadata)
     return (str(model.metadata["model_uri"]),)
+
+
+def training_timeout_s(request: TrainRequest) -> int:
+    """When the launcher cancels the job: `train_timeout_s`, or earlier when the budget leaves
+    less (`budget_timeout_s`), so that the job's own deadline (`DEADLINE_GRACE_S` later, for a
+    launcher killed before it could cancel) still falls within the budget."""
+    timeout = request.train_timeout_s
+    if request.budget_timeout_s:
+        timeout = min(timeout, max(request.budget_timeout_s - DEADLINE_GRACE_S, 60))
+    return timeout
+
+
+def record_actual_cost(
+    request: TrainRequest, times: Mapping[str, str], output: str
+) -> dict[str, Any]:
+    """The training job's actual GPU-hours and cost, from its own start and end times, written to
+    OUTPUT/cost.json (the evaluate step's report reads it) and returned for the Model's metadata."""
+    from components import cost
+
+    cloud = request.backend != "local" and bool(request.accelerator_type)
+    gpus = request.nodes * request.accelerator_count if cloud else 0
+    price = (
+        cost.gpu_hour_price(
+            request.accelerator_type, request.capacity, override=request.gpu_hour_price_usd
+        )
+        if gpus
+        else 0.0
+    )
+    actual = cost.actual_cost(
+        started=times["started_at"],
+        ended=times["ended_at"],
+        gpus=gpus,
+        gpu_hour_usd=price,
+        capacity=request.capacity,
+    )
+    summary_path = output.rstrip("/") + "/summary.json"
+    if storage.exists(summary_path):
+        summary = read_summary(output)
+        actual |= {k: summary.get(k) for k in ("attempts", "preemptions")}
+    storage.write_text(output.rstrip("/") + "/" + cost.COST_FILE, json.dumps(actual, indent=2))
+    logger.info("actual training cost: %s", json.dumps(actual))
+    return {"gpu_hours": actual["gpu_hours"], "cost_usd": actual["cost_usd"]}
 
 
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
     """What the request runs: the trainer's config (paths as the workers see them) on N x P."""
+    from components.capacity import trainer_overrides_for
     from components.param_checks import resolve_nproc_per_node
     from components.trainer_params import trainer_config
 
@@ -108,7 +160,7 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
         model_dir=export_dir,
     )
     trainer = trainer_config(
-        dict(request.trainer_overrides or {}),
+        trainer_overrides_for(request.capacity, request.trainer_overrides or {}),
         max_steps=request.max_steps,
         learning_rate=request.learning_rate,
         model=request.base_model,
@@ -137,7 +189,8 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             service_account=request.service_account or None,
             hf_token_secret=request.hf_token_secret or None,
             # Ends the job on the cluster even if this step is killed before it can cancel.
-            active_deadline_seconds=deadline_for(request.train_timeout_s or None),
+            active_deadline_seconds=deadline_for(training_timeout_s(request)),
+            **gke_capacity(request),
         )
         return GkeOptions(job=job, cluster=request.gke_cluster)
     if request.backend == "vertex":
@@ -147,7 +200,8 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             accelerator_count=request.accelerator_count or None,
             service_account=request.service_account or None,
             hf_token_secret=request.hf_token_secret or None,
-            timeout_s=deadline_for(request.train_timeout_s or None),
+            timeout_s=deadline_for(training_timeout_s(request)),
+            **vertex_capacity(request),
         )
         return VertexOptions(
             project=request.project,
@@ -158,6 +212,35 @@ def backend_options(request: TrainRequest) -> BackendOptions:
     if request.backend == "local":
         return LocalOptions()
     raise unknown_backend(request.backend)
+
+
+def gke_capacity(request: TrainRequest) -> dict[str, Any]:
+    """PyTorchJobOptions for the capacity: on Spot the pods get the grace period a preempted Spot
+    node allows and more restarts (the budget's deadline is `training_timeout_s`)."""
+    from components.capacity import SPOT_RESTARTS_PER_NODE, preemptible
+    from components.platform_facts import GKE_SPOT_POD_GRACE_S
+
+    options: dict[str, Any] = {"capacity": request.capacity}
+    if preemptible(request.capacity):
+        options |= {
+            "termination_grace_s": GKE_SPOT_POD_GRACE_S,
+            "restarts_per_node": SPOT_RESTARTS_PER_NODE,
+        }
+    return options
+
+
+def vertex_capacity(request: TrainRequest) -> dict[str, Any]:
+    """CustomJobOptions for the capacity: on Spot a restarted replica restarts them all (the
+    rendezvous needs every replica; they resume from the newest checkpoint). The budget's timeout
+    is `training_timeout_s`."""
+    from components.capacity import preemptible
+
+    return {
+        "capacity": request.capacity,
+        "max_wait_s": request.max_wait_minutes * 60 or None,
+        "reservation": request.reservation or None,
+        "restart_job_on_worker_restart": preemptible(request.capacity),
+    }
 
 
 def unknown_backend(backend: str) -> ValueError:
@@ -218,9 +301,11 @@ def train(
     runner.log(f"[launcher] {result.describe()}")
     result.raise_for_status()
     output = launch.trainer.output
-    return model_metadata(
+    metadata = model_metadata(
         read_summary(output), output=output, launch=launch, backend=runner.backend
     )
+    times = {k: result.details[k] for k in ("started_at", "ended_at")}
+    return {**metadata, "job_times": times}
 
 
 def read_summary(output: str) -> dict[str, Any]:

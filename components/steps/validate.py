@@ -9,7 +9,9 @@ ValueError; a mistake is permanent, so the step is never retried.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from components import cost
 from components.param_values import params_from_mapping
 from components.run_params import (
     LATEST_REGISTERED,
@@ -34,12 +36,14 @@ class ValidateRequest(RunParams):
     """The schedule time that fills the placeholder in `train_data_uri` ("" when unscheduled)."""
 
 
-def run(request: ValidateRequest) -> tuple[str, str, str]:
-    """Fill in the schedule time, check everything, resolve the models.
+def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
+    """Fill in the schedule time, check everything, resolve the models, estimate the cost.
 
     Returns:
-        (base_model, train_data_uri, champion_model) for this run; `latest-registered` resolves to
-        the newest registered version's URI (no champion yet on a first run gives "").
+        (base_model, train_data_uri, champion_model, budget_timeout_s, cost_estimate) for this
+        run; `latest-registered` resolves to the newest registered version's URI (no champion yet
+        on a first run gives ""); the timeout keeps the training job within max_cost_usd (0:
+        no budget); the estimate is printed and returned (components/cost.py).
     """
     uri = str(request.train_data_uri)
     if SCHEDULE_TIME_PLACEHOLDER in uri:
@@ -54,7 +58,12 @@ def run(request: ValidateRequest) -> tuple[str, str, str]:
     params = params_from_mapping({**values, "train_data_uri": uri})
     errors = params.errors(target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))
-    return resolve_model(params.base_model, params), uri, resolve_champion(params)
+    base_model = resolve_model(params.base_model, params)
+    estimate = cost.estimate_for(params, remote=True, base_model=base_model)
+    print("cost estimate (components/cost.py; an estimate, not a quote):\n" + estimate.table())
+    raise_errors([e for e in [cost.budget_error(estimate, params.max_cost_usd)] if e])
+    timeout_s = cost.budget_timeout_s(estimate, params.max_cost_usd)
+    return base_model, uri, resolve_champion(params), timeout_s, estimate.to_dict()
 
 
 def resolve_model(model: str, params: RunParams) -> str:

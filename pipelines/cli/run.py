@@ -33,9 +33,18 @@ VerboseOpt = Annotated[
 DryRunOpt = Annotated[
     bool,
     typer.Option(
-        help="vertex/kfp: check the config and parameters as a submission would, and against "
-        "the platform facts (machines, GPUs, node sizes); print the parameters, submit nothing "
-        "(no credentials or server needed)."
+        help="Check the config and parameters as a submission would (vertex/kfp: also against "
+        "the platform facts: machines, GPUs, node sizes), print the cost estimate per step and "
+        "the parameters; start nothing (needs no credentials or server)."
+    ),
+]
+DRY_RUN_PARAMETERS = "Its parameters:"
+"""Ends the dry run's summary line; the run's parameters follow as JSON."""
+PricesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="YAML/JSON prices overriding the dated table in components/cost.py, e.g. "
+        "'NVIDIA_H100_80GB: {spot: 3.5}' (USD per GPU-hour)."
     ),
 ]
 
@@ -53,10 +62,14 @@ def run_cmd(
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
     dry_run: DryRunOpt = False,
+    prices: PricesOpt = None,
     *,
     deploy: dict[str, Any],
 ) -> None:
-    """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP."""
+    """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP.
+
+    The cost estimate is printed first; a run whose estimate exceeds max_cost_usd is refused
+    before anything starts. --dry-run stops after the estimate."""
     from components.param_checks import TARGETS
 
     params = parse_params(param)
@@ -65,12 +78,26 @@ def run_cmd(
         deploy, display_name=display_name, experiment=experiment, failure_policy=failure_policy
     )
     if check_choice(backend, TARGETS) == "local":
-        if dry_run:
-            raise ValueError("--dry-run checks a cloud launch: use --backend vertex or kfp")
         _warn_ignored({**remote, "schedule_time": schedule_time, "wait": wait or None})
-        _run_local(params, config, verbose)
+        from pipelines.local_run import resolve_parameters
+
+        _check_cost(resolve_parameters(params, config)[0], prices, remote=False)
+        if not dry_run:
+            _run_local(params, config, verbose)
     else:
-        _submit(backend, config, params, remote, schedule_time, wait, dry_run)
+        _submit(backend, config, params, remote, schedule_time, wait, dry_run, prices)
+
+
+def _check_cost(run_params: Any, prices: Path | None, *, remote: bool) -> None:
+    """Print the run's cost estimate; refuse it (ValueError: exit 2) over max_cost_usd."""
+    from components import cost
+
+    table = cost.load_prices(str(prices)) if prices else None
+    estimate = cost.estimate_for(run_params, remote=remote, prices=table)
+    typer.echo("cost estimate (components/cost.py; an estimate, not a quote):")
+    typer.echo(estimate.table())
+    if error := cost.budget_error(estimate, run_params.max_cost_usd):
+        raise ValueError(error)
 
 
 def _warn_ignored(remote: dict[str, Any]) -> None:
@@ -111,22 +138,29 @@ def _submit(
     schedule_time: str | None,
     wait: bool,
     dry_run: bool = False,
+    prices: Path | None = None,
 ) -> None:
-    """Load the deploy config (file + flags) and submit one run to Vertex AI or KFP (or, with
-    `dry_run`, check it and print the run's parameters)."""
+    """Load the deploy config (file + flags), make every check a submission makes, estimate the
+    cost and submit one run to Vertex AI or KFP (with `dry_run`, print the parameters instead:
+    no credentials or server are needed up to there)."""
     import json
 
+    from components.param_values import params_from_mapping
+    from components.run_params import RunParams
     from pipelines.deploy.config import load_for
     from pipelines.deploy.submit import dry_run as check_run
     from pipelines.deploy.submit import submit_kfp, submit_vertex
 
     cfg = load_for(backend, config, parameters=params, **remote)
     when = parse_schedule_time(schedule_time)
+    checked = check_run(cfg, backend, schedule_time=when)
+    _check_cost(
+        params_from_mapping(checked, base=RunParams.for_target(backend)), prices, remote=False
+    )
     if dry_run:
-        checked = check_run(cfg, backend, schedule_time=when)
         typer.echo(
-            f"dry run: a {backend} run of {cfg.template} passes validation; nothing was "
-            "submitted. Its parameters:"
+            f"dry run: a {backend} run of {cfg.template} passes validation; nothing was sent. "
+            f"{DRY_RUN_PARAMETERS}"
         )
         typer.echo(json.dumps(checked, indent=2, sort_keys=True))
         return

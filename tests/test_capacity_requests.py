@@ -1,0 +1,148 @@
+"""Capacity types as the cloud APIs receive them: the CustomJob (Vertex AI) and the PyTorchJob
+(GKE) the train step builds for on-demand, Spot, flex-start and a reservation, with a budget's
+timeout, against reviewed golden files (their scheduling parts: strategy, wait, timeout,
+restarts, node selectors, tolerations, grace period, deadline). The PyTorchJobs also validate
+against the Training Operator's CRD, the CustomJobs parse back as the SDK's type."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from components.launchers.customjob import build_custom_job
+from components.launchers.pytorchjob import build_pytorchjob
+from components.platform_facts import GKE_SPOT_POD_GRACE_S
+from components.run_params import RunParams
+from components.steps.train import TrainRequest, backend_options, trainer_launch
+
+pytestmark = pytest.mark.unit
+
+CRD_PATH = Path(__file__).parent / "schemas" / "kubeflow.org_pytorchjobs.yaml"
+RESERVATION = "projects/p/zones/us-central1-a/reservations/h100-pool"
+CASES = {
+    "on-demand": {},
+    "on-demand-budget": {"budget_timeout_s": 7200},
+    "spot": {"capacity": "spot", "budget_timeout_s": 7200},
+    "flex-start": {"capacity": "flex-start", "max_wait_minutes": 90},
+    "reservation": {"reservation": RESERVATION},
+}
+
+
+def request(backend: str, **changes: Any) -> TrainRequest:
+    defaults = RunParams()
+    values: dict[str, Any] = {
+        "backend": backend,
+        "run_id": "fine-tune-20261204-abc",
+        "base_model": "gs://b/models/llama-8b",
+        "dataset_uri": "gs://b/root/dataset",
+        "rdzv_endpoint": "",
+        "rdzv_backend": "c10d",
+        "nodes": 2,
+        "nproc_per_node": 0,
+        "max_steps": 1000,
+        "learning_rate": 2e-5,
+        "trainer_overrides": {},
+        "project": "p",
+        "region": "us-central1",
+        "work_uri": "gs://b/work",
+        "namespace": "ml",
+        "gke_cluster": "",
+        "machine_type": "a3-highgpu-8g",
+        "accelerator_type": "NVIDIA_H100_80GB",
+        "accelerator_count": 8,
+        "service_account": "llmft-trainer" if backend == "gke" else "",
+        "hf_token_secret": "",
+        "train_timeout_s": defaults.train_timeout_s,
+        "capacity": defaults.capacity,
+        "max_wait_minutes": defaults.max_wait_minutes,
+        "reservation": defaults.reservation,
+        "gpu_hour_price_usd": defaults.gpu_hour_price_usd,
+        "budget_timeout_s": 0,
+        "model": SimpleNamespace(uri="gs://b/root/model"),
+        "gcp_resources": "",
+    }
+    return TrainRequest(**(values | changes))
+
+
+def custom_job_parts(**changes: Any) -> dict[str, Any]:
+    from google.cloud import aiplatform_v1
+
+    req = request("vertex", **changes)
+    launch = trainer_launch(req, req.model.uri)
+    job = build_custom_job(launch=launch, options=backend_options(req).job)  # type: ignore[union-attr]
+    # As the REST transport sends it: enum names, fields at their default left out.
+    body = json.loads(
+        aiplatform_v1.CustomJob.to_json(
+            job, use_integers_for_enums=False, always_print_fields_with_no_presence=False
+        )
+    )
+    aiplatform_v1.CustomJob.from_json(json.dumps(body))  # no field the API would not know
+    spec = body["jobSpec"]
+    return {
+        "scheduling": spec.get("scheduling"),
+        "machineSpecs": [pool["machineSpec"] for pool in spec["workerPoolSpecs"]],
+        "checkpointEveryMinutes": launch.trainer.checkpoint_every_minutes,
+    }
+
+
+def pytorchjob_parts(schema: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    req = request("gke", **changes)
+    launch = trainer_launch(req, req.model.uri)
+    job = build_pytorchjob(launch=launch, options=backend_options(req).job)  # type: ignore[union-attr]
+    jsonschema.validate(job, schema)
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    keys = ("nodeSelector", "tolerations", "terminationGracePeriodSeconds")
+    return {
+        "pod": {k: pod[k] for k in keys if k in pod},
+        "runPolicy": job["spec"]["runPolicy"],
+        "checkpointEveryMinutes": launch.trainer.checkpoint_every_minutes,
+    }
+
+
+def test_vertex_custom_job_per_capacity(golden: Any) -> None:
+    parts = {name: custom_job_parts(**changes) for name, changes in CASES.items()}
+    golden.check("vertex_custom_job_capacity.json", parts)
+    assert parts["spot"]["scheduling"]["strategy"] == "SPOT"
+    assert parts["spot"]["scheduling"]["restartJobOnWorkerRestart"] is True
+    assert parts["flex-start"]["scheduling"]["maxWaitDuration"] == "5400s"
+    # The default only carries train_timeout_s plus the grace (the job ends even if its launcher
+    # was killed first, issue 29 N9); the budget's timeout replaces it when it is shorter.
+    assert parts["on-demand"]["scheduling"] == {"timeout": "601800s"}
+    assert parts["on-demand-budget"]["scheduling"]["timeout"] == "7200s"
+
+
+def test_gke_pytorchjob_per_capacity(golden: Any) -> None:
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]
+    parts = {
+        name: pytorchjob_parts(schema["openAPIV3Schema"], **changes)
+        for name, changes in CASES.items()
+        if name != "reservation"  # a Vertex setting: on GKE the node pool consumes it
+    }
+    golden.check("pytorchjob_capacity.json", parts)
+    spot = parts["spot"]
+    assert spot["pod"]["terminationGracePeriodSeconds"] == GKE_SPOT_POD_GRACE_S
+    assert spot["runPolicy"]["activeDeadlineSeconds"] == 7200
+    assert spot["checkpointEveryMinutes"] == 10.0
+    assert parts["on-demand"]["checkpointEveryMinutes"] == 0.0
+
+
+def test_capacity_parameter_rules() -> None:
+    def errors(**kw: Any) -> list[str]:
+        base = {"train_data_uri": "gs://b/d.jsonl", "base_model": "gs://b/m", "project": "proj-1"}
+        params = RunParams(**(base | {"work_uri": "gs://b/w"} | kw))
+        return [e for e in params.errors() if "capacity" in e or "reservation" in e or "wait" in e]
+
+    assert errors(backend="vertex", capacity="spot") == []
+    assert errors(backend="vertex", capacity="flex-start", max_wait_minutes=60) == []
+    assert errors(backend="vertex", reservation=RESERVATION) == []
+    assert "local backend" in errors(capacity="spot")[0]
+    assert "node pool" in errors(backend="gke", reservation=RESERVATION, service_account="a")[0]
+    assert "on-demand" in errors(backend="vertex", capacity="spot", reservation=RESERVATION)[0]
+    assert "flex-start" in errors(backend="vertex", capacity="spot", max_wait_minutes=5)[0]
