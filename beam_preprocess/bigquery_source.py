@@ -71,7 +71,7 @@ class RowsToRecords(beam.DoFn):
 
     def finish_bundle(self) -> Iterator[Any]:
         if self.count:
-            yield pvalue.TaggedOutput(READ, WindowedValue(self.count, 0, [GlobalWindow()]))
+            yield pvalue.TaggedOutput(READ, WindowedValue(self.count, 0, (GlobalWindow(),)))
 
 
 class ReadBigQueryRecords(beam.PTransform):

@@ -43,7 +43,7 @@ def stage(uri: str, stage_dir: str) -> dict[str, Any]:
     snapshot = _snapshot(dataset)
     sha = os.path.basename(snapshot.rstrip("/"))
     target = f"{stage_dir.rstrip('/')}/hf/{dataset.repo.replace('/', '--')}/{sha}/{dataset.split}"
-    lineage = {
+    lineage: dict[str, Any] = {
         "uri": uri,
         "repo": dataset.repo,
         "requested_revision": dataset.revision,

@@ -47,6 +47,7 @@ from beam_preprocess.sinks import JSONL, PARQUET, CommitShards, Shards, WriteSha
 from beam_preprocess.sources import is_bigquery, is_file_pattern, is_hf
 from beam_preprocess.spill import local_spill_dir
 from beam_preprocess.stats import WriteStats, tagged
+from beam_preprocess.template_library import resolve_template
 from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
@@ -162,7 +163,9 @@ def resolve_sources(
 ) -> tuple[PreprocessConfig, list[dict[str, Any]], list[tuple[str, str]]]:
     """Stage hf:// inputs (replaced by their Parquet files) and pin bq:// ones to a snapshot
     time (taken out of the inputs); returns (config, lineage for the manifest, bq inputs)."""
-    inputs, lineage, bigquery = [], [], []
+    inputs: list[str] = []
+    lineage: list[dict[str, Any]] = []
+    bigquery: list[tuple[str, str]] = []
     for uri in config.inputs:
         if is_hf(uri):
             from beam_preprocess.hf_source import default_stage_dir, stage
@@ -403,7 +406,7 @@ def write_manifest(
         eval_records=_relative(out, _list(f"{out}/{EVAL_RECORDS_DIR}/*.jsonl")),
         files=[p for p in _relative(out, _list(f"{out}/**")) if p != MANIFEST_FILE],
         sources=list(sources),
-        chat_template=config.chat_template,
+        chat_template=resolve_template(config.chat_template) or "",
     )
     with FileSystems.create(f"{out}/{MANIFEST_FILE}") as f:
         f.write(manifest.to_json().encode())

@@ -69,7 +69,7 @@ class PrepareFn(beam.DoFn):
     def finish_bundle(self) -> Any:
         """The bundle's unused-field counts, one event (stats.json's `unused_fields`)."""
         if self.unused:
-            value = WindowedValue(sorted(self.unused.items()), 0, [GlobalWindow()])
+            value = WindowedValue(sorted(self.unused.items()), 0, (GlobalWindow(),))
             yield pvalue.TaggedOutput(UNUSED_FIELDS, value)
 
     def _drop(

@@ -130,7 +130,9 @@ def test_hub_dataset_and_mixed_files_every_record_accounted_for(
         "rows": 4,
         "staged": f"{stage}/hf/acme--mixed/{SHA}/train/*.parquet",
     }
-    assert manifest["chat_template"] == "chatml"
+    from beam_preprocess.template_library import CHATML
+
+    assert manifest["chat_template"] == CHATML  # the Jinja itself: trainer and evaluation use it
     # The workers rendered with the chatml template, system prompt from the hub row included.
     from transformers import AutoTokenizer
 
@@ -271,3 +273,29 @@ def test_a_pipeline_with_a_bigquery_input_reads_it_beside_the_files(tmp_path: Pa
     build_pipeline(pipeline, resolved, pad_id=0, bigquery=bigquery)
     labels = {t.full_label for t in pipeline.transforms_stack[0].parts}
     assert {"Read", "ReadBigQuery0", "AllReadRecords", "AllReadRead"} <= labels
+
+
+@pytest.mark.unit
+def test_evaluation_renders_prompts_with_the_datasets_chat_template(tiny_model_dir: Path):
+    """A base model preprocessed with chat_template=chatml is evaluated on chatml prompts."""
+    from transformers import AutoTokenizer
+
+    from beam_preprocess.template_library import CHATML
+    from components.evaluation.evaluate import _checked_tokenizers
+    from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
+
+    identity = TokenizerIdentity.of(AutoTokenizer.from_pretrained(tiny_model_dir))
+    manifest = Manifest(
+        seq_len=256,
+        tokenizer=identity,
+        data_kind="instruction",
+        splits={"train": SplitInfo(rows=1)},
+        stats={},
+        chat_template=CHATML,
+    )
+    roles = {"base": str(tiny_model_dir), "tuned": str(tiny_model_dir)}
+    for tok in _checked_tokenizers(roles, manifest).values():
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+        )
+        assert prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"

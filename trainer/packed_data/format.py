@@ -119,8 +119,8 @@ class Manifest:
     """Lineage of inputs that are not plain files (optional): for hf:// the commit sha read
     ("revision"), for bq:// the "snapshot_time" and the "sql" run."""
     chat_template: str = ""
-    """The chat template that replaced the tokenizer's own (a name or Jinja; "" for none):
-    training and evaluation must render prompts with the same one."""
+    """The Jinja chat template that replaced the tokenizer's own ("" for none): the trainer
+    exports the tokenizer with it and evaluation renders prompts with it."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
