@@ -46,11 +46,15 @@ def lineage(uri: str, snapshot: str, query: str = "") -> dict[str, Any]:
 
 def read_transform(sql: str) -> beam.PTransform:
     """Beam's BigQuery read of `sql` (standard SQL, EXPORT through the pipeline's temp_location;
-    the query job runs in the pipeline's --project)."""
+    the query job runs in the pipeline's --project). INTERACTIVE priority: the pipeline waits
+    for the query, and a BATCH query (Beam's default) may queue (same price)."""
+    from apache_beam.io.gcp.bigquery import BigQueryQueryPriority
+
     return beam.io.ReadFromBigQuery(
         query=sql,
         use_standard_sql=True,
         method=beam.io.ReadFromBigQuery.Method.EXPORT,
+        query_priority=BigQueryQueryPriority.INTERACTIVE,
     )
 
 

@@ -187,28 +187,47 @@ def test_a_missing_split_or_repository_is_a_clear_error(tmp_path: Path):
         assert message in run.stdout, (uri, run.stdout, run.stderr[-2000:])
 
 
-@pytest.mark.unit
-def test_bigquery_read_is_pinned_to_the_snapshot_and_recorded(golden):
-    """What the Dataflow job asks BigQuery for: the query job's SQL and read settings, checked
-    against a reviewed golden file (tests/golden/bigquery_read.json)."""
-    from beam_preprocess import bigquery_source
-    from beam_preprocess.sources import parse_bigquery, snapshot_query
+@pytest.mark.integration
+def test_bigquery_read_requests_match_the_reviewed_golden(
+    golden, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """Beam's BigQuery read of a bq:// input, run for real against BigQuery's REST API faked on
+    loopback (tests/fakes/bigquery.py): the records come out, and every request Beam made (the
+    snapshot-pinned query, the temporary dataset, the Avro export, the clean-up) equals the
+    reviewed golden file tests/golden/bigquery_read.json."""
+    import apache_beam as beam
+    import httplib2
+    from apache_beam.io.gcp import bigquery_tools
+    from apache_beam.io.gcp.internal.clients import bigquery
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+    from fakes.bigquery import FakeBigQuery, normalized
 
+    from beam_preprocess import bigquery_source
+    from beam_preprocess.records import READ
+
+    uri, query = "bq://my-project.sft.pairs", "SELECT * FROM {table} WHERE response != ''"
     now = datetime.datetime(2026, 12, 4, 12, 0, 30, 500, tzinfo=datetime.UTC)
     snapshot = bigquery_source.snapshot_time(now)
-    query = "SELECT question AS prompt, answer AS response FROM {table} WHERE lang = 'en'"
-    read = bigquery_source.read_transform(
-        snapshot_query(parse_bigquery("bq://my-project.sft.pairs"), snapshot, query)
-    )
+    rows = [{"prompt": "2+2?", "response": "4"}, {"prompt": "Capital of Peru?", "response": "Lima"}]
+    with FakeBigQuery("my-project.sft.pairs", rows) as fake:
+
+        def client(_options: object) -> object:
+            url = f"{fake.url}/bigquery/v2/"
+            return bigquery.BigqueryV2(url=url, http=httplib2.Http(), get_credentials=False)
+
+        monkeypatch.setattr(bigquery_tools.BigQueryWrapper, "_bigquery_client", client)
+        flags = ["--project=my-project", f"--temp_location={tmp_path}", "--runner=FnApiRunner"]
+        with beam.Pipeline(options=PipelineOptions(flags)) as p:
+            read = p | bigquery_source.ReadBigQueryRecords(uri, snapshot, query)
+            records = read.records | beam.Map(lambda r: r["record"])
+            assert_that(records, equal_to(rows), label="records")
+            assert_that(read[READ] | beam.CombineGlobally(sum), equal_to([2]), label="read")
     golden.check(
         "bigquery_read.json",
         {
-            "lineage": bigquery_source.lineage("bq://my-project.sft.pairs", snapshot, query),
-            "read": {
-                "query": read._kwargs["query"],
-                "use_standard_sql": read._kwargs["use_standard_sql"],
-                "method": str(read.method),
-            },
+            "lineage": bigquery_source.lineage(uri, snapshot, query),
+            "requests": normalized(fake.requests),
         },
     )
 
