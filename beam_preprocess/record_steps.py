@@ -49,14 +49,13 @@ class PrepareFn(beam.DoFn):
         cfg = self.config
         source, record = element["source"], element["record"]
         try:
-            example, used = shapes.example_of(record, self.shape)
+            example, unused = shapes.example_of(record, self.shape)
         except shapes.Invalid as exc:
             reason, message = exc.args
             tag = FILTERED if exc.kind == "filtered" else DEAD
             return self._drop(tag, exc.kind, reason, source, record, message)
-        if len(record) > len(used):
-            for name in shapes.unused_fields(record, used):
-                self.unused[name] = self.unused.get(name, 0) + 1
+        for name in unused:
+            self.unused[name] = self.unused.get(name, 0) + 1
         reason, size = clean_example(example, cfg)
         if reason:
             letter = record_of(example)

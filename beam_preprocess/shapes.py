@@ -1,9 +1,9 @@
 """Record shapes: which fields of a raw record hold the text, and how they become an example.
 
 No Beam here: `example_of(record, shape)` turns one raw record into an example (`{"messages":
-[...]}` or `{"text": ...}`, see beam_preprocess.records) and names the fields it used, or raises
-`Invalid(reason, message)`. The Prepare step (beam_preprocess.record_steps) counts every field a
-record holds but its shape does not use, so nothing is dropped without a number in stats.json.
+[...]}` or `{"text": ...}`, see beam_preprocess.records) and names the fields it holds but did not
+use, or raises `Invalid(reason, message)`. The Prepare step (beam_preprocess.record_steps) counts
+them, so nothing is dropped without a number in stats.json.
 
 | shape | fields (defaults) | example |
 |---|---|---|
@@ -108,14 +108,24 @@ class Shape:
         return cls(fmt, system=system or SYSTEM_FIELD, tool_turns=tool_turns, **names)
 
 
-def example_of(record: dict[str, Any], shape: Shape) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """(example, the record's fields it was made of); raises Invalid(reason, message)."""
+def example_of(record: dict[str, Any], shape: Shape) -> tuple[dict[str, Any], list[str]]:
+    """(example, the fields the record holds but the example was not made of: `unused_fields`,
+    plus message keys besides role and content as `messages[].key`); raises
+    Invalid(reason, message)."""
+    example, used, nested = _example_of(record, shape)
+    unused = unused_fields(record, used) if len(record) > len(used) else []
+    return example, unused + nested
+
+
+def _example_of(
+    record: dict[str, Any], shape: Shape
+) -> tuple[dict[str, Any], tuple[str, ...], list[str]]:
     fmt = shape.record_format
     if fmt == "text":
-        return {"text": _required_text(record, shape.text)}, (shape.text,)
+        return {"text": _required_text(record, shape.text)}, (shape.text,), []
     if fmt in ("chat", "sharegpt") or (fmt == "auto" and _present(record, shape.messages)):
         sharegpt = fmt == "sharegpt"
-        messages = _messages(record, shape.messages, sharegpt, shape.tool_turns)
+        messages, nested = _messages(record, shape.messages, sharegpt, shape.tool_turns)
         used = [shape.messages]
         system = _optional_text(record, shape.system)
         if system is not None and messages[0]["role"] != "system":
@@ -123,7 +133,7 @@ def example_of(record: dict[str, Any], shape: Shape) -> tuple[dict[str, Any], tu
             used.append(shape.system)
         elif system is not None:
             used.append(shape.system)  # the conversation's own system turn wins; still read
-        return {"messages": messages}, tuple(used)
+        return {"messages": messages}, tuple(used), nested
     prompt = _required_text(record, shape.prompt)
     response = _required_text(record, shape.response)
     used = [shape.prompt, shape.response]
@@ -139,7 +149,7 @@ def example_of(record: dict[str, Any], shape: Shape) -> tuple[dict[str, Any], tu
         used.append(shape.system)
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
-    return {"messages": messages}, tuple(used)
+    return {"messages": messages}, tuple(used), []
 
 
 def unused_fields(record: dict[str, Any], used: tuple[str, ...]) -> list[str]:
@@ -174,7 +184,9 @@ def _optional_text(record: dict[str, Any], name: str) -> str | None:
 
 def _messages(
     record: dict[str, Any], name: str, sharegpt: bool, tool_turns: str
-) -> list[dict[str, str]]:
+) -> tuple[list[dict[str, str]], list[str]]:
+    """(the clean turns, `name[].key` for every other key a turn holds, such as a ShareGPT
+    per-turn `weight`, which is not applied and so is reported)."""
     messages = record.get(name)
     if messages is None:
         raise Invalid("missing_field", f"field {name!r} is missing")
@@ -186,6 +198,8 @@ def _messages(
     if not isinstance(messages, list) or not messages:
         raise Invalid("invalid_messages", f"field {name!r} must be a non-empty list of messages")
     clean = []
+    known = _SHAREGPT_KEYS if sharegpt else _CHAT_KEYS
+    extra: set[str] = set()
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise Invalid("invalid_messages", f"{name}[{i}] is not an object")
@@ -202,11 +216,17 @@ def _messages(
         if not isinstance(content, str) or not content.strip():
             raise Invalid("empty_field", f"{name}[{i}].content is missing or empty")
         clean.append({"role": role, "content": content})
+        if len(message) > 2:
+            extra.update(k for k, v in message.items() if v is not None and k not in known)
     if clean[-1]["role"] != "assistant":
         raise Invalid("invalid_messages", f"the last message of {name!r} must be the assistant's")
     if not any(m["role"] == "user" for m in clean):
         raise Invalid("invalid_messages", f"{name!r} has no user message")
-    return clean
+    return clean, [f"{name}[].{key}" for key in sorted(extra)]
+
+
+_CHAT_KEYS = frozenset(("role", "content"))
+_SHAREGPT_KEYS = frozenset(("from", "value"))
 
 
 def _role_and_content(message: dict[str, Any], where: str, sharegpt: bool) -> tuple[Any, Any]:

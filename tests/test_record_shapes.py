@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from beam_preprocess import shapes
-from beam_preprocess.shapes import Invalid, Shape, example_of, unused_fields
+from beam_preprocess.shapes import Invalid, Shape, example_of
 
 pytestmark = pytest.mark.unit
 
@@ -138,21 +138,16 @@ def test_each_shape_renders_exactly_and_trains_on_the_answers_only(
 def test_alpaca_joins_instruction_and_input_as_the_alpaca_template_does():
     shape = Shape.of("instruction", "alpaca")
     record = {"instruction": "Translate.", "input": "Bonjour", "output": "Hello", "id": 7}
-    example, used = example_of(record, shape)
+    example, unused = example_of(record, shape)
     assert example == {
         "messages": [
             {"role": "user", "content": "Translate.\n\n### Input:\nBonjour"},
             {"role": "assistant", "content": "Hello"},
         ]
     }
-    assert unused_fields(record, used) == ["id"]
+    assert unused == ["id"]
     # The input is read (not unused) even when it is empty; a missing output is an error.
-    assert (
-        unused_fields(
-            {"instruction": "a", "input": "", "output": "b"}, ("instruction", "output", "input")
-        )
-        == []
-    )
+    assert example_of({"instruction": "a", "input": "", "output": "b"}, shape)[1] == []
     with pytest.raises(Invalid, match="'output' is missing"):
         example_of({"instruction": "a", "input": "b"}, shape)
 
@@ -161,10 +156,10 @@ def test_prompt_response_counts_a_dropped_alpaca_input_as_unused():
     """The issue's bug: prompt/response fields pointed at Alpaca data dropped `input` silently."""
     shape = Shape.of("instruction", "prompt_response", prompt="instruction", response="output")
     record = {"instruction": "Translate.", "input": "Bonjour", "output": "Hello"}
-    example, used = example_of(record, shape)
+    example, unused = example_of(record, shape)
     assert example["messages"][0]["content"] == "Translate."
-    assert unused_fields(record, used) == ["input"]
-    assert unused_fields({**record, "input": None}, used) == []  # null holds nothing
+    assert unused == ["input"]
+    assert example_of({**record, "input": None}, shape)[1] == []  # null holds nothing
 
 
 def test_field_names_are_parameters_and_empty_means_the_formats_default():
@@ -173,11 +168,31 @@ def test_field_names_are_parameters_and_empty_means_the_formats_default():
     assert Shape.of("text", "auto").text == "text"
     shape = Shape.of("instruction", "chat", messages="dialog", system="persona")
     record = {"dialog": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
-    example, used = example_of({**record, "persona": "Kind."}, shape)
+    example, unused = example_of({**record, "persona": "Kind.", "id": 3}, shape)
     assert example["messages"][0] == {"role": "system", "content": "Kind."}
-    assert used == ("dialog", "persona")
+    assert unused == ["id"]
     text_shape = Shape.of("text", "auto", text="body")
-    assert example_of({"body": "plain", "title": "t"}, text_shape) == ({"text": "plain"}, ("body",))
+    assert example_of({"body": "plain", "title": "t"}, text_shape) == ({"text": "plain"}, ["title"])
+
+
+def test_message_keys_besides_role_and_content_are_reported_unused():
+    """A ShareGPT per-turn `weight` or an OpenAI `name` is not applied: counted, not hidden."""
+    sharegpt = {
+        "conversations": [
+            {"from": "human", "value": "a", "weight": 0},
+            {"from": "gpt", "value": "b", "weight": 1},
+        ]
+    }
+    assert example_of(sharegpt, Shape.of("instruction", "sharegpt"))[1] == [
+        "conversations[].weight"
+    ]
+    chat = {
+        "messages": [
+            {"role": "user", "content": "a", "name": "ann"},
+            {"role": "assistant", "content": "b", "refusal": None},
+        ]
+    }
+    assert example_of(chat, Shape.of("instruction", "chat"))[1] == ["messages[].name"]
 
 
 @pytest.mark.parametrize(
@@ -314,3 +329,26 @@ def test_the_preprocess_step_passes_shape_options_on_every_runner():
         assert flag in argv, (flag, argv)
     assert not any(a.startswith("--max_num_workers") for a in argv)
     assert not any(a.startswith("--response-field") for a in argv)  # empty: the default
+
+
+def test_the_step_summary_lists_unused_fields():
+    from components.steps.preprocess import summary_markdown
+
+    stats = {
+        "records_read": 3,
+        "kept": 3,
+        "filtered": 0,
+        "duplicates": 0,
+        "rejected": 0,
+        "filtered_by_reason": {},
+        "rejected_by_reason": {},
+        "unused_fields": {"input": 2},
+    }
+    manifest = {
+        "seq_len": 128,
+        "splits": {"train": {"rows": 1, "documents": 3, "tokens": 100, "target_tokens": 9}},
+        "stats": stats,
+        "tokenizer": {"name_or_path": "tok"},
+        "data_kind": "instruction",
+    }
+    assert "| field `input` present but unused | 2 |" in summary_markdown(manifest)

@@ -254,6 +254,8 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
     for kind in ("filtered", "rejected"):
         for reason, count in sorted(stats[f"{kind}_by_reason"].items()):
             lines.append(f"| {kind}: {reason} | {count:,} |")
+    for name, count in sorted(stats.get("unused_fields", {}).items()):
+        lines.append(f"| field `{name}` present but unused | {count:,} |")
     return "\n".join(lines) + "\n"
 
 
