@@ -16,7 +16,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_preprocess.readers import FORMATS
-from beam_preprocess.shapes import RECORD_FORMATS, TOOL_TURNS, Shape
+from beam_preprocess.shapes import RECORD_FORMATS, TOOL_TURNS, Shape, shape_error
 from beam_preprocess.sources import source_errors
 from beam_preprocess.template_library import NAMED_TEMPLATES, template_error
 from beam_preprocess.tokenize import OVERLONG_POLICIES
@@ -345,6 +345,8 @@ class PreprocessConfig:
         ):
             if value < low:
                 errors.append(f"{flag} must be >= {low} (got {value})")
+        if problem := shape_error(o.data_kind, o.record_format):
+            errors.append(f"--record-format: {problem}")
         if problem := template_error(o.chat_template):
             errors.append(f"--chat-template: {problem}")
         errors += source_errors(inputs, o.bigquery_query)

@@ -65,6 +65,16 @@ DEFAULT_FIELDS: dict[str, dict[str, str]] = {
 SYSTEM_FIELD = "system"
 
 
+def shape_error(data_kind: str, record_format: str) -> str | None:
+    """A record format other than auto means instruction data: it has no meaning for text."""
+    if data_kind == "text" and record_format != "auto":
+        return (
+            f"record format {record_format!r} shapes instruction data, but the data kind is "
+            "text: use the data kind instruction, or leave the record format auto"
+        )
+    return None
+
+
 class Invalid(Exception):
     """(reason, message) of a record that its shape cannot read; `kind` says where it goes:
     "rejected" (broken) or "filtered" (a policy, such as tool_turns=filter)."""

@@ -206,6 +206,14 @@ def check_data_source(train_data_uri: str, bigquery_query: str, runner: str) -> 
     return errors
 
 
+def check_record_format(data_kind: str, record_format: str) -> str | None:
+    """A record format shapes instruction data only."""
+    from beam_preprocess.shapes import shape_error
+
+    problem = shape_error(data_kind, record_format)
+    return f"record_format: {problem}" if problem else None
+
+
 def check_chat_template(chat_template: str) -> str | None:
     """A chat template is a known name or a Jinja template that parses."""
     from beam_preprocess.template_library import template_error

@@ -315,6 +315,7 @@ class RunParams:
                 ),
                 checks.check_secret_name("hf_token_secret", self.hf_token_secret),
                 checks.check_chat_template(self.chat_template),
+                checks.check_record_format(self.data_kind, self.record_format),
                 checks.check_placeholder_resolved("run id", run_id),
                 checks.check_eval_accelerator(
                     target, self.eval_accelerator_type, self.eval_accelerator_count

@@ -280,8 +280,11 @@ def test_run_parameters_share_the_shapes_choices_and_check_the_new_rules():
         base_model="m",
         chat_template="chatlm",
         bigquery_query="SELECT * FROM t",
+        data_kind="text",
+        record_format="alpaca",
     )
     errors = "\n".join(params.errors())
+    assert "record_format: record format 'alpaca' shapes instruction data" in errors
     assert "chat_template: 'chatlm' is neither a named template" in errors
     assert "name the table as {table}" in errors
     assert "set preprocess_runner=DataflowRunner" in errors
