@@ -93,8 +93,8 @@ def _record_arguments(add: Callable[..., None]) -> None:
         dest="record_format",
         default="auto",
         choices=RECORD_FORMATS,
-        help="Shape of instruction records (beam_preprocess/shapes.py): auto (messages when "
-        "present, else prompt/response), prompt_response, alpaca (instruction/input/output), "
+        help="Shape of instruction records (beam_preprocess/shapes.py): auto (per record: "
+        "messages, conversations, instruction+output, else prompt/response), prompt_response, alpaca (instruction/input/output), "
         "chat (OpenAI role/content), sharegpt (conversations of from/value).",
     )
     for name, what in (

@@ -7,7 +7,7 @@ them, so nothing is dropped without a number in stats.json.
 
 | shape | fields (defaults) | example |
 |---|---|---|
-| auto | `messages` when present, else `prompt` + `response` | as chat or prompt_response |
+| auto | per record: `messages` (chat, or ShareGPT turns), `conversations` (ShareGPT), `instruction` + `output` without a prompt field (Alpaca), else `prompt` + `response` | as that shape |
 | prompt_response | `prompt`, `response`, optional `system` | [system,] user, assistant |
 | alpaca | `instruction`, optional `input`, `output`, optional `system` | user = instruction, then `\\n\\n### Input:\\n` + input when non-empty (the Alpaca template's layout) |
 | chat | `messages`: `[{role, content}]` (OpenAI chat); tool turns per `tool_turns` | the turns |
@@ -19,6 +19,8 @@ Field names are parameters (`prompt_field`, ...); an empty one means the shape's
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -130,19 +132,20 @@ def example_of(record: dict[str, Any], shape: Shape) -> tuple[dict[str, Any], li
 def _example_of(
     record: dict[str, Any], shape: Shape
 ) -> tuple[dict[str, Any], tuple[str, ...], list[str]]:
+    if shape.record_format == "auto":
+        shape = _detected(record, shape)
     fmt = shape.record_format
     if fmt == "text":
         return {"text": _required_text(record, shape.text)}, (shape.text,), []
-    if fmt in ("chat", "sharegpt") or (fmt == "auto" and _present(record, shape.messages)):
+    if fmt in ("chat", "sharegpt"):
         sharegpt = fmt == "sharegpt"
         messages, nested = _messages(record, shape.messages, sharegpt, shape.tool_turns)
         used = [shape.messages]
         system = _optional_text(record, shape.system)
+        if shape.system in record:
+            used.append(shape.system)  # read even when the conversation's own system turn wins
         if system is not None and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": system})
-            used.append(shape.system)
-        elif system is not None:
-            used.append(shape.system)  # the conversation's own system turn wins; still read
         return {"messages": messages}, tuple(used), nested
     prompt = _required_text(record, shape.prompt)
     response = _required_text(record, shape.response)
@@ -160,6 +163,34 @@ def _example_of(
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
     return {"messages": messages}, tuple(used), []
+
+
+def _detected(record: dict[str, Any], shape: Shape) -> Shape:
+    """The "auto" shape of one record: chat when it has the messages field (ShareGPT when its
+    turns are {from, value}), ShareGPT when it has `conversations`, Alpaca when it has
+    `instruction` and `output` but no prompt field, else prompt_response."""
+    messages = record.get(shape.messages)
+    if messages is not None:
+        first = messages[0] if isinstance(messages, list) and messages else None
+        sharegpt = isinstance(first, dict) and "from" in first and "role" not in first
+        return _variant(shape, "sharegpt" if sharegpt else "chat", shape.messages)
+    sharegpt_field = DEFAULT_FIELDS["sharegpt"]["messages"]
+    if record.get(sharegpt_field) is not None:
+        return _variant(shape, "sharegpt", sharegpt_field)
+    alpaca = DEFAULT_FIELDS["alpaca"]
+    if shape.prompt not in record and alpaca["prompt"] in record and alpaca["response"] in record:
+        return _variant(shape, "alpaca", shape.messages)
+    return _variant(shape, "prompt_response", shape.messages)
+
+
+@functools.lru_cache(maxsize=64)
+def _variant(shape: Shape, record_format: str, messages: str) -> Shape:
+    """`shape` as `record_format` (with Alpaca's field names for alpaca), computed once per
+    combination."""
+    changes: dict[str, str] = {"record_format": record_format, "messages": messages}
+    if record_format == "alpaca":
+        changes |= DEFAULT_FIELDS["alpaca"]
+    return dataclasses.replace(shape, **changes)
 
 
 def unused_fields(record: dict[str, Any], used: tuple[str, ...]) -> list[str]:

@@ -117,7 +117,8 @@ class RunParams:
     # --- data sources and record shapes (issue 33) -----------------------------------------------
     record_format: RecordFormat = param(
         "auto",
-        'Shape of instruction records: "auto" (messages when present, else prompt/response), '
+        'Shape of instruction records: "auto" (detected per record: messages, conversations, '
+        "instruction+output, else prompt/response), "
         '"prompt_response", "alpaca" (instruction, optional input, output), "chat" (OpenAI '
         '[{role, content}]) or "sharegpt" (conversations of {from, value}); docs/preprocess.md.',
     )

@@ -355,3 +355,22 @@ def test_the_step_summary_lists_unused_fields():
         "data_kind": "instruction",
     }
     assert "| field `input` present but unused | 2 |" in summary_markdown(manifest)
+
+
+def test_auto_detects_each_shape_per_record():
+    auto = Shape.of("instruction", "auto")
+    records = [
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        {"messages": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]},
+        {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]},
+        {"instruction": "a", "input": "", "output": "b"},
+        {"prompt": "a", "response": "b"},
+    ]
+    pair = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    for record in records:
+        assert example_of(record, auto) == ({"messages": pair}, []), record
+    alpaca = {"instruction": "a", "input": "c", "output": "b"}
+    assert example_of(alpaca, auto)[0]["messages"][0]["content"] == "a\n\n### Input:\nc"
+    # A record with a prompt stays prompt/response; Alpaca's fields it holds are then unused.
+    mixed = {"prompt": "a", "response": "b", "instruction": "x", "output": "y"}
+    assert example_of(mixed, auto) == ({"messages": pair}, ["instruction", "output"])
