@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from beam_preprocess.shapes import ALPACA_INPUT_HEADER
+
 Span = tuple[int, int]
 
 
@@ -69,6 +71,8 @@ class ChatRenderer:
             ("  lead\n\ntrail  ", "\n{{ x }} {% y %}\t"),
             ("é ñ", ""),
             ("<|user|> <s> </s> [INST]", "'\"\\ \r\n done\n"),
+            # Templates that branch on the content (the Alpaca one on its input header).
+            (f"task{ALPACA_INPUT_HEADER}context", "answer"),
         ]
         for probe in probes:
             try:

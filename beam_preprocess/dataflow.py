@@ -18,6 +18,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_preprocess.options import PreprocessConfig
+from beam_preprocess.sources import is_file_pattern
 
 _SA = re.compile(
     r"^[a-z0-9-]+@[a-z0-9-]+\.iam\.gserviceaccount\.com$|^[0-9]+-compute@developer\.gserviceaccount\.com$"
@@ -78,7 +79,11 @@ def validate_dataflow_options(options: PipelineOptions, config: PreprocessConfig
             "image (recommended) or --setup_file pointing at the project's setup/pyproject"
         )
     remote = ("gs://",)
-    for flag, value in [("--input", p) for p in config.inputs] + [("--output", config.output)]:
+    files = [p for p in config.inputs if is_file_pattern(p)]
+    hf = any(p.startswith("hf://") for p in config.inputs)
+    if hf and not config.stage_dir.startswith(remote):
+        errors.append("hf:// inputs on Dataflow need --stage-dir gs://... to stage them to")
+    for flag, value in [("--input", p) for p in files] + [("--output", config.output)]:
         if not value.startswith(remote):
             errors.append(
                 f"{flag} {value!r} must be a gs:// path: Dataflow workers cannot see local files"

@@ -79,7 +79,7 @@ def parameters() -> list[dict[str, Any]]:
         elif action.type is float:
             entry["regexes"] = [r"^[0-9]*\.?[0-9]+$"]
             entry["helpText"] += f" Default: {action.default}."
-        elif action.default is not None:
+        elif action.default:  # "" is explained by the help ("empty: ...")
             entry["helpText"] += f" Default: {action.default}."
         params.append(entry)
     return params

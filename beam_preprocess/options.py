@@ -16,6 +16,9 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_preprocess.readers import FORMATS
+from beam_preprocess.shapes import RECORD_FORMATS, TOOL_TURNS, Shape, shape_error
+from beam_preprocess.sources import source_errors
+from beam_preprocess.template_library import NAMED_TEMPLATES, template_error
 from beam_preprocess.tokenize import OVERLONG_POLICIES
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
@@ -88,20 +91,57 @@ def _io_arguments(add: Callable[..., None]) -> None:
 
 def _record_arguments(add: Callable[..., None]) -> None:
     """Which fields hold the text, and how records are split into train and eval."""
-    add("--prompt-field", dest="prompt_field", default="prompt", help="Field holding the prompt.")
     add(
-        "--response-field",
-        dest="response_field",
-        default="response",
-        help="Field holding the response.",
+        "--record-format",
+        dest="record_format",
+        default="auto",
+        choices=RECORD_FORMATS,
+        help="Shape of instruction records (beam_preprocess/shapes.py): auto (per record: "
+        "messages, conversations, instruction+output, else prompt/response), prompt_response, alpaca (instruction/input/output), "
+        "chat (OpenAI role/content), sharegpt (conversations of from/value).",
+    )
+    for name, what in (
+        ("prompt", "the prompt (alpaca: instruction)"),
+        ("response", "the response (alpaca: output)"),
+        ("messages", "a conversation (chat: messages, sharegpt: conversations)"),
+        ("text", "plain text"),
+        ("system", "an optional system prompt"),
+    ):
+        add(
+            f"--{name}-field",
+            dest=f"{name}_field",
+            default="",
+            help=f"Field holding {what}; empty: the record format's default.",
+        )
+    add(
+        "--tool-turns",
+        dest="tool_turns",
+        default="reject",
+        choices=TOOL_TURNS,
+        help="Conversations with tool calls or tool results: reject (rejected/) or filter "
+        "(filtered/); never trained on silently.",
     )
     add(
-        "--messages-field",
-        dest="messages_field",
-        default="messages",
-        help="Field holding a chat conversation [{role, content}, ...] (used when present).",
+        "--chat-template",
+        dest="chat_template",
+        default="",
+        help=f"Chat template instead of the tokenizer's: a name ({', '.join(NAMED_TEMPLATES)}) "
+        "or a Jinja template string; needed for base models without one.",
     )
-    add("--text-field", dest="text_field", default="text", help="Field holding plain text.")
+    add(
+        "--bigquery-query",
+        dest="bigquery_query",
+        default="",
+        help="For a bq://PROJECT.DATASET.TABLE input: a SQL query whose {table} is replaced by "
+        "the table pinned at the run's snapshot time (default: every row).",
+    )
+    add(
+        "--stage-dir",
+        dest="stage_dir",
+        default="",
+        help="Where hf://datasets/... inputs are staged as Parquet, once per revision (local or "
+        "gs://; default: ~/.cache/llmft/staged, which Dataflow workers cannot read).",
+    )
     add(
         "--eval-fraction",
         dest="eval_fraction",
@@ -236,10 +276,19 @@ class PreprocessConfig:
     data_kind: str = "instruction"
     """"instruction" or "text"."""
     input_format: str = "auto"
-    prompt_field: str = "prompt"
-    response_field: str = "response"
-    messages_field: str = "messages"
-    text_field: str = "text"
+    record_format: str = "auto"
+    """Shape of instruction records (beam_preprocess.shapes.RECORD_FORMATS)."""
+    prompt_field: str = ""
+    """Empty field names mean the record format's default (beam_preprocess.shapes)."""
+    response_field: str = ""
+    messages_field: str = ""
+    text_field: str = ""
+    system_field: str = ""
+    tool_turns: str = "reject"
+    chat_template: str = ""
+    """A named template (beam_preprocess.template_library) or Jinja; empty: the tokenizer's."""
+    bigquery_query: str = ""
+    stage_dir: str = ""
     eval_fraction: float = EVAL_FRACTION_DEFAULT
     """Held-out fraction, decided by a salted hash of the prompt (text), so reruns agree."""
     split_seed: str = "llmft"
@@ -304,6 +353,11 @@ class PreprocessConfig:
         ):
             if value < low:
                 errors.append(f"{flag} must be >= {low} (got {value})")
+        if problem := shape_error(o.data_kind, o.record_format):
+            errors.append(f"--record-format: {problem}")
+        if problem := template_error(o.chat_template):
+            errors.append(f"--chat-template: {problem}")
+        errors += source_errors(inputs, o.bigquery_query)
         if o.max_chars and o.max_chars < o.min_chars:
             errors.append(f"--max-chars ({o.max_chars}) is below --min-chars ({o.min_chars})")
         if errors:
@@ -318,10 +372,16 @@ class PreprocessConfig:
             seq_len=o.seq_len,
             data_kind=o.data_kind,
             input_format=o.input_format,
+            record_format=o.record_format,
             prompt_field=o.prompt_field,
             response_field=o.response_field,
             messages_field=o.messages_field,
             text_field=o.text_field,
+            system_field=o.system_field,
+            tool_turns=o.tool_turns,
+            chat_template=o.chat_template,
+            bigquery_query=o.bigquery_query,
+            stage_dir=o.stage_dir,
             eval_fraction=o.eval_fraction,
             split_seed=o.split_seed,
             train_on_prompt=o.train_on_prompt,
@@ -341,6 +401,20 @@ class PreprocessConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def shape(self) -> Shape:
+        """The record shape with every field name resolved."""
+        return Shape.of(
+            self.data_kind,
+            self.record_format,
+            prompt=self.prompt_field,
+            response=self.response_field,
+            messages=self.messages_field,
+            text=self.text_field,
+            system=self.system_field,
+            tool_turns=self.tool_turns,
+        )
 
 
 def help_parser(prog: str = "python -m beam_preprocess") -> argparse.ArgumentParser:

@@ -17,9 +17,9 @@ import gc
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -41,10 +41,13 @@ from beam_preprocess.records import (
     READ,
     RETOKENIZED,
     STATS,
+    UNUSED_FIELDS,
 )
 from beam_preprocess.sinks import JSONL, PARQUET, CommitShards, Shards, WriteShards, temp_dir_for
+from beam_preprocess.sources import is_bigquery, is_file_pattern, is_hf
 from beam_preprocess.spill import local_spill_dir
 from beam_preprocess.stats import WriteStats, tagged
+from beam_preprocess.template_library import resolve_template
 from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
@@ -75,16 +78,19 @@ def build_pipeline(
     pad_id: int,
     tokenizer_spec: TokenizerSpec | None = None,
     spill_dir: str | None = None,
+    bigquery: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run()).
 
     Pass `tokenizer_spec` when the full tokenizer is at hand (see TokenizerSpec): the workers then
     start without importing transformers. `spill_dir` (local runs) keeps the shuffle on disk.
+    `bigquery` lists the bq:// inputs with their snapshot times (`resolve_sources`); the file
+    patterns of `config.inputs` are read by ReadRecords.
     """
     out = config.output
     temp = temp_dir_for(out)
-    read = pipeline | "Read" >> ReadRecords(list(config.inputs), config.input_format)
-    examples = read.records | "Prepare" >> Prepare(config)
+    read = _read(pipeline, config, bigquery)
+    examples = read["records"] | "Prepare" >> Prepare(config)
     tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir)
     packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
     packed = tokens.documents | "DeduplicateAndPack" >> packer
@@ -123,10 +129,59 @@ def build_pipeline(
 
     events = [read[READ] | "TagRead" >> tagged(READ), packed[STATS] | "TagStats" >> tagged(STATS)]
     events.append(packed[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
+    events.append(examples[UNUSED_FIELDS] | "TagUnusedFields" >> tagged(UNUSED_FIELDS))
     for step, results in (("Read", read), ("Prepare", examples), ("Tokenize", tokens)):
         events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
     events.append(packed[OUTCOME] | "TagOutcomesOfPack" >> tagged(OUTCOME))
     _ = events | "AllEvents" >> beam.Flatten() | "Stats" >> WriteStats(f"{out}/{STATS_FILE}")
+
+
+def _read(
+    pipeline: beam.Pipeline, config: PreprocessConfig, bigquery: Sequence[tuple[str, str]]
+) -> Any:
+    """Every input's records and tagged outputs (DEAD, READ, OUTCOME): ReadRecords' own when
+    only files are read, else each output flattened over the sources."""
+    files = [p for p in config.inputs if is_file_pattern(p)]
+    reads = []
+    if files or not bigquery:
+        reads.append(pipeline | "Read" >> ReadRecords(files, config.input_format))
+    for i, (uri, snapshot) in enumerate(bigquery):
+        from beam_preprocess.bigquery_source import ReadBigQueryRecords
+
+        transform = ReadBigQueryRecords(uri, snapshot, config.bigquery_query)
+        reads.append(pipeline | f"ReadBigQuery{i}" >> transform)
+    if len(reads) == 1:
+        return reads[0]
+    return {
+        tag: [r[tag] for r in reads] | f"AllRead{tag.title()}" >> beam.Flatten()
+        for tag in ("records", DEAD, READ, OUTCOME)
+    }
+
+
+def resolve_sources(
+    config: PreprocessConfig,
+) -> tuple[PreprocessConfig, list[dict[str, Any]], list[tuple[str, str]]]:
+    """Stage hf:// inputs (replaced by their Parquet files) and pin bq:// ones to a snapshot
+    time (taken out of the inputs); returns (config, lineage for the manifest, bq inputs)."""
+    inputs: list[str] = []
+    lineage: list[dict[str, Any]] = []
+    bigquery: list[tuple[str, str]] = []
+    for uri in config.inputs:
+        if is_hf(uri):
+            from beam_preprocess.hf_source import default_stage_dir, stage
+
+            entry = stage(uri, config.stage_dir or default_stage_dir())
+            inputs.append(entry["staged"])
+            lineage.append(entry)
+        elif is_bigquery(uri):
+            from beam_preprocess import bigquery_source
+
+            snapshot = bigquery[0][1] if bigquery else bigquery_source.snapshot_time()
+            lineage.append(bigquery_source.lineage(uri, snapshot, config.bigquery_query))
+            bigquery.append((uri, snapshot))
+        else:
+            inputs.append(uri)
+    return replace(config, inputs=tuple(inputs)), lineage, bigquery
 
 
 class _BySplit(beam.DoFn):
@@ -147,6 +202,8 @@ class LaunchedRun:
     config: PreprocessConfig
     tokenizer: TokenizerIdentity
     runner: str
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """Lineage of the hf:// and bq:// inputs (the manifest's `sources`)."""
 
 
 def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
@@ -168,7 +225,8 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     elif standard.runner == "FnApiRunner":
         direct = options.view_as(DirectOptions)
         if not _flag_given(argv, "direct_num_workers"):
-            input_bytes = _match_inputs(config.inputs)[0]
+            files = tuple(p for p in config.inputs if is_file_pattern(p))
+            input_bytes = _match_inputs(files)[0]
             direct.direct_num_workers = local_workers(input_bytes, os.cpu_count() or 1)
         if not _flag_given(argv, "direct_running_mode"):
             # Separate processes: tokenization and packing hold the GIL between Rust calls.
@@ -240,10 +298,11 @@ def launch(argv: list[str]) -> LaunchedRun:
 
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
-    problems = _match_inputs(config.inputs)[1]
+    config, sources, bigquery = resolve_sources(config)
+    problems = _match_inputs(config.inputs)[1] if config.inputs else []
     if problems:
         raise ValueError(problems[0])
-    tokenizer = load_tokenizer(config.tokenizer)
+    tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
     if config.data_kind == "instruction":
         ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
     identity = TokenizerIdentity.of(tokenizer)
@@ -251,14 +310,16 @@ def launch(argv: list[str]) -> LaunchedRun:
     _prepare_output(config.output, config.overwrite)
     log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
     pipeline = beam.Pipeline(options=options)
-    spec = TokenizerSpec.of(tokenizer, config.tokenizer, config.chat_fast_path)
+    spec = TokenizerSpec.of(
+        tokenizer, config.tokenizer, config.chat_fast_path, config.chat_template
+    )
     # Local runs shuffle through files (beam_preprocess.spill), remote ones through the service.
     local = runner == "FnApiRunner"
     with local_spill_dir(config.output) if local else nullcontext() as spill_dir:
-        build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir)
+        build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir, bigquery)
         with _heap_frozen():
             result = pipeline.run()  # the local runner returns when the run is over
-    return LaunchedRun(result=result, config=config, tokenizer=identity, runner=runner)
+    return LaunchedRun(result, config, identity, runner, sources)
 
 
 @contextmanager
@@ -284,7 +345,7 @@ def finish(launched: LaunchedRun) -> Manifest:
     state = launched.result.wait_until_finish()
     if str(state).rsplit(".", 1)[-1] not in ("DONE", "JOB_STATE_DONE"):
         raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
-    return write_manifest(launched.config, launched.tokenizer)
+    return write_manifest(launched.config, launched.tokenizer, launched.sources)
 
 
 def run(argv: list[str]) -> Manifest:
@@ -292,8 +353,13 @@ def run(argv: list[str]) -> Manifest:
     return finish(launch(argv))
 
 
-def write_manifest(config: PreprocessConfig, tokenizer: TokenizerIdentity) -> Manifest:
-    """Build manifest.json from stats.json and the written shards (fails on too many rejects)."""
+def write_manifest(
+    config: PreprocessConfig,
+    tokenizer: TokenizerIdentity,
+    sources: Sequence[dict[str, Any]] = (),
+) -> Manifest:
+    """Build manifest.json from stats.json and the written shards (fails on too many rejects);
+    `sources` is the lineage of hf:// and bq:// inputs (resolve_sources)."""
     out = config.output
     with FileSystems.open(f"{out}/{STATS_FILE}") as f:
         stats = json.loads(f.read())
@@ -339,6 +405,8 @@ def write_manifest(config: PreprocessConfig, tokenizer: TokenizerIdentity) -> Ma
         stats={k: v for k, v in stats.items() if k != "splits"},
         eval_records=_relative(out, _list(f"{out}/{EVAL_RECORDS_DIR}/*.jsonl")),
         files=[p for p in _relative(out, _list(f"{out}/**")) if p != MANIFEST_FILE],
+        sources=list(sources),
+        chat_template=resolve_template(config.chat_template) or "",
     )
     with FileSystems.create(f"{out}/{MANIFEST_FILE}") as f:
         f.write(manifest.to_json().encode())

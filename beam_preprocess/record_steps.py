@@ -12,7 +12,6 @@ deduplication costs no shuffle of its own.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import unicodedata
 from typing import Any
@@ -20,11 +19,12 @@ from typing import Any
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_preprocess import shapes
 from beam_preprocess.options import PreprocessConfig
-from beam_preprocess.records import DEAD, FILTERED, OUTCOME, dead_letter, outcome
-
-ROLES = ("system", "user", "assistant", "tool")
+from beam_preprocess.records import DEAD, FILTERED, OUTCOME, UNUSED_FIELDS, dead_letter, outcome
 
 
 def _counter(name: str) -> Any:
@@ -39,16 +39,23 @@ class PrepareFn(beam.DoFn):
 
     def setup(self) -> None:
         self.counters: dict[str, Any] = {}
+        self.shape = self.config.shape
+
+    def start_bundle(self) -> None:
+        self.unused: dict[str, int] = {}
 
     def process(self, element: dict[str, Any]) -> list[Any]:
         # Returns lists, not a generator: per record, a generator object costs measurably.
         cfg = self.config
         source, record = element["source"], element["record"]
         try:
-            example = example_of(record, cfg)
-        except _Invalid as exc:
+            example, unused = shapes.example_of(record, self.shape)
+        except shapes.Invalid as exc:
             reason, message = exc.args
-            return self._drop(DEAD, "rejected", reason, source, record, message)
+            tag = FILTERED if exc.kind == "filtered" else DEAD
+            return self._drop(tag, exc.kind, reason, source, record, message)
+        for name in unused:
+            self.unused[name] = self.unused.get(name, 0) + 1
         reason, size = clean_example(example, cfg)
         if reason:
             letter = record_of(example)
@@ -57,6 +64,12 @@ class PrepareFn(beam.DoFn):
         example["hash"] = content_hash(example)
         example["split"] = split_of(example, cfg.eval_fraction, cfg.split_seed)
         return [example]
+
+    def finish_bundle(self) -> Any:
+        """The bundle's unused-field counts, one event (stats.json's `unused_fields`)."""
+        if self.unused:
+            value = WindowedValue(sorted(self.unused.items()), 0, (GlobalWindow(),))
+            yield pvalue.TaggedOutput(UNUSED_FIELDS, value)
 
     def _drop(
         self, tag: str, kind: str, reason: str, source: str, record: Any, error: str
@@ -73,7 +86,7 @@ class PrepareFn(beam.DoFn):
 
 class Prepare(beam.PTransform):
     """Records -> examples (validated, cleaned, hashed, split); tagged DEAD (rejected/), FILTERED
-    (filtered/) and OUTCOME."""
+    (filtered/), OUTCOME and UNUSED_FIELDS."""
 
     def __init__(self, config: PreprocessConfig) -> None:
         super().__init__()
@@ -81,7 +94,7 @@ class Prepare(beam.PTransform):
 
     def expand(self, records: pvalue.PCollection) -> pvalue.DoOutputsTuple:
         return records | "ValidateCleanSplit" >> beam.ParDo(PrepareFn(self.config)).with_outputs(
-            DEAD, FILTERED, OUTCOME, main="examples"
+            DEAD, FILTERED, OUTCOME, UNUSED_FIELDS, main="examples"
         )
 
 
@@ -89,62 +102,9 @@ class Prepare(beam.PTransform):
 
 
 def example_of(record: dict[str, Any], cfg: PreprocessConfig) -> dict[str, Any]:
-    """The configured fields of a raw record as an example; raises _Invalid(reason, message)."""
-    if cfg.data_kind == "text":
-        return {"text": _required_text(record, cfg.text_field)}
-    messages = record.get(cfg.messages_field)
-    if messages is not None:
-        return {"messages": _valid_messages(messages, cfg.messages_field)}
-    prompt = _required_text(record, cfg.prompt_field)
-    response = _required_text(record, cfg.response_field)
-    return {
-        "messages": [
-            {"role": "user", "content": prompt},
-            {"role": "assistant", "content": response},
-        ]
-    }
-
-
-class _Invalid(Exception):
-    """(reason, message) of a record that fails validation."""
-
-
-def _required_text(record: dict[str, Any], name: str) -> str:
-    if name not in record or record[name] is None:
-        raise _Invalid("missing_field", f"field {name!r} is missing")
-    value = record[name]
-    if not isinstance(value, str):
-        raise _Invalid("invalid_field_type", f"field {name!r} is {type(value).__name__}, not text")
-    if not value.strip():
-        raise _Invalid("empty_field", f"field {name!r} is empty")
-    return value
-
-
-def _valid_messages(messages: Any, name: str) -> list[dict[str, str]]:
-    if isinstance(messages, str):  # CSV cells and some exports hold the conversation as JSON text
-        try:
-            messages = json.loads(messages)
-        except json.JSONDecodeError as exc:
-            raise _Invalid(
-                "invalid_messages", f"field {name!r} is not a JSON list: {exc}"
-            ) from None
-    if not isinstance(messages, list) or not messages:
-        raise _Invalid("invalid_messages", f"field {name!r} must be a non-empty list of messages")
-    clean = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _Invalid("invalid_messages", f"{name}[{i}] is not an object")
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise _Invalid("invalid_messages", f"{name}[{i}].role {role!r} is not one of {ROLES}")
-        if not isinstance(content, str) or not content.strip():
-            raise _Invalid("empty_field", f"{name}[{i}].content is missing or empty")
-        clean.append({"role": role, "content": content})
-    if clean[-1]["role"] != "assistant":
-        raise _Invalid("invalid_messages", f"the last message of {name!r} must be the assistant's")
-    if not any(m["role"] == "user" for m in clean):
-        raise _Invalid("invalid_messages", f"{name!r} has no user message")
-    return clean
+    """The configured fields of a raw record as an example (beam_preprocess.shapes); raises
+    shapes.Invalid(reason, message)."""
+    return shapes.example_of(record, cfg.shape)[0]
 
 
 # ------------------------------------------------------------------------------------------ clean

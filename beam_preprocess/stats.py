@@ -3,7 +3,8 @@
 Each step emits OUTCOME events ((event, count): "kept", "duplicate", "rejected/<reason>",
 "filtered/<reason>"), the reader emits the number of records per file (READ), packing emits
 per-split row statistics (STATS), and tokenization the sources of re-encoded documents
-(RETOKENIZED). They are tagged, flattened and combined by one CombineFn (`RunStats`) in one
+(RETOKENIZED), and the Prepare step the fields records held but did not use (UNUSED_FIELDS:
+stats.json's `unused_fields`, {field: records}). They are tagged, flattened and combined by one CombineFn (`RunStats`) in one
 step, instead of a combiner and a side input each: on the DirectRunner every extra stage is a
 round trip to each worker. The combine is lifted (partial sums in each producing stage), so only a
 few small accumulators cross stages. `accounting` proves that nothing was lost:
@@ -19,7 +20,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_preprocess.records import OUTCOME, READ, RETOKENIZED, STATS
+from beam_preprocess.records import OUTCOME, READ, RETOKENIZED, STATS, UNUSED_FIELDS
 
 RETOKENIZED_SOURCES = 20
 """Sources (path:line) of re-encoded documents listed in the stats, the first in sort order."""
@@ -30,7 +31,14 @@ class RunStats(beam.CombineFn):
     """(tag, value) events -> the accumulated counts (a small dict) of the whole run."""
 
     def create_accumulator(self) -> dict[str, Any]:
-        return {"read": 0, "outcomes": {}, "splits": {}, "retokenized": 0, "sources": []}
+        return {
+            "read": 0,
+            "outcomes": {},
+            "splits": {},
+            "retokenized": 0,
+            "sources": [],
+            "unused": {},
+        }
 
     def add_input(self, acc: dict[str, Any], event: tuple[str, Any]) -> dict[str, Any]:
         tag, value = event
@@ -43,6 +51,8 @@ class RunStats(beam.CombineFn):
             _add_splits(acc, {split: values})
         elif tag == RETOKENIZED:
             _add_retokenized(acc, 1, [value])
+        elif tag == UNUSED_FIELDS:
+            _add_counts(acc["unused"], dict(value))
         else:
             raise AssertionError(f"unknown stats event {tag!r}")
         return acc
@@ -54,12 +64,14 @@ class RunStats(beam.CombineFn):
             _add_outcomes(merged, acc["outcomes"])
             _add_splits(merged, acc["splits"])
             _add_retokenized(merged, acc["retokenized"], acc["sources"])
+            _add_counts(merged["unused"], acc["unused"])
         return merged
 
     def extract_output(self, acc: dict[str, Any]) -> dict[str, Any]:
         stats = accounting(acc["read"], acc["outcomes"])
         stats["answer_boundary_retokenized"] = acc["retokenized"]
         stats["answer_boundary_sources"] = sorted(acc["sources"])
+        stats["unused_fields"] = dict(sorted(acc["unused"].items()))
         stats["splits"] = {
             name: dict(zip(SPLIT_FIELDS, values, strict=True))
             for name, values in sorted(acc["splits"].items())
@@ -68,8 +80,12 @@ class RunStats(beam.CombineFn):
 
 
 def _add_outcomes(acc: dict[str, Any], outcomes: dict[str, int]) -> None:
-    for name, count in outcomes.items():
-        acc["outcomes"][name] = acc["outcomes"].get(name, 0) + count
+    _add_counts(acc["outcomes"], outcomes)
+
+
+def _add_counts(total: dict[str, int], counts: dict[str, int]) -> None:
+    for name, count in counts.items():
+        total[name] = total.get(name, 0) + count
 
 
 def _add_splits(acc: dict[str, Any], splits: dict[str, list[int]]) -> None:

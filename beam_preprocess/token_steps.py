@@ -95,7 +95,10 @@ class TokenizeFn(beam.DoFn):
         spec = self.spec
         if spec is None:  # no launcher prepared one: derive it here from the full tokenizer
             spec = TokenizerSpec.of(
-                load_tokenizer(cfg.tokenizer), cfg.tokenizer, cfg.chat_fast_path
+                load_tokenizer(cfg.tokenizer, cfg.chat_template),
+                cfg.tokenizer,
+                cfg.chat_fast_path,
+                cfg.chat_template,
             )
         self.encoder = DocumentEncoder(
             spec,

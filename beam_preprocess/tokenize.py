@@ -39,13 +39,15 @@ import numpy as np
 
 from beam_preprocess.chat_template import ChatRenderer, Span, TemplateError
 from beam_preprocess.packing import Document
+from beam_preprocess.template_library import resolve_template
 from trainer import storage
 
 OVERLONG_POLICIES = ("drop", "truncate", "split")
 
 
-def load_tokenizer(name_or_path: str) -> Any:
-    """A fast Hugging Face tokenizer from a local dir, a hub name, or a gs:// (any fsspec) dir."""
+def load_tokenizer(name_or_path: str, chat_template: str = "") -> Any:
+    """A fast Hugging Face tokenizer from a local dir, a hub name, or a gs:// (any fsspec) dir;
+    `chat_template` (a name or Jinja, beam_preprocess.template_library) replaces its own."""
     name_or_path = _local_dir(name_or_path)
     from transformers import AutoTokenizer
 
@@ -58,6 +60,8 @@ def load_tokenizer(name_or_path: str) -> Any:
         ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"tokenizer {name_or_path!r} has no fast (Rust) implementation")
+    if template := resolve_template(chat_template):
+        tokenizer.chat_template = template
     return tokenizer
 
 
@@ -101,9 +105,18 @@ class TokenizerSpec:
     """(before prompt, between prompt and response, after response); None: render with Jinja."""
     backend_file_matches: bool
     """tokenizer.json loaded by `tokenizers` equals the backend transformers builds."""
+    chat_template: str = ""
+    """The `chat_template` option that replaces the tokenizer's own ("": none)."""
 
     @classmethod
-    def of(cls, tokenizer: Any, name_or_path: str, chat_fast_path: bool = True) -> TokenizerSpec:
+    def of(
+        cls,
+        tokenizer: Any,
+        name_or_path: str,
+        chat_fast_path: bool = True,
+        chat_template: str = "",
+    ) -> TokenizerSpec:
+        """`tokenizer` must be loaded with `chat_template` already (load_tokenizer)."""
         pattern = None
         if chat_fast_path and getattr(tokenizer, "chat_template", None):
             pattern = ChatRenderer(tokenizer)._pattern
@@ -113,7 +126,7 @@ class TokenizerSpec:
             from tokenizers import Tokenizer
 
             matches = Tokenizer.from_file(local).to_str() == tokenizer.backend_tokenizer.to_str()
-        return cls(name_or_path, tokenizer.eos_token_id, pattern, matches)
+        return cls(name_or_path, tokenizer.eos_token_id, pattern, matches, chat_template)
 
     def backend(self) -> Any:
         """The Rust tokenizer (without importing transformers when tokenizer.json suffices)."""
@@ -181,7 +194,8 @@ class DocumentEncoder:
     def renderer(self) -> ChatRenderer:
         """Jinja rendering with the full tokenizer, loaded on first need (see TokenizerSpec)."""
         if self._renderer is None:
-            self._renderer = ChatRenderer(load_tokenizer(self.spec.name_or_path), fast_path=False)
+            tokenizer = load_tokenizer(self.spec.name_or_path, self.spec.chat_template)
+            self._renderer = ChatRenderer(tokenizer, fast_path=False)
         return self._renderer
 
     def _pattern_fits(self, messages: list[dict]) -> bool:

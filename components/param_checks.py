@@ -229,12 +229,42 @@ def check_cloud_locations(
         errors.append("region is empty: set a Google Cloud region such as us-central1")
     if not work_uri.startswith("gs://"):
         errors.append(f"work_uri={work_uri!r}: cloud runs need a gs:// URI for shared run files")
-    if train_data_uri and not train_data_uri.startswith("gs://"):
+    if train_data_uri and not train_data_uri.startswith(("gs://", "hf://", "bq://")):
         errors.append(
             f"train_data_uri={train_data_uri!r}: workers in the cloud cannot read "
             "local files; upload the data to gs://"
         )
     return errors
+
+
+def check_data_source(train_data_uri: str, bigquery_query: str, runner: str) -> list[str]:
+    """An hf:// or bq:// input must be well formed, a BigQuery query must name {table} and go
+    with a bq:// input, and BigQuery is read on Dataflow."""
+    from beam_preprocess.sources import is_bigquery, source_errors
+
+    errors = [f"train_data_uri: {e}" for e in source_errors([train_data_uri], bigquery_query)]
+    if is_bigquery(train_data_uri) and runner != "DataflowRunner":
+        errors.append(
+            f"train_data_uri={train_data_uri!r}: BigQuery tables are read on Dataflow; set "
+            "preprocess_runner=DataflowRunner"
+        )
+    return errors
+
+
+def check_record_format(data_kind: str, record_format: str) -> str | None:
+    """A record format shapes instruction data only."""
+    from beam_preprocess.shapes import shape_error
+
+    problem = shape_error(data_kind, record_format)
+    return f"record_format: {problem}" if problem else None
+
+
+def check_chat_template(chat_template: str) -> str | None:
+    """A chat template is a known name or a Jinja template that parses."""
+    from beam_preprocess.template_library import template_error
+
+    problem = template_error(chat_template)
+    return f"chat_template: {problem}" if problem else None
 
 
 def check_registry(

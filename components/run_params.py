@@ -38,6 +38,10 @@ RdzvBackend = Literal["etcd-v3", "etcd-v2", "c10d"]
 Runner = Literal["DirectRunner", "DataflowRunner"]
 DataKind = Literal["instruction", "text"]
 Capacity = Literal["on-demand", "spot", "flex-start"]
+RecordFormat = Literal["auto", "prompt_response", "alpaca", "chat", "sharegpt"]
+"""beam_preprocess.shapes.RECORD_FORMATS (a test keeps them equal)."""
+ToolTurns = Literal["reject", "filter"]
+"""beam_preprocess.shapes.TOOL_TURNS (a test keeps them equal)."""
 
 LATEST_REGISTERED = "latest-registered"
 """`base_model` / `champion_model` value: the newest version of `registered_model` in the Vertex AI
@@ -70,9 +74,11 @@ class RunParams:
     # --- data ----------------------------------------------------------------------------------
     train_data_uri: str = param(
         "",
-        "Raw training records: a file, glob or gs:// URI of JSONL, JSON, CSV or Parquet. For "
-        "scheduled runs it may contain the schedule-time placeholder so each run reads its own "
-        "window.",
+        "Raw training records: a file, glob or gs:// URI of JSONL, JSON, CSV or Parquet, a Hugging "
+        "Face dataset hf://datasets/ORG/NAME, optionally @REVISION and :SPLIT (staged under "
+        "work_uri), or a "
+        "BigQuery table bq://PROJECT.DATASET.TABLE (Dataflow). For scheduled runs it may contain "
+        "the schedule-time placeholder so each run reads its own window.",
         required=True,
     )
     base_model: str = param(
@@ -112,6 +118,47 @@ class RunParams:
         "",
         "Service-account email the Dataflow workers run as; required with DataflowRunner (the "
         "Compute Engine default account has no roles under secure-by-default IAM).",
+    )
+
+    # --- data sources and record shapes (issue 33) -----------------------------------------------
+    record_format: RecordFormat = param(
+        "auto",
+        'Shape of instruction records: "auto" (detected per record: messages, conversations, '
+        "instruction+output, else prompt/response), "
+        '"prompt_response", "alpaca" (instruction, optional input, output), "chat" (OpenAI '
+        '[{role, content}]) or "sharegpt" (conversations of {from, value}); docs/preprocess.md.',
+    )
+    prompt_field: str = param(
+        "",
+        'Field holding the prompt; empty: the format\'s default ("prompt", alpaca "instruction").',
+    )
+    response_field: str = param(
+        "",
+        'Field holding the response; empty: the format\'s default ("response", alpaca "output").',
+    )
+    messages_field: str = param(
+        "",
+        'Field holding a conversation; empty: the format\'s default ("messages", sharegpt '
+        '"conversations").',
+    )
+    text_field: str = param("", 'Field holding plain text (data_kind "text"); empty: "text".')
+    system_field: str = param(
+        "", 'Field holding an optional system prompt, prepended as a system turn; empty: "system".'
+    )
+    tool_turns: ToolTurns = param(
+        "reject",
+        'Conversations with tool calls or tool results: "reject" (counted in rejected/) or '
+        '"filter" (counted in filtered/); they are never trained on.',
+    )
+    chat_template: str = param(
+        "",
+        'Chat template replacing the tokenizer\'s own (needed for base models without one): "chatml", '
+        '"alpaca", or a Jinja template string; empty uses the tokenizer\'s.',
+    )
+    bigquery_query: str = param(
+        "",
+        "For train_data_uri bq://PROJECT.DATASET.TABLE: a SQL query naming the table as {table} "
+        "(read at the run's snapshot time, recorded in the manifest); empty reads every row.",
     )
 
     # --- training ------------------------------------------------------------------------------
@@ -329,6 +376,8 @@ class RunParams:
                     self.preprocess_runner, self.dataflow_service_account
                 ),
                 checks.check_secret_name("hf_token_secret", self.hf_token_secret),
+                checks.check_chat_template(self.chat_template),
+                checks.check_record_format(self.data_kind, self.record_format),
                 checks.check_placeholder_resolved("run id", run_id),
                 checks.check_eval_accelerator(
                     target, self.eval_accelerator_type, self.eval_accelerator_count
@@ -338,6 +387,9 @@ class RunParams:
         ]
         errors += checks.check_machine_accelerator(
             self.backend, self.machine_type, self.accelerator_type, self.accelerator_count
+        )
+        errors += checks.check_data_source(
+            self.train_data_uri, self.bigquery_query, self.preprocess_runner
         )
         errors += checks.check_cloud_locations(
             cloud=self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner",

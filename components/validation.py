@@ -23,6 +23,8 @@ def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
     `remote` (inside the pipeline, which has the credentials to list it)."""
     if not train_data_uri.strip() or SCHEDULE_TIME_PLACEHOLDER in train_data_uri:
         return []
+    if train_data_uri.startswith(("hf://", "bq://")):
+        return []  # not files: checked by their own rules (check_data_source), read by preprocess
     if "://" not in train_data_uri:
         found = glob.glob(train_data_uri) or glob.glob(train_data_uri.removeprefix("file:"))
     elif remote:

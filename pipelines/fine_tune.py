@@ -181,6 +181,15 @@ def _preprocess(p: RunParams, run_id: str, validated: Any) -> Any:
         dataflow_options=p.dataflow_options,
         dataflow_service_account=p.dataflow_service_account,
         hf_token_secret=p.hf_token_secret,
+        record_format=p.record_format,
+        prompt_field=p.prompt_field,
+        response_field=p.response_field,
+        messages_field=p.messages_field,
+        text_field=p.text_field,
+        system_field=p.system_field,
+        tool_turns=p.tool_turns,
+        chat_template=p.chat_template,
+        bigquery_query=p.bigquery_query,
     )
 
 

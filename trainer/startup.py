@@ -84,6 +84,8 @@ def _data(r: Run) -> None:
     )
     r.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     r.manifest = read_manifest(config.data)
+    if r.manifest.chat_template:  # the template the data was rendered with (exported with it)
+        r.tokenizer.chat_template = r.manifest.chat_template
     errors = compatibility_errors(r.manifest, TokenizerIdentity.of(r.tokenizer), config.seq_len)
     if errors:
         raise ValueError(f"dataset {config.data} does not fit this run: " + "; ".join(errors))

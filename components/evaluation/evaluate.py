@@ -292,6 +292,8 @@ def _checked_tokenizers(roles: dict[str, str], manifest: Manifest) -> dict[str, 
             log.warning("%s model %s has no tokenizer files: using the base model's", role, path)
             tok = base_tokenizer
         _check_tokenizer(f"{role} model", path, tok, manifest)
+        if manifest.chat_template:  # prompts as the data was rendered (preprocess's option)
+            tok.chat_template = manifest.chat_template
         tokenizers[role] = tok
     return tokenizers
 

@@ -16,7 +16,7 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.run_params import DataKind, Runner, RunParams
+from components.run_params import DataKind, RecordFormat, Runner, RunParams, ToolTurns
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,19 @@ def build_argv(
     max_num_workers: int = 0,
     sdk_container_image: str = "",
     job_name: str = "",
+    record_format: str = RunParams.record_format,
+    fields: dict[str, str] | None = None,
+    tool_turns: str = RunParams.tool_turns,
+    chat_template: str = "",
+    bigquery_query: str = "",
+    stage_dir: str = "",
     extra_args: list[str] | None = None,
 ) -> list[str]:
-    """Component parameters -> `beam_preprocess` flags (empty values are left to Beam's defaults)."""
+    """Component parameters -> `beam_preprocess` flags (empty values are left to Beam's defaults).
+
+    `fields` maps prompt/response/messages/text/system to a record field name (empty ones: the
+    record format's default).
+    """
     argv = [
         f"--input={input_uri}",
         f"--output={output_uri}",
@@ -68,6 +78,14 @@ def build_argv(
         f"--data-kind={data_kind}",
         f"--max-rejected-fraction={max_rejected_fraction}",
     ]
+    argv += [f"--record-format={record_format}", f"--tool-turns={tool_turns}"]
+    argv += [f"--{name}-field={value}" for name, value in (fields or {}).items() if value]
+    shaping = {
+        "chat-template": chat_template,
+        "bigquery-query": bigquery_query,
+        "stage-dir": stage_dir,
+    }
+    argv += [f"--{flag}={value}" for flag, value in shaping.items() if value]
     if train_on_prompt:
         argv.append("--train-on-prompt")
     if overwrite:
@@ -263,6 +281,8 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
     for kind in ("filtered", "rejected"):
         for reason, count in sorted(stats[f"{kind}_by_reason"].items()):
             lines.append(f"| {kind}: {reason} | {count:,} |")
+    for name, count in sorted(stats.get("unused_fields", {}).items()):
+        lines.append(f"| field `{name}` present but unused | {count:,} |")
     return "\n".join(lines) + "\n"
 
 
@@ -307,6 +327,16 @@ class PreprocessRequest:
     """The Markdown artifact the summary goes to (by `.path`)."""
     gcp_resources: str
     """Path of the component's gcp_resources output (always written; empty for local runs)."""
+    # Record shape and sources (issue 33); defaults as the run parameters'.
+    record_format: RecordFormat = RunParams.record_format
+    prompt_field: str = ""
+    response_field: str = ""
+    messages_field: str = ""
+    text_field: str = ""
+    system_field: str = ""
+    tool_turns: ToolTurns = RunParams.tool_turns
+    chat_template: str = ""
+    bigquery_query: str = ""
 
     @property
     def dataflow(self) -> bool:
@@ -323,8 +353,10 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
     On Dataflow: the workers run the project image (`sdk_container_image`, a Dataflow custom
     container: see the Dockerfile) as `dataflow_service_account`; temp and staging files go under
     `<work_uri>/dataflow/<run>/`; the job runs in the run's region and is named after the run.
-    `dataflow_options` entries override any of these. Locally only `direct_*` flags apply.
-    The HF token is read at run time (`run`), never a flag.
+    `dataflow_options` entries override any of these. Locally only `direct_*` flags apply of
+    them; the record shape, chat template and BigQuery query are parameters of their own and
+    apply everywhere. hf:// inputs are staged under `<work_uri>/staged/` (a cache shared by
+    runs: one copy per dataset commit). The HF token is read at run time (`run`), never a flag.
     """
     from components.image import DEFAULT_IMAGE
     from components.run_identity import resource_name, safe_run_id
@@ -364,6 +396,15 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
         data_kind=request.data_kind,
         project=request.project if dataflow else "",
         region=request.region if dataflow else "",
+        record_format=request.record_format,
+        fields={
+            name: getattr(request, f"{name}_field")
+            for name in ("prompt", "response", "messages", "text", "system")
+        },
+        tool_turns=request.tool_turns,
+        chat_template=request.chat_template,
+        bigquery_query=request.bigquery_query,
+        stage_dir=f"{request.work_uri.rstrip('/')}/staged" if request.work_uri else "",
     )
     return build_argv(extra_args=extra, **params)
 

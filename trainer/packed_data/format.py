@@ -115,6 +115,12 @@ class Manifest:
     files: list[str] = field(default_factory=list)
     """Every file the run wrote (relative paths, manifest.json aside): what `--overwrite` may
     delete, and nothing else."""
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """Lineage of inputs that are not plain files (optional): for hf:// the commit sha read
+    ("revision"), for bq:// the "snapshot_time" and the "sql" run."""
+    chat_template: str = ""
+    """The Jinja chat template that replaced the tokenizer's own ("" for none): the trainer
+    exports the tokenizer with it and evaluation renders prompts with it."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -141,6 +147,8 @@ class Manifest:
             version=data["version"],
             eval_records=list(data.get("eval_records", [])),
             files=list(data.get("files", [])),
+            sources=list(data.get("sources", [])),
+            chat_template=str(data.get("chat_template", "")),
         )
 
 
