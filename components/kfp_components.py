@@ -18,6 +18,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output, OutputPath
 
 from components.image import DEFAULT_IMAGE
+from components.lineage import VertexModel
 
 _KFP_LAUNCH = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
 
@@ -86,6 +87,17 @@ def validate_inputs(
     registered_model: str,
     champion_model: str,
     serving_image: str,
+    serving_preset: str,
+    lora_serving: str,
+    deploy_endpoint: str,
+    deploy_machine_type: str,
+    deploy_accelerator_type: str,
+    deploy_accelerator_count: int,
+    deploy_spot: bool,
+    deploy_traffic_percent: int,
+    tensorboard: str,
+    experiment: str,
+    encryption_key: str,
     target: str,
     run_id: str,
     schedule_time: str,
@@ -174,6 +186,9 @@ def train(
     accelerator_count: int,
     service_account: str,
     hf_token_secret: str,
+    tensorboard: str,
+    experiment: str,
+    encryption_key: str,
     model: Output[Model],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
 ):
@@ -215,21 +230,60 @@ def evaluate(
 @llmft_component
 def register(
     tuned_model: Input[Model],
+    metrics: Input[Metrics],
     run_id: str,
     project: str,
     region: str,
     registered_model: str,
     serving_image: str,
+    serving_preset: str,
+    lora_serving: str,
+    seq_len: int,
+    deploy_accelerator_count: int,
+    vertex_model: Output[VertexModel],
 ) -> str:
-    """Upload the tuned model to Vertex AI Model Registry (a new version of `registered_model`).
+    """Upload the tuned model to Vertex AI Model Registry (a new version of `registered_model`)
+    with the serving preset's container, attach the gate's metrics as its model evaluation and
+    move the `champion` alias to it.
 
     Returns:
-        The registered model version's resource name.
+        The registered model version's resource name (also the `google.VertexModel` output that
+        GCPC's deploy and batch-prediction components take).
     """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.register import RegisterRequest, run
 
     return run(RegisterRequest(**params))
+
+
+@llmft_component
+def deploy(
+    tuned_model: Input[Model],
+    run_id: str,
+    project: str,
+    region: str,
+    serving_preset: str,
+    deploy_endpoint: str,
+    deploy_machine_type: str,
+    deploy_accelerator_type: str,
+    deploy_accelerator_count: int,
+    deploy_spot: bool,
+    deploy_traffic_percent: int,
+    encryption_key: str,
+    local: bool,
+    vertex_model: Input[VertexModel] = None,
+) -> NamedTuple("DeployOutputs", [("endpoint", str), ("answer", str)]):  # type: ignore[valid-type]
+    """Deploy the registered version to a Vertex AI endpoint (or, in a local run, serve the model
+    on this machine) and send it a smoke chat prompt; fail when it does not answer.
+
+    Returns:
+        endpoint: the endpoint's resource name (locally: the server's chat URL).
+        answer: the model's answer to the smoke prompt.
+    """
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
+    from components.steps.deploy import DeployRequest, run
+
+    return run(DeployRequest(**params))
 
 
 @llmft_component
@@ -248,5 +302,6 @@ ALL_COMPONENTS = {
     "train": train,
     "evaluate": evaluate,
     "register": register,
+    "deploy": deploy,
     "cleanup": cleanup,
 }

@@ -182,8 +182,12 @@ class FakeModelService:
         )
 
     def get_model(self, request: Any = None, name: str | None = None, **_: Any) -> gca_model.Model:
-        full = name or request.name
+        full = name or model_service.GetModelRequest(request).name
         self.requests.append(model_service.GetModelRequest(name=full))
+        return self._lookup(full)
+
+    def _lookup(self, full: str) -> gca_model.Model:
+        """The version `full` names (`M`, `M@id` or `M@alias`), without recording a request."""
         base, _, version = full.partition("@")
         versions = self.models.get(base)
         if not versions:
@@ -215,6 +219,35 @@ class FakeModelService:
         return list(self.models[request.name])
 
 
+    def import_model_evaluation(self, request: Any = None, **_: Any) -> Any:
+        request = model_service.ImportModelEvaluationRequest(request)
+        self.requests.append(request)
+        self._lookup(request.parent)  # NotFound for an unknown version, like the service
+        evaluation = type(request.model_evaluation)(request.model_evaluation)
+        evaluation.name = f"{request.parent.partition('@')[0]}/evaluations/{len(self.requests)}"
+        return evaluation
+
+    def merge_version_aliases(self, request: Any = None, **_: Any) -> gca_model.Model:
+        request = model_service.MergeVersionAliasesRequest(request)
+        self.requests.append(request)
+        version = self._lookup(request.name)
+        aliases = list(version.version_aliases)
+        for alias in request.version_aliases:
+            if alias.startswith("-"):
+                aliases = [a for a in aliases if a != alias[1:]]
+            else:
+                holders = [
+                    v
+                    for v in self.models[request.name.partition("@")[0]]
+                    if alias in v.version_aliases and v is not version
+                ]
+                if holders:  # the service refuses an alias another version holds
+                    raise exceptions.FailedPrecondition(f"alias {alias} is already in use")
+                aliases.append(alias)
+        version.version_aliases = aliases
+        return version
+
+
 def install_model_registry(monkeypatch: Any, project: str, location: str) -> FakeModelService:
     """Put a `FakeModelService` behind ModelServiceClient and give the SDK a fresh config with
     anonymous credentials (it resolves some objects with its global credentials)."""
@@ -223,7 +256,10 @@ def install_model_registry(monkeypatch: Any, project: str, location: str) -> Fak
     from google.cloud.aiplatform_v1.services.model_service import ModelServiceClient
 
     fake = FakeModelService(f"projects/{project}/locations/{location}")
-    for method in ("upload_model", "get_model", "list_models", "list_model_versions"):
+    for method in (
+        "upload_model", "get_model", "list_models", "list_model_versions",
+        "import_model_evaluation", "merge_version_aliases",
+    ):  # fmt: skip
         monkeypatch.setattr(
             ModelServiceClient, method, lambda self, *a, _m=method, **k: getattr(fake, _m)(*a, **k)
         )
@@ -232,3 +268,161 @@ def install_model_registry(monkeypatch: Any, project: str, location: str) -> Fak
         project=project, location=location, credentials=AnonymousCredentials()
     )
     return fake
+
+
+class _Done:
+    """A finished long-running operation (`.result()` returns its value)."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def result(self, timeout: Any = None) -> Any:
+        return self.value
+
+
+class FakeEndpoints:
+    """EndpointService and PredictionService in memory, for `components.endpoints.VertexClients`
+    (`clients()`): records every request proto and answers with real response protos.
+
+    `answers` maps a deployed model id to what its server returns for a chat request
+    ("" = an empty answer); `predict_order` is the order in which a split endpoint's deployed
+    models answer predict calls (default: the newest).
+    """
+
+    def __init__(self, parent: str) -> None:
+        from google.cloud.aiplatform_v1.types import endpoint as gca_endpoint
+
+        self.parent = parent
+        self.requests: list[Any] = []
+        self.endpoints: dict[str, gca_endpoint.Endpoint] = {}
+        self.answers: dict[str, str] = {}
+        self.predict_order: list[str] = []
+        self._ids = 0
+
+    def clients(self) -> Any:
+        from components.endpoints import VertexClients
+
+        return VertexClients(endpoints=self, predictions=self)
+
+    def _next_id(self, start: int) -> str:
+        self._ids += 1
+        return str(start + self._ids)
+
+    def add_endpoint(self, display_name: str, deployed: dict[str, int]) -> str:
+        """An existing endpoint serving `deployed` (id -> traffic percent)."""
+        from google.cloud.aiplatform_v1.types import endpoint as gca_endpoint
+
+        name = f"{self.parent}/endpoints/{self._next_id(500)}"
+        self.endpoints[name] = gca_endpoint.Endpoint(
+            name=name,
+            display_name=display_name,
+            deployed_models=[gca_endpoint.DeployedModel(id=i) for i in deployed],
+            traffic_split=deployed,
+        )
+        return name
+
+    def list_endpoints(self, request: Any = None, **_: Any) -> list[Any]:
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.ListEndpointsRequest(request)
+        self.requests.append(request)
+        wanted = request.filter.partition("=")[2].strip('"')
+        return [e for e in self.endpoints.values() if e.display_name == wanted]
+
+    def get_endpoint(self, request: Any = None, **_: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.GetEndpointRequest(request)
+        self.requests.append(request)
+        if request.name not in self.endpoints:
+            raise exceptions.NotFound(f"endpoint {request.name} not found")
+        return self.endpoints[request.name]
+
+    def create_endpoint(self, request: Any = None, **_: Any) -> _Done:
+        from google.cloud.aiplatform_v1.types import endpoint as gca_endpoint
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.CreateEndpointRequest(request)
+        self.requests.append(request)
+        created = gca_endpoint.Endpoint(request.endpoint)
+        created.name = f"{request.parent}/endpoints/{self._next_id(500)}"
+        self.endpoints[created.name] = created
+        return _Done(created)
+
+    def deploy_model(self, request: Any = None, **_: Any) -> _Done:
+        from google.cloud.aiplatform_v1.types import endpoint as gca_endpoint
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.DeployModelRequest(request)
+        self.requests.append(request)
+        endpoint = self.endpoints[request.endpoint]
+        deployed = gca_endpoint.DeployedModel(request.deployed_model)
+        deployed.id = self._next_id(9000)
+        endpoint.deployed_models.append(deployed)
+        split = dict(request.traffic_split)
+        split[deployed.id] = split.pop("0", 0)
+        endpoint.traffic_split = split
+        self.answers.setdefault(deployed.id, "4")
+        return _Done(endpoint_service.DeployModelResponse(deployed_model=deployed))
+
+    def undeploy_model(self, request: Any = None, **_: Any) -> _Done:
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.UndeployModelRequest(request)
+        self.requests.append(request)
+        endpoint = self.endpoints[request.endpoint]
+        kept = [d for d in endpoint.deployed_models if d.id != request.deployed_model_id]
+        del endpoint.deployed_models[:]
+        endpoint.deployed_models.extend(kept)
+        endpoint.traffic_split = dict(request.traffic_split)
+        return _Done(endpoint_service.UndeployModelResponse())
+
+    def delete_endpoint(self, request: Any = None, **_: Any) -> _Done:
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.DeleteEndpointRequest(request)
+        self.requests.append(request)
+        self.endpoints.pop(request.name, None)
+        return _Done()
+
+    def _answering(self, endpoint: str) -> str:
+        if self.predict_order:
+            return self.predict_order.pop(0)
+        endpoint_ = self.endpoints[endpoint]
+        serving = [
+            d.id for d in endpoint_.deployed_models if endpoint_.traffic_split.get(d.id, 0) > 0
+        ]
+        return serving[-1]  # the newest deployed model that gets traffic
+
+    def predict(
+        self, request: Any = None, *, endpoint: str = "", instances: Any = (), **_: Any
+    ) -> Any:
+        from google.cloud.aiplatform_v1.types import prediction_service
+
+        # Like the GAPIC client: a request, or flattened fields merged into one.
+        request = prediction_service.PredictRequest(request)
+        if endpoint:
+            request.endpoint = endpoint
+        request.instances.extend(instances)
+        self.requests.append(request)
+        model = self._answering(request.endpoint)
+        content = self.answers.get(model, "")
+        response = prediction_service.PredictResponse(deployed_model_id=model)
+        response.predictions.extend(
+            [{"choices": [{"message": {"role": "assistant", "content": content}}]}]
+        )
+        return response
+
+    def raw_predict(self, request: Any = None, **_: Any) -> Any:
+        import json
+
+        from google.api import httpbody_pb2
+        from google.cloud.aiplatform_v1.types import prediction_service
+
+        request = prediction_service.RawPredictRequest(request)
+        self.requests.append(request)
+        content = self.answers.get(self._answering(request.endpoint), "")
+        body = {"choices": [{"message": {"role": "assistant", "content": content}}]}
+        return httpbody_pb2.HttpBody(
+            data=json.dumps(body).encode(), content_type="application/json"
+        )
