@@ -63,9 +63,14 @@ def log_experiment_run(
     from google.api_core import exceptions
     from google.cloud import aiplatform
 
-    aiplatform.init(
-        project=project, location=location, experiment=experiment, credentials=credentials
-    )
+    from google.cloud.aiplatform import initializer
+
+    # aiplatform.init, called on the SDK's current config object; project first: init looks the
+    # experiment up before it applies the project.
+    config = initializer.global_config
+    config.init(project=project, location=location, credentials=credentials)
+    # No backing TensorBoard lookup: curves go to the CustomJob's TensorBoard (`tensorboard`).
+    config.init(experiment=experiment, experiment_tensorboard=False)
     name = experiment_run_name(run_id)
     try:
         run = aiplatform.start_run(name)

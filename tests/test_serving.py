@@ -420,3 +420,37 @@ def test_command_line_shell_quoting_is_stable() -> None:
     """The args reach the container unquoted (Vertex passes them as argv, no shell)."""
     container = serving.serving_container(spec())
     assert all(shlex.split(a) == [a] for a in container.args or [] if "$(" not in a)
+
+
+# -- Vertex AI Experiments ------------------------------------------------------------------------
+
+
+def test_experiment_run_logs_params_and_final_metrics(
+    monkeypatch: pytest.MonkeyPatch, golden: Any
+) -> None:
+    from fakes.vertex import FakeMetadata
+    from google.cloud.aiplatform import initializer
+
+    from components.experiments import log_experiment_run
+
+    monkeypatch.setattr(initializer, "global_config", initializer._Config())
+    fake = FakeMetadata().install(monkeypatch)
+    kwargs: dict[str, Any] = dict(
+        experiment="llmft-tiny",
+        project=PROJECT,
+        location=LOCATION,
+        params={"max_steps": 200, "learning_rate": 2e-5, "base_model": "gs://b/base", "x": None},
+        metrics={"final_loss": 1.25, "tokens": 4096, "model_uri": "gs://b/m", "nan": float("nan")},
+        credentials=AnonymousCredentials(),
+    )
+    assert log_experiment_run(run_id="fine-tune-20261204-1", **kwargs) == "fine-tune-20261204-1"
+    # A retried task resumes its experiment run instead of failing.
+    assert log_experiment_run(run_id="fine-tune-20261204-1", **kwargs) == "fine-tune-20261204-1"
+    assert fake.unexpected == []
+    run = fake.contexts[f"{PARENT}/metadataStores/default/contexts/llmft-tiny-fine-tune-20261204-1"]
+    metadata = dict(run.metadata)
+    assert dict(metadata["_params"]) == {
+        "max_steps": 200.0, "learning_rate": 2e-5, "base_model": "gs://b/base",
+    }  # fmt: skip
+    assert dict(metadata["_metrics"]) == {"final_loss": 1.25, "tokens": 4096.0}
+    golden.check("vertex_experiment_run.json", [_proto_json(r) for r in fake.requests])

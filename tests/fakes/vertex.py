@@ -426,3 +426,112 @@ class FakeEndpoints:
         return httpbody_pb2.HttpBody(
             data=json.dumps(body).encode(), content_type="application/json"
         )
+
+
+class FakeMetadata:
+    """Vertex ML Metadata (what Vertex AI Experiments stores runs in), in memory behind
+    MetadataServiceClient's methods (`install`): records every request proto, keeps contexts."""
+
+    METHODS = (
+        "get_metadata_store", "create_metadata_store", "get_context", "create_context",
+        "update_context", "add_context_children", "list_contexts", "get_artifact",
+        "create_artifact", "list_artifacts", "add_context_artifacts_and_executions",
+        "list_executions",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self.contexts: dict[str, Any] = {}
+        self.unexpected: list[str] = []
+
+    def install(self, monkeypatch: Any) -> FakeMetadata:
+        for name in self.METHODS:
+            monkeypatch.setattr(
+                MetadataServiceClient,
+                name,
+                lambda client, *a, _m=name, **k: getattr(self, _m)(*a, **k),
+            )
+        return self
+
+    @staticmethod
+    def _req(cls: Any, request: Any, kw: dict[str, Any]) -> Any:
+        fields = {k: v for k, v in kw.items() if k not in ("retry", "timeout", "metadata")}
+        return cls(request) if request is not None else cls(**fields)
+
+    def get_metadata_store(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.GetMetadataStoreRequest, request, kw)
+        self.requests.append(request)
+        return MetadataStore(name=request.name)
+
+    def create_metadata_store(self, request: Any = None, **kw: Any) -> Any:
+        raise AssertionError("the default metadata store exists")
+
+    def get_context(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.GetContextRequest, request, kw)
+        self.requests.append(request)
+        if request.name not in self.contexts:
+            raise exceptions.NotFound(f"context {request.name} not found")
+        return self.contexts[request.name]
+
+    def create_context(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.CreateContextRequest, request, kw)
+        self.requests.append(request)
+        name = f"{request.parent}/contexts/{request.context_id}"
+        if name in self.contexts:
+            raise exceptions.AlreadyExists(f"context {name} exists")
+        context = Context(request.context)
+        context.name = name
+        self.contexts[name] = context
+        return context
+
+    def update_context(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.UpdateContextRequest, request, kw)
+        self.requests.append(request)
+        self.contexts[request.context.name] = Context(request.context)
+        return self.contexts[request.context.name]
+
+    def add_context_children(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.AddContextChildrenRequest, request, kw)
+        self.requests.append(request)
+        return metadata_service.AddContextChildrenResponse()
+
+    def list_contexts(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.ListContextsRequest, request, kw)
+        self.requests.append(request)
+        return []
+
+    def _unexpected(self, name: str) -> Any:
+        self.unexpected.append(name)
+        raise AssertionError(f"unexpected MetadataService call {name}")
+
+    def get_artifact(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        # Resuming a run looks for the pre-2022 "run as artifact" form first; there is none.
+        request = self._req(metadata_service.GetArtifactRequest, request, kw)
+        self.requests.append(request)
+        raise exceptions.NotFound(f"artifact {request.name} not found")
+
+    def create_artifact(self, request: Any = None, **kw: Any) -> Any:
+        return self._unexpected("create_artifact")
+
+    def list_artifacts(self, request: Any = None, **kw: Any) -> Any:
+        return self._unexpected("list_artifacts")
+
+    def add_context_artifacts_and_executions(self, request: Any = None, **kw: Any) -> Any:
+        return self._unexpected("add_context_artifacts_and_executions")
+
+    def list_executions(self, request: Any = None, **kw: Any) -> Any:
+        return self._unexpected("list_executions")
