@@ -107,10 +107,9 @@ class VertexClients:
     @classmethod
     def for_location(cls, location: str, credentials: Any = None) -> VertexClients:
         from google.cloud import aiplatform_v1
+        from google.cloud.aiplatform import initializer
 
         from components.launchers.vertex import api_endpoint
-
-        from google.cloud.aiplatform import initializer
 
         options = {"api_endpoint": api_endpoint(location)}
         credentials = credentials or initializer.global_config.credentials
@@ -136,7 +135,11 @@ def find_or_create_endpoint(
 
     parent = f"projects/{project}/locations/{location}"
     if _is_resource_ref(options.endpoint):
-        name = options.endpoint if "/" in options.endpoint else f"{parent}/endpoints/{options.endpoint}"
+        name = (
+            options.endpoint
+            if "/" in options.endpoint
+            else f"{parent}/endpoints/{options.endpoint}"
+        )
         return clients.endpoints.get_endpoint(request={"name": name}), False
     found = list(
         clients.endpoints.list_endpoints(
@@ -323,7 +326,7 @@ def deploy_version(
         )
         log.info("smoke prompt answered: %r", deployment.answer)
         if options.traffic_percent >= 100:
-            for old in earlier:
+            for old in sorted(earlier):  # a proto map: no order of its own
                 if old != deployment.deployed_model_id:
                     _undeploy(clients, endpoint.name, old, {deployment.deployed_model_id: 100})
                     deployment.replaced.append(old)

@@ -62,7 +62,6 @@ def log_experiment_run(
     returns the experiment run's name."""
     from google.api_core import exceptions
     from google.cloud import aiplatform
-
     from google.cloud.aiplatform import initializer
 
     # aiplatform.init, called on the SDK's current config object; project first: init looks the

@@ -10,6 +10,7 @@ Run by hand: `python -m components.local_serving MODEL_DIR`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -64,10 +65,8 @@ def _wait_ready(proc: subprocess.Popen[bytes], base: str, log_path: str, timeout
             return
         # The server has no readiness signal but its port: wait on the process a moment, so an
         # early exit is seen at once, then ask again.
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
     raise RuntimeError(
         f"the local model server did not answer {base}/health within {timeout_s:.0f} s:\n"
         + _tail(log_path)
@@ -137,8 +136,7 @@ def serve_and_smoke(
             ) from None
         if not answer:
             raise RuntimeError(
-                "the local model server returned no answer to the smoke prompt\n"
-                + _tail(log_path)
+                "the local model server returned no answer to the smoke prompt\n" + _tail(log_path)
             )
         log.info("smoke prompt %r answered %r by %s", prompt, answer, url)
         return SmokeResult(url=url, prompt=prompt, answer=answer)

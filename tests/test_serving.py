@@ -144,7 +144,6 @@ def test_chat_bodies_and_answers() -> None:
 def test_local_server_command_parses_with_transformers_serve() -> None:
     """The local server's command line against `transformers serve`'s own parser."""
     import click
-
     from transformers.cli.transformers import app  # the `transformers` CLI's click group
 
     command = serving.local_server_command("/models/tiny", port=18080)
@@ -201,7 +200,9 @@ def _register(run: str, metrics: dict[str, float]) -> tuple[str, Any]:
 
 
 def test_register_requests_golden(fake_registry: FakeModelService, golden: Any) -> None:
-    first, artifact = _register("run-1", {"tuned_eval_loss": 1.5, "exact_match": 0.25, "passed": 1.0})
+    first, artifact = _register(
+        "run-1", {"tuned_eval_loss": 1.5, "exact_match": 0.25, "passed": 1.0}
+    )
     second, _ = _register("run-2", {"tuned_eval_loss": 1.2, "exact_match": 0.5, "passed": 1.0})
     assert (first, second) == (f"{PARENT}/models/1000@1", f"{PARENT}/models/1000@2")
     # The google.VertexModel artifact GCPC's ModelDeployOp reads (metadata.resourceName).
@@ -250,9 +251,7 @@ def _deploy(fake: FakeEndpoints, preset: str = "vertex-vllm", **overrides: Any) 
 
 def test_deploy_creates_endpoint_and_smoke_tests(golden: Any) -> None:
     fake = FakeEndpoints(PARENT)
-    deployment = _deploy(
-        fake, encryption_key="projects/k/locations/us/keyRings/r/cryptoKeys/key"
-    )
+    deployment = _deploy(fake, encryption_key="projects/k/locations/us/keyRings/r/cryptoKeys/key")
     assert deployment.created_endpoint and deployment.answer == "4"
     assert deployment.traffic_split == {deployment.deployed_model_id: 100}
     golden.check("vertex_deploy_new_endpoint.json", [_proto_json(r) for r in fake.requests])
@@ -318,9 +317,7 @@ def test_challenger_split(current: dict[str, int], share: int, split: dict[str, 
 def test_deploy_options_are_checked_against_platform_facts() -> None:
     errors = deploy_errors(_options(machine_type="g2-standard-12", accelerator_count=2))
     assert any("cannot run on g2-standard-12" in e for e in errors), errors
-    assert any(
-        "traffic" in e for e in deploy_errors(_options(traffic_percent=0))
-    )
+    assert any("traffic" in e for e in deploy_errors(_options(traffic_percent=0)))
     assert deploy_errors(_options()) == []
     fake = FakeEndpoints(PARENT)
     with pytest.raises(ValueError, match="cannot deploy"):

@@ -96,10 +96,9 @@ def serving_spec(request: RegisterRequest, *, model_uri: str, display_name: str)
 
 def _model_client(region: str, credentials: Any) -> Any:
     from google.cloud import aiplatform_v1
+    from google.cloud.aiplatform import initializer
 
     from components.launchers.vertex import api_endpoint
-
-    from google.cloud.aiplatform import initializer
 
     # The SDK's credentials (Application Default unless aiplatform.init set others).
     return aiplatform_v1.ModelServiceClient(

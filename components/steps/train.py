@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components.platform_facts import gke_accelerator
 from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, TrainLaunch
 from components.launchers.customjob import CustomJobOptions
 from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.local import LocalLauncher, LocalOptions
 from components.launchers.pytorchjob import PyTorchJobOptions
 from components.launchers.vertex import VertexLauncher, VertexOptions
+from components.platform_facts import gke_accelerator
 from components.run_params import Backend, RdzvBackend, choices
 from trainer import storage
 

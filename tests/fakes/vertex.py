@@ -218,7 +218,6 @@ class FakeModelService:
             raise exceptions.NotFound(f"model {request.name} not found")
         return list(self.models[request.name])
 
-
     def import_model_evaluation(self, request: Any = None, **_: Any) -> Any:
         request = model_service.ImportModelEvaluationRequest(request)
         self.requests.append(request)
