@@ -220,7 +220,7 @@ def check_registry(
 
 def check_deploy(
     *,
-    target: str,
+    backend: str,
     deploy_endpoint: str,
     register_model: bool,
     machine_type: str,
@@ -231,14 +231,15 @@ def check_deploy(
 ) -> list[str]:
     """A cloud deployment deploys the registered version on a machine that carries the chosen
     accelerators; a LoRA adapter is served only by the Model Garden image (components/serving.py).
-    A local run (target "local") serves the exported model on its own machine instead."""
+    A local run (backend "local", which only the local runner runs) serves the exported model on
+    its own machine instead."""
     errors = []
     if lora_serving == "adapter" and serving_preset != "vertex-vllm":
         errors.append(
             f"lora_serving=adapter with serving_preset={serving_preset}: only the vertex-vllm "
             "preset loads an adapter from gs://; use lora_serving=merged"
         )
-    if not deploy_endpoint or target == "local":
+    if not deploy_endpoint or backend == "local":
         return errors
     if not register_model:
         errors.append(

@@ -353,7 +353,7 @@ class RunParams:
             serving_image=self.serving_image,
         )
         errors += checks.check_deploy(
-            target=target,
+            backend=self.backend,
             deploy_endpoint=self.deploy_endpoint,
             register_model=self.register_model,
             machine_type=self.deploy_machine_type,

@@ -333,7 +333,7 @@ def test_deploy_parameters_are_checked_up_front() -> None:
 
     def check(**overrides: Any) -> list[str]:
         kwargs: dict[str, Any] = dict(
-            target="vertex", deploy_endpoint="ep", register_model=True,
+            backend="vertex", deploy_endpoint="ep", register_model=True,
             machine_type="g2-standard-12", accelerator_type="NVIDIA_L4", accelerator_count=1,
             serving_preset="vertex-vllm", lora_serving="merged",
         )  # fmt: skip
@@ -341,7 +341,7 @@ def test_deploy_parameters_are_checked_up_front() -> None:
         return param_checks.check_deploy(**kwargs)
 
     assert check() == []
-    assert check(target="local", register_model=False) == []
+    assert check(backend="local", register_model=False) == []
     assert any("register_model is false" in e for e in check(register_model=False))
     assert any("a2-highgpu-1g" in e for e in check(accelerator_type="NVIDIA_TESLA_A100"))
     assert any("only the vertex-vllm" in e for e in check(
