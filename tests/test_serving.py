@@ -451,3 +451,23 @@ def test_experiment_run_logs_params_and_final_metrics(
     }  # fmt: skip
     assert dict(metadata["_metrics"]) == {"final_loss": 1.25, "tokens": 4096.0}
     golden.check("vertex_experiment_run.json", [_proto_json(r) for r in fake.requests])
+
+
+def test_the_pipelines_cmek_key_is_passed_to_the_run(tmp_path: Any) -> None:
+    """`vertex.encryption_key` (the PipelineJob's CMEK key) also fills the `encryption_key` run
+    parameter of our template, which the CustomJob and a created endpoint take."""
+    from pathlib import Path
+
+    from pipelines.deploy.config import load_for
+    from pipelines.deploy.submit import prepare_parameters
+
+    key = "projects/my-proj/locations/europe-west4/keyRings/llmft/cryptoKeys/pipelines"
+    template = Path(__file__).parent.parent / "compiled" / "fine_tune.vertex.yaml"
+    config = load_for(
+        "vertex", None, template=str(template), project="my-proj", region="europe-west4",
+        pipeline_root="gs://my-bucket/root", encryption_key=key,
+        service_account="llmft-pipelines@my-proj.iam.gserviceaccount.com",
+        parameters={"train_data_uri": "gs://my-bucket/raw/*.jsonl", "base_model": "gs://b/m"},
+    )  # fmt: skip
+    params = prepare_parameters(config, "vertex", schedule_time=None, recurring=False)
+    assert params["encryption_key"] == key
