@@ -374,3 +374,53 @@ def rollback(
         pass
     except Exception:
         log.exception("could not roll back the deployment on %s", deployment.endpoint)
+
+
+def undeploy_run(clients: VertexClients, *, project: str, location: str, run_id: str) -> list[str]:
+    """Undeploy every deployed model this run deployed (display name `llmft-serve-<run>`) from the
+    endpoints of `project`/`location`, and delete the endpoints the run created that serve nothing
+    else: the cleanup of a failed or cancelled run whose deploy step could not roll back (killed
+    before its undeploy finished). Returns what was removed."""
+    from google.api_core import exceptions
+    from google.cloud import aiplatform_v1
+
+    mine = resource_name("serve", run_id)
+    run_label = vertex_labels(run_id)
+    removed = []
+    endpoints = clients.endpoints.list_endpoints(
+        request=aiplatform_v1.ListEndpointsRequest(
+            parent=f"projects/{project}/locations/{location}"
+        )
+    )
+    for endpoint in endpoints:
+        ours = [d.id for d in endpoint.deployed_models if d.display_name == mine]
+        for deployed_id in ours:
+            rest = {k: v for k, v in endpoint.traffic_split.items() if k != deployed_id and v > 0}
+            total = sum(rest.values())
+            split = _rescaled(rest) if total else {}
+            try:
+                _undeploy(clients, endpoint.name, deployed_id, split)
+                removed.append(f"deployed model {deployed_id} on {endpoint.name}")
+            except exceptions.NotFound:
+                pass
+        created_here = all(endpoint.labels.get(k) == v for k, v in run_label.items())
+        others = [d for d in endpoint.deployed_models if d.id not in ours]
+        if created_here and not others:
+            try:
+                clients.endpoints.delete_endpoint(request={"name": endpoint.name}).result(
+                    timeout=DEPLOY_TIMEOUT_S
+                )
+                removed.append(f"endpoint {endpoint.name}")
+            except exceptions.NotFound:
+                pass
+    return removed
+
+
+def _rescaled(split: dict[str, int]) -> dict[str, int]:
+    """`split` scaled to add up to 100 (largest remainders first)."""
+    total = sum(split.values())
+    exact = {k: v * 100 / total for k, v in split.items()}
+    out = {k: int(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), k))[: 100 - sum(out.values())]:
+        out[k] += 1
+    return out

@@ -287,8 +287,17 @@ def deploy(
 
 
 @llmft_component
-def cleanup(backend: str, run_id: str, namespace: str, gke_cluster: str, project: str, region: str):
-    """Exit handler: delete everything that carries this run's label; ignore what is gone."""
+def cleanup(
+    backend: str,
+    run_id: str,
+    namespace: str,
+    gke_cluster: str,
+    project: str,
+    region: str,
+    status: dsl.PipelineTaskFinalStatus,
+):
+    """Exit handler: delete everything that carries this run's label; ignore what is gone. A
+    failed or cancelled run's deployments to Vertex AI endpoints are undeployed."""
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.cleanup import CleanupRequest, run
 

@@ -471,3 +471,37 @@ def test_the_pipelines_cmek_key_is_passed_to_the_run(tmp_path: Any) -> None:
     )  # fmt: skip
     params = prepare_parameters(config, "vertex", schedule_time=None, recurring=False)
     assert params["encryption_key"] == key
+
+
+def test_cleanup_of_a_failed_run_undeploys_what_it_deployed(golden: Any) -> None:
+    """A deploy step killed before its rollback: the exit handler undoes its deployments."""
+    from types import SimpleNamespace
+
+    from components.steps.cleanup import CleanupRequest, undeploy_failed_run
+
+    fake = FakeEndpoints(PARENT)
+    shared = fake.add_endpoint("shared", {"111": 100})
+    fake.answers["111"] = "five"
+    fake.predict_order = ["111"]
+    _deploy(fake, endpoint=shared, traffic_percent=30)  # challenger on an endpoint it reuses
+    created = _deploy(fake, endpoint="fresh").endpoint  # an endpoint it created
+    fake.requests.clear()
+
+    def cleanup(state: str) -> list[str]:
+        request = CleanupRequest(
+            backend="vertex", run_id="run-2", project=PROJECT, region=LOCATION,
+            status=SimpleNamespace(state=state), endpoint_clients=fake.clients(),
+        )  # fmt: skip
+        return undeploy_failed_run(request)
+
+    assert cleanup("SUCCEEDED") == [] and fake.requests == []  # a good run keeps serving
+    removed = cleanup("FAILED")
+    assert removed == [
+        f"deployed model 9002 on {shared}",
+        f"deployed model 9004 on {created}",
+        f"endpoint {created}",
+    ]
+    assert list(fake.endpoints) == [shared]
+    assert dict(fake.endpoints[shared].traffic_split) == {"111": 100}
+    golden.check("vertex_cleanup_undeploy.json", [_proto_json(r) for r in fake.requests])
+    assert cleanup("CANCELLED") == []  # nothing left: idempotent

@@ -325,6 +325,8 @@ class FakeEndpoints:
 
         request = endpoint_service.ListEndpointsRequest(request)
         self.requests.append(request)
+        if not request.filter:
+            return list(self.endpoints.values())
         wanted = request.filter.partition("=")[2].strip('"')
         return [e for e in self.endpoints.values() if e.display_name == wanted]
 
