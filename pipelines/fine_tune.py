@@ -2,7 +2,7 @@
 
     validate_inputs -> preprocess -> etcd_up -> train -> evaluate
         -> If(passed and register): register -> If(deploy_endpoint): deploy
-        (local: If(passed and deploy_endpoint): deploy, serving on this machine)
+        (local: If(passed): deploy, serving on this machine when deploy_endpoint is set)
     all inside dsl.ExitHandler(cleanup)
 
 `build_fine_tune(target)` returns the pipeline for a target:
@@ -254,8 +254,10 @@ def _register(
     )
     with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712
         if target == "local":
-            with dsl.If(p.deploy_endpoint != "", name="deploy-enabled"):
-                return None, c.deploy(**deploy_args).set_caching_options(False)
+            # One condition only: kfp.local (2.17) cannot resolve the outer condition's inputs in
+            # a nested one ("Could not resolve parent input"), so the step itself does nothing
+            # when deploy_endpoint is empty.
+            return None, c.deploy(**deploy_args).set_caching_options(False)
         with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
             registered = c.register(
                 tuned_model=trained.outputs["model"],

@@ -64,6 +64,10 @@ def run(request: DeployRequest) -> tuple[str, str]:
     """Deploy (or serve locally) and smoke-test; returns (endpoint or server URL, answer)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not request.deploy_endpoint:
+        # Only the local pipeline runs this step unconditionally (see pipelines/fine_tune.py).
+        log.info("deploy_endpoint is empty: nothing to deploy")
+        return "", ""
     if request.local:
         from components.local_serving import serve_and_smoke
         from trainer import storage
