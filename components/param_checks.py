@@ -239,6 +239,15 @@ def check_deploy(
             f"lora_serving=adapter with serving_preset={serving_preset}: only the vertex-vllm "
             "preset loads an adapter from gs://; use lora_serving=merged"
         )
+    if deploy_endpoint and backend == "local":
+        import importlib.util
+
+        missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+        if missing:
+            errors.append(
+                f"deploy_endpoint on a local run serves with `transformers serve`, which needs "
+                f"{' and '.join(missing)}: pip install 'llmft[serve]'"
+            )
     if not deploy_endpoint or backend == "local":
         return errors
     if not register_model:
