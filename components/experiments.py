@@ -78,7 +78,7 @@ def log_experiment_run(
     try:
         run.log_params(scalar_params(params))
         if values := final_metrics(metrics):
-            run.log_metrics(values)
+            run.log_metrics(dict[str, float | int | str](values))
     finally:
         aiplatform.end_run()
     log.info("logged run %s to Vertex AI Experiment %s", name, experiment)
