@@ -272,6 +272,7 @@ def deploy(
     encryption_key: str,
     local: bool,
     vertex_model: Input[VertexModel] = None,
+    gate_passed: bool = True,
 ) -> NamedTuple("DeployOutputs", [("endpoint", str), ("answer", str)]):  # type: ignore[valid-type]
     """Deploy the registered version to a Vertex AI endpoint (or, in a local run, serve the model
     on this machine) and send it a smoke chat prompt; fail when it does not answer.

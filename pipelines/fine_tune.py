@@ -2,7 +2,7 @@
 
     validate_inputs -> preprocess -> etcd_up -> train -> evaluate
         -> If(passed and register): register -> If(deploy_endpoint): deploy
-        (local: If(passed): deploy, serving on this machine when deploy_endpoint is set)
+        (local: deploy(gate_passed), serving on this machine when deploy_endpoint is set)
     all inside dsl.ExitHandler(cleanup)
 
 `build_fine_tune(target)` returns the pipeline for a target:
@@ -252,12 +252,14 @@ def _register(
         encryption_key=p.encryption_key,
         local=target == "local",
     )
-    with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712
-        if target == "local":
-            # One condition only: kfp.local (2.17) cannot resolve the outer condition's inputs in
-            # a nested one ("Could not resolve parent input"), so the step itself does nothing
-            # when deploy_endpoint is empty.
-            return None, c.deploy(**deploy_args).set_caching_options(False)
+    if target == "local":
+        # No dsl.If: kfp.local (2.17) cannot resolve a task output in a condition inside the
+        # exit handler ("Could not resolve parent input: evaluate-passed"; the condition is then
+        # false). The step gets the gate's verdict and does nothing unless it passed and
+        # deploy_endpoint is set.
+        deployed = c.deploy(**deploy_args, gate_passed=evaluated.outputs["passed"])
+        return None, deployed.set_caching_options(False)
+    with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
         with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
             registered = c.register(
                 tuned_model=trained.outputs["model"],

@@ -47,6 +47,9 @@ class DeployRequest:
     encryption_key: str
     local: bool
     """Serve on this machine (the local pipeline) instead of a Vertex endpoint."""
+    gate_passed: bool = True
+    """The evaluate step's verdict (the local pipeline passes it; the cloud ones run the step
+    only when it passed)."""
     clients: Any = None
     """Injected `VertexClients` (tests); default: the GAPIC clients of `region`."""
 
@@ -64,9 +67,12 @@ def run(request: DeployRequest) -> tuple[str, str]:
     """Deploy (or serve locally) and smoke-test; returns (endpoint or server URL, answer)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not request.deploy_endpoint:
+    if not request.deploy_endpoint or not request.gate_passed:
         # Only the local pipeline runs this step unconditionally (see pipelines/fine_tune.py).
-        log.info("deploy_endpoint is empty: nothing to deploy")
+        log.info(
+            "nothing to deploy: %s",
+            "deploy_endpoint is empty" if request.gate_passed else "the gate did not pass",
+        )
         return "", ""
     if request.local:
         from components.local_serving import serve_and_smoke
