@@ -211,7 +211,8 @@ def smoke(
     """Send the smoke chat prompt; return the answer.
 
     Raises:
-        RuntimeError: no answer (or, with the Model Garden preset, none from the new model).
+        RuntimeError: no chat completion came back (or, with the Model Garden preset, none from
+            the new model).
     """
     from google.api import httpbody_pb2
     from google.cloud import aiplatform_v1
@@ -228,12 +229,12 @@ def smoke(
                 )
                 predictions = [_plain(p) for p in response.predictions]
                 answer = chat_answer({"predictions": predictions})
-                if answer and response.deployed_model_id == deployed_model_id:
+                if answer is not None and response.deployed_model_id == deployed_model_id:
                     return answer
                 problems.append(
                     f"{response.deployed_model_id or '?'} answered {answer!r}"
-                    if answer
-                    else "empty answer"
+                    if answer is not None
+                    else f"no chat completion in {predictions!r:.200}"
                 )
                 continue
             http_body = httpbody_pb2.HttpBody(data=body, content_type="application/json")
@@ -241,7 +242,7 @@ def smoke(
                 request=aiplatform_v1.RawPredictRequest(endpoint=endpoint, http_body=http_body)
             )
             answer = chat_answer(bytes(raw.data))
-            if answer:
+            if answer is not None:
                 return answer
             problems.append(f"no answer in {bytes(raw.data)[:200]!r}")
         except Exception as exc:  # a refused request is a failed smoke test, reported below

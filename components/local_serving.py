@@ -134,10 +134,13 @@ def serve_and_smoke(
                 f"the local model server answered {exc.code} to the smoke prompt: "
                 f"{exc.read()[:500]!r}\n" + _tail(log_path)
             ) from None
-        if not answer:
+        if answer is None:
             raise RuntimeError(
-                "the local model server returned no answer to the smoke prompt\n" + _tail(log_path)
+                "the local model server returned no chat completion for the smoke prompt\n"
+                + _tail(log_path)
             )
+        if not answer:
+            log.warning("the model answered the smoke prompt with an empty message")
         log.info("smoke prompt %r answered %r by %s", prompt, answer, url)
         return SmokeResult(url=url, prompt=prompt, answer=answer)
     finally:

@@ -197,22 +197,25 @@ def chat_body(preset: ServingPreset, served_model_name: str, prompt: str = SMOKE
     return json.dumps(body).encode()
 
 
-def chat_answer(response: Any) -> str:
+def chat_answer(response: Any) -> str | None:
     """The assistant's text from a chat response (OpenAI's shape, or Vertex's `predictions`
-    wrapping it); "" when there is none."""
+    wrapping it), stripped; None when the response holds no chat completion at all. An empty
+    string is an answer: a tiny or barely trained model may well stop at once."""
     if isinstance(response, bytes | str):
         try:
             response = json.loads(response)
         except ValueError:
-            return ""
+            return None
     if isinstance(response, dict) and "predictions" in response:
         predictions = response["predictions"]
         response = predictions[0] if isinstance(predictions, list) and predictions else predictions
     try:
-        content = response["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
+        content = response["choices"][0]["message"].get("content")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    if content is None:
         return ""
-    return content.strip() if isinstance(content, str) else ""
+    return content.strip() if isinstance(content, str) else None
 
 
 def local_server_command(model_dir: str, *, port: int, host: str = "127.0.0.1") -> list[str]:

@@ -137,8 +137,11 @@ def test_chat_bodies_and_answers() -> None:
     assert serving.chat_answer(json.dumps(answer)) == "4"
     assert serving.chat_answer({"predictions": [answer]}) == "4"
     assert serving.chat_answer({"predictions": answer}) == "4"
-    assert serving.chat_answer(b"not json") == ""
-    assert serving.chat_answer({"choices": []}) == ""
+    assert serving.chat_answer(b"not json") is None
+    assert serving.chat_answer({"choices": []}) is None
+    assert serving.chat_answer({"error": "model not loaded"}) is None
+    # An empty message is an answer (a barely trained model may stop at once).
+    assert serving.chat_answer({"choices": [{"message": {"content": ""}}]}) == ""
 
 
 def test_local_server_command_parses_with_transformers_serve() -> None:
@@ -282,7 +285,7 @@ def test_deploy_replaces_earlier_versions_after_the_smoke_prompt() -> None:
 
 def test_failed_smoke_prompt_rolls_back(golden: Any) -> None:
     fake = FakeEndpoints(PARENT)
-    fake.answers["9002"] = ""  # the id the fake gives the new deployment: it answers nothing
+    fake.answers["9002"] = None  # the id the fake gives the new deployment: no completion
     with pytest.raises(RuntimeError, match="smoke prompt got no answer"):
         _deploy(fake, "vllm-openai")
     assert fake.endpoints == {}  # undeployed, and the endpoint it created deleted
@@ -292,7 +295,7 @@ def test_failed_smoke_prompt_rolls_back(golden: Any) -> None:
 def test_failed_smoke_on_a_shared_endpoint_restores_the_champion() -> None:
     fake = FakeEndpoints(PARENT)
     name = fake.add_endpoint("tiny-llama-ft", {"111": 100})
-    fake.answers["9002"] = ""
+    fake.answers["9002"] = None
     with pytest.raises(RuntimeError):
         _deploy(fake, traffic_percent=50)
     assert name in fake.endpoints

@@ -283,8 +283,8 @@ class FakeEndpoints:
     """EndpointService and PredictionService in memory, for `components.endpoints.VertexClients`
     (`clients()`): records every request proto and answers with real response protos.
 
-    `answers` maps a deployed model id to what its server returns for a chat request
-    ("" = an empty answer); `predict_order` is the order in which a split endpoint's deployed
+    `answers` maps a deployed model id to what its server returns for a chat request (None:
+    a response without a chat completion, as a broken server gives); `predict_order` is the order in which a split endpoint's deployed
     models answer predict calls (default: the newest).
     """
 
@@ -294,7 +294,7 @@ class FakeEndpoints:
         self.parent = parent
         self.requests: list[Any] = []
         self.endpoints: dict[str, gca_endpoint.Endpoint] = {}
-        self.answers: dict[str, str] = {}
+        self.answers: dict[str, str | None] = {}
         self.predict_order: list[str] = []
         self._ids = 0
 
@@ -407,12 +407,15 @@ class FakeEndpoints:
         request.instances.extend(instances)
         self.requests.append(request)
         model = self._answering(request.endpoint)
-        content = self.answers.get(model, "")
         response = prediction_service.PredictResponse(deployed_model_id=model)
-        response.predictions.extend(
-            [{"choices": [{"message": {"role": "assistant", "content": content}}]}]
-        )
+        response.predictions.extend([self._completion(self.answers.get(model))])
         return response
+
+    @staticmethod
+    def _completion(content: str | None) -> dict[str, Any]:
+        if content is None:
+            return {"error": "model not loaded"}
+        return {"choices": [{"message": {"role": "assistant", "content": content}}]}
 
     def raw_predict(self, request: Any = None, **_: Any) -> Any:
         import json
@@ -422,8 +425,7 @@ class FakeEndpoints:
 
         request = prediction_service.RawPredictRequest(request)
         self.requests.append(request)
-        content = self.answers.get(self._answering(request.endpoint), "")
-        body = {"choices": [{"message": {"role": "assistant", "content": content}}]}
+        body = self._completion(self.answers.get(self._answering(request.endpoint)))
         return httpbody_pb2.HttpBody(
             data=json.dumps(body).encode(), content_type="application/json"
         )
