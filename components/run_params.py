@@ -233,8 +233,9 @@ class RunParams:
     )
     serving_image: str = param(
         "",
-        "Serving container image (pinned tag) for the registered model, e.g. a vLLM or TGI "
-        "image from Vertex AI Model Garden; required when register_model is true.",
+        "Serving container image (pinned tag) for the registered model, started as "
+        "serving_preset says (e.g. Model Garden's pytorch-vllm-serve image for vertex-vllm); "
+        "required when register_model is true.",
     )
 
     # --- serving, deployment and tracking (issue 30) -------------------------------------------
