@@ -60,7 +60,7 @@ STEP_RESOURCES: dict[str, tuple[str, str]] = {
     "train": ("1", "4G"),  # only follows the training job, which has its own machines
     "evaluate": ("12", "48G"),  # with one L4: a g2-standard-12; fits 7B in bf16
     "register": ("1", "4G"),
-    "deploy": ("4", "16G"),  # locally it runs the model server; in the cloud it only waits
+    "deploy": ("1", "4G"),  # only waits on Vertex (kfp.local ignores limits)
     "cleanup": ("1", "2G"),
 }
 """CPU and memory limits per task (Vertex sizes the machine from limits, not requests)."""
