@@ -18,6 +18,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output, OutputPath
 
 from components.image import DEFAULT_IMAGE
+from components.lineage import VertexModel
 
 _KFP_LAUNCH = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
 
@@ -95,6 +96,17 @@ def validate_inputs(
     registered_model: str,
     champion_model: str,
     serving_image: str,
+    serving_preset: str,
+    lora_serving: str,
+    deploy_endpoint: str,
+    deploy_machine_type: str,
+    deploy_accelerator_type: str,
+    deploy_accelerator_count: int,
+    deploy_spot: bool,
+    deploy_traffic_percent: int,
+    tensorboard: str,
+    experiment: str,
+    encryption_key: str,
     train_timeout_s: int,
     capacity: str,
     max_cost_usd: float,
@@ -220,6 +232,9 @@ def train(
     reservation: str,
     gpu_hour_price_usd: float,
     budget_timeout_s: int,
+    tensorboard: str,
+    experiment: str,
+    encryption_key: str,
     model: Output[Model],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
 ) -> NamedTuple("TrainOutputs", [("model_uri", str)]):  # type: ignore[valid-type]
@@ -269,19 +284,28 @@ def evaluate(
 def register(
     model_uri: str,
     base_model: str,
+    metrics: Input[Metrics],
     run_id: str,
     project: str,
     region: str,
     registered_model: str,
     serving_image: str,
+    serving_preset: str,
+    lora_serving: str,
+    seq_len: int,
+    deploy_accelerator_count: int,
+    vertex_model: Output[VertexModel],
 ) -> str:
-    """Upload the tuned model to Vertex AI Model Registry (a new version of `registered_model`).
+    """Upload the tuned model to Vertex AI Model Registry (a new version of `registered_model`)
+    with the serving preset's container, attach the gate's metrics as its model evaluation and
+    move the `champion` alias to it.
 
     The model comes by URI: the registry reads it from gs://; an input artifact would first be
     downloaded whole into this small pod.
 
     Returns:
-        The registered model version's resource name.
+        The registered model version's resource name (also the `google.VertexModel` output that
+        GCPC's deploy and batch-prediction components take).
     """
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.register import RegisterRequest, run
@@ -290,8 +314,48 @@ def register(
 
 
 @llmft_component
-def cleanup(backend: str, run_id: str, namespace: str, gke_cluster: str, project: str, region: str):
-    """Exit handler: delete everything that carries this run's label; ignore what is gone."""
+def deploy(
+    model_uri: str,
+    run_id: str,
+    project: str,
+    region: str,
+    serving_preset: str,
+    deploy_endpoint: str,
+    deploy_machine_type: str,
+    deploy_accelerator_type: str,
+    deploy_accelerator_count: int,
+    deploy_spot: bool,
+    deploy_traffic_percent: int,
+    encryption_key: str,
+    local: bool,
+    vertex_model: Input[VertexModel] = None,
+    gate_passed: bool = True,
+) -> NamedTuple("DeployOutputs", [("endpoint", str), ("answer", str)]):  # type: ignore[valid-type]
+    """Deploy the registered version to a Vertex AI endpoint (or, in a local run, serve the model
+    on this machine) and send it a smoke chat prompt; fail when it does not answer.
+
+    Returns:
+        endpoint: the endpoint's resource name (locally: the server's chat URL).
+        answer: the model's answer to the smoke prompt.
+    """
+    params = dict(locals())  # exactly the parameters: taken before anything else is bound
+    from components.steps.deploy import DeployRequest, run
+
+    return run(DeployRequest(**params))
+
+
+@llmft_component
+def cleanup(
+    backend: str,
+    run_id: str,
+    namespace: str,
+    gke_cluster: str,
+    project: str,
+    region: str,
+    status: dsl.PipelineTaskFinalStatus,
+):
+    """Exit handler: delete everything that carries this run's label; ignore what is gone. A
+    failed or cancelled run's deployments to Vertex AI endpoints are undeployed."""
     params = dict(locals())  # exactly the parameters: taken before anything else is bound
     from components.steps.cleanup import CleanupRequest, run
 
@@ -305,5 +369,6 @@ ALL_COMPONENTS = {
     "train": train,
     "evaluate": evaluate,
     "register": register,
+    "deploy": deploy,
     "cleanup": cleanup,
 }

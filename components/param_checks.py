@@ -316,3 +316,50 @@ def check_capacity(
             "queue decides): set those, or max_wait_minutes=0"
         )
     return None
+
+
+def check_deploy(
+    *,
+    backend: str,
+    deploy_endpoint: str,
+    register_model: bool,
+    machine_type: str,
+    accelerator_type: str,
+    accelerator_count: int,
+    serving_preset: str,
+    lora_serving: str,
+) -> list[str]:
+    """A cloud deployment deploys the registered version on a machine that carries the chosen
+    accelerators; a LoRA adapter is served only by the Model Garden image (components/serving.py).
+    A local run (backend "local", which only the local runner runs) serves the exported model on
+    its own machine instead."""
+    errors = []
+    if lora_serving == "adapter" and serving_preset != "vertex-vllm":
+        errors.append(
+            f"lora_serving=adapter with serving_preset={serving_preset}: only the vertex-vllm "
+            "preset loads an adapter from gs://; use lora_serving=merged"
+        )
+    if deploy_endpoint and backend == "local":
+        import importlib.util
+
+        missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+        if missing:
+            errors.append(
+                f"deploy_endpoint on a local run serves with `transformers serve`, which needs "
+                f"{' and '.join(missing)}: pip install 'llmft[serve]'"
+            )
+    if not deploy_endpoint or backend == "local":
+        return errors
+    if not register_model:
+        errors.append(
+            "deploy_endpoint is set but register_model is false: the deploy step deploys the "
+            "registered version; set register_model=true"
+        )
+    from components.platform_facts import machine_accelerator_errors
+
+    count = accelerator_count if accelerator_type else 0
+    errors += [
+        f"deploy_machine_type/deploy_accelerator_*: {e}"
+        for e in machine_accelerator_errors(machine_type, accelerator_type, count)
+    ]
+    return errors

@@ -109,11 +109,17 @@ class ServingContainer:
     """HTTP path of its health check."""
     ports: list[int] | None = None
     """Ports the container listens on."""
+    command: list[str] | None = None
+    """The container's entrypoint (None: the image's own)."""
     args: list[str] | None = None
     """Arguments for the container's entrypoint."""
     environment_variables: dict[str, str] | None = None
     """Environment for the container (never secrets: they would be readable in the model
     resource)."""
+    shared_memory_size_mb: int | None = None
+    """/dev/shm size (vLLM's workers share tensors through it)."""
+    deployment_timeout: int | None = None
+    """Seconds Vertex waits for the container to become healthy."""
 
     def upload_arguments(self) -> dict[str, Any]:
         """The `aiplatform.Model.upload` arguments (`serving_container_<field>`)."""

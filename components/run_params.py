@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from components import param_checks as checks
 from components.param_schema import field_error, literal_choices, param
+from components.serving import LoraServing, ServingPreset
 from components.trainer_params import trainer_override_errors
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
@@ -287,8 +288,69 @@ class RunParams:
     )
     serving_image: str = param(
         "",
-        "Serving container image (pinned tag) for the registered model, e.g. a vLLM or TGI "
-        "image from Vertex AI Model Garden; required when register_model is true.",
+        "Serving container image (pinned tag) for the registered model, started as "
+        "serving_preset says (e.g. Model Garden's pytorch-vllm-serve image for vertex-vllm); "
+        "required when register_model is true.",
+    )
+
+    # --- serving, deployment and tracking (issue 30) -------------------------------------------
+    serving_preset: ServingPreset = param(
+        "vertex-vllm",
+        'How serving_image starts the model (components/serving.py): "vertex-vllm" (Vertex AI '
+        'Model Garden pytorch-vllm-serve image), "vllm-openai" (vLLM\'s own OpenAI server image), '
+        'or "custom" (the image alone, e.g. a TGI image that reads AIP_STORAGE_URI itself).',
+    )
+    lora_serving: LoraServing = param(
+        "merged",
+        'For a LoRA run: serve the "merged" model, or the base model plus the "adapter" with '
+        "vLLM --enable-lora (vertex-vllm preset only).",
+    )
+    deploy_endpoint: str = param(
+        "",
+        "Deploy the registered version to this Vertex AI endpoint (resource name or display name; "
+        "created when missing) and send it a smoke prompt; empty: no deployment. A local run "
+        "serves the model on this machine instead (any non-empty value).",
+    )
+    deploy_machine_type: str = param(
+        "g2-standard-12", "Machine type serving the deployed model (e.g. g2-standard-12 + 1 L4)."
+    )
+    deploy_accelerator_type: str = param(
+        "NVIDIA_L4", "Accelerator of the serving machine (Vertex name); empty for CPU."
+    )
+    deploy_accelerator_count: int = param(
+        1, "Accelerators per serving replica (vLLM shards the model over them).", ge=0
+    )
+    deploy_spot: bool = param(False, "Serve on Spot VMs (cheaper; replicas may be preempted).")
+    deploy_traffic_percent: int = param(
+        100,
+        "Traffic share of the new version when the endpoint already serves earlier versions "
+        "(champion/challenger); 100 replaces them once the smoke prompt passed.",
+        ge=1,
+        le=100,
+    )
+    tensorboard: str = param(
+        "",
+        "Vertex AI TensorBoard instance (projects/P/locations/L/tensorboards/ID) the training "
+        "CustomJob streams its events to; empty: events stay under work_uri.",
+        pattern=(
+            r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+",
+            "projects/P/locations/L/tensorboards/ID",
+        ),
+    )
+    experiment: str = param(
+        "",
+        "Vertex AI Experiment that gets a run with this run's parameters and final metrics; "
+        "empty: none.",
+        pattern=(r"[a-z0-9][a-z0-9-]{0,127}", "lowercase letters, digits and '-'"),
+    )
+    encryption_key: str = param(
+        "",
+        "Cloud KMS key (projects/P/locations/L/keyRings/R/cryptoKeys/K) for the training "
+        "CustomJob and a created endpoint; `llmft run` fills in the pipeline's vertex.encryption_key.",
+        pattern=(
+            r"projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+",
+            "projects/P/locations/L/keyRings/R/cryptoKeys/K",
+        ),
     )
 
     # --- cloud launch limits (issue 29) --------------------------------------------------------
@@ -410,6 +472,16 @@ class RunParams:
             register_model=self.register_model,
             registered_model=self.registered_model,
             serving_image=self.serving_image,
+        )
+        errors += checks.check_deploy(
+            backend=self.backend,
+            deploy_endpoint=self.deploy_endpoint,
+            register_model=self.register_model,
+            machine_type=self.deploy_machine_type,
+            accelerator_type=self.deploy_accelerator_type,
+            accelerator_count=self.deploy_accelerator_count,
+            serving_preset=self.serving_preset,
+            lora_serving=self.lora_serving,
         )
         return errors
 

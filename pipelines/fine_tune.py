@@ -1,6 +1,8 @@
 """The fine-tune pipeline: one source, two compile targets.
 
-    validate_inputs -> preprocess -> etcd_up -> train -> evaluate -> If(passed and register): register
+    validate_inputs -> preprocess -> etcd_up -> train -> evaluate
+        -> If(passed and register): register -> If(deploy_endpoint): deploy
+        (local: deploy(gate_passed), serving on this machine when deploy_endpoint is set)
     all inside dsl.ExitHandler(cleanup)
 
 `build_fine_tune(target)` returns the pipeline for a target:
@@ -59,6 +61,7 @@ STEP_RESOURCES: dict[str, tuple[str, str]] = {
     "train": ("1", "4G"),  # only follows the training job, which has its own machines
     "evaluate": ("12", "48G"),  # with one L4: a g2-standard-12; fits 7B in bf16
     "register": ("1", "4G"),
+    "deploy": ("1", "4G"),  # only waits on Vertex (kfp.local ignores limits)
     "cleanup": ("1", "2G"),
 }
 """CPU and memory limits per task (Vertex sizes the machine from limits, not requests)."""
@@ -68,6 +71,7 @@ KFP_STEP_REQUESTS: dict[str, tuple[str, str]] = {
     "etcd-up": ("250m", "1G"),
     "train": ("500m", "2G"),
     "register": ("500m", "2G"),
+    "deploy": ("500m", "2G"),
     "cleanup": ("250m", "1G"),
 }
 """CPU and memory requests of the CPU-only tasks on KFP. KFP copies only limits into the pod, and
@@ -115,9 +119,10 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             etcd = _etcd_up(p, run_id, prep)
             trained = _train(p, target, run_id, validated, prep, etcd)
             evaluated = _evaluate(p, target, validated, prep, trained)
-            registered = _register(p, run_id, validated, evaluated, trained)
+            registered = _register(p, run_id, validated, evaluated, trained, target)
 
-        for task in (cleanup_task, validated, prep, etcd, trained, evaluated, registered):
+        tasks = [cleanup_task, validated, prep, etcd, trained, evaluated]
+        for task in tasks + [t for t in registered if t is not None]:
             cpu, memory = STEP_RESOURCES[task.name]
             task.set_cpu_limit(cpu).set_memory_limit(memory)
             if target == "kfp" and task.name in KFP_STEP_REQUESTS:
@@ -238,6 +243,9 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
         reservation=p.reservation,
         gpu_hour_price_usd=p.gpu_hour_price_usd,
         budget_timeout_s=validated.outputs["budget_timeout_s"],
+        tensorboard=p.tensorboard,
+        experiment=p.experiment,
+        encryption_key=p.encryption_key,
     ).set_caching_options(False)
     if target != "local":
         # Safe to retry: the trainer resumes from its latest complete checkpoint. Not locally:
@@ -272,19 +280,56 @@ def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any
     return evaluated
 
 
-def _register(p: RunParams, run_id: str, validated: Any, evaluated: Any, trained: Any) -> Any:
-    """Upload to the Model Registry when the gate passed and registration is on."""
+def _register(
+    p: RunParams, run_id: str, validated: Any, evaluated: Any, trained: Any, target: str
+) -> tuple[Any, Any]:
+    """When the gate passed: upload to the Model Registry (if registration is on), then deploy
+    and smoke-test it (if `deploy_endpoint` is set). A local run cannot register; it serves the
+    exported model on its own machine instead. Returns (register task, deploy task), None for
+    a task this target does not have."""
+    deploy_args = dict(
+        model_uri=trained.outputs["model_uri"],  # by URI: nothing downloaded into the pod
+        run_id=run_id,
+        project=p.project,
+        region=p.region,
+        serving_preset=p.serving_preset,
+        deploy_endpoint=p.deploy_endpoint,
+        deploy_machine_type=p.deploy_machine_type,
+        deploy_accelerator_type=p.deploy_accelerator_type,
+        deploy_accelerator_count=p.deploy_accelerator_count,
+        deploy_spot=p.deploy_spot,
+        deploy_traffic_percent=p.deploy_traffic_percent,
+        encryption_key=p.encryption_key,
+        local=target == "local",
+    )
+    if target == "local":
+        # No dsl.If: kfp.local (2.17) cannot resolve a task output in a condition inside the
+        # exit handler ("Could not resolve parent input: evaluate-passed"; the condition is then
+        # false). The step gets the gate's verdict and does nothing unless it passed and
+        # deploy_endpoint is set.
+        deployed = c.deploy(**deploy_args, gate_passed=evaluated.outputs["passed"])
+        return None, deployed.set_caching_options(False)
     with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
         with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
-            return c.register(
+            registered = c.register(
                 model_uri=trained.outputs["model_uri"],  # by URI: the registry reads gs://
                 base_model=validated.outputs["base_model"],
+                metrics=evaluated.outputs["metrics"],
                 run_id=run_id,
                 project=p.project,
                 region=p.region,
                 registered_model=p.registered_model,
                 serving_image=p.serving_image,
+                serving_preset=p.serving_preset,
+                lora_serving=p.lora_serving,
+                seq_len=p.seq_len,
+                deploy_accelerator_count=p.deploy_accelerator_count,
             ).set_caching_options(False)
+            with dsl.If(p.deploy_endpoint != "", name="deploy-enabled"):
+                deployed = c.deploy(
+                    **deploy_args, vertex_model=registered.outputs["vertex_model"]
+                ).set_caching_options(False)
+            return registered, deployed
 
 
 def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:

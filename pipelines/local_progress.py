@@ -34,6 +34,7 @@ STEP_NAMES = (
     "train",
     "evaluate",
     "register",
+    "deploy",
     "cleanup",
 )
 REQUIRED_STEPS = ("validate-inputs", "preprocess", "etcd-up", "train", "evaluate", "cleanup")

@@ -182,6 +182,7 @@ ALL_SUCCEEDED = {
     "train": "succeeded",
     "evaluate": "succeeded",
     "register": "skipped",
+    "deploy": "succeeded",  # runs when the gate passed; serves only with deploy_endpoint set
     "cleanup": "succeeded",
 }
 
@@ -245,6 +246,7 @@ def test_failure_in_train_still_runs_cleanup(tmp_path: Path, assets: tuple[Path,
         "train": "failed",
         "evaluate": "skipped",
         "register": "skipped",
+        "deploy": "skipped",
     }, out[-3000:]
     assert "fine-tune failed: train" in out
     assert "backend=nccl needs GPUs" in _log(workdir)  # the trainer's own message reaches the log

@@ -74,6 +74,13 @@ class CustomJobOptions:
     """Interactive shell into the replicas (debugging)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels (the run's labels are always set)."""
+    # --- TensorBoard and CMEK (issue 30) ---
+    tensorboard: str | None = None
+    """Vertex AI TensorBoard instance (projects/P/locations/L/tensorboards/ID) the job uploads
+    its events to; Vertex then sets AIP_TENSORBOARD_LOG_DIR (needs service_account and
+    base_output_directory)."""
+    encryption_key: str | None = None
+    """Cloud KMS key the job and its outputs are encrypted with (the pipeline's CMEK key)."""
 
     # --- capacity (components/capacity.py) -----------------------------------------------------
     capacity: str = "on-demand"
@@ -140,6 +147,7 @@ class CustomJobOptions:
             errors.append(
                 "env must not carry the HF token: pass hf_token_secret (read at run time)"
             )
+        errors += tracking_errors(self)
         return errors + self.capacity_errors()
 
 
@@ -181,11 +189,13 @@ def build_custom_job(*, launch: TrainLaunch, options: CustomJobOptions | None = 
     pools = [_pool(launch, options, primary=True, replicas=1)]
     if launch.nodes > 1:
         pools.append(_pool(launch, options, primary=False, replicas=launch.nodes - 1))
-    return aiplatform_v1.CustomJob(
+    job = aiplatform_v1.CustomJob(
         display_name=resource_name("train", launch.run_id),
         job_spec=_job_spec(pools, options),
         labels={**options.labels, **vertex_labels(launch.run_id)},
     )
+    apply_tracking(job, options)
+    return job
 
 
 def _pool(launch: TrainLaunch, options: CustomJobOptions, *, primary: bool, replicas: int) -> Any:
@@ -279,3 +289,31 @@ def _reservation_affinity(reservation: str) -> Any:
         key=RESERVATION_KEY,
         values=[reservation],
     )
+
+
+# --- TensorBoard and CMEK (issue 30) --------------------------------------------------------------
+
+
+def tracking_errors(options: CustomJobOptions) -> list[str]:
+    """Vertex uploads TensorBoard events only for a job with its own service account and a
+    base output directory (CustomJobSpec.tensorboard reference)."""
+    errors = []
+    if options.tensorboard:
+        if not options.service_account:
+            errors.append(
+                "tensorboard needs service_account: Vertex uploads TensorBoard events only for "
+                "jobs that run as a service account you name"
+            )
+        if not options.base_output_directory:
+            errors.append("tensorboard needs base_output_directory (a gs:// dir for the events)")
+    return errors
+
+
+def apply_tracking(job: Any, options: CustomJobOptions) -> None:
+    """Attach the TensorBoard instance and the CMEK key to `job` (an aiplatform_v1.CustomJob)."""
+    from google.cloud import aiplatform_v1
+
+    if options.tensorboard:
+        job.job_spec.tensorboard = options.tensorboard
+    if options.encryption_key:
+        job.encryption_spec = aiplatform_v1.EncryptionSpec(kms_key_name=options.encryption_key)

@@ -46,6 +46,12 @@ class CleanupRequest:
     """An injected `aiplatform_v1.JobServiceClient` (vertex; tests)."""
     state_root: str | None = None
     """The local state root (default: $LLMFT_STATE_DIR or <tmp>/llmft-runs)."""
+    # --- serving (issue 30) ---
+    status: Any = None
+    """The run's `dsl.PipelineTaskFinalStatus` (`.state`); a failed or cancelled run's
+    deployments are undone. None: not known (nothing is undeployed)."""
+    endpoint_clients: Any = None
+    """Injected `components.endpoints.VertexClients` (tests); default: the region's."""
 
     def backend_options(self) -> BackendOptions:
         """Where the run's resources live, as the backend's launcher options."""
@@ -64,6 +70,7 @@ class CleanupRequest:
 def run(request: CleanupRequest) -> list[str]:
     """Delete every resource of the run on its backend; returns what was removed."""
     removed = launcher(request.backend_options()).cleanup(request.run_id)
+    removed += undeploy_failed_run(request)
     for item in removed:
         logger.info("cleanup of run %s: %s", request.run_id, item)
     if not removed:
@@ -111,3 +118,22 @@ def local_runs_by_liveness(state_root: str | os.PathLike[str]) -> tuple[list[str
             )
         (live if running else dead).append(run_dir.name)
     return dead, live
+
+
+# --- serving (issue 30) ----------------------------------------------------------------------------
+
+FAILED_STATES = ("FAILED", "CANCELLED", "CANCELED")
+
+
+def undeploy_failed_run(request: CleanupRequest) -> list[str]:
+    """Undeploy what the deploy step of a failed or cancelled run left on Vertex AI endpoints
+    (it rolls back itself, unless it was killed first). Only cloud runs deploy to endpoints."""
+    state = str(getattr(request.status, "state", "") or "").upper()
+    if request.backend == "local" or not request.project or state not in FAILED_STATES:
+        return []
+    from components.endpoints import VertexClients, undeploy_run
+
+    clients = request.endpoint_clients or VertexClients.for_location(request.region)
+    return undeploy_run(
+        clients, project=request.project, location=request.region, run_id=request.run_id
+    )

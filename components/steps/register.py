@@ -1,15 +1,32 @@
-"""The pipeline's register step: upload the tuned model to Vertex AI Model Registry.
+"""The pipeline's register step: upload the tuned model to Vertex AI Model Registry, serving-ready.
 
 `run(RegisterRequest)` is what the `register` KFP component calls (only when the gate passed and
-`register_model` is set); the registry calls are in components/registry.py.
+`register_model` is set). It
+1. uploads the exported model with the serving preset's container (components/serving.py: args,
+   ports, routes, env for the vLLM images; the registry calls are in components/registry.py);
+2. attaches the evaluate step's metrics to the version as a model evaluation;
+3. moves the `champion` alias to the new version (the gate passed, or this step would not run);
+4. fills the `google.VertexModel` output artifact (components/lineage.py) that GCPC's deploy and
+   batch-prediction components take.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from components.registry import ServingContainer, register_model, resolve_model
+from components.lineage import (
+    CHAMPION_ALIAS,
+    import_gate_evaluation,
+    move_champion_alias,
+    vertex_model_fields,
+)
+from components.registry import register_model, resolve_model
+from components.serving import ADAPTER_SUBDIR, ServingSpec, serving_container
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -28,8 +45,77 @@ class RegisterRequest:
     """The registry model to add a version to (resource name, id, or display name; a new
     display name creates the model)."""
     serving_image: str
+    serving_preset: str = "vertex-vllm"
+    lora_serving: str = "merged"
+    seq_len: int = 512
+    deploy_accelerator_count: int = 1
+    metrics: Any = None
+    """The evaluate step's Metrics artifact (`.metadata`: the gate's metrics); None skips the
+    model evaluation."""
+    vertex_model: Any = None
+    """The `google.VertexModel` output artifact (`.uri`, `.metadata`), filled here."""
     credentials: Any = None
     """Google credentials (tests pass anonymous ones); default: Application Default."""
+
+
+def served_model_name(display_name: str) -> str:
+    """The name clients pass as `model` (the registry model's display name, lowercased)."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in display_name.lower())
+
+
+def lora_rank(model_uri: str) -> int:
+    """The rank of the LoRA adapter exported beside the merged model (0: no adapter)."""
+    from trainer import storage
+
+    config = f"{model_uri.rstrip('/')}/{ADAPTER_SUBDIR}/adapter_config.json"
+    if not storage.exists(config):
+        return 0
+    return int(json.loads(storage.read_text(config)).get("r") or 0)
+
+
+def serving_spec(request: RegisterRequest, *, model_uri: str, display_name: str) -> ServingSpec:
+    """The serving preset's inputs for this run's export. The adapter is looked for only when
+    it is to be served (a merged export serves the same way whether LoRA trained it or not)."""
+    rank = lora_rank(model_uri) if request.lora_serving == "adapter" else 0
+    if request.lora_serving == "adapter" and not rank:
+        raise ValueError(
+            f"lora_serving=adapter but {model_uri} holds no {ADAPTER_SUBDIR}/: the run trained no "
+            "LoRA adapter (set lora_rank in trainer_overrides, or use lora_serving=merged)"
+        )
+    base = request.base_model
+    return ServingSpec(
+        preset=request.serving_preset,  # type: ignore[arg-type]
+        image=request.serving_image,
+        served_model_name=served_model_name(display_name),
+        max_model_len=request.seq_len,
+        tensor_parallel_size=max(1, request.deploy_accelerator_count),
+        lora=rank > 0,
+        lora_serving=request.lora_serving,  # type: ignore[arg-type]
+        base_model_uri=base,
+        lora_rank=rank,
+    )
+
+
+def _model_client(region: str, credentials: Any) -> Any:
+    from google.cloud import aiplatform_v1
+    from google.cloud.aiplatform import initializer
+
+    from components.launchers.vertex import api_endpoint
+
+    # The SDK's credentials (Application Default unless aiplatform.init set others).
+    return aiplatform_v1.ModelServiceClient(
+        client_options={"api_endpoint": api_endpoint(region)},
+        credentials=credentials or initializer.global_config.credentials,
+    )
+
+
+def _alias_holders(client: Any, model: str, alias: str) -> list[str]:
+    from google.api_core import exceptions
+
+    try:
+        return [str(client.get_model(request={"name": f"{model}@{alias}"}).version_id)]
+    except exceptions.NotFound:
+        return []
 
 
 def run(request: RegisterRequest) -> str:
@@ -43,10 +129,12 @@ def run(request: RegisterRequest) -> str:
     description = f"fine-tuned by llmft run {request.run_id}"
     if request.base_model:
         description += f" from {request.base_model}"
+    spec = serving_spec(request, model_uri=request.model_uri, display_name=display_name)
+    serving = serving_container(spec)
     version = register_model(
         artifact_uri=request.model_uri,
         display_name=display_name,
-        serving=ServingContainer(image_uri=request.serving_image),
+        serving=serving,
         run_id=request.run_id,
         project=request.project,
         location=request.region,
@@ -54,4 +142,24 @@ def run(request: RegisterRequest) -> str:
         description=description,
         credentials=request.credentials,
     )
+    client = _model_client(request.region, request.credentials)
+    if request.metrics is not None:
+        import_gate_evaluation(
+            client,
+            versioned_name=version.versioned_name,
+            metrics=dict(request.metrics.metadata),
+            run_id=request.run_id,
+        )
+    move_champion_alias(
+        client,
+        model=version.resource_name,
+        version_id=version.version_id,
+        holders=_alias_holders(client, version.resource_name, CHAMPION_ALIAS),
+    )
+    if request.vertex_model is not None:
+        uri, fields = vertex_model_fields(
+            version.versioned_name, request.region, spec.served_model_name
+        )
+        request.vertex_model.uri = uri
+        request.vertex_model.metadata.update(fields)
     return version.versioned_name

@@ -73,6 +73,13 @@ class TrainRequest:
     """The Model artifact written: its `.uri` and `.metadata` are set here."""
     gcp_resources: str
     """Path of the component's gcp_resources output (Vertex: cancel with the pipeline)."""
+    # --- TensorBoard, Experiments and CMEK (issue 30) ---
+    tensorboard: str = ""
+    """Vertex AI TensorBoard instance the CustomJob uploads its events to ("" for none)."""
+    experiment: str = ""
+    """Vertex AI Experiment that gets a run with the parameters and final metrics ("" none)."""
+    encryption_key: str = ""
+    """Cloud KMS key of the CustomJob ("" for Google-managed encryption)."""
 
 
 def run(request: TrainRequest) -> tuple[str]:
@@ -97,6 +104,17 @@ def run(request: TrainRequest) -> tuple[str]:
     metadata = train(launch, options, timeout_s=training_timeout_s(request))
     metadata |= record_actual_cost(request, metadata.pop("job_times"), launch.trainer.output)
     model.metadata.update(metadata)
+    if request.experiment:
+        from components.experiments import log_experiment_run
+
+        log_experiment_run(
+            experiment=request.experiment,
+            run_id=request.run_id,
+            project=request.project,
+            location=request.region,
+            params=experiment_params(request),
+            metrics=model.metadata,
+        )
     return (str(model.metadata["model_uri"]),)
 
 
@@ -140,6 +158,33 @@ def record_actual_cost(
     storage.write_text(output.rstrip("/") + "/" + cost.COST_FILE, json.dumps(actual, indent=2))
     logger.info("actual training cost: %s", json.dumps(actual))
     return {"gpu_hours": actual["gpu_hours"], "cost_usd": actual["cost_usd"]}
+
+
+def experiment_params(request: TrainRequest) -> dict[str, Any]:
+    """The run's training parameters as Vertex Experiments records them (scalars only)."""
+    params: dict[str, Any] = {
+        "backend": request.backend,
+        "base_model": request.base_model,
+        "nodes": request.nodes,
+        "nproc_per_node": request.nproc_per_node,
+        "max_steps": request.max_steps,
+        "learning_rate": request.learning_rate,
+        "machine_type": request.machine_type,
+        "accelerator_type": request.accelerator_type,
+        "accelerator_count": request.accelerator_count,
+    }
+    for key, value in sorted((request.trainer_overrides or {}).items()):
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            params[f"trainer.{key}"] = value
+    return params
+
+
+def vertex_output_directory(request: TrainRequest) -> str:
+    """The CustomJob's base_output_directory: Vertex puts AIP_TENSORBOARD_LOG_DIR (and
+    AIP_MODEL_DIR, AIP_CHECKPOINT_DIR) under it."""
+    from components.run_identity import safe_run_id
+
+    return storage.join(request.work_uri, "runs", safe_run_id(request.run_id), "vertex")
 
 
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
@@ -202,6 +247,9 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             hf_token_secret=request.hf_token_secret or None,
             timeout_s=deadline_for(training_timeout_s(request)),
             **vertex_capacity(request),
+            tensorboard=request.tensorboard or None,
+            base_output_directory=vertex_output_directory(request) if request.tensorboard else None,
+            encryption_key=request.encryption_key or None,
         )
         return VertexOptions(
             project=request.project,

@@ -135,13 +135,16 @@ def _derived_defaults(
 ) -> dict[str, Any]:
     """Fill pipeline parameters that the deploy settings already answer, unless given.
 
-    On Vertex the run's project and region are the trainer's; `work_uri` (shared run files)
-    defaults to a folder under the pipeline root, which is gs:// on Vertex.
+    On Vertex the run's project and region are the trainer's, and the pipeline's CMEK key
+    (`vertex.encryption_key`) is the CustomJob's and a created endpoint's; `work_uri` (shared run
+    files) defaults to a folder under the pipeline root, which is gs:// on Vertex.
     """
     derived: dict[str, Any] = {}
     root = config.vertex.pipeline_root if backend == "vertex" else config.kfp.pipeline_root
     if backend == "vertex":
         derived = {"project": config.vertex.project, "region": config.vertex.region}
+        # The pipeline's CMEK key also covers the training CustomJob and a created endpoint.
+        derived["encryption_key"] = config.vertex.encryption_key or ""
     if root and root.startswith("gs://"):
         derived["work_uri"] = f"{root.rstrip('/')}/llmft-work"
     filled = dict(params)

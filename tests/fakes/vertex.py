@@ -182,8 +182,12 @@ class FakeModelService:
         )
 
     def get_model(self, request: Any = None, name: str | None = None, **_: Any) -> gca_model.Model:
-        full = name or request.name
+        full = name or model_service.GetModelRequest(request).name
         self.requests.append(model_service.GetModelRequest(name=full))
+        return self._lookup(full)
+
+    def _lookup(self, full: str) -> gca_model.Model:
+        """The version `full` names (`M`, `M@id` or `M@alias`), without recording a request."""
         base, _, version = full.partition("@")
         versions = self.models.get(base)
         if not versions:
@@ -214,6 +218,34 @@ class FakeModelService:
             raise exceptions.NotFound(f"model {request.name} not found")
         return list(self.models[request.name])
 
+    def import_model_evaluation(self, request: Any = None, **_: Any) -> Any:
+        request = model_service.ImportModelEvaluationRequest(request)
+        self.requests.append(request)
+        self._lookup(request.parent)  # NotFound for an unknown version, like the service
+        evaluation = type(request.model_evaluation)(request.model_evaluation)
+        evaluation.name = f"{request.parent.partition('@')[0]}/evaluations/{len(self.requests)}"
+        return evaluation
+
+    def merge_version_aliases(self, request: Any = None, **_: Any) -> gca_model.Model:
+        request = model_service.MergeVersionAliasesRequest(request)
+        self.requests.append(request)
+        version = self._lookup(request.name)
+        aliases = list(version.version_aliases)
+        for alias in request.version_aliases:
+            if alias.startswith("-"):
+                aliases = [a for a in aliases if a != alias[1:]]
+            else:
+                holders = [
+                    v
+                    for v in self.models[request.name.partition("@")[0]]
+                    if alias in v.version_aliases and v is not version
+                ]
+                if holders:  # the service refuses an alias another version holds
+                    raise exceptions.FailedPrecondition(f"alias {alias} is already in use")
+                aliases.append(alias)
+        version.version_aliases = aliases
+        return version
+
 
 def install_model_registry(monkeypatch: Any, project: str, location: str) -> FakeModelService:
     """Put a `FakeModelService` behind ModelServiceClient and give the SDK a fresh config with
@@ -223,7 +255,10 @@ def install_model_registry(monkeypatch: Any, project: str, location: str) -> Fak
     from google.cloud.aiplatform_v1.services.model_service import ModelServiceClient
 
     fake = FakeModelService(f"projects/{project}/locations/{location}")
-    for method in ("upload_model", "get_model", "list_models", "list_model_versions"):
+    for method in (
+        "upload_model", "get_model", "list_models", "list_model_versions",
+        "import_model_evaluation", "merge_version_aliases",
+    ):  # fmt: skip
         monkeypatch.setattr(
             ModelServiceClient, method, lambda self, *a, _m=method, **k: getattr(fake, _m)(*a, **k)
         )
@@ -232,3 +267,274 @@ def install_model_registry(monkeypatch: Any, project: str, location: str) -> Fak
         project=project, location=location, credentials=AnonymousCredentials()
     )
     return fake
+
+
+class _Done:
+    """A finished long-running operation (`.result()` returns its value)."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def result(self, timeout: Any = None) -> Any:
+        return self.value
+
+
+class FakeEndpoints:
+    """EndpointService and PredictionService in memory, for `components.endpoints.VertexClients`
+    (`clients()`): records every request proto and answers with real response protos.
+
+    `answers` maps a deployed model id to what its server returns for a chat request (None:
+    a response without a chat completion, as a broken server gives); `predict_order` is the order in which a split endpoint's deployed
+    models answer predict calls (default: the newest).
+    """
+
+    def __init__(self, parent: str) -> None:
+        from google.cloud.aiplatform_v1.types import endpoint as gca_endpoint
+
+        self.parent = parent
+        self.requests: list[Any] = []
+        self.endpoints: dict[str, gca_endpoint.Endpoint] = {}
+        self.answers: dict[str, str | None] = {}
+        self.predict_order: list[str] = []
+        self._ids = 0
+
+    def clients(self) -> Any:
+        from components.endpoints import VertexClients
+
+        return VertexClients(endpoints=self, predictions=self)
+
+    def _next_id(self, start: int) -> str:
+        self._ids += 1
+        return str(start + self._ids)
+
+    def add_endpoint(self, display_name: str, deployed: dict[str, int]) -> str:
+        """An existing endpoint serving `deployed` (id -> traffic percent)."""
+        from google.cloud.aiplatform_v1.types import endpoint as gca_endpoint
+
+        name = f"{self.parent}/endpoints/{self._next_id(500)}"
+        self.endpoints[name] = gca_endpoint.Endpoint(
+            name=name,
+            display_name=display_name,
+            deployed_models=[gca_endpoint.DeployedModel(id=i) for i in deployed],
+            traffic_split=deployed,
+        )
+        return name
+
+    def list_endpoints(self, request: Any = None, **_: Any) -> list[Any]:
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.ListEndpointsRequest(request)
+        self.requests.append(request)
+        if not request.filter:
+            return list(self.endpoints.values())
+        wanted = request.filter.partition("=")[2].strip('"')
+        return [e for e in self.endpoints.values() if e.display_name == wanted]
+
+    def get_endpoint(self, request: Any = None, **_: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.GetEndpointRequest(request)
+        self.requests.append(request)
+        if request.name not in self.endpoints:
+            raise exceptions.NotFound(f"endpoint {request.name} not found")
+        return self.endpoints[request.name]
+
+    def create_endpoint(self, request: Any = None, **_: Any) -> _Done:
+        from google.cloud.aiplatform_v1.types import endpoint as gca_endpoint
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.CreateEndpointRequest(request)
+        self.requests.append(request)
+        created = gca_endpoint.Endpoint(request.endpoint)
+        created.name = f"{request.parent}/endpoints/{self._next_id(500)}"
+        self.endpoints[created.name] = created
+        return _Done(created)
+
+    def deploy_model(self, request: Any = None, **_: Any) -> _Done:
+        from google.cloud.aiplatform_v1.types import endpoint as gca_endpoint
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.DeployModelRequest(request)
+        self.requests.append(request)
+        endpoint = self.endpoints[request.endpoint]
+        deployed = gca_endpoint.DeployedModel(request.deployed_model)
+        deployed.id = self._next_id(9000)
+        endpoint.deployed_models.append(deployed)
+        split = dict(request.traffic_split)
+        split[deployed.id] = split.pop("0", 0)
+        endpoint.traffic_split = split
+        self.answers.setdefault(deployed.id, "4")
+        return _Done(endpoint_service.DeployModelResponse(deployed_model=deployed))
+
+    def undeploy_model(self, request: Any = None, **_: Any) -> _Done:
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.UndeployModelRequest(request)
+        self.requests.append(request)
+        endpoint = self.endpoints[request.endpoint]
+        kept = [d for d in endpoint.deployed_models if d.id != request.deployed_model_id]
+        del endpoint.deployed_models[:]
+        endpoint.deployed_models.extend(kept)
+        endpoint.traffic_split = dict(request.traffic_split)
+        return _Done(endpoint_service.UndeployModelResponse())
+
+    def delete_endpoint(self, request: Any = None, **_: Any) -> _Done:
+        from google.cloud.aiplatform_v1.types import endpoint_service
+
+        request = endpoint_service.DeleteEndpointRequest(request)
+        self.requests.append(request)
+        self.endpoints.pop(request.name, None)
+        return _Done()
+
+    def _answering(self, endpoint: str) -> str:
+        if self.predict_order:
+            return self.predict_order.pop(0)
+        endpoint_ = self.endpoints[endpoint]
+        serving = [
+            d.id for d in endpoint_.deployed_models if endpoint_.traffic_split.get(d.id, 0) > 0
+        ]
+        return serving[-1]  # the newest deployed model that gets traffic
+
+    def predict(
+        self, request: Any = None, *, endpoint: str = "", instances: Any = (), **_: Any
+    ) -> Any:
+        from google.cloud.aiplatform_v1.types import prediction_service
+
+        # Like the GAPIC client: a request, or flattened fields merged into one.
+        request = prediction_service.PredictRequest(request)
+        if endpoint:
+            request.endpoint = endpoint
+        request.instances.extend(instances)
+        self.requests.append(request)
+        model = self._answering(request.endpoint)
+        response = prediction_service.PredictResponse(deployed_model_id=model)
+        response.predictions.extend([self._completion(self.answers.get(model))])
+        return response
+
+    @staticmethod
+    def _completion(content: str | None) -> dict[str, Any]:
+        if content is None:
+            return {"error": "model not loaded"}
+        return {"choices": [{"message": {"role": "assistant", "content": content}}]}
+
+    def raw_predict(self, request: Any = None, **_: Any) -> Any:
+        import json
+
+        from google.api import httpbody_pb2
+        from google.cloud.aiplatform_v1.types import prediction_service
+
+        request = prediction_service.RawPredictRequest(request)
+        self.requests.append(request)
+        body = self._completion(self.answers.get(self._answering(request.endpoint)))
+        return httpbody_pb2.HttpBody(
+            data=json.dumps(body).encode(), content_type="application/json"
+        )
+
+
+class FakeMetadata:
+    """Vertex ML Metadata (what Vertex AI Experiments stores runs in), in memory behind
+    MetadataServiceClient's methods (`install`): records every request proto, keeps contexts."""
+
+    METHODS = (
+        "get_metadata_store", "create_metadata_store", "get_context", "create_context",
+        "update_context", "add_context_children", "list_contexts", "get_artifact",
+        "create_artifact", "list_artifacts", "add_context_artifacts_and_executions",
+        "list_executions",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self.contexts: dict[str, Any] = {}
+        self.unexpected: list[str] = []
+
+    def install(self, monkeypatch: Any) -> FakeMetadata:
+        for name in self.METHODS:
+            monkeypatch.setattr(
+                MetadataServiceClient,
+                name,
+                lambda client, *a, _m=name, **k: getattr(self, _m)(*a, **k),
+            )
+        return self
+
+    @staticmethod
+    def _req(cls: Any, request: Any, kw: dict[str, Any]) -> Any:
+        fields = {k: v for k, v in kw.items() if k not in ("retry", "timeout", "metadata")}
+        return cls(request) if request is not None else cls(**fields)
+
+    def get_metadata_store(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.GetMetadataStoreRequest, request, kw)
+        self.requests.append(request)
+        return MetadataStore(name=request.name)
+
+    def create_metadata_store(self, request: Any = None, **kw: Any) -> Any:
+        raise AssertionError("the default metadata store exists")
+
+    def get_context(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.GetContextRequest, request, kw)
+        self.requests.append(request)
+        if request.name not in self.contexts:
+            raise exceptions.NotFound(f"context {request.name} not found")
+        return self.contexts[request.name]
+
+    def create_context(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.CreateContextRequest, request, kw)
+        self.requests.append(request)
+        name = f"{request.parent}/contexts/{request.context_id}"
+        if name in self.contexts:
+            raise exceptions.AlreadyExists(f"context {name} exists")
+        context = Context(request.context)
+        context.name = name
+        self.contexts[name] = context
+        return context
+
+    def update_context(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.UpdateContextRequest, request, kw)
+        self.requests.append(request)
+        self.contexts[request.context.name] = Context(request.context)
+        return self.contexts[request.context.name]
+
+    def add_context_children(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.AddContextChildrenRequest, request, kw)
+        self.requests.append(request)
+        return metadata_service.AddContextChildrenResponse()
+
+    def list_contexts(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        request = self._req(metadata_service.ListContextsRequest, request, kw)
+        self.requests.append(request)
+        return []
+
+    def _unexpected(self, name: str) -> Any:
+        self.unexpected.append(name)
+        raise AssertionError(f"unexpected MetadataService call {name}")
+
+    def get_artifact(self, request: Any = None, **kw: Any) -> Any:
+        from google.cloud.aiplatform_v1.types import metadata_service
+
+        # Resuming a run looks for the pre-2022 "run as artifact" form first; there is none.
+        request = self._req(metadata_service.GetArtifactRequest, request, kw)
+        self.requests.append(request)
+        raise exceptions.NotFound(f"artifact {request.name} not found")
+
+    def create_artifact(self, request: Any = None, **kw: Any) -> Any:
+        return self._unexpected("create_artifact")
+
+    def list_artifacts(self, request: Any = None, **kw: Any) -> Any:
+        return self._unexpected("list_artifacts")
+
+    def add_context_artifacts_and_executions(self, request: Any = None, **kw: Any) -> Any:
+        return self._unexpected("add_context_artifacts_and_executions")
+
+    def list_executions(self, request: Any = None, **kw: Any) -> Any:
+        return self._unexpected("list_executions")
