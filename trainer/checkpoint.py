@@ -76,10 +76,18 @@ def latest_checkpoint(checkpoints: str) -> tuple[int, str] | None:
     return found[-1] if found else None
 
 
+def _options(model: torch.nn.Module) -> Any:
+    """QLoRA (an NF4 base) saves only what trains: the frozen 4-bit base is rebuilt from the base
+    model on resume, identically (trainer/quantize.py), and DCP does not write NF4 tensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=bool(getattr(model, "quantized", None)))
+
+
 def _app_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(model))
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -144,6 +152,7 @@ def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
         optimizer,
         model_state_dict=state_dict["model"],
         optim_state_dict=state_dict["optim"],
+        options=_options(model),
     )
     with storage.open(f"{path}/{STATE_FILE}", "r") as f:
         state = TrainerState.from_dict(json.load(f))

@@ -42,7 +42,8 @@ def train(r: Run) -> None:
     while r.state.step < r.total_steps:
         micro, position = next(batches)
         lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; the step advances it
-        loss, grad_norm, targets = optimizer_step(r, micro)
+        result = optimizer_step(r, micro)
+        loss, grad_norm, targets = result.loss, result.grad_norm, result.target_tokens
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteLossError(
                 f"step {r.state.step + 1}: loss={loss} grad_norm={grad_norm} is not finite; "
@@ -58,7 +59,7 @@ def train(r: Run) -> None:
         window.targets += targets
         r.losses.append(loss)
         if r.state.step % config.log_every == 0 or r.state.step == r.total_steps:
-            record = {"loss": loss, "lr": lr, "grad_norm": grad_norm}
+            record = {"loss": loss, "lr": lr, "grad_norm": grad_norm, **result.extra}
             _write_metrics(r, window, record, position, per_token, peak)
             window = Window()
         if config.checkpoint_every and r.state.step % config.checkpoint_every == 0:
