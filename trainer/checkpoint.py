@@ -78,10 +78,13 @@ def latest_checkpoint(checkpoints: str) -> tuple[int, str] | None:
 
 def _options(model: torch.nn.Module) -> Any:
     """QLoRA (an NF4 base) saves only what trains: the frozen 4-bit base is rebuilt from the base
-    model on resume, identically (trainer/quantize.py), and DCP does not write NF4 tensors."""
+    model on resume, identically (trainer/quantize.py), and DCP does not write NF4 tensors. Not
+    strict on load then: the frozen keys are absent by design, and DCP itself fails on a
+    trainable key the checkpoint lacks."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(ignore_frozen_params=bool(getattr(model, "quantized", None)))
+    quantized = bool(getattr(model, "quantized", None))
+    return StateDictOptions(ignore_frozen_params=quantized, strict=not quantized)
 
 
 def _app_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
