@@ -287,22 +287,18 @@ def _load_quantized(
     hf_config: Any,
     device: torch.device,
 ) -> None:
-    """QLoRA: materialize on the CPU, load the base (every rank reads it from disk), quantize the
+    """QLoRA: load the base on the CPU into the meta-initialized module (every rank reads it from
+    disk; `assign`: the loaded tensors become the parameters, no second copy), quantize the
     blocks' frozen linears to NF4, then move to `device`; wrapping comes after, as torchtune does.
 
-    Host memory is one fp32 copy per process while loading; device memory holds only the 4-bit
-    base. Every rank quantizes the same weights the same way, so nothing is broadcast.
+    Host memory is one fp32 copy of the model per process while loading; device memory holds
+    only the 4-bit base. Every rank quantizes the same weights the same way: nothing is broadcast.
     """
     from trainer.quantize import quantize_blocks
 
-    buffers = {name: b.detach().clone() for name, b in root.named_buffers()}
-    root.to_empty(device="cpu")
-    with torch.no_grad():
-        for name, buffer in root.named_buffers():
-            buffer.copy_(buffers[name])
+    root.load_state_dict(load_full_state_dict(config, model_dir), strict=True, assign=True)
     if getattr(hf_config, "tie_word_embeddings", False):
         root.causal_lm().tie_weights()
-    root.load_state_dict(load_full_state_dict(config, model_dir), strict=True)
     dtype = compute_dtype(config, device)
     root.quantized = quantize_blocks(root, blocks, dtype)
     root.base_source = (config, model_dir, dtype)
