@@ -51,7 +51,12 @@ def _data(r: Run) -> None:
     from transformers import AutoTokenizer
 
     from trainer.model import resolve_model_dir
-    from trainer.packed_data.format import TokenizerIdentity, compatibility_errors, read_manifest
+    from trainer.packed_data.format import (
+        PREFERENCE_KIND,
+        TokenizerIdentity,
+        compatibility_errors,
+        read_manifest,
+    )
 
     config = r.config
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -65,6 +70,16 @@ def _data(r: Run) -> None:
     r.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     r.manifest = read_manifest(config.data)
     errors = compatibility_errors(r.manifest, TokenizerIdentity.of(r.tokenizer), config.seq_len)
+    preference = r.manifest.data_kind == PREFERENCE_KIND
+    if preference != (config.objective == "dpo"):
+        errors.append(
+            f"objective={config.objective} does not train on {r.manifest.data_kind} data: "
+            + (
+                "set objective=dpo for preference pairs"
+                if preference
+                else "objective=dpo needs a preference dataset (python -m beam_preprocess.preference)"
+            )
+        )
     if errors:
         raise ValueError(f"dataset {config.data} does not fit this run: " + "; ".join(errors))
     r.batches = TrainBatches(
