@@ -5,6 +5,7 @@ and the exported merged model is the model that trained (its loss is the run's e
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -169,7 +170,7 @@ def test_qlora_shards_nf4_weights_with_fsdp2_on_two_processes(
          "--micro-batch-size", "1", "--log-every", "1", "--tensorboard", "false",
          "--data-parallel", "shard", "--max-steps", "3", *QLORA],
         cwd=REPO, capture_output=True, text=True, timeout=300,
-        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "data_parallel=shard ignored" not in proc.stderr
@@ -187,3 +188,20 @@ def test_config_refuses_nf4_and_dpo_without_lora() -> None:
     assert not TrainConfig(
         model="m", data="d", output="o", lora_rank=8, quantize_base="nf4", objective="dpo"
     ).errors()
+
+
+@pytest.mark.slow
+def test_gpu_check_qlora_case_dry_run_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/gpu_check.py --case qlora, as the GPU check runs it, on a tiny model on CPU: the
+    script, its trainer flags and its RESULT line work before a GPU is spent on them."""
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--case", "qlora",
+         "--compile", "false", "--seq-len", "128", "--steps", "12", "--warmup-steps", "1",
+         "--micro-batch-size", "1", "--workdir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    assert result["case"] == "qlora" and result["steady_steps"] == 11
+    assert result["peak_memory_gb"] > 0

@@ -300,7 +300,7 @@ def _load_quantized(
     if getattr(hf_config, "tie_word_embeddings", False):
         root.causal_lm().tie_weights()
     dtype = compute_dtype(config, device)
-    root.quantized = quantize_blocks(root, blocks, dtype)
+    root.quantized = quantize_blocks(root, blocks, dtype, device)
     root.base_source = (config, model_dir, dtype)
     root.to(device)
 

@@ -77,14 +77,22 @@ def frozen_linears(blocks: nn.ModuleList) -> list[tuple[str, nn.Linear]]:
     ]
 
 
-def quantize_blocks(root: nn.Module, blocks: nn.ModuleList, dtype: torch.dtype) -> list[str]:
-    """Replace the frozen linear weights of `blocks` (materialized, loaded) by NF4 tensors that
-    de-quantize to `dtype`, and cast the other frozen floating-point parameters of `root` to
-    `dtype`. Returns the quantized weights' names in `root` (its state-dict keys)."""
+def quantize_blocks(
+    root: nn.Module,
+    blocks: nn.ModuleList,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> list[str]:
+    """Replace the frozen linear weights of `blocks` (materialized, loaded) by NF4 tensors on
+    `device` that de-quantize to `dtype`, and cast the other frozen floating-point parameters of
+    `root` to `dtype`. One matrix at a time goes to `device` in full precision, so a GPU
+    quantizes a base that would not fit it unquantized. Returns the quantized weights' names in
+    `root` (its state-dict keys)."""
     prefix = next(name for name, module in root.named_modules() if module is blocks)
     quantized = []
     for name, linear in frozen_linears(blocks):
-        linear.weight = nn.Parameter(to_nf4(linear.weight, dtype), requires_grad=False)
+        weight = to_nf4(linear.weight.to(device), dtype)
+        linear.weight = nn.Parameter(weight, requires_grad=False)
         quantized.append(f"{prefix}.{name}.weight")
     done = set(quantized)
     with torch.no_grad():
