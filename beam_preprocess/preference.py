@@ -103,9 +103,7 @@ def render(tokenizer: Any, history: list[dict[str, str]], response: str) -> Docu
     """(ids, mask) of `history` + the assistant's `response`: only the response is a target."""
     if not response.strip():
         raise PairError("empty_response", "a response is empty")
-    prompt = _ids(
-        tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True)
-    )
+    prompt = _ids(tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True))
     full = _ids(
         tokenizer.apply_chat_template(
             [*history, {"role": "assistant", "content": response}], tokenize=True

@@ -113,10 +113,18 @@ def test_pairs_pack_whole_with_document_ids(tokenizer: Any, sample_data_dir: Pat
         "chosen": first["chosen"][0]["content"],
         "rejected": first["rejected"][0]["content"],
     }
-    chat = {"chosen": first["prompt"] + first["chosen"], "rejected": first["prompt"] + first["rejected"]}
+    chat = {
+        "chosen": first["prompt"] + first["chosen"],
+        "rejected": first["prompt"] + first["rejected"],
+    }
     assert tokenize_pair(tokenizer, text) == pairs[0] == tokenize_pair(tokenizer, chat)
     with pytest.raises(PairError, match="differ before"):
-        normalize({"chosen": chat["chosen"], "rejected": [{"role": "user", "content": "x"}, *first["rejected"]]})
+        normalize(
+            {
+                "chosen": chat["chosen"],
+                "rejected": [{"role": "user", "content": "x"}, *first["rejected"]],
+            }
+        )
 
 
 def test_preference_dataset_round_trips_and_old_manifests_load(
@@ -207,7 +215,9 @@ def test_dpo_loss_and_margins_match_trls_dpo_trainer(
         trl_margin, trl_accuracy = logged["rewards/margins"][-1], logged["rewards/accuracies"][-1]
         ids = batch["input_ids"].tolist()
         chosen = [_strip(ids[i], batch["attention_mask"][i]) for i in range(len(ids) // 2)]
-        ours = packed_stats(tiny_model_dir, tokenizer, [_record_of(records, tokenizer, c) for c in chosen])
+        ours = packed_stats(
+            tiny_model_dir, tokenizer, [_record_of(records, tokenizer, c) for c in chosen]
+        )
         pairs = len(chosen)
         assert float(ours[0]) / pairs == pytest.approx(trl_loss, abs=1e-4), step
         assert float(ours[1]) / pairs == pytest.approx(trl_margin, abs=1e-4), step

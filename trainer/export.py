@@ -56,9 +56,7 @@ def dequantized_base(root: CausalLMLoss) -> dict[str, torch.Tensor]:
     config, model_dir, dtype = root.base_source
     base = load_full_state_dict(config, model_dir)
     names = set(root.quantized)
-    return {
-        k: nf4_round_trip(v, dtype) if k in names else v.to(dtype) for k, v in base.items()
-    }
+    return {k: nf4_round_trip(v, dtype) if k in names else v.to(dtype) for k, v in base.items()}
 
 
 def save_safetensors(
