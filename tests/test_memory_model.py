@@ -65,3 +65,15 @@ def test_lora_parameter_count_is_peft_s(tiny_model_dir) -> None:
     shape = ModelShape.from_hf_config(config, params)
     assert lora_params(shape, 4, targets) == trainable
     assert shape.block_linear_params == linear
+
+
+def test_the_estimate_imports_no_torch() -> None:
+    """Parameter checks can call it in a process that never loads torch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, trainer.memory_model; assert 'torch' not in sys.modules, 'torch imported'"
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

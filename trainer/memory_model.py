@@ -1,6 +1,7 @@
 """Peak training memory per GPU for full fine-tuning, LoRA and QLoRA: a closed-form estimate.
 
-No torch: the pipeline's checks can call it before anything starts. `estimate(shape, ...)` returns
+No torch (trainer/quantize.py imports it lazily): the pipeline's checks can call it before
+anything starts. `estimate(shape, ...)` returns
 the parts in bytes, `fits(...)` compares their sum with a GPU's memory. What each part counts,
 and where its constant comes from, is written next to it; the parts follow how this trainer lays
 the model out (trainer/model.py, trainer/quantize.py), not a generic trainer.

@@ -17,10 +17,11 @@ of gathering 4-bit shards (trainer/export.py).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where it is used: trainer/memory_model.py stays torch-free
+    import torch
+    from torch import nn
 
 BLOCK_SIZE = 64
 """Weights per absmax scale: QLoRA's (and torchtune's, torchao's) default."""
@@ -68,6 +69,8 @@ def is_nf4(tensor: Any) -> bool:
 
 def frozen_linears(blocks: nn.ModuleList) -> list[tuple[str, nn.Linear]]:
     """(name under `blocks`, module) of every quantizable linear with a frozen weight."""
+    from torch import nn
+
     return [
         (name, module)
         for name, module in blocks.named_modules()
@@ -88,6 +91,9 @@ def quantize_blocks(
     `root` to `dtype`. One matrix at a time goes to `device` in full precision, so a GPU
     quantizes a base that would not fit it unquantized. Returns the quantized weights' names in
     `root` (its state-dict keys)."""
+    import torch
+    from torch import nn
+
     prefix = next(name for name, module in root.named_modules() if module is blocks)
     quantized = []
     for name, linear in frozen_linears(blocks):
