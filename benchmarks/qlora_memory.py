@@ -11,8 +11,11 @@ first a target) through the trainer's own `optimizer_step`. Measured per method:
 
     weights_gb      bytes of the model's parameters and buffers as stored (NF4: its packed
                     4-bit data and scales)
+    resident_before_step_gb  the process's resident memory after building the model and
+                    `malloc_trim` (the heap freed since loading returned to the OS): the Python
+                    and torch runtime plus the model
     step_peak_gb    the process's peak resident memory (VmHWM) during the step, reset just before
-                    it (Linux /proc/self/clear_refs): weights + activations + gradients + AdamW
+                    it (Linux /proc/self/clear_refs): the above + activations + gradients + AdamW
                     state + the allocator's slack, the host-memory analogue of a GPU's
                     max_memory_allocated
     step_s          the step's wall time
@@ -24,6 +27,7 @@ is `RESULT {json}`; docs/performance.md has the figures.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -52,11 +56,19 @@ def tensor_bytes(model) -> int:  # type: ignore[no-untyped-def]
     return total
 
 
-def vm_hwm_bytes() -> int:
+def _status_bytes(key: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {key} in /proc/self/status")
+
+
+def vm_hwm_bytes() -> int:
+    return _status_bytes("VmHWM")
+
+
+def rss_bytes() -> int:
+    return _status_bytes("VmRSS")
 
 
 def worker(method: str, model_dir: str, seq_len: int, micro_batch_size: int) -> dict:
@@ -92,7 +104,11 @@ def worker(method: str, model_dir: str, seq_len: int, micro_batch_size: int) -> 
         loss_mask=torch.ones(shape, dtype=torch.int64),
     )
     weights = tensor_bytes(model)
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    # Give the heap freed since loading (QLoRA: the fp32 base it quantized) back to the OS, so
+    # the resident set is what the model holds, then reset VmHWM to it.
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    resident = rss_bytes()
+    Path("/proc/self/clear_refs").write_text("5")
     started = time.perf_counter()
     result = optimizer_step(run, [batch])
     elapsed = time.perf_counter() - started
@@ -100,6 +116,7 @@ def worker(method: str, model_dir: str, seq_len: int, micro_batch_size: int) -> 
     return {
         "method": method,
         "weights_gb": weights / 1e9,
+        "resident_before_step_gb": resident / 1e9,
         "step_peak_gb": vm_hwm_bytes() / 1e9,
         "step_s": elapsed,
         "loss": result.loss,

@@ -65,12 +65,14 @@ class MicroBatch:
 
 
 def to_micro_batch(rows: PackedRows, lo: int, hi: int) -> MicroBatch:
-    part = rows.slice(lo, hi).map(lambda column: torch.from_numpy(column.astype(np.int64)))
+    def tensor(column: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(column[lo:hi].astype(np.int64))
+
     return MicroBatch(
-        input_ids=part.input_ids,
-        position_ids=part.position_ids,
-        loss_mask=part.loss_mask,
-        pair_ids=part.pair_ids,
+        input_ids=tensor(rows.input_ids),
+        position_ids=tensor(rows.position_ids),
+        loss_mask=tensor(rows.loss_mask),
+        pair_ids=None if rows.pair_ids is None else tensor(rows.pair_ids),
     )
 
 

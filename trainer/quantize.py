@@ -60,7 +60,8 @@ def to_nf4(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def nf4_round_trip(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """What a quantized `weight` multiplies by: NF4 then back to `dtype` (exact, deterministic)."""
-    return to_nf4(weight, dtype).get_original_weight()
+    nf4: Any = to_nf4(weight, dtype)
+    return nf4.get_original_weight()
 
 
 def is_nf4(tensor: Any) -> bool:
