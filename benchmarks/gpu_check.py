@@ -19,6 +19,13 @@ The last line is `RESULT {json}`. Target: MFU >= 0.60 on an H100/H200.
 `--case smollm2-lora` measures the step of `make demo-real` instead: SmolLM2-135M's shape (random
 weights), LoRA rank 16 on q_proj/v_proj, seq_len 256, micro-batch 2, rows packed with
 instruction-sized documents; it reports seconds per step, which prices the demo on a GPU.
+
+`--case qlora` runs the 1B model as QLoRA (issue 34): the decoder blocks' linear weights in NF4
+(`--quantize-base nf4`), LoRA rank 16 on every projection, one process (DDP: an NF4 base is not
+sharded on one GPU), 2048-token rows, 20 steps: about 2 minutes. It reports MFU with the LoRA
+FLOP count (4 x matmul parameters per token: no weight gradients for the base) and the peak
+memory, to compare with trainer/memory_model.py. `--dry-run` runs any case on a tiny model on
+CPU (tests/test_qlora.py runs it), which checks the script, not the GPU.
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-CASES = {
+SHAPES = {
     # TinyLlama-1.1B's shape: the MFU target's model.
     "llama-1b": {
         "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
@@ -44,17 +52,42 @@ CASES = {
         "tie_word_embeddings": False,
     },
     # SmolLM2-135M-Instruct's shape (its config.json): `make demo-real`'s model, random weights.
-    "smollm2-lora": {
+    "smollm2": {
         "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
         "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
         "tie_word_embeddings": True, "rope_theta": 100000.0,
     },
 }  # fmt: skip
-"""Model shapes per `--case`."""
-DEMO_REAL_FLAGS = [
-    "--lora-rank", "16", "--lora-alpha", "32", "--lora-target-modules", "q_proj,v_proj",
-]  # fmt: skip
-"""The trainer settings of pipelines/quickstart/demo_real.yaml that change the step's cost."""
+"""Model shapes the cases use."""
+QLORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+CASES: dict[str, dict[str, Any]] = {
+    "llama-1b": {
+        "shape": "llama-1b",
+        "flags": ["--reshard-after-forward", "false", "--lr", "3e-4"],
+        "defaults": {"seq_len": 4096, "micro_batch_size": 4},
+    },
+    # pipelines/quickstart/demo_real.yaml's trainer settings that change the step's cost.
+    "smollm2-lora": {
+        "shape": "smollm2",
+        "flags": [
+            "--lora-rank", "16", "--lora-alpha", "32", "--lora-target-modules", "q_proj,v_proj",
+            "--lr", "3e-4",
+        ],
+        "defaults": {"seq_len": 256, "micro_batch_size": 2},
+        "documents": True,
+    },
+    "qlora": {
+        "shape": "llama-1b",
+        "flags": [
+            "--quantize-base", "nf4", "--lora-rank", "16", "--lora-alpha", "32",
+            "--lora-target-modules", QLORA_TARGETS, "--lr", "2e-4",
+        ],
+        # Under 2 minutes on an H200 (model creation and NF4 quantization included).
+        "defaults": {"seq_len": 2048, "micro_batch_size": 4, "steps": 20, "warmup_steps": 5},
+    },
+}  # fmt: skip
+"""Each case: the model shape, its trainer flags, the defaults it changes when the flag was not
+given, and whether rows hold instruction-sized documents."""
 
 
 def make_model(out: Path, case: str, dry_run: bool = False) -> int:
@@ -64,7 +97,7 @@ def make_model(out: Path, case: str, dry_run: bool = False) -> int:
     from pipelines.quickstart.tiny_model import train_tokenizer
 
     tokenizer = train_tokenizer(None, vocab_size=4096)
-    shape = dict(CASES[case])
+    shape = dict(SHAPES[CASES[case]["shape"]])
     if dry_run:
         shape |= {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
         shape |= {"num_attention_heads": 4, "num_key_value_heads": 2}
@@ -136,8 +169,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="/tmp/llmft-gpu-check")
     parser.add_argument("--case", choices=tuple(CASES), default="llama-1b")
-    parser.add_argument("--seq-len", type=int, default=None, help="4096 (llama-1b), 256 (demo)")
-    parser.add_argument("--micro-batch-size", type=int, default=None, help="4 (llama-1b), 2")
+    parser.add_argument("--seq-len", type=int, default=None, help="default: the case's")
+    parser.add_argument("--micro-batch-size", type=int, default=None, help="default: the case's")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument(
@@ -151,26 +184,33 @@ def main() -> None:
         "--dry-run", action="store_true", help="a tiny model on CPU: checks this script only"
     )
     args = parser.parse_args()
-    demo = args.case == "smollm2-lora"
-    args.seq_len = args.seq_len or (256 if demo else 4096)
-    args.micro_batch_size = args.micro_batch_size or (2 if demo else 4)
+    case = CASES[args.case]
+    given = {a.split("=")[0].lstrip("-").replace("-", "_") for a in sys.argv[1:]}
+    for name, value in case["defaults"].items():
+        if name not in given:
+            setattr(args, name, value)
     work = Path(args.workdir) / args.case
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
     params = make_model(work / "model", args.case, dry_run=args.dry_run)
     print(f"model: {params / 1e9:.2f}B parameters ({time.time() - started:.0f}s)", flush=True)
     rows = args.micro_batch_size * args.steps
-    make_data(work / "data", work / "model", args.seq_len, rows=rows, documents=demo)
+    make_data(
+        work / "data",
+        work / "model",
+        args.seq_len,
+        rows=rows,
+        documents=case.get("documents", False),
+    )
     out = Path(tempfile.mkdtemp(dir=work, prefix="out-"))  # several calls may share a workdir
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
         "-m", "trainer", "--model", str(work / "model"), "--data", str(work / "data"),
         "--output", str(out), "--max-steps", str(args.steps),
         "--micro-batch-size", str(args.micro_batch_size), "--dtype", "bf16", "--compile", args.compile,
-        "--reshard-after-forward", "false",
-        "--lr", "3e-4", "--warmup-steps", "5", "--log-every", "1", "--export", "false",
+        *case["flags"], "--warmup-steps", "5", "--log-every", "1", "--export", "false",
         "--eval-at-end", "false", "--checkpoint-at-end", "false", "--resume", "false",
-        "--sdpa-kernels", args.sdpa_kernels, *(DEMO_REAL_FLAGS if demo else []), *args.extra,
+        "--sdpa-kernels", args.sdpa_kernels, *args.extra,
     ]  # fmt: skip
     code = subprocess.call(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     if code != 0:

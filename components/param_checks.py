@@ -71,6 +71,18 @@ def resolve_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count:
     return accelerator_count if backend != "local" and accelerator_count > 0 else 1
 
 
+def check_objective_data(objective: str) -> str | None:
+    """DPO trains on preference pairs, which the pipeline's Beam preprocessing does not write yet
+    (`python -m beam_preprocess.preference` does, on one machine)."""
+    if objective == "dpo":
+        return (
+            "objective=dpo needs a preference dataset, which the pipeline's preprocessing does "
+            "not produce yet: prepare one with `python -m beam_preprocess.preference` and run "
+            "`llmft train --objective dpo` (docs/trainer.md), or use objective=sft"
+        )
+    return None
+
+
 def check_service_account(backend: str, service_account: str) -> str | None:
     """Vertex replicas take a Google service-account email; GKE pods a Kubernetes service account
     (bound to a Google one with Workload Identity). Empty on GKE would run the PyTorchJob as the

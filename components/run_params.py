@@ -43,6 +43,8 @@ RecordFormat = Literal["auto", "prompt_response", "alpaca", "chat", "sharegpt"]
 """beam_preprocess.shapes.RECORD_FORMATS (a test keeps them equal)."""
 ToolTurns = Literal["reject", "filter"]
 """beam_preprocess.shapes.TOOL_TURNS (a test keeps them equal)."""
+QuantizeBase = Literal["none", "nf4"]
+Objective = Literal["sft", "dpo"]
 
 LATEST_REGISTERED = "latest-registered"
 """`base_model` / `champion_model` value: the newest version of `registered_model` in the Vertex AI
@@ -185,6 +187,21 @@ class RunParams:
         {},
         'Any other trainer setting by name (docs/trainer.md), e.g. {"micro_batch_size": 8, '
         '"lora_rank": 16}.',
+    )
+
+    # --- QLoRA and preference tuning (issue 34) -------------------------------------------------
+    quantize_base: QuantizeBase = param(
+        "none",
+        'Base weights during training: "nf4" keeps the decoder blocks\' linear weights in 4-bit '
+        "NormalFloat and trains LoRA adapters on them (QLoRA: a 7B model fits one 24 GB L4; needs "
+        'lora_rank in trainer_overrides); "none" keeps them in full precision.',
+    )
+    objective: Objective = param(
+        "sft",
+        '"sft": supervised fine-tuning on prompt/response data. "dpo": Direct Preference '
+        "Optimization on {prompt, chosen, rejected} pairs (reference = the base with the LoRA "
+        "adapters disabled: needs lora_rank; the pipeline's preprocessing does not write "
+        "preference data yet).",
     )
 
     # --- where it runs -------------------------------------------------------------------------
@@ -424,7 +441,11 @@ class RunParams:
         ]
         errors += [e for k, v in self.as_dict().items() if (e := checks.check_not_a_token(k, v))]
         errors += trainer_override_errors(
-            self.trainer_overrides, max_steps=self.max_steps, learning_rate=self.learning_rate
+            self.trainer_overrides,
+            max_steps=self.max_steps,
+            learning_rate=self.learning_rate,
+            quantize_base=self.quantize_base,
+            objective=self.objective,
         )
         errors += [
             e
@@ -434,6 +455,7 @@ class RunParams:
                     self.backend, self.nproc_per_node, self.accelerator_count
                 ),
                 checks.check_service_account(self.backend, self.service_account),
+                checks.check_objective_data(self.objective),
                 checks.check_dataflow_service_account(
                     self.preprocess_runner, self.dataflow_service_account
                 ),

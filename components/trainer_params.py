@@ -17,6 +17,8 @@ RESERVED: dict[str, str | None] = {
     "tokenizer": None,
     "max_steps": "max_steps",
     "lr": "learning_rate",
+    "quantize_base": "quantize_base",
+    "objective": "objective",
 }
 """Trainer fields the pipeline sets: -> the run parameter to use instead (None: derived)."""
 
@@ -29,18 +31,31 @@ def trainer_config(
     model: str,
     data: str,
     output: str,
+    quantize_base: str = TrainConfig.quantize_base,
+    objective: str = TrainConfig.objective,
 ) -> TrainConfig:
     """The trainer's config for a run (not yet validated: `TrainConfig.errors()`).
 
-    `max_steps` and `learning_rate` are run parameters; every other trainer field comes from
+    `max_steps`, `learning_rate`, `quantize_base` and `objective` are run parameters; every other trainer field comes from
     `trainer_overrides`, coerced to the field's type (ValueError for unknown fields, bad values).
     """
-    values = {**overrides, "max_steps": max_steps, "lr": learning_rate}
+    values = {
+        **overrides,
+        "max_steps": max_steps,
+        "lr": learning_rate,
+        "quantize_base": quantize_base,
+        "objective": objective,
+    }
     return config_from_mapping({**values, "model": model, "data": data, "output": output})
 
 
 def trainer_override_errors(
-    overrides: Mapping[str, Any], *, max_steps: int, learning_rate: float
+    overrides: Mapping[str, Any],
+    *,
+    max_steps: int,
+    learning_rate: float,
+    quantize_base: str = TrainConfig.quantize_base,
+    objective: str = TrainConfig.objective,
 ) -> list[str]:
     """Trainer overrides checked against the trainer's own config, before anything starts."""
     errors = []
@@ -60,6 +75,8 @@ def trainer_override_errors(
             overrides,
             max_steps=max_steps,
             learning_rate=learning_rate,
+            quantize_base=quantize_base,
+            objective=objective,
             model="m",
             data="d",
             output="o",

@@ -227,6 +227,8 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
         max_steps=p.max_steps,
         learning_rate=p.learning_rate,
         trainer_overrides=p.trainer_overrides,
+        quantize_base=p.quantize_base,
+        objective=p.objective,
         project=p.project,
         region=p.region,
         work_uri=p.work_uri,

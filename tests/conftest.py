@@ -158,13 +158,14 @@ TIERS = {
         "test_pytorchjob_manifest.py", "test_rbac.py", "test_secrets.py",
         "test_rendezvous_kubernetes.py", "test_train_step.py", "test_trainer_config.py",
         "test_validation.py", "test_import_contracts.py", "test_packed_data.py",
+        "test_dpo.py", "test_memory_model.py",
     ),
     "integration": (
         "test_beam_pipeline.py", "test_compile.py", "test_component_signals.py", "test_gpu.py",
         "test_launcher_local.py", "test_model_families.py", "test_quickstart.py",
         "test_real_model.py", "test_rendezvous_etcd_v3.py", "test_rendezvous_local_etcd.py",
         "test_rendezvous_torchrun.py", "test_storage.py", "test_trainer_data.py",
-        "test_trainer_distributed.py", "test_trainer_single.py",
+        "test_trainer_distributed.py", "test_trainer_single.py", "test_qlora.py",
     ),
     "e2e": (
         "test_deploy_cli.py", "test_deploy_guide.py", "test_evaluate_end_to_end.py",

@@ -99,6 +99,9 @@ RESUME_MUST_MATCH = (
     "lora_alpha",
     "lora_dropout",
     "lora_target_modules",
+    "quantize_base",
+    "objective",
+    "dpo_beta",
 )
 """TrainConfig fields a resumed run must share with its checkpoint: what its weights and optimizer
 state were made from and for. Continuing with another model or dataset would export the old
@@ -151,11 +154,21 @@ def check_resume(checkpoints: str, config: TrainConfig) -> None:
             + ": pass a new --output, or --overwrite to delete its checkpoints and start over"
         )
 
+def _options(model: torch.nn.Module) -> Any:
+    """QLoRA (an NF4 base) saves only what trains: the frozen 4-bit base is rebuilt from the base
+    model on resume, identically (trainer/quantize.py), and DCP does not write NF4 tensors. Not
+    strict on load then: the frozen keys are absent by design, and DCP itself fails on a
+    trainable key the checkpoint lacks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    quantized = bool(getattr(model, "quantized", None))
+    return StateDictOptions(ignore_frozen_params=quantized, strict=not quantized)
+
 
 def _app_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(model))
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -220,6 +233,7 @@ def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
         optimizer,
         model_state_dict=state_dict["model"],
         optim_state_dict=state_dict["optim"],
+        options=_options(model),
     )
     state = read_state(path)
     rng_file = f"{path}/rng/rank-{dist.get_rank():05d}.pt"

@@ -131,6 +131,22 @@ class TrainConfig:
     )
     """Module names to wrap with LoRA adapters."""
 
+    # --- QLoRA and preference tuning ------------------------------------------------------------
+    quantize_base: str = "none"
+    """"nf4" stores the frozen base weights of every linear layer in the decoder blocks as 4-bit
+    NormalFloat (torchao's NF4 tensor: 64-value blocks, double-quantized scales, ~0.52 bytes per
+    weight) and trains LoRA adapters on top (QLoRA; needs lora_rank > 0). "none" keeps them in
+    full precision. The export merges the adapters into the de-quantized base (what was trained)
+    and also writes the adapter alone."""
+    objective: str = "sft"
+    """"sft": next-token cross-entropy on target tokens. "dpo": Direct Preference Optimization
+    (sigmoid loss) on a preference dataset (`llmft preprocess` of {prompt, chosen, rejected});
+    the reference model is the frozen base with the LoRA adapters disabled, so it needs
+    lora_rank > 0 and no second model is held."""
+    dpo_beta: float = 0.1
+    """DPO's beta: the strength of the implicit KL penalty towards the reference (larger stays
+    closer). Rewards are beta x (policy - reference) log-probability of a response."""
+
     # --- checkpoints, logging, export ---------------------------------------------------------
     checkpoint_every: int = 0
     """Save a DCP checkpoint every N optimizer steps (0: only on SIGTERM and at the end)."""
@@ -236,6 +252,19 @@ class TrainConfig:
             errors.append("lora_target_modules must name at least one module when lora_rank > 0")
         if not 0 <= self.lora_dropout < 1:
             errors.append(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})")
+        if self.quantize_base not in ("none", "nf4"):
+            errors.append(f"quantize_base must be none or nf4 (got {self.quantize_base!r})")
+        elif self.quantize_base == "nf4" and not self.lora_rank:
+            errors.append("quantize_base=nf4 trains LoRA adapters on a frozen base: set lora_rank")
+        if self.objective not in ("sft", "dpo"):
+            errors.append(f"objective must be sft or dpo (got {self.objective!r})")
+        elif self.objective == "dpo" and not self.lora_rank:
+            errors.append(
+                "objective=dpo uses the base with adapters disabled as its reference model: "
+                "set lora_rank (full fine-tuning DPO is not supported)"
+            )
+        if not self.dpo_beta > 0:
+            errors.append(f"dpo_beta must be > 0 (got {self.dpo_beta})")
         if self.eval_max_rows is not None and self.eval_max_rows < 1:
             errors.append(f"eval_max_rows must be >= 1 or unset (got {self.eval_max_rows})")
         if self.peak_flops is not None and self.peak_flops <= 0:

@@ -43,10 +43,19 @@ class MicroBatch:
     position_ids: torch.Tensor
     loss_mask: torch.Tensor
     """1 where the token is a target (predicted from the token before it)."""
+    pair_ids: torch.Tensor | None = None
+    """Preference data only: each token's pair document (trainer/packed_data/format.py)."""
 
     @property
     def target_tokens(self) -> int:
         return int(self.loss_mask.sum())
+
+    @property
+    def pairs(self) -> int:
+        """Preference pairs in these rows (0 without `pair_ids`): a row's k pairs have ids 1..2k."""
+        if self.pair_ids is None:
+            return 0
+        return int((self.pair_ids.amax(dim=1) // 2).sum())
 
     def labels(self) -> torch.Tensor:
         """Hugging Face convention: the token id where it is a target, -100 elsewhere."""
@@ -56,10 +65,14 @@ class MicroBatch:
 
 
 def to_micro_batch(rows: PackedRows, lo: int, hi: int) -> MicroBatch:
+    def tensor(column: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(column[lo:hi].astype(np.int64))
+
     return MicroBatch(
-        input_ids=torch.from_numpy(rows.input_ids[lo:hi].astype(np.int64)),
-        position_ids=torch.from_numpy(rows.position_ids[lo:hi].astype(np.int64)),
-        loss_mask=torch.from_numpy(rows.loss_mask[lo:hi].astype(np.int64)),
+        input_ids=tensor(rows.input_ids),
+        position_ids=tensor(rows.position_ids),
+        loss_mask=tensor(rows.loss_mask),
+        pair_ids=None if rows.pair_ids is None else tensor(rows.pair_ids),
     )
 
 

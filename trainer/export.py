@@ -30,12 +30,33 @@ def gather_full_state_dict(root: CausalLMLoss) -> dict[str, torch.Tensor]:
     """Collective. Rank 0 gets the full state dict (keys without the `lm.` prefix); others {}."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    # An NF4 base is not gathered: rank 0 rebuilds it, identically, from the base model.
+    quantized = bool(root.quantized)
     full = get_model_state_dict(
-        root, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        root,
+        options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=quantized
+        ),
     )
     if dist.get_rank() != 0:
         return {}
+    if quantized:
+        full = {**dequantized_base(root), **full}
     return {k.removeprefix("lm."): v for k, v in full.items() if isinstance(v, torch.Tensor)}
+
+
+def dequantized_base(root: CausalLMLoss) -> dict[str, torch.Tensor]:
+    """The frozen weights a QLoRA model trained with, full precision (keys like `CausalLMLoss`):
+    the base model's weights through the same NF4 quantization and back, the other frozen weights
+    in the compute dtype (trainer/quantize.py)."""
+    from trainer.model import load_full_state_dict
+    from trainer.quantize import nf4_round_trip
+
+    assert root.base_source is not None, "a quantized model records where its base came from"
+    config, model_dir, dtype = root.base_source
+    base = load_full_state_dict(config, model_dir)
+    names = set(root.quantized)
+    return {k: nf4_round_trip(v, dtype) if k in names else v.to(dtype) for k, v in base.items()}
 
 
 def save_safetensors(

@@ -17,8 +17,12 @@ log = logging.getLogger("trainer")
 
 
 @torch.no_grad()
-def evaluate(r: Run) -> float | None:
-    """Mean loss per target token over the eval split (None if the dataset has none)."""
+def evaluate(r: Run) -> dict[str, float] | None:
+    """Eval-split metrics (None if the dataset has none): `eval_loss`, the mean loss per target
+    token; with objective=dpo the mean DPO loss per pair, `eval_reward_margin` and
+    `eval_win_rate` (share of held-out pairs whose chosen response the trained model prefers
+    over the rejected one by its implicit reward, trainer/preference.py)."""
+    dpo = r.config.objective == "dpo"
     batches = eval_batches(
         r.config.data,
         r.manifest,
@@ -38,28 +42,40 @@ def evaluate(r: Run) -> float | None:
         input_ids=torch.zeros(1, seq_len, dtype=torch.int64),
         position_ids=torch.arange(seq_len, dtype=torch.int64).unsqueeze(0),
         loss_mask=torch.zeros(1, seq_len, dtype=torch.int64),
+        pair_ids=torch.zeros(1, seq_len, dtype=torch.int64) if dpo else None,
     )
     batches = batches + [filler] * (int(most.item()) - len(batches))
     r.model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=r.device)
+    # [loss sum, loss units, (dpo) margin sum, correct pairs]
+    totals = torch.zeros(4 if dpo else 2, dtype=torch.float64, device=r.device)
     for mb in batches:
-        loss = r.model(
-            mb.input_ids.to(r.device), mb.position_ids.to(r.device), mb.loss_mask.to(r.device)
-        )
-        totals += torch.tensor([loss.item(), mb.target_tokens], device=r.device)
+        inputs = [mb.input_ids, mb.position_ids, mb.loss_mask]
+        if dpo:
+            assert mb.pair_ids is not None, "objective=dpo needs a preference dataset"
+            inputs.append(mb.pair_ids)
+        out = r.model(*(t.to(r.device) for t in inputs)).double().reshape(-1)
+        units = mb.pairs if dpo else mb.target_tokens
+        totals += torch.cat([out[:1], torch.tensor([units], device=r.device).double(), out[1:]])
     dist.all_reduce(totals)
     r.model.train()
-    return float(totals[0] / totals[1]) if totals[1] > 0 else None
+    if totals[1] == 0:
+        return None
+    values = (totals / totals[1]).tolist()
+    if not dpo:
+        return {"eval_loss": values[0]}
+    return {"eval_loss": values[0], "eval_reward_margin": values[2], "eval_win_rate": values[3]}
 
 
 def save(r: Run) -> None:
     from trainer.export import export_model
 
     if r.config.eval_at_end:
-        r.eval_loss = evaluate(r)
-        if r.eval_loss is not None:
+        scores = evaluate(r)
+        if scores is not None:
+            r.eval_loss = scores["eval_loss"]
+            r.eval_scores = scores
             assert r.metrics is not None
-            r.metrics.write(r.state.step, {"eval_loss": r.eval_loss})
+            r.metrics.write(r.state.step, scores)
     model_out = r.config.export_dir.rstrip("/") or f"{r.output}/model"
     if r.config.export:
         export_model(r.model, r.config, r.model_dir, model_out, r.tokenizer)
@@ -73,6 +89,8 @@ def save(r: Run) -> None:
             "target_tokens": r.state.target_tokens,
             "final_loss": r.losses[-1] if r.losses else None,
             "eval_loss": r.eval_loss,
+            **{k: v for k, v in r.eval_scores.items() if k != "eval_loss"},
+            "objective": r.config.objective,
             "model_dir": model_out if r.config.export else None,
             "resumed_from_step": r.resumed_from_step,
             "attempts": r.attempt,

@@ -54,7 +54,8 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
     while r.state.step < r.total_steps:
         micro, position = next(batches)
         lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; the step advances it
-        loss, grad_norm, targets = optimizer_step(r, micro)
+        result = optimizer_step(r, micro)
+        loss, grad_norm, targets = result.loss, result.grad_norm, result.target_tokens
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteLossError(
                 f"step {r.state.step + 1}: loss={loss} grad_norm={grad_norm} is not finite; "
@@ -70,7 +71,7 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
         window.targets += targets
         r.losses.append(loss)
         if r.state.step % config.log_every == 0 or r.state.step == r.total_steps:
-            record = {"loss": loss, "lr": lr, "grad_norm": grad_norm}
+            record = {"loss": loss, "lr": lr, "grad_norm": grad_norm, **result.extra}
             _write_metrics(r, window, record, position, per_token, peak)
             window = Window()
         every_n = config.checkpoint_every and r.state.step % config.checkpoint_every == 0

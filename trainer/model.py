@@ -98,6 +98,13 @@ class CausalLMLoss(nn.Module):
         """Every rank holds whole gradients (data_parallel resolved to replicate: DDP)."""
         self.autocast: torch.dtype | None = None
         """Compute dtype under DDP when it is not fp32 (FSDP2 casts through its policy instead)."""
+        self.quantized: list[str] = []
+        """State-dict keys of the weights held in NF4 (quantize_base=nf4: trainer/quantize.py)."""
+        self.base_source: tuple[TrainConfig, str, torch.dtype] | None = None
+        """Quantized only: (config, model directory, compute dtype) the NF4 base was built from,
+        so the export can rebuild the de-quantized base exactly."""
+        self.dpo_beta = 0.1
+        """DPO's beta (`TrainConfig.dpo_beta`), used when a batch carries `pair_ids`."""
         self.last_block_on_targets = True
         """Run the last block's MLP only where a target is predicted, where that is exact
         (trainer/last_block.py); False forces the full decoder (tests compare the two)."""
@@ -108,10 +115,41 @@ class CausalLMLoss(nn.Module):
         return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        pair_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Sum over target tokens of -log p(token | its document prefix)."""
-        return self.token_losses(input_ids, position_ids, loss_mask).sum()
+        """Sum over target tokens of -log p(token | its document prefix); with `pair_ids`
+        (preference rows), DPO's [loss sum, reward-margin sum, correct-pair count] instead.
+
+        Both passes of DPO run inside this one forward (FSDP2 gathers the root's weights around
+        `forward` only): the reference with the LoRA adapters disabled and no autograd, then the
+        policy.
+        """
+        if pair_ids is None:
+            return self.token_losses(input_ids, position_ids, loss_mask).sum()
+        from trainer.preference import dpo_stats
+
+        with torch.no_grad(), self.lm.disable_adapter():
+            reference = self.pair_logps(input_ids, position_ids, loss_mask, pair_ids)
+        policy = self.pair_logps(input_ids, position_ids, loss_mask, pair_ids)
+        return dpo_stats(policy, reference, self.dpo_beta)
+
+    def pair_logps(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        pair_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """[pairs, 2]: log p(chosen response | prompt), log p(rejected | prompt) of every pair, in
+        row order (summed over each response's target tokens)."""
+        from trainer.preference import sum_by_pair
+
+        logps = -self.token_losses(input_ids, position_ids, loss_mask)
+        return sum_by_pair(logps, loss_mask, pair_ids)
 
     def token_losses(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor
@@ -219,8 +257,16 @@ def lora_config(config: TrainConfig) -> Any:
     )
 
 
-def replicates(config: TrainConfig, parameters: int) -> bool:
-    """Whether `data_parallel` resolves to "replicate" for a model of this many parameters."""
+def replicates(config: TrainConfig, parameters: int, world_size: int = 2) -> bool:
+    """Whether `data_parallel` resolves to "replicate" for a model of this many parameters.
+
+    An NF4 base on one process always replicates: FSDP2's one-process shortcut in torch 2.13
+    (`FSDPParamGroup.wait_for_unshard`, world size 1) copies a single all-gather input and so
+    breaks tensors with all-gather extensions such as NF4 ("not enough values to unpack");
+    one process has nothing to shard anyway.
+    """
+    if config.quantize_base == "nf4" and world_size == 1:
+        return True
     if config.data_parallel == "auto":
         return parameters <= config.replicate_max_params
     return config.data_parallel == "replicate"
@@ -231,6 +277,32 @@ def data_parallel_mesh(device: torch.device) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
+
+
+def _load_quantized(
+    root: CausalLMLoss,
+    blocks: nn.ModuleList,
+    config: TrainConfig,
+    model_dir: str,
+    hf_config: Any,
+    device: torch.device,
+) -> None:
+    """QLoRA: load the base on the CPU into the meta-initialized module (every rank reads it from
+    disk; `assign`: the loaded tensors become the parameters, no second copy), quantize the
+    blocks' frozen linears to NF4, then move to `device`; wrapping comes after, as torchtune does.
+
+    Host memory is one fp32 copy of the model per process while loading; device memory holds
+    only the 4-bit base. Every rank quantizes the same weights the same way: nothing is broadcast.
+    """
+    from trainer.quantize import quantize_blocks
+
+    root.load_state_dict(load_full_state_dict(config, model_dir), strict=True, assign=True)
+    if getattr(hf_config, "tie_word_embeddings", False):
+        root.causal_lm().tie_weights()
+    dtype = compute_dtype(config, device)
+    root.quantized = quantize_blocks(root, blocks, dtype, device)
+    root.base_source = (config, model_dir, dtype)
+    root.to(device)
 
 
 def replicate_ddp(root: CausalLMLoss, device: torch.device) -> None:
@@ -251,8 +323,12 @@ def replicate_ddp(root: CausalLMLoss, device: torch.device) -> None:
     """
     from torch.distributed._composable.replicate import replicate
 
+    from trainer.quantize import quantized_modules
+
     replicate(
         root,
+        # Frozen NF4 weights: identical on every rank by construction, never reduced.
+        ignored_modules=quantized_modules(root) or None,
         device_id=device,
         gradient_as_bucket_view=True,
         forward_sync_buffers=False,
@@ -276,8 +352,15 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
 
             lm = get_peft_model(lm, lora_config(config))
     root = CausalLMLoss(lm)
-    root.replicated = replicates(config, sum(p.numel() for p in root.parameters()))
+    root.dpo_beta = config.dpo_beta
+    root.replicated = replicates(
+        config, sum(p.numel() for p in root.parameters()), dist.get_world_size()
+    )
+    if root.replicated and config.data_parallel == "shard":
+        log.warning("data_parallel=shard ignored: an NF4 base on one process replicates")
     blocks = decoder_blocks(root, hf_config.num_hidden_layers)
+    if config.quantize_base == "nf4":
+        _load_quantized(root, blocks, config, model_dir, hf_config, device)
     if config.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             checkpoint_wrapper,
@@ -296,6 +379,8 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
         replicate_ddp(root, device)
     else:
         shard_fsdp(root, blocks, config, device)
+    if root.quantized:
+        return root  # loaded before wrapping (_load_quantized)
 
     buffers = {name: b.detach().clone() for name, b in root.named_buffers()}
     root.to_empty(device=device)

@@ -50,6 +50,8 @@ class Run:
     resumed_from_step: int | None = None
     losses: list[float] = field(default_factory=list)
     eval_loss: float | None = None
+    eval_scores: dict[str, float] = field(default_factory=dict)
+    """Every eval metric (eval_loss, and with DPO eval_reward_margin, eval_win_rate)."""
     started: float = field(default_factory=time.time)
     attempt: int = 1
     """Which start of this run this is (OUTPUT/attempts/: 1 = the first)."""

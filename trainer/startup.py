@@ -71,7 +71,12 @@ def _data(r: Run) -> None:
     from transformers import AutoTokenizer
 
     from trainer.model import resolve_model_dir
-    from trainer.packed_data.format import TokenizerIdentity, compatibility_errors, read_manifest
+    from trainer.packed_data.format import (
+        PREFERENCE_KIND,
+        TokenizerIdentity,
+        compatibility_errors,
+        read_manifest,
+    )
 
     config = r.config
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -87,6 +92,16 @@ def _data(r: Run) -> None:
     if r.manifest.chat_template:  # the template the data was rendered with (exported with it)
         r.tokenizer.chat_template = r.manifest.chat_template
     errors = compatibility_errors(r.manifest, TokenizerIdentity.of(r.tokenizer), config.seq_len)
+    preference = r.manifest.data_kind == PREFERENCE_KIND
+    if preference != (config.objective == "dpo"):
+        errors.append(
+            f"objective={config.objective} does not train on {r.manifest.data_kind} data: "
+            + (
+                "set objective=dpo for preference pairs"
+                if preference
+                else "objective=dpo needs a preference dataset (python -m beam_preprocess.preference)"
+            )
+        )
     if errors:
         raise ValueError(f"dataset {config.data} does not fit this run: " + "; ".join(errors))
     r.batches = TrainBatches(

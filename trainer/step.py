@@ -1,8 +1,8 @@
 """One optimizer step: forward and backward over the micro-batches, one stats all-reduce,
 scaling and clipping of the gradients, AdamW.
 
-Per optimizer step the gradient is exactly that of the mean loss over all target tokens of the
-global batch, independent of how tokens fall on ranks and micro-batches: backward runs on summed
+Per optimizer step the gradient is exactly that of the mean loss over all target tokens (DPO:
+all pairs) of the global batch, independent of how tokens fall on ranks and micro-batches: backward runs on summed
 losses and the gradients are divided by the global target count afterwards.
 """
 
@@ -10,73 +10,105 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from trainer.data import MicroBatch
+from trainer.preference import STATS
 from trainer.run_state import Run
 
 
-def optimizer_step(r: Run, micro: list[MicroBatch]) -> tuple[float, float, int]:
-    """One optimizer step. Returns (global mean loss, grad norm, global target tokens).
+@dataclass
+class StepResult:
+    """What one optimizer step reports (global values, every rank the same)."""
 
-    One all-reduce per step besides the gradient reduction (FSDP2's or DDP's): backward runs on the summed loss, and
-    the division by the global target count, the gradient norm and the clipping are applied to
-    the local gradient shards afterwards, from a single reduced vector
-    [loss sum, target count, stop flag, save flag, squared gradient norm]. Synchronisation points are what
-    a step loses most time on when processes share busy CPUs or a slow network.
+    loss: float
+    """Mean loss per target token (sft) or per pair (dpo)."""
+    grad_norm: float
+    target_tokens: int
+    extra: dict[str, float] = field(default_factory=dict)
+    """DPO: mean reward margin and reward accuracy over the step's pairs."""
+
+
+def optimizer_step(r: Run, micro: list[MicroBatch]) -> StepResult:
+    """One optimizer step.
+
+    One all-reduce per step besides the gradient reduction (FSDP2's or DDP's): backward runs on
+    the summed loss, and the division by the global count of loss units (target tokens, or pairs
+    for DPO), the gradient norm and the clipping are applied to the local gradient shards
+    afterwards, from a single reduced vector [loss sum, units, stop flag, save flag, squared
+    gradient norm, target tokens, DPO sums...]. Synchronisation points are what a step loses most time on when
+    processes share busy CPUs or a slow network.
     """
     model, device = r.model, r.device
-    local_targets = sum(mb.target_tokens for mb in micro)
+    dpo = r.config.objective == "dpo"
+    local_units = sum(mb.pairs if dpo else mb.target_tokens for mb in micro)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    extra_sums = torch.zeros(len(STATS) - 1, dtype=torch.float64, device=device)
     for k, mb in enumerate(micro):
         # Reduce-scatter (FSDP2) or all-reduce (DDP, replicated) gradients once per step, on the
         # last micro-batch: accumulation micro-steps need no collective (DDP's no_sync).
         model.set_requires_gradient_sync(k == len(micro) - 1)
-        loss = model(
-            mb.input_ids.to(device, non_blocking=True),
-            mb.position_ids.to(device, non_blocking=True),
-            mb.loss_mask.to(device, non_blocking=True),
-        )
+        inputs = [mb.input_ids, mb.position_ids, mb.loss_mask]
+        if dpo:
+            assert mb.pair_ids is not None, "objective=dpo needs a preference dataset"
+            inputs.append(mb.pair_ids)
+        out = model(*(t.to(device, non_blocking=True) for t in inputs))
+        loss = out[0] if dpo else out
         # FSDP2 and DDP average gradients over ranks: x world_size turns that into the sum.
         (loss * r.world_size).backward()
         loss_sum += loss.detach().double()
+        if dpo:
+            extra_sums += out[1:].detach().double()
     # A time-based checkpoint is due by this rank's clock, this step's compute included.
     every_s = r.config.checkpoint_every_minutes * 60
     save_due = bool(every_s) and time.monotonic() - r.last_saved_at >= every_s
     grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
     squared = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum() if grads else 0.0
     squared = torch.as_tensor(squared, dtype=torch.float64, device=device)
-    stats = torch.stack(
+
+    def scalar(value: float) -> torch.Tensor:
+        return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+    stats = torch.cat(
         [
-            loss_sum,
-            torch.tensor(float(local_targets), dtype=torch.float64, device=device),
-            torch.tensor(float(r.stop_requested), dtype=torch.float64, device=device),
-            torch.tensor(float(save_due), dtype=torch.float64, device=device),
-            # Sharded: each rank holds a distinct shard of every gradient, squared norms add up.
-            # Replicated: every rank holds the whole reduced gradient, its norm is the global one.
-            torch.zeros_like(squared) if model.replicated else squared,
+            torch.stack(
+                [
+                    loss_sum,
+                    scalar(local_units),
+                    scalar(r.stop_requested),
+                    scalar(save_due),
+                    # Sharded: each rank holds a distinct shard of every gradient, squared norms
+                    # add up. Replicated: every rank holds the whole reduced gradient, its norm
+                    # is the global one.
+                    torch.zeros_like(squared) if model.replicated else squared,
+                    scalar(sum(mb.target_tokens for mb in micro)),
+                ]
+            ),
+            extra_sums,
         ]
     )
     dist.all_reduce(stats)
-    loss_total, target_count, stop, save, squared_total = stats.tolist()
+    loss_total, unit_count, stop, save, squared_total, target_count, *extra = stats.tolist()
     if model.replicated:
         squared_total = float(squared)
     r.stop_agreed = stop > 0
     r.save_agreed = save > 0
-    targets = int(target_count)
-    norm_value = math.sqrt(squared_total) / max(targets, 1)
-    loss_value = loss_total / max(targets, 1)
+    units = max(int(unit_count), 1)
+    norm_value = math.sqrt(squared_total) / units
+    loss_value = loss_total / units
     if math.isfinite(loss_value) and math.isfinite(norm_value):
-        coefficient = 1.0 / max(targets, 1)
+        coefficient = 1.0 / units
         if r.config.max_grad_norm > 0 and norm_value > r.config.max_grad_norm:
             coefficient *= r.config.max_grad_norm / (norm_value + 1e-6)
         torch._foreach_mul_(grads, coefficient)
         r.optimizer.step()
         r.scheduler.step()
     r.optimizer.zero_grad(set_to_none=True)
-    return loss_value, norm_value, targets
+    report = {name: value / units for name, value in zip(STATS[1:], extra, strict=True)}
+    return StepResult(loss_value, norm_value, int(target_count), report if dpo else {})
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,8 @@ class TrainRequest:
     max_steps: int
     learning_rate: float
     trainer_overrides: Mapping[str, Any]
+    quantize_base: str
+    objective: str
     project: str
     region: str
     work_uri: str
@@ -208,6 +210,8 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
         trainer_overrides_for(request.capacity, request.trainer_overrides or {}),
         max_steps=request.max_steps,
         learning_rate=request.learning_rate,
+        quantize_base=request.quantize_base,
+        objective=request.objective,
         model=request.base_model,
         data=storage.normalize(data) if local else data,
         output=output,

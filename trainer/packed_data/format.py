@@ -19,6 +19,15 @@ Row columns (all lists of exactly seq_len integers):
                    first token of every document (it has no in-document predecessor)
     position_ids   positions that restart at 0 at every document (padding is a segment of its
                    own), so attention and positions never cross a document boundary
+
+Preference datasets (`data_kind` "preference", format minor version 1) add one column:
+    pair_ids       which preference document a token belongs to, within its row: 2k+1 for the
+                   chosen response of the row's k-th pair, 2k+2 for its rejected one (prompt
+                   tokens included), 0 for padding. Both documents of a pair are in the same row.
+
+Versions: `version` is the major version (a reader refuses another one); `minor_version` counts
+compatible additions (1: preference datasets, `pair_ids`). A manifest without `minor_version` is
+minor 0 and loads as before; instruction and text datasets are unchanged by minor 1.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from trainer import storage
 
 FORMAT_NAME = "llmft-packed"
 FORMAT_VERSION = 1
+FORMAT_MINOR_VERSION = 1
+"""Compatible additions to FORMAT_VERSION: 1 added preference datasets (the `pair_ids` column)."""
 MANIFEST_FILE = "manifest.json"
 STATS_FILE = "stats.json"
 TRAIN_SPLIT, EVAL_SPLIT = "train", "eval"
@@ -41,6 +52,10 @@ REJECTED_DIR = "rejected"
 FILTERED_DIR = "filtered"
 EVAL_RECORDS_DIR = "eval_records"
 COLUMNS = ("input_ids", "loss_mask", "position_ids")
+PAIR_COLUMN = "pair_ids"
+"""The extra column of preference datasets (see the module docstring)."""
+PREFERENCE_KIND = "preference"
+"""`data_kind` of a dataset of {prompt, chosen, rejected} pairs (beam_preprocess/preference.py)."""
 SEQ_LEN_MIN, SEQ_LEN_MAX = 16, 131072
 """Packed row lengths preprocessing, the trainer and the pipeline accept (below 16 a row holds
 hardly a prompt; above 128k no supported model has the positions)."""
@@ -50,11 +65,16 @@ EVAL_FRACTION_DEFAULT = 0.05
 """The held-out fraction when none is given (preprocessing and the pipeline)."""
 
 
-def table_schema() -> Any:
+def row_columns(data_kind: str) -> tuple[str, ...]:
+    """The row columns of a dataset of this kind: COLUMNS, plus `pair_ids` for preference data."""
+    return (*COLUMNS, PAIR_COLUMN) if data_kind == PREFERENCE_KIND else COLUMNS
+
+
+def table_schema(data_kind: str = "instruction") -> Any:
     """The Parquet schema of train/ and eval/ shards: each column a list<int32> of seq_len values."""
     import pyarrow as pa
 
-    return pa.schema([(name, pa.list_(pa.int32())) for name in COLUMNS])
+    return pa.schema([(name, pa.list_(pa.int32())) for name in row_columns(data_kind)])
 
 
 @dataclass
@@ -103,13 +123,15 @@ class Manifest:
     seq_len: int
     tokenizer: TokenizerIdentity
     data_kind: str
-    """"instruction" (prompt/response or chat messages) or "text" (plain causal LM)."""
+    """"instruction" (prompt/response or chat messages), "text" (plain causal LM) or
+    "preference" (prompt/chosen/rejected pairs, minor version 1)."""
     splits: dict[str, SplitInfo]
     stats: dict[str, Any]
     """records_read, kept, rejected, duplicates, filtered {reason: count}; read = kept + filtered
     + duplicates + rejected."""
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
+    minor_version: int = FORMAT_MINOR_VERSION
     eval_records: list[str] = field(default_factory=list)
     """JSONL files (relative paths) of the eval split's clean records; optional, may be empty."""
     files: list[str] = field(default_factory=list)
@@ -145,6 +167,7 @@ class Manifest:
             stats=data["stats"],
             format=data["format"],
             version=data["version"],
+            minor_version=int(data.get("minor_version", 0)),
             eval_records=list(data.get("eval_records", [])),
             files=list(data.get("files", [])),
             sources=list(data.get("sources", [])),

@@ -12,11 +12,12 @@ writer did, so no loss ever crosses a document boundary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from trainer import storage
-from trainer.packed_data.format import COLUMNS, Manifest
+from trainer.packed_data.format import COLUMNS, PAIR_COLUMN, Manifest
 
 
 @dataclass(frozen=True)
@@ -27,20 +28,31 @@ class PackedRows:
     loss_mask: np.ndarray
     """1 where the token is a target (predicted from the token before it)."""
     position_ids: np.ndarray
+    pair_ids: np.ndarray | None = None
+    """Preference datasets only: the pair document of each token (format.py), else None."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def columns(self) -> tuple[str, ...]:
+        """The columns these rows hold (COLUMNS, plus `pair_ids` for preference data)."""
+        return COLUMNS if self.pair_ids is None else (*COLUMNS, PAIR_COLUMN)
+
+    def map(self, fn: Any) -> PackedRows:
+        """The same columns, each array passed through `fn`."""
+        return PackedRows(**{name: fn(getattr(self, name)) for name in self.columns()})
+
     def slice(self, lo: int, hi: int) -> PackedRows:
         """Rows [lo, hi) (views, no copy)."""
-        return PackedRows(*(getattr(self, name)[lo:hi] for name in COLUMNS))
+        return self.map(lambda column: column[lo:hi])
 
     @classmethod
     def concat(cls, parts: list[PackedRows], seq_len: int) -> PackedRows:
         """The rows of `parts`, in order (an empty [0, seq_len] set when there are none)."""
         if not parts:
             return cls(*(np.zeros((0, seq_len), np.int32) for _ in COLUMNS))
-        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in COLUMNS))
+        names = parts[0].columns()
+        return cls(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in names})
 
 
 def shard_paths(data_dir: str, manifest: Manifest, split: str) -> list[str]:
@@ -65,11 +77,13 @@ def read_shard(path: str, seq_len: int, keep: np.ndarray | None = None) -> Packe
     import pyarrow.parquet as pq
 
     with storage.open(path, "rb") as f:
-        table = pq.read_table(f, columns=list(COLUMNS))
+        parquet = pq.ParquetFile(f)
+        names = [n for n in (*COLUMNS, PAIR_COLUMN) if n in parquet.schema_arrow.names]
+        table = parquet.read(columns=names)
     if keep is not None:
         table = table.take(keep)
     out = {}
-    for name in COLUMNS:
+    for name in names:
         column = table.column(name).combine_chunks()
         lengths = np.diff(np.asarray(column.offsets))
         if len(lengths) and (lengths != seq_len).any():
@@ -99,7 +113,7 @@ def read_selected(
     stacked = PackedRows.concat(parts, seq_len)
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
-    return PackedRows(*(getattr(stacked, name)[inverse] for name in COLUMNS))
+    return stacked.map(lambda column: column[inverse])
 
 
 def read_split(

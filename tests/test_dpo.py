@@ -1,0 +1,269 @@
+"""DPO: preference pairs packed into rows (beam_preprocess/preference.py) and the loss on them
+(trainer/preference.py, `CausalLMLoss` with `pair_ids`), checked against TRL's DPOTrainer on the
+same tiny model and pairs, against the paper's formula on each pair unpacked, and end to end
+through `python -m trainer --objective dpo`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from packed_fixtures import read_jsonl
+
+from beam_preprocess.preference import (
+    PairError,
+    normalize,
+    pack_pairs,
+    row_of,
+    tokenize_pair,
+    write_dataset,
+)
+from trainer.packed_data.format import PAIR_COLUMN, read_manifest
+from trainer.packed_data.reader import read_split
+
+BETA = 0.1
+LORA_TARGETS = ["q_proj", "v_proj"]
+
+
+def preference_records(sample_data_dir: Path, n: int) -> list[dict[str, Any]]:
+    """Conversational pairs (TRL's format): the real response is chosen, another one rejected."""
+    recs = read_jsonl(sample_data_dir / "train.jsonl", n)
+    return [
+        {
+            "prompt": [{"role": "user", "content": r["prompt"]}],
+            "chosen": [{"role": "assistant", "content": r["response"]}],
+            "rejected": [{"role": "assistant", "content": recs[(i + 3) % n]["response"]}],
+        }
+        for i, r in enumerate(recs)
+    ]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def lora_model(model_dir: Path, attn_implementation: str | None = None) -> Any:
+    """The tiny model with LoRA adapters whose B matrices are random (not the zero init), so the
+    policy differs from the reference and the loss is not log 2."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs)
+    torch.manual_seed(0)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    model = get_peft_model(base, config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05)
+    return model
+
+
+def packed_batch(tokenizer: Any, records: list[dict[str, Any]], seq_len: int) -> dict[str, Any]:
+    pairs = [tokenize_pair(tokenizer, r) for r in records]
+    rows = [row_of(p, seq_len, tokenizer.pad_token_id) for p in pack_pairs(pairs, seq_len)]
+    return {k: torch.tensor([r[k] for r in rows]) for k in rows[0]}
+
+
+def packed_stats(model_dir: Path, tokenizer: Any, records: list[dict[str, Any]]) -> torch.Tensor:
+    """[loss sum, margin sum, correct pairs] from the trainer's loss module on packed rows."""
+    from transformers import AutoConfig
+
+    from trainer import attention
+    from trainer.model import CausalLMLoss
+
+    implementation = attention.implementation("document", AutoConfig.from_pretrained(model_dir))
+    root = CausalLMLoss(lora_model(model_dir, implementation))
+    root.dpo_beta = BETA
+    batch = packed_batch(tokenizer, records, seq_len=512)
+    with torch.no_grad():
+        return root(
+            batch["input_ids"], batch["position_ids"], batch["loss_mask"], batch[PAIR_COLUMN]
+        )
+
+
+def test_pairs_pack_whole_with_document_ids(tokenizer: Any, sample_data_dir: Path) -> None:
+    records = preference_records(sample_data_dir, 12)
+    pairs = [tokenize_pair(tokenizer, r) for r in records]
+    rows = pack_pairs(pairs, 256)
+    assert sorted(id(p) for row in rows for p in row) == sorted(id(p) for p in pairs)
+    assert all(sum(len(p) for p in row) <= 256 for row in rows)
+    row = row_of(rows[0], 256, tokenizer.pad_token_id)
+    ids = np.array(row[PAIR_COLUMN])
+    assert len(ids) == 256 and ids.max() == 2 * len(rows[0])
+    for k, pair in enumerate(rows[0]):
+        chosen, rejected = np.flatnonzero(ids == 2 * k + 1), np.flatnonzero(ids == 2 * k + 2)
+        assert [row["input_ids"][i] for i in chosen] == pair.chosen[0]
+        assert [row["input_ids"][i] for i in rejected] == pair.rejected[0]
+        assert row["position_ids"][chosen[0]] == 0 and row["position_ids"][rejected[0]] == 0
+        assert row["loss_mask"][chosen[0]] == 0  # the first token of a document is no target
+    # The string form and the chat-pair form give the same tokens as the conversational one.
+    first = records[0]
+    text = {
+        "prompt": first["prompt"][0]["content"],
+        "chosen": first["chosen"][0]["content"],
+        "rejected": first["rejected"][0]["content"],
+    }
+    chat = {
+        "chosen": first["prompt"] + first["chosen"],
+        "rejected": first["prompt"] + first["rejected"],
+    }
+    assert tokenize_pair(tokenizer, text) == pairs[0] == tokenize_pair(tokenizer, chat)
+    with pytest.raises(PairError, match="differ before"):
+        normalize(
+            {
+                "chosen": chat["chosen"],
+                "rejected": [{"role": "user", "content": "x"}, *first["rejected"]],
+            }
+        )
+
+
+def test_preference_dataset_round_trips_and_old_manifests_load(
+    tmp_path: Path, tokenizer: Any, sample_data_dir: Path
+) -> None:
+    records = preference_records(sample_data_dir, 40)
+    too_long = {**records[0], "chosen": [{"role": "assistant", "content": "word " * 400}]}
+    manifest = write_dataset(
+        tmp_path, tokenizer, {"train": [*records[:30], too_long], "eval": records[30:]}, 256
+    )
+    assert manifest.data_kind == "preference" and manifest.minor_version == 1
+    assert manifest.stats["filtered"] == {"too_long_tokens": 1}
+    rows = read_split(str(tmp_path), read_manifest(str(tmp_path)), "train")
+    assert rows.pair_ids is not None and int((rows.pair_ids.max(axis=1) // 2).sum()) == 30
+    # A manifest written before minor versions existed still loads, as minor 0.
+    old = json.loads((tmp_path / "manifest.json").read_text())
+    del old["minor_version"]
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    assert read_manifest(str(tmp_path)).minor_version == 0
+
+
+def unpacked_reference(model_dir: Path, tokenizer: Any, records: list[dict[str, Any]]) -> Any:
+    """The paper's formula (Rafailov et al. 2023, eq. 7) on each pair alone, with the model's own
+    forward (no packing, no trainer code): log-probs summed over each response's tokens."""
+    model = lora_model(model_dir, "eager").eval()
+
+    def response_logp(ids: list[int], mask: list[int]) -> float:
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+        logps = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+        return float((logps * torch.tensor(mask[1:])).sum())
+
+    losses, margins = [], []
+    with torch.no_grad():
+        for record in records:
+            pair = tokenize_pair(tokenizer, record)
+            policy = [response_logp(*pair.chosen), response_logp(*pair.rejected)]
+            with model.disable_adapter():
+                reference = [response_logp(*pair.chosen), response_logp(*pair.rejected)]
+            margin = BETA * ((policy[0] - reference[0]) - (policy[1] - reference[1]))
+            losses.append(-math.log(1 / (1 + math.exp(-margin))))
+            margins.append(margin)
+    return np.array(losses), np.array(margins)
+
+
+def test_packed_dpo_equals_the_formula_on_unpacked_pairs(
+    tiny_model_dir: Path, tokenizer: Any, sample_data_dir: Path
+) -> None:
+    records = preference_records(sample_data_dir, 10)
+    losses, margins = unpacked_reference(tiny_model_dir, tokenizer, records)
+    assert abs(losses.mean() - math.log(2)) > 1e-3  # the policy differs from the reference
+    stats = packed_stats(tiny_model_dir, tokenizer, records)
+    assert float(stats[0]) == pytest.approx(losses.sum(), abs=1e-4)
+    assert float(stats[1]) == pytest.approx(margins.sum(), abs=1e-4)
+    assert int(stats[2]) == int((margins > 0).sum())
+
+
+def test_dpo_loss_and_margins_match_trls_dpo_trainer(
+    tmp_path: Path, tiny_model_dir: Path, tokenizer: Any, sample_data_dir: Path
+) -> None:
+    """TRL's DPOTrainer (sigmoid loss) on the same pairs: its policy is the LoRA model merged,
+    its reference the base model (given explicitly: handed a PeftModel, TRL would take the
+    initial adapter as reference; ours disables the adapters, which is the base)."""
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    records = preference_records(sample_data_dir, 8)
+    policy = lora_model(tiny_model_dir).merge_and_unload()
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    args = trl.DPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, report_to=[], use_cpu=True,
+        beta=BETA, loss_type=["sigmoid"], max_length=None, bf16=False,  # TRL defaults to bf16
+    )  # fmt: skip
+    trainer = trl.DPOTrainer(
+        model=policy,
+        ref_model=reference,
+        args=args,
+        train_dataset=Dataset.from_list(records),
+        processing_class=tokenizer,
+    )
+    batches = iter(trainer.get_train_dataloader())
+    policy.eval()  # no dropout either side
+    for step in range(2):  # TRL's sampler order: take the pairs it batched
+        batch = next(batches)
+        with torch.no_grad():
+            trl_loss = float(trainer.compute_loss(policy, batch))
+        logged = trainer._metrics["eval"]  # TRL files metrics by mode; the model is in eval
+        trl_margin, trl_accuracy = logged["rewards/margins"][-1], logged["rewards/accuracies"][-1]
+        ids = batch["input_ids"].tolist()
+        chosen = [_strip(ids[i], batch["attention_mask"][i]) for i in range(len(ids) // 2)]
+        ours = packed_stats(
+            tiny_model_dir, tokenizer, [_record_of(records, tokenizer, c) for c in chosen]
+        )
+        pairs = len(chosen)
+        assert float(ours[0]) / pairs == pytest.approx(trl_loss, abs=1e-4), step
+        assert float(ours[1]) / pairs == pytest.approx(trl_margin, abs=1e-4), step
+        assert float(ours[2]) / pairs == pytest.approx(trl_accuracy, abs=1e-6), step
+
+
+def _strip(ids: list[int], attention_mask: torch.Tensor) -> list[int]:
+    return [i for i, keep in zip(ids, attention_mask.tolist(), strict=True) if keep]
+
+
+def _record_of(records: list[dict[str, Any]], tokenizer: Any, chosen_ids: list[int]) -> dict:
+    """The record whose chosen side tokenizes to `chosen_ids` (TRL's batch order)."""
+    for record in records:
+        if tokenize_pair(tokenizer, record).chosen[0] == chosen_ids:
+            return record
+    raise AssertionError("TRL batched a pair that is not among the records")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_trainer_runs_dpo_on_a_qlora_base(
+    tmp_path: Path, tiny_model_dir: Path, tokenizer: Any, sample_data_dir: Path
+) -> None:
+    """`python -m trainer --objective dpo` on a packed preference dataset, NF4 base: the first
+    step's loss is log 2 (zero-initialized adapters: policy = reference), rewards move after,
+    and the eval split reports the win rate of the chosen responses."""
+    from test_trainer_single import run_trainer
+
+    records = preference_records(sample_data_dir, 60)
+    data = tmp_path / "pairs"
+    write_dataset(data, tokenizer, {"train": records[:48], "eval": records[48:]}, 256)
+    out = tmp_path / "run"
+    proc = run_trainer(
+        tiny_model_dir, data, out, "--objective", "dpo", "--lora-rank", "8",
+        "--quantize-base", "nf4", "--lr", "1e-3", "--max-steps", "3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert steps[0]["reward_margin"] == 0.0
+    assert any(r["reward_margin"] != 0.0 for r in steps[1:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["objective"] == "dpo" and 0.0 <= summary["eval_win_rate"] <= 1.0
+    assert "eval_reward_margin" in summary
+    # An instruction dataset is refused for DPO, before training (exit 2, one error line).
+    sft = tmp_path / "sft_run"
+    proc = run_trainer(tiny_model_dir, data, sft, "--lora-rank", "8", "--max-steps", "1")
+    assert proc.returncode == 2 and "set objective=dpo for preference pairs" in proc.stderr
