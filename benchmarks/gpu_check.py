@@ -212,7 +212,8 @@ def main() -> None:
         "--eval-at-end", "false", "--checkpoint-at-end", "false", "--resume", "false",
         "--sdpa-kernels", args.sdpa_kernels, *args.extra,
     ]  # fmt: skip
-    code = subprocess.call(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    code = subprocess.call(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": path})
     if code != 0:
         sys.exit(f"trainer failed with exit code {code}")
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

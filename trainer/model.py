@@ -325,13 +325,19 @@ def replicate_ddp(root: CausalLMLoss, device: torch.device) -> None:
 
     from trainer.quantize import quantized_modules
 
+    import inspect
+
+    # torch < 2.13's replicate() has no forward_sync_buffers (it then syncs them, correctly).
+    sync = {"forward_sync_buffers": False}
+    if "forward_sync_buffers" not in inspect.signature(replicate).parameters:
+        sync = {}
     replicate(
         root,
         # Frozen NF4 weights: identical on every rank by construction, never reduced.
         ignored_modules=quantized_modules(root) or None,
         device_id=device,
         gradient_as_bucket_view=True,
-        forward_sync_buffers=False,
+        **sync,
     )
 
 
