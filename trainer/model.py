@@ -321,11 +321,11 @@ def replicate_ddp(root: CausalLMLoss, device: torch.device) -> None:
     - no static_graph and no find_unused_parameters: every trainable parameter gets a gradient
       every step, so the reducer needs neither.
     """
+    import inspect
+
     from torch.distributed._composable.replicate import replicate
 
     from trainer.quantize import quantized_modules
-
-    import inspect
 
     # torch < 2.13's replicate() has no forward_sync_buffers (it then syncs them, correctly).
     sync = {"forward_sync_buffers": False}
