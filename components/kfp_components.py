@@ -86,6 +86,13 @@ def validate_inputs(
     registered_model: str,
     champion_model: str,
     serving_image: str,
+    # evaluation: standard tasks and judge (issue 31)
+    eval_tasks: str,
+    eval_num_fewshot: int,
+    eval_limit: int,
+    max_task_regression: float,
+    judge_metric: str,
+    judge_min_win_rate: float,
     target: str,
     run_id: str,
     schedule_time: str,
@@ -199,6 +206,15 @@ def evaluate(
     hf_token_secret: str,
     metrics: Output[Metrics],
     report: Output[HTML],
+    region: str = "us-central1",
+    eval_accelerator_type: str = "",
+    eval_accelerator_count: int = 0,
+    eval_tasks: str = "",
+    eval_num_fewshot: int = -1,
+    eval_limit: int = 0,
+    max_task_regression: float = 100.0,
+    judge_metric: str = "",
+    judge_min_win_rate: float = 0.0,
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool)]):  # type: ignore[valid-type]
     """Evaluate the base and the tuned model on the eval split; write Metrics, an HTML report and
     the quality gate's verdict.

@@ -187,6 +187,6 @@ def _task_checks(metrics: dict[str, float], max_drop: float, check: Any) -> None
         check(
             f"task_regression:{task}",
             drop <= max_drop,
-            f"{task}: {100 * base:.1f} -> {100 * tuned:.1f} ({-drop:+.1f} points); "
+            f"{task}: {100 * base:.1f} -> {100 * tuned:.1f} ({100 * (tuned - base):+.1f} points); "
             f"allowed drop <= {max_drop:.1f}",
         )

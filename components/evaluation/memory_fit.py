@@ -160,3 +160,19 @@ def _safetensors_parameters(uri: str) -> int:
             count *= int(dim)
         total += count
     return total
+
+
+def eval_machine_error(model: str, accelerator_type: str, count: int) -> str | None:
+    """The `fit_error` of the model directory at `model` on `count` x `accelerator_type`; None
+    when it fits or its size cannot be read (a hub id, a .gguf file, .bin weights)."""
+    if not accelerator_type or count < 1:
+        return None
+    try:
+        memory = accelerator_memory_gib(accelerator_type)
+    except ValueError as exc:
+        return f"eval_accelerator_type: {exc}"
+    parameters = parameter_count(model)
+    if parameters is None:
+        return None
+    machine = Machine(accelerator_type, count, memory)
+    return fit_error(f"base model {model!r}", parameters, machine=machine)

@@ -18,7 +18,7 @@ from components.run_params import (
     fields,
     raise_errors,
 )
-from components.validation import data_errors
+from components.validation import data_errors, evaluation_errors
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,11 @@ def run(request: ValidateRequest) -> tuple[str, str, str]:
     params = params_from_mapping({**values, "train_data_uri": uri})
     errors = params.errors(target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))
-    return resolve_model(params.base_model, params), uri, resolve_champion(params)
+    base_model = resolve_model(params.base_model, params)
+    raise_errors(
+        evaluation_errors(params, base_model, remote=True, check_machine=request.target == "vertex")
+    )
+    return base_model, uri, resolve_champion(params)
 
 
 def resolve_model(model: str, params: RunParams) -> str:
