@@ -106,12 +106,14 @@ def judge_pairwise(
 ) -> JudgeResult:
     """Judge tuned (candidate) against base (baseline) answers to the same prompts."""
     import pandas as pd
-    import vertexai
+    from google.cloud.aiplatform import initializer
     from vertexai.evaluation import EvalTask
 
     if not (len(prompts) == len(base) == len(tuned)) or not prompts:
         raise ValueError("the judge needs one base and one tuned answer per prompt, and a prompt")
-    vertexai.init(
+    # `vertexai.init` is this config's bound method; calling the config itself always reaches
+    # the config the evaluation client is built from.
+    initializer.global_config.init(
         project=settings.project, location=settings.region, credentials=settings.credentials
     )
     metric = _metric(settings.metric)

@@ -70,14 +70,8 @@ def accelerator_memory_gib(name: str) -> float:
 
 def known_accelerators() -> tuple[str, ...]:
     """The accelerators a machine may be suggested from, smallest memory first."""
-    names = list(_FALLBACK_ACCELERATOR_GIB)
-    try:
-        from components import platform_facts  # type: ignore[attr-defined,unused-ignore]
-
-        names = list(getattr(platform_facts, "ACCELERATORS", names))
-    except ImportError:
-        pass
-    return tuple(sorted(names, key=accelerator_memory_gib))
+    # TODO-merge: the platform facts' accelerator list, once it lands.
+    return tuple(sorted(_FALLBACK_ACCELERATOR_GIB, key=accelerator_memory_gib))
 
 
 def required_gib(parameters: int) -> float:
