@@ -40,11 +40,13 @@ def main() -> None:
     parser.add_argument(
         "--cases", nargs="+", default=["evaluate", "evaluate_tasks", "direct_tasks"]
     )
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--code-root", default=str(REPO), help="checkout whose code is timed")
     args = parser.parse_args()
     sys.path[:0] = [args.code_root, str(REPO / "tests")]
     logging.basicConfig(level=logging.WARNING)
 
+    import torch
     from packed_fixtures import read_jsonl, write_packed_dataset
     from transformers import AutoTokenizer
 
@@ -53,6 +55,7 @@ def main() -> None:
     from pipelines.quickstart.smollm2 import INSTALL_HINT, smollm2_gguf
     from trainer.gguf import resolve_gguf
 
+    torch.set_num_threads(args.threads)
     gguf = smollm2_gguf()
     if gguf is None:
         raise SystemExit(f"SmolLM2 is not installed: {INSTALL_HINT}")
@@ -108,7 +111,10 @@ def main() -> None:
         "evaluate_tasks": lambda: evaluate(True),
         "direct_tasks": direct,
     }
-    result: dict[str, object] = {"device": args.device, "repeats": args.repeats}
+    result: dict[str, object] = {
+        "device": args.device, "threads": args.threads, "repeats": args.repeats,
+        "code_root": args.code_root,
+    }  # fmt: skip
     for name in args.cases:
         fn = cases[name]
         times = []
