@@ -122,13 +122,13 @@ def judge_pairwise(
         "judging %d prompts pairwise (%s) in %s", len(prompts), metric.metric_name, settings.region
     )
     result = EvalTask(dataset=dataset, metrics=[metric]).evaluate()
-    table = result.metrics_table
+    table: Any = result.metrics_table
     choice_col = f"{metric.metric_name}/pairwise_choice"
     explanation_col = f"{metric.metric_name}/explanation"
-    if choice_col not in table:
+    if table is None or choice_col not in table:
         raise RuntimeError(
             f"the Vertex AI evaluation service returned no {choice_col!r} column "
-            f"(got {', '.join(map(str, table.columns))})"
+            f"(got {'nothing' if table is None else ', '.join(map(str, table.columns))})"
         )
     choices = [str(c) for c in table[choice_col]]
     explanations = [str(e) for e in table.get(explanation_col, [""] * len(choices))]

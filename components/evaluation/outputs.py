@@ -219,8 +219,8 @@ def write_outputs(
         samples=samples,
         curves=curves,
         details=details,
-        tasks=document["tasks"],
-        judge=document["judge"],
+        tasks=scores.tasks_section(),
+        judge=scores.judge_section(),
     )
     storage.write_text(report_path, page)
     log.info("wrote %s and %s", metrics_path, report_path)
