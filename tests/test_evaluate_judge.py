@@ -43,14 +43,16 @@ def service(monkeypatch: pytest.MonkeyPatch) -> FakeEvaluationService:
 def test_judge_requests_match_golden_and_win_rate(service: FakeEvaluationService, golden) -> None:
     result = judge_pairwise(PROMPTS, BASE, TUNED, SETTINGS)
 
-    requests = sorted(
-        (MessageToDict(r._pb) for r in service.requests),
-        key=lambda r: json.loads(r["pairwiseMetricInput"]["instance"]["jsonInstance"])["prompt"],
-    )
+    requests = [MessageToDict(r._pb) for r in service.requests]
+    for request in requests:
+        # The SDK serialises each instance with its keys in no fixed order: compare them parsed.
+        instance = request["pairwiseMetricInput"]["instance"]
+        instance["jsonInstance"] = json.loads(instance["jsonInstance"])
+    requests.sort(key=lambda r: r["pairwiseMetricInput"]["instance"]["jsonInstance"]["prompt"])
     golden.check("vertex_judge_requests.json", requests)
     assert len(requests) == len(PROMPTS)
     for request in requests:
-        instance = json.loads(request["pairwiseMetricInput"]["instance"]["jsonInstance"])
+        instance = request["pairwiseMetricInput"]["instance"]["jsonInstance"]
         i = PROMPTS.index(instance["prompt"])
         assert instance["response"] == TUNED[i]  # the candidate is the tuned model
         assert instance["baseline_model_response"] == BASE[i]
@@ -78,7 +80,7 @@ def test_judge_settings_and_run_parameters_agree() -> None:
     assert set(typing.get_args(JudgeMetric)) == {"", *PAIRWISE_METRICS}
     assert JudgeSettings().errors() == [] and not JudgeSettings().enabled
     assert "use one of" in JudgeSettings(metric="nope", project="p").errors()[0]
-    assert "project is empty" in JudgeSettings(metric="fluency").errors()[0]
+    assert "project or region is empty" in JudgeSettings(metric="fluency").errors()[0]
     errors = RunParams(train_data_uri="d.jsonl", base_model="m", judge_min_win_rate=0.5).errors()
     assert any("judge_metric is empty" in e for e in errors), errors
     errors = RunParams(train_data_uri="d.jsonl", base_model="m", judge_metric="fluency").errors()

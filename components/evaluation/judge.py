@@ -45,8 +45,8 @@ class JudgeSettings:
     """One of PAIRWISE_METRICS; "" turns the judge off."""
     project: str = ""
     """Google Cloud project whose Vertex AI evaluation service judges."""
-    region: str = "us-central1"
-    """Vertex AI region of the evaluation service."""
+    region: str = ""
+    """Vertex AI region of the evaluation service (the run's `region`)."""
     credentials: Any = field(default=None, compare=False, repr=False)
     """google.auth credentials; None: the environment's (the pipeline task's service account)."""
 
@@ -63,8 +63,10 @@ class JudgeSettings:
                 f"judge_metric={self.metric!r}: use one of {', '.join(PAIRWISE_METRICS)} "
                 '(or "" for no judge)'
             )
-        if not self.project:
-            errors.append("judge_metric is set but project is empty: the judge runs in Vertex AI")
+        if not self.project or not self.region:
+            errors.append(
+                "judge_metric is set but project or region is empty: the judge runs in Vertex AI"
+            )
         return errors
 
 

@@ -47,7 +47,9 @@ class EvaluateRequest:
     """The Metrics artifact the finite scalars are logged to (`.log_metric`)."""
     report: Any
     """The HTML artifact the report goes to (by `.path`)."""
-    region: str = "us-central1"
+    # Issue 31's parameters; the defaults (also those of `llmft evaluate`) leave them all off.
+    region: str = ""
+    """Vertex AI region of the judge (the run's `region`)."""
     eval_accelerator_type: str = ""
     """The task's accelerator as the pipeline set it ("" in the local build: no memory check)."""
     eval_accelerator_count: int = 0
