@@ -138,6 +138,47 @@ def test_unknown_task_is_refused_before_any_model_loads(
         )  # fmt: skip
 
 
+def test_judge_runs_on_the_generated_answers_and_gates(
+    tiny_model_dir: Path, perturbed_model: Path, tiny_data: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The judge's wiring: held-out answers of both models go to the (faked) Vertex AI service;
+    its verdicts reach metrics.json, the report and the gate."""
+    from fakes.vertex_evaluation import FakeEvaluationService
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud.aiplatform import initializer
+
+    from components.evaluation.judge import JudgeSettings
+
+    monkeypatch.setattr(initializer, "global_config", initializer._Config())
+    service = FakeEvaluationService(monkeypatch, {}, default="BASELINE")
+    judge = JudgeSettings(
+        metric="fluency", project="my-project", region="europe-west4",
+        credentials=AnonymousCredentials(),
+    )  # fmt: skip
+    result = run_evaluation(
+        EvaluationRequest(
+            base=str(tiny_model_dir), tuned=str(perturbed_model), data_dir=str(tiny_data),
+            output_dir=str(tmp_path), max_examples=3, max_new_tokens=8, device="cpu",
+            judge=judge, thresholds=GateThresholds(judge_min_win_rate=0.5),
+        )
+    )  # fmt: skip
+    generations = [
+        json.loads(line) for line in Path(result.generations_path).read_text().splitlines()
+    ]
+    sent = sorted(
+        json.loads(r.pairwise_metric_input.instance.json_instance)["response"]
+        for r in service.requests
+    )
+    assert sent == sorted(g["tuned"] for g in generations)
+    assert all(r.location == "projects/my-project/locations/europe-west4" for r in service.requests)
+    assert result.metrics["judge_win_rate"] == 0.0 and result.metrics["judge_prompts"] == 3.0
+    assert not result.passed and "judge win rate 0.000" in result.decision.failures[-1]
+    document = json.loads(Path(result.metrics_path).read_text())
+    assert document["judge"]["metric"] == "fluency" and document["judge"]["loss_rate"] == 1.0
+    assert 'id="judge"' in Path(result.report_path).read_text()
+
+
 GGUF = smollm2_gguf()
 
 

@@ -18,10 +18,12 @@ from google.cloud.aiplatform_v1.types import evaluation_service as types
 
 
 class FakeEvaluationService:
-    """Answers pairwise requests with `choices[prompt]` (CANDIDATE, BASELINE or TIE)."""
+    """Answers pairwise requests with `choices[prompt]` (CANDIDATE, BASELINE or TIE), or
+    `default` for a prompt not in `choices`."""
 
-    def __init__(self, monkeypatch: Any, choices: dict[str, str]) -> None:
+    def __init__(self, monkeypatch: Any, choices: dict[str, str], default: str = "") -> None:
         self.choices = choices
+        self.default = default
         self.requests: list[Any] = []
         self._lock = threading.Lock()  # the SDK sends rows from a thread pool
         monkeypatch.setattr(
@@ -34,7 +36,7 @@ class FakeEvaluationService:
         with self._lock:
             self.requests.append(request)
         instance = json.loads(request.pairwise_metric_input.instance.json_instance)
-        choice = self.choices[instance["prompt"]]
+        choice = self.choices.get(instance["prompt"], self.default)
         return types.EvaluateInstancesResponse(
             pairwise_metric_result=types.PairwiseMetricResult(
                 pairwise_choice=types.PairwiseChoice[choice],
