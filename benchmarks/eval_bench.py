@@ -10,6 +10,8 @@ Cases, each timed end to end (model loading included) and reported as the median
   issue 31, on the same code path (placement unchanged on one device);
 - `evaluate_tasks`: the same with `eval_tasks=llmft_facts_mc,llmft_facts_gen` (the project's
   local tasks, 2-shot): the harness reuses the model the evaluator loaded for each role;
+- `our_tasks`: only the harness part of the evaluator, for both models: its loader
+  (`loaded_model`) then `run_tasks` on the loaded model;
 - `direct_tasks`: `lm_eval.simple_evaluate` with the harness's own model loading, for both models
   (what running the harness beside the evaluator would cost).
 `--code-root` runs the cases against another checkout's code (e.g. `git archive` of the commit
@@ -106,7 +108,17 @@ def main() -> None:
                 task_manager=TaskManager(include_path=str(PROJECT_TASKS_DIR), include_defaults=False),
             )  # fmt: skip
 
+    def ours() -> None:
+        from components.evaluation.harness import HarnessSettings, run_tasks
+        from components.evaluation.loading import loaded_model
+
+        settings = HarnessSettings(tasks=TASKS, num_fewshot=2, limit=limit, batch_size=16)
+        for _role in ("base", "tuned"):
+            with loaded_model(model, device=args.device) as lm:
+                run_tasks(lm.model, lm.tokenizer, settings)
+
     cases = {
+        "our_tasks": ours,
         "evaluate": lambda: evaluate(False),
         "evaluate_tasks": lambda: evaluate(True),
         "direct_tasks": direct,
