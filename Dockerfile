@@ -67,7 +67,7 @@ COPY trainer ./trainer
 COPY beam_preprocess ./beam_preprocess
 # Not editable: the torchrun.handlers entry point (etcd-v3 rendezvous) comes from the installed
 # metadata. constraints.txt's torch==2.13.0 is satisfied by the CUDA wheel (2.13.0+cu128).
-RUN pip install -c constraints.txt . \
+RUN pip install -c constraints.txt ".[eval]" \
  && python -c "import torch, kfp, apache_beam, trainer, components, beam_preprocess; print('torch', torch.__version__)"
 
 # The Beam SDK worker boot, from the Beam SDK image of the version constraints.txt pins.

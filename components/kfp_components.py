@@ -116,6 +116,13 @@ def validate_inputs(
     reservation: str,
     gpu_hour_price_usd: float,
     model_parameters: int,
+    # evaluation: standard tasks and judge (issue 31)
+    eval_tasks: str,
+    eval_num_fewshot: int,
+    eval_limit: int,
+    max_task_regression: float,
+    judge_metric: str,
+    judge_min_win_rate: float,
     target: str,
     run_id: str,
     schedule_time: str,
@@ -271,6 +278,15 @@ def evaluate(
     hf_token_secret: str,
     metrics: Output[Metrics],
     report: Output[HTML],
+    region: str,
+    eval_accelerator_type: str,
+    eval_accelerator_count: int,
+    eval_tasks: str,
+    eval_num_fewshot: int,
+    eval_limit: int,
+    max_task_regression: float,
+    judge_metric: str,
+    judge_min_win_rate: float,
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool)]):  # type: ignore[valid-type]
     """Evaluate the base and the tuned model on the eval split; write Metrics, an HTML report and
     the quality gate's verdict.

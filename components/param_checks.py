@@ -374,4 +374,31 @@ def check_deploy(
         f"deploy_machine_type/deploy_accelerator_*: {e}"
         for e in machine_accelerator_errors(machine_type, accelerator_type, count)
     ]
+
+
+def check_eval_quality(
+    *,
+    eval_tasks: str,
+    max_task_regression: float,
+    judge_metric: str,
+    judge_min_win_rate: float,
+    project: str,
+) -> list[str]:
+    """A gate on harness tasks needs tasks; a gate on the judge needs the judge, and the judge
+    (Vertex AI's evaluation service) needs a project."""
+    errors = []
+    if max_task_regression < 100.0 and not eval_tasks.strip(" ,"):
+        errors.append(
+            f"max_task_regression={max_task_regression} gates on harness tasks but eval_tasks is "
+            "empty: name the tasks (e.g. eval_tasks=mmlu,arc_easy) or set it back to 100"
+        )
+    if judge_min_win_rate > 0 and not judge_metric:
+        errors.append(
+            f"judge_min_win_rate={judge_min_win_rate} gates on the judge but judge_metric is "
+            'empty: choose one (e.g. judge_metric="text_quality") or set it to 0'
+        )
+    if judge_metric and not project:
+        errors.append(
+            f"judge_metric={judge_metric!r} runs in Vertex AI: set project (or leave it empty)"
+        )
     return errors

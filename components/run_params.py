@@ -45,6 +45,11 @@ ToolTurns = Literal["reject", "filter"]
 """beam_preprocess.shapes.TOOL_TURNS (a test keeps them equal)."""
 QuantizeBase = Literal["none", "nf4"]
 Objective = Literal["sft", "dpo"]
+JudgeMetric = Literal[
+    "", "text_quality", "instruction_following", "fluency", "coherence", "safety", "verbosity",
+    "groundedness",
+]  # fmt: skip
+"""components/evaluation/judge.py's PAIRWISE_METRICS, or "" for no judge (tests check they agree)."""
 
 LATEST_REGISTERED = "latest-registered"
 """`base_model` / `champion_model` value: the newest version of `registered_model` in the Vertex AI
@@ -423,6 +428,41 @@ class RunParams:
         ge=0,
     )
 
+    # --- evaluation: standard tasks and judge (issue 31) ---------------------------------------
+    eval_tasks: str = param(
+        "",
+        "lm-evaluation-harness tasks run on the base and the tuned model, comma-separated (e.g. "
+        "mmlu,arc_easy,hellaswag,gsm8k; the project ships llmft_facts_mc and llmft_facts_gen "
+        "over local data); empty runs none. The harness's tasks download their data from the "
+        "Hugging Face Hub.",
+    )
+    eval_num_fewshot: int = param(
+        -1, "Few-shot examples per harness prompt; -1 uses each task's own default.", ge=-1
+    )
+    eval_limit: int = param(
+        0, "Documents per harness task (the first N, bounds evaluation time); 0 runs all.", ge=0
+    )
+    max_task_regression: float = param(
+        100.0,
+        "Quality gate on the harness tasks: on each task's headline metric (e.g. mmlu acc) the "
+        "tuned model may score at most this many points (0-100) below the base; 100 reports the "
+        "tasks without gating.",
+        ge=0.0,
+        le=100.0,
+    )
+    judge_metric: JudgeMetric = param(
+        "",
+        "Pairwise judge of base vs tuned answers to the held-out prompts by the Vertex AI Gen AI "
+        'evaluation service, with this pairwise metric (e.g. "text_quality"); empty: no judge.',
+    )
+    judge_min_win_rate: float = param(
+        0.0,
+        "Quality gate on the judge: the tuned model's win rate against the base (ties count "
+        "half) must be at least this (0 disables the check).",
+        ge=0.0,
+        le=1.0,
+    )
+
     @classmethod
     def for_target(cls, target: str = "local") -> RunParams:
         """The defaults of a pipeline target (`TARGET_DEFAULTS`)."""
@@ -474,6 +514,13 @@ class RunParams:
         )
         errors += checks.check_data_source(
             self.train_data_uri, self.bigquery_query, self.preprocess_runner
+        )
+        errors += checks.check_eval_quality(
+            eval_tasks=self.eval_tasks,
+            max_task_regression=self.max_task_regression,
+            judge_metric=self.judge_metric,
+            judge_min_win_rate=self.judge_min_win_rate,
+            project=self.project,
         )
         errors += checks.check_cloud_locations(
             cloud=self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner",

@@ -39,8 +39,46 @@ def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
     return []
 
 
+def evaluation_errors(
+    params: RunParams, base_model: str, *, remote: bool, check_machine: bool
+) -> list[str]:
+    """Evaluation must be able to run what training will produce: the harness tasks exist, and
+    the model fits the evaluation machine's GPUs (a fine-tune has the base's size), so a model the
+    pipeline could never evaluate, and so never register, is refused before training.
+
+    `remote`: inside the pipeline (credentials for gs://, the image's lm-evaluation-harness);
+    on the user's machine a gs:// model and a missing harness install are left to that step.
+    `check_machine`: the evaluation GPUs are declared (`eval_accelerator_type` x count: the
+    Vertex AI build); elsewhere the evaluate step measures the GPUs it gets.
+    """
+    errors = []
+    if params.eval_tasks.strip(" ,"):
+        from components.evaluation.harness import check_tasks, parse_tasks
+
+        try:
+            check_tasks(parse_tasks(params.eval_tasks))
+        except ValueError as exc:
+            if remote or "unknown eval_tasks" in str(exc):
+                errors.append(str(exc))
+    if check_machine and params.eval_accelerator_count > 0:
+        from components.evaluation.memory_fit import eval_machine_error
+
+        if remote or "://" not in base_model:
+            error = eval_machine_error(
+                base_model, params.eval_accelerator_type, params.eval_accelerator_count
+            )
+            if error:
+                errors.append(error)
+    return errors
+
+
 def check_run_parameters(values: Mapping[str, Any]) -> RunParams:
     """Parameters from a config file / `--param`s, checked: every problem in one ValueError."""
     params = params_from_mapping(values)
-    raise_errors(params.errors() + data_errors(params.train_data_uri, remote=False))
+    errors = params.errors() + data_errors(params.train_data_uri, remote=False)
+    check_machine = params.backend != "local"
+    raise_errors(
+        errors
+        or evaluation_errors(params, params.base_model, remote=False, check_machine=check_machine)
+    )
     return params

@@ -270,6 +270,17 @@ def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any
         min_general_retained=p.min_general_retained,
         project=p.project,
         hf_token_secret=p.hf_token_secret,
+        region=p.region,
+        # The declared machine (memory check before loading) exists on Vertex only; on KFP any
+        # GPU node serves and locally this machine's devices do: both are measured at run time.
+        eval_accelerator_type=p.eval_accelerator_type if target == "vertex" else "",
+        eval_accelerator_count=p.eval_accelerator_count if target == "vertex" else 0,
+        eval_tasks=p.eval_tasks,
+        eval_num_fewshot=p.eval_num_fewshot,
+        eval_limit=p.eval_limit,
+        max_task_regression=p.max_task_regression,
+        judge_metric=p.judge_metric,
+        judge_min_win_rate=p.judge_min_win_rate,
     )
     if target == "vertex":
         evaluated.set_accelerator_type(p.eval_accelerator_type)

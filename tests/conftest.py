@@ -153,6 +153,7 @@ TIERS = {
         "test_deploy_config.py", "test_deploy_docs.py", "test_deploy_image.py",
         "test_deploy_kfp.py",
         "test_deploy_vertex.py", "test_evaluate_registry.py", "test_evaluate_units.py",
+        "test_evaluate_judge.py", "test_evaluate_gate_tasks.py",
         "test_flex_template.py", "test_infra_from_stack.py", "test_infra_policy.py",
         "test_infra_stack.py", "test_launcher_gke.py", "test_launcher_vertex.py",
         "test_pytorchjob_manifest.py", "test_rbac.py", "test_secrets.py",
@@ -166,6 +167,7 @@ TIERS = {
         "test_real_model.py", "test_rendezvous_etcd_v3.py", "test_rendezvous_local_etcd.py",
         "test_rendezvous_torchrun.py", "test_storage.py", "test_trainer_data.py",
         "test_trainer_distributed.py", "test_trainer_single.py", "test_qlora.py",
+        "test_evaluate_harness.py", "test_evaluate_sharding.py",
     ),
     "e2e": (
         "test_deploy_cli.py", "test_deploy_guide.py", "test_evaluate_end_to_end.py",

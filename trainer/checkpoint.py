@@ -154,6 +154,7 @@ def check_resume(checkpoints: str, config: TrainConfig) -> None:
             + ": pass a new --output, or --overwrite to delete its checkpoints and start over"
         )
 
+
 def _options(model: torch.nn.Module) -> Any:
     """QLoRA (an NF4 base) saves only what trains: the frozen 4-bit base is rebuilt from the base
     model on resume, identically (trainer/quantize.py), and DCP does not write NF4 tensors. Not

@@ -4,15 +4,19 @@ Run: `llmft evaluate --base PATH --tuned PATH --data DIR --output DIR [--heldout
 `run_evaluation(EvaluationRequest(...))` (the KFP `evaluate` step does). Writes to the output directory (local or
 gs://):
 
-    metrics.json        scalars, the gate decision with each check, model paths, settings
+    metrics.json        scalars, the gate decision with each check, model paths, settings, the
+                        lm-evaluation-harness tasks per model and the judge's verdict
     generations.jsonl   every held-out prompt with the reference and each model's answer
                         (and, when the forgetting check is on, every general probe's answers)
     report.html         self-contained report: before/after table, training curve, samples
 
-Models are evaluated one at a time (only one is resident in memory) on exactly the same rows and
-prompts, with deterministic greedy decoding, so differences come from the weights alone. All inputs
-are checked before any model is loaded: paths, the eval split, and every model's tokenizer against
-the tokenizer the dataset was packed with.
+Models are evaluated one at a time (only one is resident in memory, sharded over every GPU when
+there are several: loading.py) on exactly the same rows, prompts and harness tasks, with
+deterministic greedy decoding, so differences come from the weights alone. All inputs are checked
+before any model is loaded: paths, the eval split, every model's tokenizer against the tokenizer
+the dataset was packed with, the harness task names, and whether each model fits the evaluation
+machine's GPU memory (memory_fit.py). The optional pairwise judge (judge.py) compares the base
+and tuned answers to the held-out prompts after both models ran.
 """
 
 from __future__ import annotations
@@ -27,7 +31,21 @@ from components.evaluation.gate import GateThresholds, decide
 from components.evaluation.general_probes import MAX_NEW_TOKENS as PROBE_MAX_NEW_TOKENS
 from components.evaluation.general_probes import load_probes
 from components.evaluation.generation import generate_answers, has_chat_template
-from components.evaluation.loading import check_model_path, loaded_model, read_tokenizer
+from components.evaluation.harness import HarnessSettings, check_tasks, run_tasks, settings_errors
+from components.evaluation.judge import JudgeSettings, judge_pairwise
+from components.evaluation.loading import (
+    check_model_path,
+    gguf_as_directory,
+    is_hub_id,
+    loaded_model,
+    read_tokenizer,
+)
+from components.evaluation.memory_fit import (
+    Machine,
+    accelerator_memory_gib,
+    fit_error,
+    parameter_count,
+)
 from components.evaluation.outputs import (
     EvaluationResult,
     Scores,
@@ -84,6 +102,9 @@ def _validate_args(request: EvaluationRequest) -> None:
         request.thresholds.validate()
     except ValueError as exc:
         errors.append(str(exc))
+    errors += settings_errors(request.harness) + request.judge.errors()
+    if request.accelerator_count < 0:
+        errors.append(f"accelerator_count must be >= 0, got {request.accelerator_count}")
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -150,10 +171,22 @@ class EvaluationRequest:
     num_samples: int = 8
     """Side-by-side samples shown in the report."""
     device: str | None = None
-    """Torch device; default CUDA (bf16) when present, else CPU (fp32)."""
+    """Torch device; default CUDA (bf16) when present (sharded over all GPUs when several), else
+    CPU (fp32)."""
     overwrite: bool = False
     """Replace metrics.json, generations.jsonl and report.html in `output_dir` even when no
     evaluation wrote them (`outputs.check_output_dir`)."""
+    device_map: str | dict[str, Any] | None = None
+    """An accelerate device map to shard every model with (wins over `device`)."""
+    accelerator_type: str = ""
+    """The evaluation machine's accelerator (Vertex name, e.g. NVIDIA_L4) for the memory check;
+    "" measures the GPUs this process sees (none: no check)."""
+    accelerator_count: int = 0
+    """How many of `accelerator_type` the machine has."""
+    harness: HarnessSettings = field(default_factory=HarnessSettings)
+    """lm-evaluation-harness tasks run on every model (none by default)."""
+    judge: JudgeSettings = field(default_factory=JudgeSettings)
+    """The optional pairwise judge (off by default)."""
 
 
 def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
@@ -177,6 +210,8 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         **({"champion": request.champion} if request.champion else {}),
     }
     tokenizers = _checked_tokenizers(roles, manifest)
+    _check_fit(roles, request)
+    task_index = check_tasks(request.harness.tasks) if request.harness.tasks else None
     rows = data_io.read_eval_rows(request.data_dir, manifest, request.max_eval_rows)
     examples = _examples(
         request.data_dir, request.heldout, manifest, request.max_examples, tokenizers["tuned"]
@@ -193,8 +228,21 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         len(examples),
         asdict(request.thresholds),
     )
-    inputs = _Inputs(manifest=manifest, rows=rows, examples=examples, probes=probes)
+    if request.judge.enabled and not examples:
+        log.warning("the judge needs held-out prompts and none are evaluated: judge skipped")
+    inputs = _Inputs(
+        manifest=manifest, rows=rows, examples=examples, probes=probes, task_index=task_index
+    )
     scores = _score_models(request, roles, tokenizers, inputs)
+    if request.judge.enabled and examples:
+        scores.add_judge(
+            judge_pairwise(
+                [ex.prompt_text for ex in examples],
+                scores.answers["base"],
+                scores.answers["tuned"],
+                request.judge,
+            )
+        )
     metrics = scores.summary(probes, rows=len(rows), examples=len(examples))
     decision = decide(metrics, request.thresholds)
     log.info(
@@ -210,6 +258,8 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         "max_new_tokens": request.max_new_tokens,
         "device": scores.device,
         "thresholds": asdict(request.thresholds),
+        "harness": request.harness.describe(),
+        "judge_metric": request.judge.metric,
     }
     return write_outputs(
         request.output_dir,
@@ -233,6 +283,8 @@ class _Inputs:
     rows: Any
     examples: list[Any]
     probes: list[Any]
+    task_index: Any = None
+    """The harness's task index (checked task names), None when no task runs."""
 
 
 def _score_models(
@@ -242,10 +294,14 @@ def _score_models(
     scores = Scores()
     for role, path in roles.items():
         with loaded_model(
-            path, what=f"{role} model", device=request.device, tokenizer=tokenizers[role]
+            path,
+            what=f"{role} model",
+            device=request.device,
+            tokenizer=tokenizers[role],
+            device_map=request.device_map,
         ) as lm:
             _check_vocab(role, path, lm.model, inputs.manifest)
-            scores.device = f"{lm.device} ({str(lm.dtype).removeprefix('torch.')})"
+            scores.device = lm.describe()
             _score(lm, role, inputs, scores, request)
     return scores
 
@@ -275,6 +331,10 @@ def _score(lm: Any, role: str, inputs: _Inputs, scores: Scores, request: Evaluat
             max_new_tokens=PROBE_MAX_NEW_TOKENS,
         )
         scores.add_probe_answers(role, answers, inputs.probes)
+    if request.harness.tasks:
+        scores.add_tasks(
+            role, run_tasks(lm.model, lm.tokenizer, request.harness, inputs.task_index)
+        )
 
 
 def _checked_tokenizers(roles: dict[str, str], manifest: Manifest) -> dict[str, Any]:
@@ -331,3 +391,42 @@ def _check_device(device: str) -> None:
         raise ValueError(f"device {device!r} is not a torch device: use cpu or cuda[:N]") from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: this machine has no CUDA device; use cpu")
+
+
+def _evaluation_machine(request: EvaluationRequest) -> Machine | None:
+    """The GPUs the models will be loaded on: as declared (accelerator_type x count), else as
+    this process sees them; None on CPU (no memory check: host memory is not ours to plan)."""
+    if request.accelerator_type and request.accelerator_count > 0:
+        return Machine(
+            request.accelerator_type,
+            request.accelerator_count,
+            accelerator_memory_gib(request.accelerator_type),
+        )
+    import torch
+
+    if request.device_map is not None or not torch.cuda.is_available():
+        return None
+    if request.device is not None and torch.device(request.device).type != "cuda":
+        return None
+    count = 1 if request.device is not None else torch.cuda.device_count()
+    props = torch.cuda.get_device_properties(0)
+    return Machine(props.name, count, props.total_memory / 2**30)
+
+
+def _check_fit(roles: dict[str, str], request: EvaluationRequest) -> None:
+    """Refuse, before any weights load, a model the evaluation machine cannot hold."""
+    machine = _evaluation_machine(request)
+    if machine is None:
+        return
+    errors = []
+    for role, path in roles.items():
+        if is_hub_id(path):
+            continue
+        parameters = parameter_count(gguf_as_directory(path))
+        if parameters is None:
+            log.info("%s model %s: no safetensors headers, memory not checked", role, path)
+            continue
+        if error := fit_error(f"{role} model {path!r}", parameters, machine=machine):
+            errors.append(error)
+    if errors:
+        raise ValueError("; ".join(errors))

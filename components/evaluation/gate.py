@@ -31,6 +31,13 @@ class GateThresholds:
     """Forgetting check: of the general probes the base model answers correctly
     (components/evaluation/general_probes.py), the tuned model must still answer at least this
     fraction (0..1). 0 disables the check and skips the probes (tiny models answer none)."""
+    max_task_regression: float = 100.0
+    """lm-evaluation-harness tasks (components/evaluation/harness.py): on each task's headline
+    metric the tuned model may score at most this many points (0..100) below the base model.
+    100 (the default) reports the tasks without gating on them."""
+    judge_min_win_rate: float = 0.0
+    """Pairwise judge (components/evaluation/judge.py): the tuned model's win rate against the
+    base (ties count half) must be at least this (0..1). 0 disables the check."""
 
     def validate(self) -> None:
         errors = []
@@ -44,6 +51,12 @@ class GateThresholds:
             errors.append(
                 f"min_general_retained must be in [0, 1], got {self.min_general_retained}"
             )
+        if not 0.0 <= self.max_task_regression <= 100.0:
+            errors.append(
+                f"max_task_regression must be in [0, 100] points, got {self.max_task_regression}"
+            )
+        if not 0.0 <= self.judge_min_win_rate <= 1.0:
+            errors.append(f"judge_min_win_rate must be in [0, 1], got {self.judge_min_win_rate}")
         if errors:
             raise ValueError("invalid gate thresholds: " + "; ".join(errors))
 
@@ -63,8 +76,9 @@ def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecisio
     """Apply `thresholds` to the scalar metrics `run_evaluation` computed.
 
     Keys read: base_eval_loss, tuned_eval_loss, tuned_exact_match, base/tuned_general_correct
-    and general_retained (absent when the base answered no probe) and, when a champion was
-    evaluated, champion_eval_loss and champion_exact_match.
+    and general_retained (absent when the base answered no probe), base/tuned_task_<task>
+    (harness tasks' headline metrics), judge_win_rate and, when a champion was evaluated,
+    champion_eval_loss and champion_exact_match.
     """
     thresholds.validate()
     checks: list[dict[str, Any]] = []
@@ -119,6 +133,18 @@ def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecisio
                 f"{metrics['base_general_correct']:.3f}, tuned "
                 f"{metrics['tuned_general_correct']:.3f}); required >= {required:.3f}",
             )
+    if thresholds.max_task_regression < 100.0:
+        _task_checks(metrics, thresholds.max_task_regression, check)
+    if thresholds.judge_min_win_rate > 0:
+        rate, required = metrics.get("judge_win_rate"), thresholds.judge_min_win_rate
+        check(
+            "judge_win_rate",
+            rate is not None and rate >= required,
+            f"judge win rate {rate:.3f} against the base; required >= {required:.3f}"
+            if rate is not None
+            else f"judge win rate >= {required:.3f} required but the judge did not run "
+            "(judge off, or no held-out prompts)",
+        )
     if thresholds.compare_to_champion and "champion_eval_loss" in metrics:
         champion = metrics["champion_eval_loss"]
         tol = thresholds.champion_tolerance
@@ -135,3 +161,32 @@ def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecisio
                 f"exact match {em:.3f} vs champion {champion_em:.3f} (tolerance {tol:.3f})",
             )
     return GateDecision(passed=all(c["passed"] for c in checks), checks=checks)
+
+
+TASK_PREFIX = "tuned_task_"
+"""Metric keys of the harness tasks' headline metrics (`<role>_task_<task>`, harness.py)."""
+
+
+def _task_checks(metrics: dict[str, float], max_drop: float, check: Any) -> None:
+    """One check per harness task: tuned at most `max_drop` points below base."""
+    tasks = [k.removeprefix(TASK_PREFIX) for k in metrics if k.startswith(TASK_PREFIX)]
+    if not tasks:
+        check(
+            "task_regression",
+            False,
+            f"task regression <= {max_drop:.1f} points required but no harness task was "
+            "evaluated (set eval_tasks)",
+        )
+    for task in tasks:
+        base = metrics.get(f"base_task_{task}")
+        tuned = metrics[f"{TASK_PREFIX}{task}"]
+        if base is None:
+            check(f"task_regression:{task}", False, f"{task}: the base model was not scored")
+            continue
+        drop = 100.0 * (base - tuned)
+        check(
+            f"task_regression:{task}",
+            drop <= max_drop,
+            f"{task}: {100 * base:.1f} -> {100 * tuned:.1f} ({100 * (tuned - base):+.1f} points); "
+            f"allowed drop <= {max_drop:.1f}",
+        )

@@ -6,6 +6,13 @@ as long as the `loaded_model` context, so nothing is left behind. A `.gguf` file
 into a cached model directory (trainer/gguf.py) and loaded from there. On a CUDA machine the model runs in bf16 (half the memory,
 the dtype fine-tunes are trained in); on CPU it runs in float32 because CPU bf16 matmuls are slow
 and lossy for little gain.
+
+Placement (`plan_placement`): with more than one GPU the model is sharded over all of them by
+accelerate's `device_map="auto"` (layers split in order, activations handed from GPU to GPU), with
+`max_memory` per GPU leaving room for activations, so a model too big for one GPU is still
+evaluated and no evaluation GPU sits idle. With one GPU, or on CPU, the whole model goes to one
+device as before. An explicit accelerate device map (e.g. half the layers on "cpu", half offloaded
+to "disk") is accepted too; the tests shard on CPU that way.
 """
 
 from __future__ import annotations
@@ -35,7 +42,93 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     device: Any
+    """Where inputs go: the model's device, or for a sharded model its first shard's."""
     dtype: Any
+    device_map: dict[str, Any] | None = None
+    """Module name -> device of a sharded model (accelerate's `hf_device_map`); None when the
+    whole model is on `device`."""
+
+    def describe(self) -> str:
+        """The device and dtype for logs and the report, e.g. `cuda:0 (bfloat16)` or
+        `cuda:0..3 (bfloat16, sharded over 4 devices)`."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        if not self.device_map:
+            return f"{self.device} ({dtype})"
+        shards = list(dict.fromkeys(str(d) for d in self.device_map.values()))
+        return f"{self.device} ({dtype}, sharded over {len(shards)} devices: {', '.join(shards)})"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's weights go: one device, or shards per accelerate's device map."""
+
+    device: Any
+    """Where inputs go (the first shard's device when sharded)."""
+    dtype: Any
+    device_map: str | dict[str, Any] | None = None
+    """None: the whole model on `device`; else an accelerate device map ("auto" or explicit)."""
+    max_memory: dict[Any, str] | None = None
+    """Per-device memory budget for `device_map="auto"` (accelerate's `max_memory`)."""
+
+
+def _device_of(target: Any) -> Any:
+    """The torch device an accelerate device-map entry names (an int is a CUDA index; "disk"
+    offloaded weights are computed on CPU)."""
+    import torch
+
+    if isinstance(target, int):
+        return torch.device("cuda", target)
+    if str(target) == "disk":
+        return torch.device("cpu")
+    return torch.device(target)
+
+
+def plan_placement(
+    device: str | None = None,
+    *,
+    device_map: str | dict[str, Any] | None = None,
+) -> Placement:
+    """Where to put a model for evaluation.
+
+    Args:
+        device: one torch device for the whole model (default: see below).
+        device_map: an explicit accelerate device map; wins over `device`.
+
+    Default (neither given): more than one CUDA device shards over all of them
+    (`device_map="auto"` with `max_memory`: `memory_fit.USABLE` of each GPU, the rest left for
+    activations); one CUDA device or none puts the model on
+    `pick_device()`'s device, unchanged from single-device evaluation.
+    """
+    import torch
+
+    if device_map is not None:
+        if isinstance(device_map, dict):
+            if not device_map:
+                raise ValueError("device_map is empty: map module names to devices, or use auto")
+            first = _device_of(next(iter(device_map.values())))
+        else:
+            first = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        on_gpu = torch.cuda.is_available() and (
+            not isinstance(device_map, dict)
+            or any(_device_of(d).type == "cuda" for d in device_map.values())
+        )
+        dtype = torch.bfloat16 if on_gpu else torch.float32
+        return Placement(device=first, dtype=dtype, device_map=device_map)
+    if device is None and torch.cuda.device_count() > 1:
+        from components.evaluation.memory_fit import USABLE
+
+        max_memory: dict[Any, str] = {
+            i: f"{int(torch.cuda.get_device_properties(i).total_memory * USABLE) // 2**20}MiB"
+            for i in range(torch.cuda.device_count())
+        }
+        return Placement(
+            device=torch.device("cuda", 0),
+            dtype=torch.bfloat16,
+            device_map="auto",
+            max_memory=max_memory,
+        )
+    dev, dtype = pick_device(device)
+    return Placement(device=dev, dtype=dtype)
 
 
 def pick_device(device: str | None = None) -> tuple[Any, Any]:
@@ -166,6 +259,7 @@ def loaded_model(
     what: str = "model",
     device: str | None = None,
     tokenizer: Any = None,
+    device_map: str | dict[str, Any] | None = None,
 ) -> Iterator[LoadedModel]:
     """Load the model at `path` for inference; free it (and any temporary copy) on exit.
 
@@ -175,11 +269,12 @@ def loaded_model(
         device: torch device string; default CUDA when present, else CPU.
         tokenizer: the tokenizer to use (from `read_tokenizer`, already checked against the
             dataset); default: the one saved with the model.
+        device_map: an accelerate device map to shard with; default: all GPUs when there are
+            several, else one device (`plan_placement`).
     """
-    from transformers import AutoModelForCausalLM
-
     check_model_path(path, what)
-    dev, dtype = pick_device(device)
+    placement = plan_placement(device, device_map=device_map)
+    dev, dtype = placement.device, placement.dtype
     with local_copy(gguf_as_directory(path)) as local_dir:
         if tokenizer is None:
             if not is_hub_id(local_dir) and not _has_tokenizer(local_dir):
@@ -190,23 +285,43 @@ def loaded_model(
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(local_dir)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
-        except OSError as exc:
-            if is_hub_id(local_dir):
-                raise _hub_error(path, what, exc) from None
-            raise
-        model.to(dev)
-        model.eval()
-        log.info("loaded %s from %s on %s (%s)", what, path, dev, dtype)
-        loaded = LoadedModel(path=path, model=model, tokenizer=tokenizer, device=dev, dtype=dtype)
-        del model
-        try:
-            yield loaded
-        finally:
-            # Drop the weights before the next model loads: only one is resident at a time.
-            loaded.model = None
-            if dev.type == "cuda":
-                import torch
+        with tempfile.TemporaryDirectory(prefix="llmft-eval-offload-") as offload:
+            try:
+                model = _from_pretrained(local_dir, placement, offload)
+            except OSError as exc:
+                if is_hub_id(local_dir):
+                    raise _hub_error(path, what, exc) from None
+                raise
+            model.eval()
+            shards = getattr(model, "hf_device_map", None) if placement.device_map else None
+            loaded = LoadedModel(
+                path=path, model=model, tokenizer=tokenizer, device=dev, dtype=dtype,
+                device_map=dict(shards) if shards else None,
+            )  # fmt: skip
+            del model
+            log.info("loaded %s from %s on %s", what, path, loaded.describe())
+            try:
+                yield loaded
+            finally:
+                # Drop the weights before the next model loads: only one is resident at a time.
+                loaded.model = None
+                if dev.type == "cuda":
+                    import torch
 
-                torch.cuda.empty_cache()
+                    torch.cuda.empty_cache()
+
+
+def _from_pretrained(local_dir: str, placement: Placement, offload_dir: str) -> Any:
+    """The model on one device (`.to`, as always), or sharded by accelerate's device map."""
+    from transformers import AutoModelForCausalLM
+
+    if placement.device_map is None:
+        model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=placement.dtype)
+        return model.to(placement.device)
+    return AutoModelForCausalLM.from_pretrained(
+        local_dir,
+        dtype=placement.dtype,
+        device_map=placement.device_map,
+        max_memory=placement.max_memory,
+        offload_folder=offload_dir,  # used only by "disk" entries of the map
+    )

@@ -27,9 +27,10 @@ log = logging.getLogger(__name__)
 class EvaluationResult:
     metrics: dict[str, float]
     """Scalars for a KFP Metrics artifact: <role>_eval_loss, <role>_perplexity,
-    <role>_exact_match, <role>_chrf, <role>_general_correct (with the forgetting check) for role
-    in base/tuned[/champion], *_delta (tuned - base), general_retained, eval_rows,
-    eval_target_tokens, generation_examples."""
+    <role>_exact_match, <role>_chrf, <role>_general_correct (with the forgetting check),
+    <role>_task_<task> (harness tasks' headline metrics, 0..1) for role in base/tuned[/champion],
+    *_delta (tuned - base), general_retained, judge_win_rate/loss_rate/tie_rate/prompts (with
+    the judge), eval_rows, eval_target_tokens, generation_examples."""
     passed: bool
     decision: GateDecision
     metrics_path: str
@@ -46,8 +47,62 @@ class Scores:
     answers: dict[str, list[str]] = field(default_factory=dict)
     probe_answers: dict[str, list[str]] = field(default_factory=dict)
     probe_correct: dict[str, list[bool]] = field(default_factory=dict)
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Role -> lm-evaluation-harness results (`harness.run_tasks`)."""
+    judge: Any = None
+    """The pairwise judge's `JudgeResult`, when the judge ran."""
     device: str = ""
     """The device and dtype the models ran on, e.g. `cuda:0 (bfloat16)`."""
+
+    def add_tasks(self, role: str, results: dict[str, dict[str, Any]]) -> None:
+        from components.evaluation.harness import flat_metrics
+
+        self.tasks[role] = results
+        self.metrics.update(flat_metrics(role, results))
+        log.info(
+            "%s: %s",
+            role,
+            ", ".join(
+                f"{task} {r['primary']}={r['metrics'][r['primary']]:.4f}"
+                for task, r in results.items()
+            ),
+        )
+
+    def add_judge(self, result: Any) -> None:
+        self.judge = result
+        self.metrics.update(result.metrics())
+
+    def tasks_section(self) -> dict[str, dict[str, Any]]:
+        """Per task: the headline metric, every metric's label, and each role's values (the
+        "tasks" section of metrics.json, and the report's table)."""
+        from components.evaluation.harness import metric_label
+
+        section: dict[str, dict[str, Any]] = {}
+        for role, results in self.tasks.items():
+            for task, result in results.items():
+                entry = section.setdefault(
+                    task, {"primary": result["primary"], "metrics": [], "labels": {}, "scores": {}}
+                )
+                for key in result["metrics"]:
+                    if key not in entry["labels"]:
+                        entry["metrics"].append(key)
+                        entry["labels"][key] = metric_label(key)
+                entry["scores"][role] = {
+                    k: (v if math.isfinite(v) else None) for k, v in result["metrics"].items()
+                }
+        return section
+
+    def judge_section(self) -> dict[str, Any] | None:
+        if self.judge is None:
+            return None
+        m = self.judge.metrics()
+        return {
+            "metric": self.judge.metric,
+            "win_rate": m["judge_win_rate"],
+            "loss_rate": m["judge_loss_rate"],
+            "tie_rate": m["judge_tie_rate"],
+            "prompts": int(m["judge_prompts"]),
+        }
 
     def add_loss(self, role: str, loss: Any) -> None:
         self.metrics[f"{role}_eval_loss"] = loss.loss
@@ -82,7 +137,8 @@ class Scores:
             kept = retained(self.probe_correct["base"], self.probe_correct["tuned"])
             if kept is not None:
                 metrics["general_retained"] = kept
-        for key in ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct"):
+        tasks = [f"task_{t}" for t in self.tasks.get("tuned", {})]
+        for key in ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct", *tasks):
             if f"tuned_{key}" in metrics and f"base_{key}" in metrics:
                 metrics[f"{key}_delta"] = metrics[f"tuned_{key}"] - metrics[f"base_{key}"]
         metrics["eval_rows"] = float(rows)
@@ -175,6 +231,8 @@ def write_outputs(
         "checks": decision.checks,
         "models": roles,
         "settings": settings,
+        "tasks": scores.tasks_section(),
+        "judge": scores.judge_section(),
     }
     cost = json.loads(storage.read_text(train_cost)) if train_cost else None
     if cost is not None:
@@ -199,6 +257,8 @@ def write_outputs(
         samples=samples,
         curves=curves,
         details=details,
+        tasks=scores.tasks_section(),
+        judge=scores.judge_section(),
     )
     storage.write_text(report_path, page)
     log.info("wrote %s and %s", metrics_path, report_path)

@@ -143,6 +143,50 @@ def _samples_table(samples: Sequence[dict[str, Any]], has_champion: bool) -> str
     return f'<table id="samples"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
+def _tasks_table(tasks: dict[str, dict[str, Any]], roles: Sequence[str]) -> str:
+    """lm-evaluation-harness tasks: one row per task and metric, base vs tuned, in points."""
+    if not tasks:
+        return ""
+    head = ["Task", "Metric"] + [r.capitalize() for r in roles] + ["Δ tuned − base (points)"]
+    rows = []
+    for task, entry in tasks.items():
+        for key in entry["metrics"]:
+            values = [entry["scores"].get(role, {}).get(key) for role in roles]
+            cells = [html.escape(task), html.escape(entry["labels"][key])]
+            cells += [_fmt(None if v is None else 100 * v, "{:.1f}") for v in values]
+            base, tuned = (
+                entry["scores"].get("base", {}).get(key),
+                entry["scores"].get("tuned", {}).get(key),
+            )
+            css, delta_cell = "", "–"
+            if base is not None and tuned is not None and math.isfinite(tuned - base):
+                delta = 100 * (tuned - base)
+                css = "better" if delta > 0 else ("worse" if delta < 0 else "")
+                delta_cell = f"{delta:+.1f}"
+            primary = ' class="primary"' if key == entry["primary"] else ""
+            rows.append(
+                f'<tr data-task="{html.escape(task)}"{primary}>'
+                + "".join(f"<td>{c}</td>" for c in cells)
+                + f'<td class="{css}">{delta_cell}</td></tr>'
+            )
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return (
+        "<h2>Standard tasks (lm-evaluation-harness)</h2>"
+        f'<table id="tasks"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
+
+
+def _judge_section(judge: dict[str, Any] | None) -> str:
+    if not judge:
+        return ""
+    return (
+        f'<h2>Judge</h2><p id="judge">Vertex AI pairwise judge ({html.escape(judge["metric"])}): '
+        f"tuned model wins {100 * judge['win_rate']:.1f}% of {judge['prompts']} prompts against "
+        f"the base (ties count half; base wins {100 * judge['loss_rate']:.1f}%, ties "
+        f"{100 * judge['tie_rate']:.1f}%).</p>"
+    )
+
+
 def _gate_section(decision: GateDecision) -> str:
     verdict = "PASSED" if decision.passed else "FAILED"
     items = "".join(
@@ -162,6 +206,7 @@ th { background: #f3f3f3; }
 td { font-family: ui-monospace, monospace; white-space: pre-wrap; overflow-wrap: anywhere; }
 #samples td { max-width: 22em; }
 .better { color: #0a7a2f; font-weight: bold; } .worse { color: #b3261e; font-weight: bold; }
+tr.primary td:first-child { font-weight: bold; }
 .match { color: #0a7a2f; } .miss { color: #b3261e; }
 #gate.pass h2 { color: #0a7a2f; } #gate.fail h2 { color: #b3261e; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; }
@@ -178,6 +223,8 @@ def render_report(
     curves: dict[str, list[tuple[float, float]]] | None,
     details: dict[str, Any] | None = None,
     title: str = "Fine-tuning evaluation",
+    tasks: dict[str, dict[str, Any]] | None = None,
+    judge: dict[str, Any] | None = None,
 ) -> str:
     """The report page as a string.
 
@@ -189,6 +236,8 @@ def render_report(
             <role>_match booleans.
         curves: training curves from `read_training_curve`; None or empty omits the plot.
         details: extra key/value facts to list (dataset, rows, device, ...).
+        tasks: lm-evaluation-harness results as metrics.json's "tasks" section (outputs.py).
+        judge: the pairwise judge's summary as metrics.json's "judge" section.
     """
     has_champion = "champion" in models
     parts = [
@@ -199,6 +248,8 @@ def render_report(
         _gate_section(decision),
         "<h2>Before / after</h2>",
         _metrics_table(metrics, has_champion),
+        _tasks_table(tasks or {}, list(models)),
+        _judge_section(judge),
         "<h2>Training loss</h2>",
     ]
     if curves:

@@ -20,6 +20,8 @@ from typing import Any
 from components.cost import COST_FILE
 from components.evaluation.evaluate import EvaluationRequest, run_evaluation
 from components.evaluation.gate import GateThresholds
+from components.evaluation.harness import HarnessSettings, parse_tasks
+from components.evaluation.judge import JudgeSettings
 from trainer import storage
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,27 @@ class EvaluateRequest:
     """The Metrics artifact the finite scalars are logged to (`.log_metric`)."""
     report: Any
     """The HTML artifact the report goes to (by `.path`)."""
+    # Issue 31's parameters; the defaults (also those of `llmft evaluate`) leave them all off.
+    region: str = ""
+    """Vertex AI region of the judge (the run's `region`)."""
+    eval_accelerator_type: str = ""
+    """The task's accelerator as the pipeline set it ("" in the local build: no memory check)."""
+    eval_accelerator_count: int = 0
+    eval_tasks: str = ""
+    eval_num_fewshot: int = -1
+    eval_limit: int = 0
+    max_task_regression: float = 100.0
+    judge_metric: str = ""
+    judge_min_win_rate: float = 0.0
+
+
+def harness_settings(tasks: str, num_fewshot: int, limit: int) -> HarnessSettings:
+    """The run parameters' encoding (-1: task default, 0: all documents) as HarnessSettings."""
+    return HarnessSettings(
+        tasks=parse_tasks(tasks),
+        num_fewshot=None if num_fewshot < 0 else num_fewshot,
+        limit=limit or None,
+    )
 
 
 def run(request: EvaluateRequest) -> tuple[bool]:
@@ -69,6 +92,8 @@ def run(request: EvaluateRequest) -> tuple[bool]:
             min_loss_improvement=request.min_loss_improvement,
             min_exact_match=request.min_exact_match,
             min_general_retained=request.min_general_retained,
+            max_task_regression=request.max_task_regression,
+            judge_min_win_rate=request.judge_min_win_rate,
         )
         result = run_evaluation(
             EvaluationRequest(
@@ -83,6 +108,14 @@ def run(request: EvaluateRequest) -> tuple[bool]:
                 train_cost=train_cost if train_cost and storage.exists(train_cost) else None,
                 champion=request.champion_model or None,
                 thresholds=thresholds,
+                accelerator_type=request.eval_accelerator_type,
+                accelerator_count=request.eval_accelerator_count,
+                harness=harness_settings(
+                    request.eval_tasks, request.eval_num_fewshot, request.eval_limit
+                ),
+                judge=JudgeSettings(
+                    metric=request.judge_metric, project=request.project, region=request.region
+                ),
             )
         )
         shutil.copyfile(result.report_path, request.report.path)

@@ -20,7 +20,7 @@ from components.run_params import (
     fields,
     raise_errors,
 )
-from components.validation import data_errors
+from components.validation import data_errors, evaluation_errors
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,9 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
     errors = params.errors(target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))
     base_model = resolve_model(params.base_model, params)
+    raise_errors(
+        evaluation_errors(params, base_model, remote=True, check_machine=request.target == "vertex")
+    )
     estimate = cost.estimate_for(params, remote=True, base_model=base_model)
     print("cost estimate (components/cost.py; an estimate, not a quote):\n" + estimate.table())
     raise_errors([e for e in [cost.budget_error(estimate, params.max_cost_usd)] if e])

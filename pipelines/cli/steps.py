@@ -241,24 +241,49 @@ def evaluate_cmd(
             "when no llmft evaluation wrote them."
         ),
     ] = False,
+    eval_tasks: Annotated[
+        str,
+        typer.Option(help="lm-evaluation-harness tasks, comma-separated (e.g. mmlu,arc_easy)."),
+    ] = "",
+    num_fewshot: Annotated[
+        int, typer.Option(help="Few-shot examples per harness prompt (-1: task default).")
+    ] = -1,
+    limit: Annotated[int, typer.Option(help="Documents per harness task (0: all).")] = 0,
+    max_task_regression: Annotated[
+        float,
+        typer.Option(help="Gate: tuned may score at most this many points below base per task."),
+    ] = 100.0,
+    accelerator_type: Annotated[
+        str,
+        typer.Option(
+            help="Evaluation GPU (e.g. NVIDIA_L4) to check the models fit (default: measured)."
+        ),
+    ] = "",
+    accelerator_count: Annotated[int, typer.Option(help="GPUs of --accelerator-type.")] = 1,
 ) -> None:
-    """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, HTML report."""
+    """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, standard
+    tasks (lm-evaluation-harness), HTML report."""
     import logging
 
     from components.evaluation.evaluate import EvaluationRequest, run_evaluation
     from components.evaluation.gate import GateThresholds
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from components.steps.evaluate import harness_settings
+
     thresholds = GateThresholds(
         min_loss_improvement=min_loss_improvement,
         min_exact_match=min_exact_match,
         min_general_retained=min_general_retained,
+        max_task_regression=max_task_regression,
     )
     request = EvaluationRequest(
         base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
         max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
         champion=champion, thresholds=thresholds, max_new_tokens=max_new_tokens, device=device,
         overwrite=overwrite,
+        harness=harness_settings(eval_tasks, num_fewshot, limit),
+        accelerator_type=accelerator_type, accelerator_count=accelerator_count,
     )  # fmt: skip
     result = run_evaluation(request)
     print_json(
