@@ -374,6 +374,7 @@ def check_deploy(
         f"deploy_machine_type/deploy_accelerator_*: {e}"
         for e in machine_accelerator_errors(machine_type, accelerator_type, count)
     ]
+    return errors
 
 
 def check_eval_quality(

@@ -48,6 +48,7 @@ def train(r: Run) -> None:
 
 def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float | None) -> int:
     """Optimizer steps until the last one (or a preemption); returns the step last saved."""
+    assert r.batches is not None
     config = r.config
     last_saved = r.state.step
     r.last_saved_at = time.monotonic()

@@ -17,6 +17,7 @@ import resource
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ class MetricsWriter:
                 logdir = local
             self._tb = SummaryWriter(logdir)
 
-    def write(self, step: int, values: dict[str, float | int | None]) -> None:
+    def write(self, step: int, values: Mapping[str, float | int | None]) -> None:
         if not self.enabled:
             return
         record = {"step": step, "time": time.time(), **values}

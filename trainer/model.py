@@ -132,7 +132,7 @@ class CausalLMLoss(nn.Module):
             return self.token_losses(input_ids, position_ids, loss_mask).sum()
         from trainer.preference import dpo_stats
 
-        with torch.no_grad(), self.lm.disable_adapter():
+        with torch.no_grad(), self.lm.disable_adapter():  # type: ignore[operator]
             reference = self.pair_logps(input_ids, position_ids, loss_mask, pair_ids)
         policy = self.pair_logps(input_ids, position_ids, loss_mask, pair_ids)
         return dpo_stats(policy, reference, self.dpo_beta)
