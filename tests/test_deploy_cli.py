@@ -139,9 +139,11 @@ def test_the_guide_uses_only_real_flags() -> None:
 
 
 def _one_line_error(result: Any) -> str:
+    """Exit 2 and exactly one `error:` line on stderr (stdout may hold the cost estimate, which
+    `llmft run` prints before it contacts anything)."""
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     return lines[0]
 
@@ -265,6 +267,7 @@ def test_local_backend_hands_over_to_run_local(
 
     monkeypatch.setattr(pipelines.local_run, "run_local", run_local)
     config = tmp_path / "local.yaml"
+    config.write_text("parameters: {}\n")
     result = _invoke(
         ["run", "--config", str(config), "--param", "max_steps=3", "--param", "workdir=runs/x"]
     )

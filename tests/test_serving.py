@@ -405,7 +405,7 @@ def test_train_request_sets_tensorboard_output_and_key() -> None:
         accelerator_type="NVIDIA_H100_80GB", accelerator_count=8,
         service_account="trainer@my-project.iam.gserviceaccount.com", hf_token_secret="",
         train_timeout_s=3600, capacity="on-demand", max_wait_minutes=0, reservation="",
-        gpu_hour_price_usd=0.0, budget_timeout_s=0,
+        gpu_hour_price_usd=0.0, budget_timeout_s=0, quantize_base="none", objective="sft",
         model=None, gcp_resources="", tensorboard=f"{PARENT}/tensorboards/1",
         encryption_key="projects/p/locations/l/keyRings/r/cryptoKeys/k",
     )  # fmt: skip

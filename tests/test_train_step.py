@@ -52,7 +52,8 @@ def _request(backend: str, **changes: object):
         work_uri="gs://b/w", namespace="ml", gke_cluster="", machine_type="g2-standard-24",
         accelerator_type="NVIDIA_L4", accelerator_count=2, service_account="llmft-trainer",
         hf_token_secret="", train_timeout_s=3600, capacity="on-demand", max_wait_minutes=0,
-        reservation="", gpu_hour_price_usd=0.0, budget_timeout_s=0, model=None, gcp_resources="",
+        reservation="", gpu_hour_price_usd=0.0, budget_timeout_s=0, quantize_base="none",
+        objective="sft", model=None, gcp_resources="",
     )  # fmt: skip
     return TrainRequest(**{**fields, **changes})  # type: ignore[arg-type]
 
