@@ -47,6 +47,8 @@ def request(backend: str, **changes: Any) -> TrainRequest:
         "nproc_per_node": 0,
         "max_steps": 1000,
         "learning_rate": 2e-5,
+        "quantize_base": defaults.quantize_base,
+        "objective": defaults.objective,
         "trainer_overrides": {},
         "project": "p",
         "region": "us-central1",

@@ -95,14 +95,20 @@ def test_vllm_presets_parse_with_the_documented_flags(preset: str) -> None:
     assert container.shared_memory_size_mb == 16 * 1024
 
 
-def test_adapter_serving_loads_base_and_enables_lora() -> None:
-    container = serving.serving_container(
-        spec(lora=True, lora_serving="adapter", base_model_uri="gs://b/base", lora_rank=12)
-    )
-    args = vllm_documented_parser().parse_args(container.args)
-    assert args.model == "gs://b/base"
-    assert args.enable_lora and args.max_lora_rank == 16
-    assert args.lora_modules == ["tiny-llama-ft-adapter=$(AIP_STORAGE_URI)/adapter"]
+def test_adapter_serving_is_refused_until_verified() -> None:
+    """Review P1: upstream's api_server has no --lora-modules and the smoke prompt would not reach
+    the adapter, so lora_serving=adapter is refused (RunParams and the serving container) with a
+    message naming lora_serving=merged; the engine args never carry --lora-modules."""
+    from components.run_params import RunParams
+
+    adapter = spec(lora=True, lora_serving="adapter", base_model_uri="gs://b/base", lora_rank=12)
+    with pytest.raises(ValueError, match="lora_serving=merged"):
+        serving.serving_container(adapter)
+    assert not any("--lora-modules" in a for a in serving._vllm_common(adapter, "m"))
+    assert "--enable-lora" in serving._vllm_common(adapter, "m")
+    errors = RunParams(lora_serving="adapter").errors()
+    assert any("lora_serving=adapter is not supported" in e and "merged" in e for e in errors)
+    assert not any("lora_serving" in e for e in RunParams().errors())
     merged = serving.serving_container(spec(lora=True, lora_serving="merged", lora_rank=12))
     assert "--enable-lora" not in (merged.args or [])
 
