@@ -129,7 +129,8 @@ def test_gke_pytorchjob_per_capacity(golden: Any) -> None:
     }
     golden.check("pytorchjob_capacity.json", parts)
     spot = parts["spot"]
-    assert spot["pod"]["terminationGracePeriodSeconds"] == GKE_SPOT_POD_GRACE_S
+    # Review P7: never below Kubernetes' 30 s default (a preemption's 15 s cap is GKE's own).
+    assert spot["pod"]["terminationGracePeriodSeconds"] == 30 > GKE_SPOT_POD_GRACE_S
     assert spot["runPolicy"]["activeDeadlineSeconds"] == 7200
     assert spot["checkpointEveryMinutes"] == 10.0
     assert parts["on-demand"]["checkpointEveryMinutes"] == 0.0
