@@ -378,7 +378,8 @@ class RunParams:
     # --- cloud launch limits (issue 29) --------------------------------------------------------
     train_timeout_s: int = param(
         TRAIN_TIMEOUT_MAX_S,
-        "Longest the training job may run, provisioning included (seconds): the train step "
+        "Longest the training job may run, provisioning included (a Vertex flex-start job's "
+        "unbilled queue wait excepted) (seconds): the train step "
         "cancels it then, and the job itself carries the limit plus a short grace "
         "(PyTorchJob activeDeadlineSeconds, CustomJob timeout) so it ends even if the step was "
         "killed first.",

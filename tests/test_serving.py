@@ -291,7 +291,7 @@ def test_replacing_never_rolls_back_the_tested_version() -> None:
     version keeps serving; a rollback's split names only models still deployed."""
     from google.api_core import exceptions
 
-    from components.endpoints import Deployment, rollback
+    from components.endpoints import rollback
 
     fake = FakeEndpoints(PARENT)
     name = fake.add_endpoint("tiny-llama-ft", {"111": 60, "222": 40})
