@@ -315,12 +315,12 @@ def deploy_version(
     )
     deployment = Deployment(endpoint=endpoint.name, created_endpoint=created)
     earlier = {k: v for k, v in endpoint.traffic_split.items() if v > 0}
-    smoke_args = {"preset": preset, "served_model_name": served_model_name}
     try:
         if earlier:
             deployment.answer = smoke_alone(
                 clients, version=version, options=options, project=project,
-                location=location, run_id=run_id, **smoke_args,
+                location=location, run_id=run_id, preset=preset,
+                served_model_name=served_model_name,
             )  # fmt: skip
         split = challenger_split(earlier, options.traffic_percent)
         deployment.deployed_model_id = _deploy(
@@ -330,8 +330,9 @@ def deploy_version(
             on_deployed(deployment)
         if not earlier:
             deployment.answer = smoke(
-                clients, endpoint=endpoint.name,
-                deployed_model_id=deployment.deployed_model_id, **smoke_args,
+                clients, endpoint=endpoint.name, preset=preset,
+                served_model_name=served_model_name,
+                deployed_model_id=deployment.deployed_model_id,
             )  # fmt: skip
         log.info("smoke prompt answered: %r", deployment.answer)
     except BaseException:
