@@ -25,6 +25,13 @@ PREEMPTIBLE = ("spot",)
 SPOT_CHECKPOINT_MINUTES = 10.0
 """Time-based checkpoint interval on Spot unless trainer_overrides sets one: a preemption loses
 at most this much work when its SIGTERM checkpoint does not fit the grace period."""
+POD_TERMINATION_GRACE_S = 30
+"""terminationGracePeriodSeconds of a Spot run's GKE pods: Kubernetes' default, never less. A
+preempted Spot node caps non-system pods at GKE_SPOT_POD_GRACE_S anyway, so a shorter setting
+gains nothing there and only cuts the SIGTERM checkpoint window of every other termination
+(cancel, scale-down, node upgrade or drain). The train step does not know the checkpoint's size
+(the model is read by the workers), so no measured checkpoint time is added here: the cost
+estimate's note says when a SIGTERM checkpoint exceeds the Spot grace (components/cost.py)."""
 SPOT_RESTARTS_PER_NODE = 10
 """PyTorchJob container restarts per node on Spot (on-demand keeps PyTorchJobOptions' 3): each
 preemption of a node costs one."""

@@ -32,17 +32,23 @@ from components.platform_facts import GKE_SPOT_POD_GRACE_S, accelerator
 
 # --- prices -------------------------------------------------------------------------------------
 
-PRICES_CHECKED = "2026-12-04"
-"""When `GPU_HOUR_USD` was written down (not fetched by this code: no network at run time)."""
+PRICES_WRITTEN = "2026-12-04"
+"""When `GPU_HOUR_USD` was written down (not fetched by this code, and not re-checked online)."""
 PRICES_SOURCE = (
-    "Vertex AI custom-training list prices, us-central1 (cloud.google.com/vertex-ai/pricing, "
-    "'Custom-trained models': machine types and accelerators per hour) and Compute Engine Spot / "
-    "Dynamic Workload Scheduler prices (cloud.google.com/compute/gpus-pricing, "
-    "cloud.google.com/products/dws/pricing). Per GPU-hour, the host machine's share included "
-    "(machine price / GPUs per machine). Transcribed, rounded, not re-checked online in the "
-    "session that wrote them: confirm for your region and contract, and override with "
-    "`gpu_hour_price_usd` or `llmft run --prices FILE`"
+    "on-demand: Compute Engine on-demand machine prices, us-central1 (cloud.google.com/compute/"
+    "gpus-pricing; e.g. a2-highgpu-1g ~3.67, a2-ultragpu-1g ~5.07, a3-highgpu ~10.98 per GPU-hour), "
+    "rounded up, per GPU-hour with the host machine's share (machine price / GPUs per machine). "
+    "Vertex AI custom training charges a premium over these: they are a lower bound of Vertex's "
+    "price. spot: a flat ~0.35-0.40 x on-demand ratio, NOT a published price (Compute Engine's "
+    "own Spot price of an H100 was ~6.57 in a 2026-09 billing-catalog reading, this table says "
+    "3.90). flex-start: 0.5 x on-demand, a ratio, NOT a published price; only for the GPUs "
+    "Vertex offers flex-start on (platform_facts.VERTEX_FLEX_START_GPUS). Written from memory of "
+    "the pricing pages, not re-checked online: confirm for your region and contract, and "
+    "override with `gpu_hour_price_usd` or `llmft run --prices FILE`. The budget's timeout uses "
+    "the on-demand figure unless you give a price (`budget_gpu_hour_usd`)"
 )
+RATIO_PRICED = ("spot", "flex-start")
+"""Capacities whose table prices are ratios of on-demand, not transcribed prices."""
 
 GPU_HOUR_USD: dict[str, dict[str, float]] = {
     "NVIDIA_B200": {"on-demand": 14.40, "spot": 5.60, "flex-start": 7.20},
@@ -52,10 +58,12 @@ GPU_HOUR_USD: dict[str, dict[str, float]] = {
     "NVIDIA_A100_80GB": {"on-demand": 5.10, "spot": 2.00, "flex-start": 2.55},
     "NVIDIA_TESLA_A100": {"on-demand": 3.70, "spot": 1.50, "flex-start": 1.85},
     "NVIDIA_L4": {"on-demand": 1.00, "spot": 0.40, "flex-start": 0.50},
-    "NVIDIA_TESLA_T4": {"on-demand": 0.55, "spot": 0.22, "flex-start": 0.28},
-    "NVIDIA_TESLA_V100": {"on-demand": 2.90, "spot": 1.10, "flex-start": 1.45},
+    # No flex-start rows: Vertex AI offers no flex-start on T4 or V100 (check_flex_start_accelerator).
+    "NVIDIA_TESLA_T4": {"on-demand": 0.55, "spot": 0.22},
+    "NVIDIA_TESLA_V100": {"on-demand": 2.90, "spot": 1.10},
 }
-"""USD per GPU-hour by Vertex accelerator name and capacity type (see PRICES_SOURCE)."""
+"""USD per GPU-hour by Vertex accelerator name and capacity type (see PRICES_SOURCE: on-demand
+rows are Compute Engine figures, spot and flex-start are ratios)."""
 
 DATAFLOW_VCPU_HOUR_USD = 0.056
 """Dataflow batch worker vCPU-hour (cloud.google.com/dataflow/pricing, us-central1)."""
@@ -250,6 +258,9 @@ class Estimate:
     data_tokens: int | None = None
     """Tokens in the data (manifest, or estimated from the input's size); None: unknown."""
     notes: tuple[str, ...] = field(default=())
+    budget_gpu_hour_usd: float = 0.0
+    """Price per GPU-hour the budget's timeout uses (on-demand unless the user gave a price;
+    0: as `gpu_hour_usd`)."""
 
     @property
     def usd(self) -> float:
@@ -274,7 +285,7 @@ class Estimate:
             "usd": round(self.usd, 2),
             "gpu_hours": round(self.gpu_hours, 3),
             "hours": None if self.hours is None else round(self.hours, 3),
-            "prices_checked": PRICES_CHECKED,
+            "prices_written": PRICES_WRITTEN,
         }
 
     def table(self) -> str:
@@ -292,8 +303,8 @@ class Estimate:
         )
         lines.append(
             f"{self.optimizer_steps} steps x {self.train_tokens // max(self.optimizer_steps, 1):,}"
-            f" tokens = {self.train_tokens:,} tokens{epochs}; {self.capacity} capacity; prices of "
-            f"{PRICES_CHECKED} (components/cost.py)"
+            f" tokens = {self.train_tokens:,} tokens{epochs}; {self.capacity} capacity; prices "
+            f"written {PRICES_WRITTEN}, not checked online (components/cost.py)"
         )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
@@ -350,6 +361,15 @@ def estimate(
         if gpus
         else 0.0
     )
+    budget_price = (
+        _budget_price(shape, price, override=gpu_hour_price_usd, prices=prices) if gpus else 0.0
+    )
+    if gpus and budget_price != price:
+        notes.append(
+            f"the {shape.capacity} price ${price:.2f}/GPU-h is a ratio of on-demand, not a "
+            f"published price: the budget's timeout uses on-demand, ${budget_price:.2f}/GPU-h "
+            "(give gpu_hour_price_usd or --prices to use your own)"
+        )
     per_gpu: float | None = None
     train_hours: float | None = None
     if gpus and model is not None:
@@ -395,11 +415,35 @@ def estimate(
         optimizer_steps=shape.max_steps,
         gpus=gpus,
         gpu_hour_usd=price,
+        budget_gpu_hour_usd=budget_price,
         tokens_per_s_per_gpu=per_gpu,
         capacity=shape.capacity,
         data_tokens=data_tokens,
         notes=tuple(notes),
     )
+
+
+def _budget_price(
+    shape: RunShape,
+    price: float,
+    *,
+    override: float,
+    prices: Mapping[str, Mapping[str, float]] | None,
+) -> float:
+    """The price the budget's timeout is computed at: the user's own price (`override`, or a
+    `--prices` entry differing from the table), else the table's on-demand price when the
+    capacity's table price is only a ratio (RATIO_PRICED): on-demand is the upper bound, so the
+    spend stays within the budget whatever the real Spot or flex-start price is."""
+    if override:
+        return override
+    gpu = accelerator(shape.accelerator_type).vertex_name
+    ours = GPU_HOUR_USD.get(gpu, {}).get(shape.capacity)
+    if prices is not None and prices.get(gpu, {}).get(shape.capacity) != ours:
+        return price  # the user's figure
+    if shape.capacity not in RATIO_PRICED:
+        return price
+    on_demand = gpu_hour_price(shape.accelerator_type, "on-demand", prices=prices)
+    return max(price, on_demand)
 
 
 def _checkpoint_count(shape: RunShape, compute_s: float) -> int:
@@ -474,8 +518,10 @@ def budget_error(est: Estimate, max_cost_usd: float) -> str | None:
 
 def budget_timeout_s(est: Estimate, max_cost_usd: float) -> int:
     """The training job's timeout that keeps its spend within the budget: what the budget leaves
-    after the other steps, at the job's price per hour (0: no budget or nothing priced)."""
-    per_hour = est.gpus * est.gpu_hour_usd
+    after the other steps, at the job's price per hour (0: no budget or nothing priced). The
+    price is `budget_gpu_hour_usd`: on-demand, the upper bound, unless the user gave one (the
+    table's Spot and flex-start figures are ratios, PRICES_SOURCE)."""
+    per_hour = est.gpus * (est.budget_gpu_hour_usd or est.gpu_hour_usd)
     if not max_cost_usd or not per_hour:
         return 0
     left = max_cost_usd - sum(s.usd for s in est.steps if s.step != "train")

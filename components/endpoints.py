@@ -4,16 +4,17 @@
 
 1. find the endpoint (resource name, or display name; created with the run's labels and the
    pipeline's CMEK key when none has that name);
-2. deploy the version on the chosen machine and accelerators (Spot allowed). When the endpoint
-   already serves earlier versions the new one is the challenger: it gets `traffic_percent` and
-   the earlier ones keep the rest in their proportions; with 100 it replaces them (they are
-   undeployed once the smoke prompt passed);
-3. send one chat prompt through the preset's route (components/serving.py) and fail when nothing
-   answers. With the Model Garden preset the answer says which deployed model gave it
-   (`PredictResponse.deployed_model_id`), so a split endpoint is asked until the challenger
-   answered;
-4. on any failure (or SIGTERM) undeploy what this call deployed and delete the endpoint it
-   created, so a failed run leaves nothing serving.
+2. when the endpoint already serves earlier versions, smoke-test the new one alone first: a
+   shared endpoint routes each request at random by its split and offers no per-deployed-model
+   route, so the version is deployed to a temporary endpoint of its own, sent one chat prompt
+   (components/serving.py), and removed (`smoke_alone`);
+3. deploy the version on the chosen machine and accelerators (Spot allowed) with its share: the
+   challenger gets `traffic_percent` and the earlier ones keep the rest in their proportions;
+   with 100 it replaces them (undeployed best-effort afterwards). On an endpoint serving nothing
+   it gets 100 % and the smoke prompt is sent there;
+4. on any failure (or SIGTERM) before the tested version serves its share, undeploy what this
+   call deployed and delete the endpoints it created, so a failed run leaves nothing serving;
+   once it serves, it is never rolled back.
 
 Every call goes through the GAPIC clients (EndpointServiceClient, PredictionServiceClient), which
 tests replace at that boundary (tests/fakes/vertex.py, goldens in tests/golden/).
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 DEPLOY_TIMEOUT_S = 3 * 3600
 """How long a deployment may take (a GPU machine, an image pull and a model load from gs://)."""
 SMOKE_ATTEMPTS = 20
-"""Chat requests sent to a split endpoint before giving up on reaching the challenger."""
+"""Chat requests sent before giving up (the new model is alone on the endpoint it is tested on;
+the Model Garden preset's answers are still checked to come from it)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class Deployment:
     created_endpoint: bool = False
     replaced: list[str] = field(default_factory=list)
     """Deployed models of earlier versions undeployed because the new one took all traffic."""
+    left: list[str] = field(default_factory=list)
+    """Earlier deployed models that could not be undeployed (still deployed, no traffic)."""
     traffic_split: dict[str, int] = field(default_factory=dict)
     answer: str = ""
 
@@ -280,17 +284,28 @@ def deploy_version(
     clients: VertexClients | None = None,
     on_deployed: Callable[[Deployment], None] | None = None,
 ) -> Deployment:
-    """Deploy `version` (`projects/P/locations/L/models/M@V`), smoke-test it, settle traffic.
+    """Deploy `version` (`projects/P/locations/L/models/M@V`), smoke-test it alone, settle traffic.
 
-    `on_deployed` is called as soon as the model is deployed (the step records it, so that a
-    cancelled run's cleanup can find it). Rolls back on any failure and re-raises.
+    The smoke prompt must reach the new model and nothing else. A shared Vertex endpoint routes
+    each predict/rawPredict at random by its traffic split, and its only per-deployed-model
+    route (`.../deployedModels/ID/invoke`) exists on dedicated endpoints alone; so when the
+    endpoint already serves earlier versions the new one is first deployed to a temporary
+    endpoint of its own (`llmft-smoke-<run>`, run labels: the run's cleanup finds it), smoke-
+    tested there and removed, and only then deployed to the endpoint with its share (an extra
+    deployment's time, the price of testing the challenger and not the champion). On an endpoint
+    serving nothing the new model is deployed at 100 % and tested in place.
+
+    Once the smoke test passed and the version is deployed with its share it is never rolled
+    back: with 100 % the earlier models are undeployed best-effort (`Deployment.left` lists
+    those that could not be). Before that, any failure (or SIGTERM) undeploys what this call
+    deployed, gives the earlier models still deployed their traffic back and deletes the
+    endpoints it created, then re-raises. `on_deployed` is called once the version is deployed
+    to the endpoint (the step may record it for a cancelled run's cleanup).
 
     Raises:
         ValueError: invalid options (before any call).
         RuntimeError: the deployed model does not answer.
     """
-    from google.cloud import aiplatform_v1
-
     errors = deploy_errors(options)
     if errors:
         raise ValueError("cannot deploy: " + "; ".join(errors))
@@ -299,44 +314,109 @@ def deploy_version(
         clients, options=options, project=project, location=location, run_id=run_id
     )
     deployment = Deployment(endpoint=endpoint.name, created_endpoint=created)
-    earlier = dict(endpoint.traffic_split)
+    earlier = {k: v for k, v in endpoint.traffic_split.items() if v > 0}
     try:
+        if earlier:
+            deployment.answer = smoke_alone(
+                clients, version=version, options=options, project=project,
+                location=location, run_id=run_id, preset=preset,
+                served_model_name=served_model_name,
+            )  # fmt: skip
         split = challenger_split(earlier, options.traffic_percent)
-        log.info(
-            "deploying %s to %s on %s (%s x %s, spot=%s), traffic %s",
-            version, endpoint.name, options.machine_type, options.accelerator_count,
-            options.accelerator_type or "no GPU", options.spot, split,
-        )  # fmt: skip
-        operation = clients.endpoints.deploy_model(
-            request=aiplatform_v1.DeployModelRequest(
-                endpoint=endpoint.name,
-                deployed_model=_deployed_model(version, options, run_id),
-                traffic_split=split,
-            )
+        deployment.deployed_model_id = _deploy(
+            clients, endpoint.name, version, options, run_id, split
         )
-        response = operation.result(timeout=DEPLOY_TIMEOUT_S)
-        deployment.deployed_model_id = response.deployed_model.id
         if on_deployed:
             on_deployed(deployment)
-        deployment.answer = smoke(
-            clients,
-            endpoint=endpoint.name,
-            preset=preset,
-            served_model_name=served_model_name,
-            deployed_model_id=deployment.deployed_model_id,
-        )
+        if not earlier:
+            deployment.answer = smoke(
+                clients, endpoint=endpoint.name, preset=preset,
+                served_model_name=served_model_name,
+                deployed_model_id=deployment.deployed_model_id,
+            )  # fmt: skip
         log.info("smoke prompt answered: %r", deployment.answer)
-        if options.traffic_percent >= 100:
-            for old in sorted(earlier):  # a proto map: no order of its own
-                if old != deployment.deployed_model_id:
-                    _undeploy(clients, endpoint.name, old, {deployment.deployed_model_id: 100})
-                    deployment.replaced.append(old)
-        final = clients.endpoints.get_endpoint(request={"name": endpoint.name})
-        deployment.traffic_split = dict(final.traffic_split)
-        return deployment
     except BaseException:
         rollback(clients, deployment, restore_split=earlier)
         raise
+    # Tested and serving its share: from here on nothing rolls the new version back.
+    if options.traffic_percent >= 100:
+        for old in sorted(earlier):  # a proto map: no order of its own
+            try:
+                _undeploy(clients, endpoint.name, old, {deployment.deployed_model_id: 100})
+                deployment.replaced.append(old)
+            except Exception:  # best-effort: the old model stays deployed with no traffic
+                log.exception(
+                    "could not undeploy %s from %s (it gets no traffic)", old, endpoint.name
+                )
+                deployment.left.append(old)
+    try:
+        final = clients.endpoints.get_endpoint(request={"name": endpoint.name})
+        deployment.traffic_split = dict(final.traffic_split)
+    except Exception:
+        log.exception("could not read back the traffic split of %s", endpoint.name)
+        deployment.traffic_split = {
+            (deployment.deployed_model_id if k == "0" else k): v for k, v in split.items()
+        }
+    return deployment
+
+
+def _deploy(
+    clients: VertexClients,
+    endpoint: str,
+    version: str,
+    options: DeployOptions,
+    run_id: str,
+    split: dict[str, int],
+) -> str:
+    """DeployModel `version` to `endpoint` with `split` ("0": the new model); its deployed id."""
+    from google.cloud import aiplatform_v1
+
+    log.info(
+        "deploying %s to %s on %s (%s x %s, spot=%s), traffic %s",
+        version, endpoint, options.machine_type, options.accelerator_count,
+        options.accelerator_type or "no GPU", options.spot, split,
+    )  # fmt: skip
+    operation = clients.endpoints.deploy_model(
+        request=aiplatform_v1.DeployModelRequest(
+            endpoint=endpoint,
+            deployed_model=_deployed_model(version, options, run_id),
+            traffic_split=split,
+        )
+    )
+    return str(operation.result(timeout=DEPLOY_TIMEOUT_S).deployed_model.id)
+
+
+def smoke_alone(
+    clients: VertexClients,
+    *,
+    version: str,
+    options: DeployOptions,
+    project: str,
+    location: str,
+    run_id: str,
+    preset: ServingPreset,
+    served_model_name: str,
+) -> str:
+    """The smoke prompt answered by `version` alone: deployed to a temporary endpoint of its own
+    (`llmft-smoke-<run>`, created with the run's labels and CMEK key), tested there, then
+    undeployed and the endpoint deleted whatever happened. Returns the answer."""
+    temporary = DeployOptions(
+        **{**options.__dict__, "endpoint": resource_name("smoke", run_id), "traffic_percent": 100}
+    )
+    endpoint, _ = find_or_create_endpoint(
+        clients, options=temporary, project=project, location=location, run_id=run_id
+    )
+    trial = Deployment(endpoint=endpoint.name, created_endpoint=True)
+    try:
+        trial.deployed_model_id = _deploy(
+            clients, endpoint.name, version, options, run_id, {"0": 100}
+        )
+        return smoke(
+            clients, endpoint=endpoint.name, preset=preset,
+            served_model_name=served_model_name, deployed_model_id=trial.deployed_model_id,
+        )  # fmt: skip
+    finally:
+        rollback(clients, trial)
 
 
 def _undeploy(clients: VertexClients, endpoint: str, deployed_model_id: str, split: dict) -> None:
@@ -353,18 +433,24 @@ def _undeploy(clients: VertexClients, endpoint: str, deployed_model_id: str, spl
 def rollback(
     clients: VertexClients, deployment: Deployment, restore_split: dict[str, int] | None = None
 ) -> None:
-    """Undo a deployment: undeploy the model it deployed (giving the earlier models their
-    traffic back) and delete the endpoint it created. Errors are logged, never raised: this runs
-    while another error propagates."""
+    """Undo a deployment: undeploy the model it deployed (giving the earlier models still
+    deployed their traffic back, rescaled to 100) and delete the endpoint it created. Errors are
+    logged, never raised: this runs while another error propagates."""
     from google.api_core import exceptions
 
     try:
         if deployment.deployed_model_id:
+            restore = {k: v for k, v in (restore_split or {}).items() if v > 0}
+            if restore:
+                # Vertex refuses a split naming a model no longer deployed (INVALID_ARGUMENT).
+                current = clients.endpoints.get_endpoint(request={"name": deployment.endpoint})
+                deployed = {d.id for d in current.deployed_models} - {deployment.deployed_model_id}
+                restore = {k: v for k, v in restore.items() if k in deployed}
             _undeploy(
                 clients,
                 deployment.endpoint,
                 deployment.deployed_model_id,
-                {k: v for k, v in (restore_split or {}).items() if v > 0},
+                _rescaled(restore) if restore else {},
             )
         if deployment.created_endpoint:
             log.info("deleting endpoint %s created by the failed deployment", deployment.endpoint)

@@ -403,3 +403,36 @@ def check_eval_quality(
             f"judge_metric={judge_metric!r} runs in Vertex AI: set project (or leave it empty)"
         )
     return errors
+
+
+# -- issue 30/32 review (P1, P6) ------------------------------------------------------------------
+
+
+def check_lora_serving(lora_serving: str) -> str | None:
+    """`lora_serving=adapter` is refused until it is verified on a real project: the Model Garden
+    image's `vllm.entrypoints.api_server` is not known to accept `--lora-modules` (upstream's
+    does not), and the smoke prompt would not reach the adapter (docs/deploy/README.md)."""
+    if lora_serving == "adapter":
+        return (
+            "lora_serving=adapter is not supported yet (serving an adapter from gs:// with the "
+            "Model Garden image is unverified): use lora_serving=merged"
+        )
+    return None
+
+
+def check_flex_start_accelerator(backend: str, capacity: str, accelerator_type: str) -> str | None:
+    """Vertex AI runs flex-start (DWS) jobs only on some GPUs (platform_facts.VERTEX_FLEX_START_GPUS)."""
+    from components.platform_facts import VERTEX_FLEX_START_GPUS, vertex_flex_start
+
+    if backend != "vertex" or capacity != "flex-start":
+        return None
+    try:
+        if vertex_flex_start(accelerator_type):
+            return None
+    except ValueError:
+        return None  # an unknown accelerator is check_machine_accelerator's error
+    allowed = ", ".join(sorted(VERTEX_FLEX_START_GPUS))
+    return (
+        f"capacity=flex-start with accelerator_type={accelerator_type or '(none)'!r}: Vertex AI "
+        f"offers flex-start only for {allowed}; choose one of those or capacity=on-demand/spot"
+    )

@@ -437,3 +437,29 @@ GKE_NVIDIA_LIBRARY_PATH = f"{GKE_NVIDIA_DIR}/lib64:{GKE_NVIDIA_DIR}/lib"
 GKE_SPOT_POD_GRACE_S = 15
 """Seconds a non-system pod gets between SIGTERM and SIGKILL when a GKE Spot node is preempted
 (30 s notice, half for user pods: cloud.google.com/kubernetes-engine/docs/concepts/spot-vms)."""
+
+# --- flex-start (Dynamic Workload Scheduler) on Vertex AI (issue 32 review, P6) ------------------
+
+VERTEX_FLEX_START_SOURCE = (
+    "cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws: flex-start (DWS) training jobs "
+    "need L4, A100, H100, H200 or B200 GPUs and a timeout of 7 days or less"
+)
+VERTEX_FLEX_START_GPUS = frozenset(
+    {
+        "NVIDIA_L4",
+        "NVIDIA_TESLA_A100",
+        "NVIDIA_A100_80GB",
+        "NVIDIA_H100_80GB",
+        "NVIDIA_H100_MEGA_80GB",
+        "NVIDIA_H200_141GB",
+        "NVIDIA_B200",
+    }
+)
+"""Vertex accelerator names a flex-start CustomJob may use (VERTEX_FLEX_START_SOURCE)."""
+
+
+def vertex_flex_start(accelerator_name: str) -> bool:
+    """Whether Vertex AI offers flex-start capacity for this GPU (no GPU: it does not)."""
+    if not accelerator_name:
+        return False
+    return accelerator(accelerator_name).vertex_name in VERTEX_FLEX_START_GPUS

@@ -325,7 +325,7 @@ class RunParams:
     lora_serving: LoraServing = param(
         "merged",
         'For a LoRA run: serve the "merged" model, or the base model plus the "adapter" with '
-        "vLLM --enable-lora (vertex-vllm preset only).",
+        "vLLM --enable-lora (refused until verified on a real project: docs/deploy/README.md).",
     )
     deploy_endpoint: str = param(
         "",
@@ -378,7 +378,8 @@ class RunParams:
     # --- cloud launch limits (issue 29) --------------------------------------------------------
     train_timeout_s: int = param(
         TRAIN_TIMEOUT_MAX_S,
-        "Longest the training job may run, provisioning included (seconds): the train step "
+        "Longest the training job may run, provisioning included (a Vertex flex-start job's "
+        "unbilled queue wait excepted) (seconds): the train step "
         "cancels it then, and the job itself carries the limit plus a short grace "
         "(PyTorchJob activeDeadlineSeconds, CustomJob timeout) so it ends even if the step was "
         "killed first.",
@@ -535,6 +536,13 @@ class RunParams:
             self.backend, self.capacity, self.reservation, self.max_wait_minutes
         ):
             errors.append(capacity_error)
+        # --- issue 30/32 review: flex-start GPUs, adapter serving ---
+        if flex_error := checks.check_flex_start_accelerator(
+            self.backend, self.capacity, self.accelerator_type
+        ):
+            errors.append(flex_error)
+        if lora_error := checks.check_lora_serving(self.lora_serving):
+            errors.append(lora_error)
         errors += checks.check_registry(
             latest=LATEST_REGISTERED,
             models=(self.base_model, self.champion_model),

@@ -17,8 +17,10 @@ ports and routes (review item 3a). Each preset below holds what one server needs
 Vertex copies the artifact to a bucket of its own and sets `AIP_STORAGE_URI`; the container's args
 refer to it as `$(AIP_STORAGE_URI)` (Vertex expands `$(VAR)` in ModelContainerSpec args). For a
 LoRA run the model is either the merged export (`lora_serving=merged`, the default) or the base
-model plus the adapter written to `<export>/adapter` (`lora_serving=adapter`, `--enable-lora`
-with `--lora-modules <served name>=<export>/adapter`).
+model plus the adapter written to `<export>/adapter` (`lora_serving=adapter`, `--enable-lora`).
+`lora_serving=adapter` is refused (param_checks.check_lora_serving) until it is verified on a real
+project: upstream's `api_server` has no `--lora-modules`, and the Model Garden image is documented
+to take an adapter per request instead (docs/deploy/README.md).
 
 `transformers serve` (`local_server_command`) is the OpenAI-compatible server a local run starts
 on CPU for its smoke prompt (components/local_serving.py).
@@ -79,6 +81,10 @@ def serving_errors(spec: ServingSpec) -> list[str]:
     if spec.tensor_parallel_size < 1:
         errors.append(f"tensor_parallel_size={spec.tensor_parallel_size}: must be at least 1")
     if spec.lora and spec.lora_serving == "adapter":
+        from components.param_checks import check_lora_serving
+
+        if unverified := check_lora_serving(spec.lora_serving):
+            errors.append(unverified)
         if spec.preset != "vertex-vllm":
             # vLLM loads --lora-modules from local paths or the hub only; the Model Garden image
             # downloads gs:// paths itself.
@@ -109,12 +115,10 @@ def _vllm_common(spec: ServingSpec, model: str) -> list[str]:
         "--disable-log-stats",
     ]
     if spec.lora and spec.lora_serving == "adapter":
-        adapter = f"{MODEL_DIR_ENV}/{ADAPTER_SUBDIR}"
-        args += [
-            "--enable-lora",
-            f"--lora-modules={spec.served_model_name}-adapter={adapter}",
-            f"--max-lora-rank={_vllm_lora_rank(spec.lora_rank)}",
-        ]
+        # No --lora-modules: upstream's vllm.entrypoints.api_server has no such flag (only the
+        # OpenAI server does), and the Model Garden image takes the adapter per request
+        # ("dynamic-lora"); unverified, so serving_errors refuses lora_serving=adapter for now.
+        args += ["--enable-lora", f"--max-lora-rank={_vllm_lora_rank(spec.lora_rank)}"]
     return args
 
 

@@ -47,6 +47,8 @@ def request(backend: str, **changes: Any) -> TrainRequest:
         "nproc_per_node": 0,
         "max_steps": 1000,
         "learning_rate": 2e-5,
+        "quantize_base": defaults.quantize_base,
+        "objective": defaults.objective,
         "trainer_overrides": {},
         "project": "p",
         "region": "us-central1",
@@ -129,7 +131,8 @@ def test_gke_pytorchjob_per_capacity(golden: Any) -> None:
     }
     golden.check("pytorchjob_capacity.json", parts)
     spot = parts["spot"]
-    assert spot["pod"]["terminationGracePeriodSeconds"] == GKE_SPOT_POD_GRACE_S
+    # Review P7: never below Kubernetes' 30 s default (a preemption's 15 s cap is GKE's own).
+    assert spot["pod"]["terminationGracePeriodSeconds"] == 30 > GKE_SPOT_POD_GRACE_S
     assert spot["runPolicy"]["activeDeadlineSeconds"] == 7200
     assert spot["checkpointEveryMinutes"] == 10.0
     assert parts["on-demand"]["checkpointEveryMinutes"] == 0.0
@@ -148,3 +151,31 @@ def test_capacity_parameter_rules() -> None:
     assert "node pool" in errors(backend="gke", reservation=RESERVATION, service_account="a")[0]
     assert "on-demand" in errors(backend="vertex", capacity="spot", reservation=RESERVATION)[0]
     assert "flex-start" in errors(backend="vertex", capacity="spot", max_wait_minutes=5)[0]
+
+
+def test_flex_start_on_vertex_only_for_the_gpus_dws_offers() -> None:
+    """Review P6: Vertex DWS needs L4, A100, H100, H200 or B200 (platform_facts)."""
+    from components.param_checks import check_flex_start_accelerator
+
+    for gpu in (
+        "NVIDIA_L4",
+        "NVIDIA_TESLA_A100",
+        "NVIDIA_A100_80GB",
+        "NVIDIA_H100_80GB",
+        "NVIDIA_H100_MEGA_80GB",
+        "NVIDIA_H200_141GB",
+        "NVIDIA_B200",
+        "nvidia-h100-80gb",
+    ):
+        assert check_flex_start_accelerator("vertex", "flex-start", gpu) is None, gpu
+    for gpu in ("NVIDIA_TESLA_T4", "NVIDIA_TESLA_V100", ""):
+        error = check_flex_start_accelerator("vertex", "flex-start", gpu)
+        assert error and "NVIDIA_L4" in error and "capacity=on-demand" in error, gpu
+    assert check_flex_start_accelerator("vertex", "spot", "NVIDIA_TESLA_T4") is None
+    assert check_flex_start_accelerator("gke", "flex-start", "NVIDIA_TESLA_T4") is None
+    base = {"train_data_uri": "gs://b/d.jsonl", "base_model": "gs://b/m", "project": "proj-1"}
+    t4 = RunParams(
+        **base, work_uri="gs://b/w", backend="vertex", capacity="flex-start",
+        machine_type="n1-standard-8", accelerator_type="NVIDIA_TESLA_T4", accelerator_count=1,
+    )  # fmt: skip
+    assert any("offers flex-start only" in e for e in t4.errors())

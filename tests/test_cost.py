@@ -144,13 +144,37 @@ def test_prices_override_by_parameter_and_file(tmp_path: Path) -> None:
         cost.gpu_hour_price("NVIDIA_L4", "monthly")
 
 
-def test_every_accelerator_has_every_capacity_price() -> None:
-    from components.platform_facts import ACCELERATORS
+def test_every_accelerator_has_its_capacity_prices() -> None:
+    """On-demand and Spot for every GPU; flex-start only where Vertex offers it (review P4)."""
+    from components.platform_facts import ACCELERATORS, vertex_flex_start
 
     for gpu in ACCELERATORS:
-        assert set(cost.GPU_HOUR_USD[gpu.vertex_name]) == set(cost.CAPACITIES), gpu
         prices = cost.GPU_HOUR_USD[gpu.vertex_name]
-        assert prices["spot"] < prices["flex-start"] < prices["on-demand"], gpu
+        flex = vertex_flex_start(gpu.vertex_name)
+        assert set(prices) == {"on-demand", "spot", *(["flex-start"] if flex else [])}, gpu
+        assert prices["spot"] < prices.get("flex-start", prices["on-demand"]), gpu
+        assert prices.get("flex-start", 0) < prices["on-demand"], gpu
+    assert "NOT a published price" in cost.PRICES_SOURCE
+    assert "Compute Engine on-demand" in cost.PRICES_SOURCE
+
+
+def test_budget_timeout_uses_on_demand_unless_the_user_prices_it(tmp_path: Path) -> None:
+    """Review P3: the table's Spot figure is a ratio, far below published Spot prices; the
+    budget's deadline is computed at on-demand (the upper bound) unless a price is given."""
+    spot_run = RunShape(**{**H100_RUN.__dict__, "capacity": "spot"})
+    est = cost.estimate(spot_run, model=LLAMA8B)
+    assert est.gpu_hour_usd == 3.90 and est.budget_gpu_hour_usd == 11.30
+    assert cost.budget_timeout_s(est, 1000.0) == int((1000 - 0.25) / (16 * 11.30) * 3600)
+    assert any("ratio of on-demand" in n for n in est.notes)
+    own = cost.estimate(spot_run, model=LLAMA8B, gpu_hour_price_usd=6.57)
+    assert cost.budget_timeout_s(own, 1000.0) == int((1000 - 0.25) / (16 * 6.57) * 3600)
+    prices_file = tmp_path / "prices.yaml"
+    prices_file.write_text("NVIDIA_H100_80GB: {spot: 6.0}\n")
+    filed = cost.estimate(spot_run, model=LLAMA8B, prices=cost.load_prices(str(prices_file)))
+    assert filed.budget_gpu_hour_usd == 6.0
+    assert cost.estimate(H100_RUN, model=LLAMA8B).budget_gpu_hour_usd == 11.30
+    assert est.to_dict()["prices_written"] == cost.PRICES_WRITTEN
+    assert "prices_checked" not in est.to_dict() and "not checked online" in est.table()
 
 
 def test_actual_cost_from_the_job_times() -> None:

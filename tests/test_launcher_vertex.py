@@ -433,3 +433,55 @@ def test_machine_and_accelerator_are_cross_checked_before_anything_is_created(
     assert expected in str(err.value)
     ok = CustomJobOptions(machine_type="g2-standard-24", accelerator_type="NVIDIA_L4")
     assert build_custom_job(launch=launch(nodes=2, nproc_per_node=2), options=ok)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "status"), [("flex-start", "succeeded"), ("on-demand", "failed")]
+)
+def test_flex_start_deadline_does_not_count_the_queue(
+    monkeypatch: pytest.MonkeyPatch, capacity: str, status: str
+) -> None:
+    """Review P5: a flex-start job waits PENDING for its machines, unbilled; the deadline (the
+    budget's) counts from its first RUNNING. Each poll below advances a fake clock by 1000 s:
+    3000 s queued then 1000 s running fits a 1500 s timeout on flex-start, while on-demand
+    still counts from the call (provisioning included) and cancels."""
+    import types
+
+    from components.launchers import vertex as vertex_module
+
+    clock = [0.0]
+
+    def poll(state: str) -> Any:
+        def answer(req: Recorded) -> tuple[int, dict]:
+            clock[0] += 1000.0
+            return 200, job_json(state)
+
+        return answer
+
+    monkeypatch.setattr(
+        vertex_module,
+        "time",
+        types.SimpleNamespace(monotonic=lambda: clock[0], sleep=lambda s: None),
+    )
+    router = Router()
+    no_previous_jobs(router)
+    router.on("POST", JOBS, lambda req: (200, {**req.body, "name": JOB}))
+    router.on(
+        "GET",
+        f"/v1/{JOB}",
+        *[
+            poll(s)
+            for s in ("JOB_STATE_PENDING",) * 3 + ("JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED")
+        ],
+    )
+    router.on("POST", f"/v1/{JOB}:cancel", (200, {}))
+    job = CustomJobOptions(
+        machine_type="a3-highgpu-8g",
+        capacity=capacity,
+        max_wait_s=7200 if capacity == "flex-start" else None,
+        timeout_s=3600,
+    )
+    launcher, _ = vertex(router, job=job)
+    result = launcher.run(launch(), timeout=1500)
+    assert result.status == status, result.message
+    assert len(router.sent("POST", f"/v1/{JOB}:cancel")) == (status == "failed")

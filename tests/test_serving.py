@@ -95,14 +95,20 @@ def test_vllm_presets_parse_with_the_documented_flags(preset: str) -> None:
     assert container.shared_memory_size_mb == 16 * 1024
 
 
-def test_adapter_serving_loads_base_and_enables_lora() -> None:
-    container = serving.serving_container(
-        spec(lora=True, lora_serving="adapter", base_model_uri="gs://b/base", lora_rank=12)
-    )
-    args = vllm_documented_parser().parse_args(container.args)
-    assert args.model == "gs://b/base"
-    assert args.enable_lora and args.max_lora_rank == 16
-    assert args.lora_modules == ["tiny-llama-ft-adapter=$(AIP_STORAGE_URI)/adapter"]
+def test_adapter_serving_is_refused_until_verified() -> None:
+    """Review P1: upstream's api_server has no --lora-modules and the smoke prompt would not reach
+    the adapter, so lora_serving=adapter is refused (RunParams and the serving container) with a
+    message naming lora_serving=merged; the engine args never carry --lora-modules."""
+    from components.run_params import RunParams
+
+    adapter = spec(lora=True, lora_serving="adapter", base_model_uri="gs://b/base", lora_rank=12)
+    with pytest.raises(ValueError, match="lora_serving=merged"):
+        serving.serving_container(adapter)
+    assert not any("--lora-modules" in a for a in serving._vllm_common(adapter, "m"))
+    assert "--enable-lora" in serving._vllm_common(adapter, "m")
+    errors = RunParams(lora_serving="adapter").errors()
+    assert any("lora_serving=adapter is not supported" in e and "merged" in e for e in errors)
+    assert not any("lora_serving" in e for e in RunParams().errors())
     merged = serving.serving_container(spec(lora=True, lora_serving="merged", lora_rank=12))
     assert "--enable-lora" not in (merged.args or [])
 
@@ -258,16 +264,56 @@ def test_deploy_creates_endpoint_and_smoke_tests(golden: Any) -> None:
 
 
 def test_deploy_challenger_split_with_the_champion(golden: Any) -> None:
+    """Review P2: the challenger is smoke-tested alone, on a temporary endpoint of its own (a
+    shared endpoint would route the prompt by the split, mostly to the champion), and only then
+    deployed to the shared endpoint with its share. Golden: create llmft-smoke-run-2, deploy at
+    100 %, predict there, undeploy, delete it; then deploy to the endpoint at 80/20."""
     fake = FakeEndpoints(PARENT)
-    fake.add_endpoint("tiny-llama-ft", {"111": 100})
-    # The champion answers first; the smoke prompt is repeated until the challenger did.
-    fake.answers["111"] = "four"
-    fake.predict_order = ["111", "111"]
+    name = fake.add_endpoint("tiny-llama-ft", {"111": 100})
+    fake.answers["111"] = "four"  # would fail the smoke test if the champion were asked
     deployment = _deploy(fake, traffic_percent=20, spot=False)
-    assert not deployment.created_endpoint
+    assert not deployment.created_endpoint and deployment.answer == "4"
     assert deployment.traffic_split == {"111": 80, deployment.deployed_model_id: 20}
     assert deployment.replaced == []
+    predicts = [r for r in fake.requests if type(r).__name__ == "PredictRequest"]
+    assert predicts and all(p.endpoint != name for p in predicts)
+    assert list(fake.endpoints) == [name]  # the temporary endpoint is gone
+    kinds = [type(r).__name__ for r in fake.requests]
+    assert kinds.index("PredictRequest") < max(
+        i for i, r in enumerate(fake.requests)
+        if type(r).__name__ == "DeployModelRequest" and r.endpoint == name
+    )  # fmt: skip
     golden.check("vertex_deploy_challenger.json", [_proto_json(r) for r in fake.requests])
+
+
+def test_replacing_never_rolls_back_the_tested_version() -> None:
+    """Review P8: with 100 % an old model that cannot be undeployed is left (no traffic), the new
+    version keeps serving; a rollback's split names only models still deployed."""
+    from google.api_core import exceptions
+
+    from components.endpoints import rollback
+
+    fake = FakeEndpoints(PARENT)
+    name = fake.add_endpoint("tiny-llama-ft", {"111": 60, "222": 40})
+    undeploy = fake.undeploy_model
+
+    def refuse_222(request: Any = None, **kw: Any) -> Any:
+        if request.deployed_model_id == "222":
+            raise exceptions.ServiceUnavailable("try again")
+        return undeploy(request, **kw)
+
+    fake.undeploy_model = refuse_222  # type: ignore[method-assign]
+    deployment = _deploy(fake, endpoint=name)
+    assert deployment.replaced == ["111"] and deployment.left == ["222"]
+    serving = {d.id for d in fake.endpoints[name].deployed_models}
+    assert deployment.deployed_model_id in serving and "111" not in serving
+    assert dict(fake.endpoints[name].traffic_split) == {deployment.deployed_model_id: 100}
+
+    # A rollback whose earlier split names a model already undeployed ("111") restores only
+    # the ones still there, rescaled to 100.
+    fake.undeploy_model = undeploy  # type: ignore[method-assign]
+    rollback(fake.clients(), deployment, restore_split={"111": 60, "222": 40})
+    assert dict(fake.endpoints[name].traffic_split) == {"222": 100}
 
 
 def test_deploy_replaces_earlier_versions_after_the_smoke_prompt() -> None:
@@ -292,12 +338,14 @@ def test_failed_smoke_prompt_rolls_back(golden: Any) -> None:
 def test_failed_smoke_on_a_shared_endpoint_restores_the_champion() -> None:
     fake = FakeEndpoints(PARENT)
     name = fake.add_endpoint("tiny-llama-ft", {"111": 100})
-    fake.answers["9002"] = None
+    fake.answers["9003"] = None  # the id the fake gives the trial deployment: no completion
     with pytest.raises(RuntimeError):
         _deploy(fake, traffic_percent=50)
-    assert name in fake.endpoints
+    assert list(fake.endpoints) == [name]  # the temporary endpoint deleted
     assert dict(fake.endpoints[name].traffic_split) == {"111": 100}
     assert [d.id for d in fake.endpoints[name].deployed_models] == ["111"]
+    # The shared endpoint was never touched: the failed version never served there.
+    assert not [r for r in fake.requests if getattr(r, "endpoint", "") == name]
 
 
 @pytest.mark.parametrize(
@@ -487,7 +535,6 @@ def test_cleanup_of_a_failed_run_undeploys_what_it_deployed(golden: Any) -> None
     fake = FakeEndpoints(PARENT)
     shared = fake.add_endpoint("shared", {"111": 100})
     fake.answers["111"] = "five"
-    fake.predict_order = ["111"]
     _deploy(fake, endpoint=shared, traffic_percent=30)  # challenger on an endpoint it reuses
     created = _deploy(fake, endpoint="fresh").endpoint  # an endpoint it created
     fake.requests.clear()
@@ -502,8 +549,9 @@ def test_cleanup_of_a_failed_run_undeploys_what_it_deployed(golden: Any) -> None
     assert cleanup("SUCCEEDED") == [] and fake.requests == []  # a good run keeps serving
     removed = cleanup("FAILED")
     assert removed == [
-        f"deployed model 9002 on {shared}",
-        f"deployed model 9004 on {created}",
+        # ids 502/9003 went to the challenger's trial endpoint and deployment (smoke_alone)
+        f"deployed model 9004 on {shared}",
+        f"deployed model 9006 on {created}",
         f"endpoint {created}",
     ]
     assert list(fake.endpoints) == [shared]

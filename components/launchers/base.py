@@ -252,7 +252,9 @@ class Launcher(ABC):
     @abstractmethod
     def wait(self, *, timeout: float | None = None) -> LaunchResult:
         """Follow the run (progress and logs to the log sink) until it ends or `timeout` passes
-        (then it is cancelled and reported as failed)."""
+        (then it is cancelled and reported as failed). `timeout` counts from this call, except
+        for a Vertex flex-start job, whose unbilled queue time is not counted: from its first
+        JOB_STATE_RUNNING (components/launchers/vertex.py)."""
 
     @abstractmethod
     def cancel(self) -> None:

@@ -146,7 +146,9 @@ class PyTorchJobOptions:
     node pool with flex-start provisioning, GKE >= 1.32.2-gke.1652000)."""
     termination_grace_s: int | None = None
     """The pods' terminationGracePeriodSeconds (time for the SIGTERM checkpoint); None: the
-    Kubernetes default (30 s). A preempted Spot node gives pods at most GKE_SPOT_POD_GRACE_S."""
+    Kubernetes default (30 s). A preempted Spot node gives pods at most GKE_SPOT_POD_GRACE_S
+    whatever this says; a value below 30 s only shortens every other termination's checkpoint
+    window (the train step never sets less: capacity.POD_TERMINATION_GRACE_S)."""
 
     def gpus(self, launch: TrainLaunch) -> int:
         """GPUs per pod: `gpus_per_node`, else one per process when an accelerator is set."""

@@ -263,7 +263,11 @@ class VertexLauncher(Launcher):
         if self.launch is None or not self.job_name:
             raise RuntimeError("start() a run before wait()")
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
+        # Flex-start queues the job (PENDING) until its machines are free, unbilled ("you don't
+        # pay for the time that the job is in a queue"): its deadline, the budget's, counts from
+        # when it first runs, like Vertex's own scheduling.timeout. Other capacities count from
+        # here, provisioning included.
+        clock_from = None if self.job_options.capacity == "flex-start" else started
         last = ""
         while True:
             job = self._get(self.job_name)
@@ -271,11 +275,17 @@ class VertexLauncher(Launcher):
             if state != last:
                 self.log(f"[vertex] {self.job_name}: {state}")
                 last = state
+            if clock_from is None and state == "JOB_STATE_RUNNING":
+                clock_from = time.monotonic()
             if state in TERMINAL:
                 status = TERMINAL[state]
                 message = state if not job.error.message else f"{state}: {job.error.message}"
                 break
-            if deadline is not None and time.monotonic() > deadline:
+            if (
+                timeout is not None
+                and clock_from is not None
+                and time.monotonic() - clock_from > timeout
+            ):
                 self.cancel()
                 status, message = (
                     FAILED,

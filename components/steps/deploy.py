@@ -113,4 +113,10 @@ def run(request: DeployRequest) -> tuple[str, str]:
         deployment.deployed_model_id,
         deployment.traffic_split,
     )
+    if deployment.left:
+        log.warning(
+            "could not undeploy %s from %s (no traffic): undeploy them by hand",
+            ", ".join(deployment.left),
+            deployment.endpoint,
+        )
     return deployment.endpoint, deployment.answer

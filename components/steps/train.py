@@ -267,15 +267,15 @@ def backend_options(request: TrainRequest) -> BackendOptions:
 
 
 def gke_capacity(request: TrainRequest) -> dict[str, Any]:
-    """PyTorchJobOptions for the capacity: on Spot the pods get the grace period a preempted Spot
-    node allows and more restarts (the budget's deadline is `training_timeout_s`)."""
-    from components.capacity import SPOT_RESTARTS_PER_NODE, preemptible
-    from components.platform_facts import GKE_SPOT_POD_GRACE_S
+    """PyTorchJobOptions for the capacity: on Spot the pods keep at least Kubernetes' default
+    grace period (POD_TERMINATION_GRACE_S; a preemption itself gives only GKE_SPOT_POD_GRACE_S)
+    and more restarts (the budget's deadline is `training_timeout_s`)."""
+    from components.capacity import POD_TERMINATION_GRACE_S, SPOT_RESTARTS_PER_NODE, preemptible
 
     options: dict[str, Any] = {"capacity": request.capacity}
     if preemptible(request.capacity):
         options |= {
-            "termination_grace_s": GKE_SPOT_POD_GRACE_S,
+            "termination_grace_s": POD_TERMINATION_GRACE_S,
             "restarts_per_node": SPOT_RESTARTS_PER_NODE,
         }
     return options
