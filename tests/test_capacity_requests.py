@@ -66,8 +66,6 @@ def request(backend: str, **changes: Any) -> TrainRequest:
         "reservation": defaults.reservation,
         "gpu_hour_price_usd": defaults.gpu_hour_price_usd,
         "budget_timeout_s": 0,
-        "quantize_base": "none",
-        "objective": "sft",
         "model": SimpleNamespace(uri="gs://b/root/model"),
         "gcp_resources": "",
     }
