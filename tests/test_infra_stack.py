@@ -443,6 +443,24 @@ def test_gpu_machine_must_carry_the_accelerators():
         assert parse_settings({**base, "gke": gke}).gke is not None
 
 
+def test_gpu_machine_must_host_the_kfp_evaluate_task():
+    """Review P1: KFP's evaluate task runs on a GPU node; a pool of machines that cannot host its
+    request passes `pulumi up`, and the task then stays Pending after training was paid for."""
+    from llmft_infra.settings import parse_settings
+
+    from components.task_resources import KFP_STEP_REQUESTS
+
+    cpu, memory = KFP_STEP_REQUESTS["evaluate"]
+    base = {"project": PROJECT, "region": "us-central1"}
+    small = {"gpu_machine_type": "g2-standard-4", "accelerator_type": "nvidia-l4", "accelerator_count": 1}  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=rf"gke.gpu_machine_type: .*the evaluate task requests {cpu} CPU / {memory}",
+    ):
+        parse_settings({**base, "gke": small})
+    assert parse_settings({**base, "gke": {**small, "gpu_machine_type": "g2-standard-8"}}).gke
+
+
 def test_example_stack_config_and_pulumi_config_load():
     """Pulumi.example.yaml is valid, and load_settings reads it the way `pulumi up` passes config."""
     import pulumi
