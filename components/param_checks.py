@@ -207,9 +207,12 @@ def check_placeholder_resolved(name: str, value: str) -> str | None:
     """A literal `{{$.` means the backend did not resolve a KFP placeholder; using it would name
     every run's resources alike."""
     if PLACEHOLDER_START in value:
+        from components.platform_facts import KFP_FEATURE_FLOORS, version_text
+
+        floor = version_text(KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"][0])
         return (
             f"{name}={value!r} is an unresolved KFP placeholder: this backend is too old to "
-            "resolve it (KFP >= 2.4 resolves the run id; see docs/deploy/README.md)"
+            f"resolve it (KFP >= {floor} resolves the run id; see docs/deploy/README.md)"
         )
     return None
 

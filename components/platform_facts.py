@@ -358,8 +358,9 @@ KFP_FEATURE_FLOORS: dict[str, tuple[tuple[int, int, int], str]] = {
         "util.UnmarshalString (DiscardUnknown) from 2.4.1",
     ),
     "pipeline_job_uuid placeholder": (
-        (2, 4, 0),
-        "kubeflow/pipelines backend/src/v2/driver/resolve.go@2.4.0",
+        (2, 5, 0),
+        "kubeflow/pipelines backend/src/v2/driver/driver.go:1648@2.5.0 (#11599; 2.4.1 passes "
+        "the placeholder through as a constant)",
     ),
     "secretAsEnv": (
         (2, 0, 0),

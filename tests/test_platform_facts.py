@@ -58,6 +58,13 @@ def test_refusal_names_the_fix() -> None:
     assert "accelerator_type=NVIDIA_H100_80GB" in error
 
 
+def test_pipeline_job_uuid_floor_is_2_5_0() -> None:
+    """Review P3: resolve.go is absent at 2.4.0 and 2.4.1 copies the placeholder as a constant;
+    driver.go:1648@2.5.0 (#11599) first substitutes it."""
+    floor, source = facts.KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"]
+    assert floor == (2, 5, 0) and "2.5.0" in source
+
+
 def test_kfp_floor_is_the_newest_feature() -> None:
     assert facts.kfp_backend_floor() == (2, 16, 0)
     assert facts.quantity("500m") == 0.5 and facts.quantity("28Gi") == 28 * 2**30
