@@ -94,16 +94,22 @@ def check_service_account(backend: str, service_account: str) -> str | None:
             "Code Service Agent"
         )
     if backend == "gke":
+        from components.run_params import TARGET_DEFAULTS
+
+        trainer = TARGET_DEFAULTS["kfp"]["service_account"]  # docs/deploy/rbac.yaml's KSA
         if not service_account:
             return (
                 "service_account is empty: on GKE name the Kubernetes service account of the "
-                "training pods (bound to a Google service account by Workload Identity, e.g. "
-                "llmft-trainer from docs/deploy/rbac.yaml)"
+                "training pods (bound to a Google service account by Workload Identity), e.g. "
+                f"--param service_account={trainer} from docs/deploy/rbac.yaml"
             )
         if not _KSA.match(service_account):
+            # Review P4: a from-stack config gives the Vertex target the trainer's email.
             return (
                 f"service_account={service_account!r}: on GKE give the Kubernetes service "
-                "account's name (not a Google service-account email); Workload Identity maps it"
+                "account's name (not a Google service-account email), which Workload Identity "
+                f"maps to the Google account: --param service_account={trainer} "
+                "(docs/deploy/rbac.yaml)"
             )
     return None
 
