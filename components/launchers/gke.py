@@ -180,13 +180,17 @@ class GkeLauncher(Launcher):
         what exists, as the etcd_up step does (components/steps/etcd.py)."""
         from components.etcd.kubernetes import create_etcd, release_etcd, wait_etcd_ready
 
-        where = {"run_id": launch.run_id, "namespace": self.namespace}
-        if release_etcd(self.api_client, owner_kind=KIND, **where):
+        run_id, namespace = launch.run_id, self.namespace
+        if release_etcd(self.api_client, run_id=run_id, namespace=namespace, owner_kind=KIND):
             self.log("[gke] the run's etcd no longer belongs to an earlier PyTorchJob")
         create_etcd(
-            self.api_client, owner=owner, enable_v2=launch.rdzv_backend == "etcd-v2", **where
+            self.api_client,
+            run_id=run_id,
+            namespace=namespace,
+            owner=owner,
+            enable_v2=launch.rdzv_backend == "etcd-v2",
         )
-        wait_etcd_ready(self.api_client, **where)
+        wait_etcd_ready(self.api_client, run_id=run_id, namespace=namespace)
 
     # ---- wait ---------------------------------------------------------------------------------
 
