@@ -28,7 +28,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.capacity import CAPACITIES
-from components.platform_facts import GKE_SPOT_POD_GRACE_S, accelerator
+from components.platform_facts import (
+    GKE_SPOT_POD_GRACE_S,
+    accelerator,
+    unlisted_vertex_accelerator,
+)
 
 # --- prices -------------------------------------------------------------------------------------
 
@@ -354,15 +358,27 @@ def estimate(
     cloud = shape.backend != "local"
     gpus = shape.nodes * shape.gpus_per_node if cloud else 0
     notes: list[str] = []
-    price = (
-        gpu_hour_price(
-            shape.accelerator_type, shape.capacity, override=gpu_hour_price_usd, prices=prices
+    # A Vertex accelerator platform_facts does not list (NVIDIA_GB200) is allowed: its price and
+    # peak are unknown, so the estimate says so instead of refusing the run (review 29 P5).
+    unlisted = bool(gpus) and unlisted_vertex_accelerator(shape.accelerator_type)
+    if unlisted:
+        price = gpu_hour_price_usd
+        notes.append(
+            f"{shape.accelerator_type} is not in components/platform_facts.py: training time "
+            "unknown" + ("" if price else ", and its price too (set gpu_hour_price_usd)")
         )
-        if gpus
-        else 0.0
-    )
+    else:
+        price = (
+            gpu_hour_price(
+                shape.accelerator_type, shape.capacity, override=gpu_hour_price_usd, prices=prices
+            )
+            if gpus
+            else 0.0
+        )
     budget_price = (
-        _budget_price(shape, price, override=gpu_hour_price_usd, prices=prices) if gpus else 0.0
+        _budget_price(shape, price, override=gpu_hour_price_usd, prices=prices)
+        if gpus and not unlisted
+        else price
     )
     if gpus and budget_price != price:
         notes.append(
@@ -372,7 +388,9 @@ def estimate(
         )
     per_gpu: float | None = None
     train_hours: float | None = None
-    if gpus and model is not None:
+    if unlisted:
+        pass
+    elif gpus and model is not None:
         peak = accelerator(shape.accelerator_type).peak_tflops * 1e12
         per_gpu = (
             MFU_MEASURED[shape.compile]

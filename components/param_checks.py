@@ -94,16 +94,22 @@ def check_service_account(backend: str, service_account: str) -> str | None:
             "Code Service Agent"
         )
     if backend == "gke":
+        from components.run_params import TARGET_DEFAULTS
+
+        trainer = TARGET_DEFAULTS["kfp"]["service_account"]  # docs/deploy/rbac.yaml's KSA
         if not service_account:
             return (
                 "service_account is empty: on GKE name the Kubernetes service account of the "
-                "training pods (bound to a Google service account by Workload Identity, e.g. "
-                "llmft-trainer from docs/deploy/rbac.yaml)"
+                "training pods (bound to a Google service account by Workload Identity), e.g. "
+                f"--param service_account={trainer} from docs/deploy/rbac.yaml"
             )
         if not _KSA.match(service_account):
+            # Review P4: a from-stack config gives the Vertex target the trainer's email.
             return (
                 f"service_account={service_account!r}: on GKE give the Kubernetes service "
-                "account's name (not a Google service-account email); Workload Identity maps it"
+                "account's name (not a Google service-account email), which Workload Identity "
+                f"maps to the Google account: --param service_account={trainer} "
+                "(docs/deploy/rbac.yaml)"
             )
     return None
 
@@ -207,9 +213,12 @@ def check_placeholder_resolved(name: str, value: str) -> str | None:
     """A literal `{{$.` means the backend did not resolve a KFP placeholder; using it would name
     every run's resources alike."""
     if PLACEHOLDER_START in value:
+        from components.platform_facts import KFP_FEATURE_FLOORS, version_text
+
+        floor = version_text(KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"][0])
         return (
             f"{name}={value!r} is an unresolved KFP placeholder: this backend is too old to "
-            "resolve it (KFP >= 2.4 resolves the run id; see docs/deploy/README.md)"
+            f"resolve it (KFP >= {floor} resolves the run id; see docs/deploy/README.md)"
         )
     return None
 

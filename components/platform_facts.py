@@ -15,8 +15,11 @@ To update a fact: change its table, its source line and CHECKED, then run the te
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
+
+_log = logging.getLogger(__name__)
 
 CHECKED = "2026-12-04"
 """When these tables were last compared with their sources."""
@@ -76,6 +79,19 @@ def accelerator(name: str) -> Accelerator:
             f"{', '.join(a.vertex_name for a in ACCELERATORS)}) or its GKE label ("
             f"{', '.join(a.gke_name for a in ACCELERATORS)})"
         ) from None
+
+
+def unlisted_vertex_accelerator(name: str) -> bool:
+    """Whether `name` is a Vertex AI `AcceleratorType` member that ACCELERATORS lacks (e.g.
+    NVIDIA_GB200, NVIDIA_RTX_PRO_6000, NVIDIA_TESLA_P100): a real accelerator these tables cannot
+    judge, so Vertex checks it at create time instead of being refused here."""
+    if name in _BY_NAME or name == "ACCELERATOR_TYPE_UNSPECIFIED":
+        return False
+    try:
+        from google.cloud.aiplatform_v1 import AcceleratorType
+    except ImportError:  # without the Vertex SDK nothing can say it exists
+        return False
+    return name in AcceleratorType.__members__
 
 
 def gke_accelerator(name: str) -> str | None:
@@ -152,20 +168,34 @@ N1_GPUS: dict[str, tuple[int, ...]] = {
 }
 """GPUs attached to N1 machines (n1-standard/highmem/highcpu): allowed counts per machine."""
 
-_GENERAL_MEMORY_PER_VCPU = {"e2-standard": 4, "e2-highmem": 8, "n2-standard": 4, "n2-highmem": 8}
+_GENERAL_MEMORY_PER_VCPU = {
+    "e2-standard": 4,
+    "e2-highmem": 8,
+    "n2-standard": 4,
+    "n2-highmem": 8,
+    "n1-standard": 3.75,
+    "n1-highmem": 6.5,
+    "n1-highcpu": 0.9,
+}
+_N1_VCPUS = (2, 4, 8, 16, 32, 64, 96)
 _GENERAL_VCPUS = {
     "e2-standard": (2, 4, 8, 16, 32),
     "e2-highmem": (2, 4, 8, 16),
     "n2-standard": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128),
     "n2-highmem": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128),
+    "n1-standard": (1, *_N1_VCPUS),
+    "n1-highmem": _N1_VCPUS,  # there is no n1-highmem-1 nor n1-highcpu-1
+    "n1-highcpu": _N1_VCPUS,
 }
-_N1_MEMORY_PER_VCPU = {"n1-standard": 3.75, "n1-highmem": 6.5, "n1-highcpu": 0.9}
-_N1_VCPUS = (1, 2, 4, 8, 16, 32, 64, 96)
+_GENERAL_MEMORY_EXCEPTIONS = {"n2-highmem-128": 864}
+"""Machine types whose memory is not vCPUs x the family's ratio (n2-highmem-128: 864 GB)."""
 
 MACHINES: dict[str, Machine] = {m.name: m for m in GPU_MACHINES} | {
-    f"{family}-{n}": Machine(f"{family}-{n}", n, n * per_vcpu)
-    for family, per_vcpu in (_GENERAL_MEMORY_PER_VCPU | _N1_MEMORY_PER_VCPU).items()
-    for n in _GENERAL_VCPUS.get(family, _N1_VCPUS)
+    f"{family}-{n}": Machine(
+        f"{family}-{n}", n, _GENERAL_MEMORY_EXCEPTIONS.get(f"{family}-{n}", n * per_vcpu)
+    )
+    for family, per_vcpu in _GENERAL_MEMORY_PER_VCPU.items()
+    for n in _GENERAL_VCPUS[family]
 }
 """Every machine type these checks know, by name."""
 
@@ -187,8 +217,9 @@ def machines_for(accelerator_name: str, count: int) -> list[str]:
 def machine_accelerator_errors(machine_type: str, accelerator_name: str, count: int) -> list[str]:
     """Why `count` x `accelerator_name` cannot run on `machine_type`, with the fix ([] if it can).
 
-    A machine type outside these tables is not judged (a new type must not be refused); an
-    accelerator outside them is, since the launch would fail at the API anyway.
+    A machine type outside these tables is not judged (a new type must not be refused), nor is
+    a Vertex accelerator name these tables lack (`unlisted_vertex_accelerator`: a warning is
+    logged); any other unknown accelerator is refused, since the launch would fail at the API.
     """
     if not accelerator_name:
         gpu_machine = machine(machine_type)
@@ -202,6 +233,16 @@ def machine_accelerator_errors(machine_type: str, accelerator_name: str, count: 
     try:
         gpu = accelerator(accelerator_name)
     except ValueError as exc:
+        if unlisted_vertex_accelerator(accelerator_name):
+            _log.warning(
+                "%s is a Vertex AI accelerator that components/platform_facts.py (checked %s) "
+                "does not list: whether %d of them fit %s is left to Vertex AI",
+                accelerator_name,
+                CHECKED,
+                count,
+                machine_type,
+            )
+            return []
         return [str(exc)]
     found = machine(machine_type)
     if machine_type.startswith("n1-"):
@@ -358,8 +399,9 @@ KFP_FEATURE_FLOORS: dict[str, tuple[tuple[int, int, int], str]] = {
         "util.UnmarshalString (DiscardUnknown) from 2.4.1",
     ),
     "pipeline_job_uuid placeholder": (
-        (2, 4, 0),
-        "kubeflow/pipelines backend/src/v2/driver/resolve.go@2.4.0",
+        (2, 5, 0),
+        "kubeflow/pipelines backend/src/v2/driver/driver.go:1648@2.5.0 (#11599; 2.4.1 passes "
+        "the placeholder through as a constant)",
     ),
     "secretAsEnv": (
         (2, 0, 0),

@@ -40,6 +40,7 @@ from kfp import dsl
 from components import kfp_components as c
 from components.param_checks import TARGETS as BUILD_TARGETS
 from components.run_params import TRAIN_TIMEOUT_MAX_S, RunParams, defaults
+from components.task_resources import KFP_STEP_REQUESTS, STEP_RESOURCES
 from pipelines.pipeline_interface import pipeline_docstring, pipeline_signature
 from trainer.cuda_guard import EXPECT_CUDA_ENV
 
@@ -54,46 +55,6 @@ DESCRIPTION = (
 )
 GKE_EVAL_GPU = "nvidia.com/gpu"
 """KFP on Kubernetes takes the accelerator as a resource name; Vertex as a type (NVIDIA_L4)."""
-STEP_RESOURCES: dict[str, tuple[str, str]] = {
-    "validate-inputs": ("1", "4G"),
-    "preprocess": ("8", "32G"),  # DirectRunner works in the task; Dataflow only launches from it
-    "etcd-up": ("1", "2G"),
-    "train": ("1", "4G"),  # only follows the training job, which has its own machines
-    "evaluate": ("12", "48G"),  # with one L4: a g2-standard-12; fits 7B in bf16
-    "register": ("1", "4G"),
-    "deploy": ("1", "4G"),  # only waits on Vertex (kfp.local ignores limits)
-    "cleanup": ("1", "2G"),
-}
-"""CPU and memory limits per task (Vertex sizes the machine from limits, not requests)."""
-KFP_STEP_REQUESTS: dict[str, tuple[str, str]] = {
-    "validate-inputs": ("500m", "2G"),
-    "preprocess": ("2", "8G"),  # launching Dataflow; DirectRunner bursts towards the limit
-    "etcd-up": ("250m", "1G"),
-    "train": ("500m", "2G"),
-    "register": ("500m", "2G"),
-    "deploy": ("500m", "2G"),
-    "cleanup": ("250m", "1G"),
-}
-"""CPU and memory requests of the CPU-only tasks on KFP. KFP copies only limits into the pod, and
-Kubernetes then defaults each request to its limit (kubernetes.io/docs/concepts/configuration/
-manage-resources-containers), so without these the preprocess pod asked for 8 CPU / 32G and fit
-no node of the stack's e2-standard-8 CPU pool (issue 29 N2; tests/test_compile.py checks them
-against `components.platform_facts.gke_allocatable`). Evaluate runs on a GPU node: its request
-is its limit."""
-
-
-def kfp_gpu_node_errors(gpu_machine_type: str) -> list[str]:
-    """Why the KFP target's evaluate task fits no node of the GKE GPU pool (`llmft run --dry-run`).
-
-    On KFP the evaluate task has no request, so Kubernetes requests its limits
-    (`STEP_RESOURCES["evaluate"]`) on a GPU node; a pool machine that cannot allocate them (a
-    g2-standard-12 has about 11 CPU to give) leaves the task Pending with no timeout.
-    """
-    from components.platform_facts import gke_fit_error
-
-    cpu, memory = STEP_RESOURCES["evaluate"]
-    error = gke_fit_error("the evaluate task", cpu, memory, gpu_machine_type)
-    return [f"machine_type={gpu_machine_type!r} (the GPU node pool): {error}"] if error else []
 
 
 def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Callable[..., Any]:

@@ -311,11 +311,22 @@ _DRY_RUN_BACKENDS = {
         ("vertex", ["accelerator_type=NVIDIA_L4"], "use g2-standard-96"),
         # GKE: the pods ask for 8 L4s; the pool's g2-standard-24 nodes carry 2.
         ("kfp", ["accelerator_type=NVIDIA_L4", "machine_type=g2-standard-24"], "carries 2 x"),
-        # N2-style: the evaluate task (12 CPU / 48G) fits no g2-standard-12 GPU node.
+        # Review P1: the evaluate task's request (4 CPU / 16G) fits no g2-standard-4 GPU node;
+        # a g2-standard-12 node hosts it now that it no longer requests its 12 CPU / 48G limit.
         (
             "kfp",
-            ["accelerator_type=NVIDIA_L4", "accelerator_count=1", "machine_type=g2-standard-12"],
-            "the evaluate task requests 12 CPU",
+            ["accelerator_type=NVIDIA_L4", "accelerator_count=1", "machine_type=g2-standard-4"],
+            "the evaluate task requests 4 CPU",
+        ),
+        (
+            "kfp",
+            [
+                "accelerator_type=NVIDIA_L4",
+                "accelerator_count=1",
+                "machine_type=g2-standard-12",
+                "service_account=llmft-trainer",
+            ],
+            "",
         ),
         # N17
         ("vertex", ["dataflow_service_account="], "dataflow_service_account is empty"),

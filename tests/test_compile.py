@@ -280,8 +280,8 @@ def test_compile_cli_rejects_unknown_target(tmp_path: Path):
     assert out.returncode == 2 and "choose vertex, kfp or all" in out.stderr
 
 
-def _stack_cpu_machine_type() -> str:
-    """The CPU node pool's machine type of the stack in infra/ (its GkeSettings default)."""
+def _stack_machine_type(pool: str) -> str:
+    """The `cpu` or `gpu` node pool's machine type of the stack in infra/ (GkeSettings default)."""
     import dataclasses
 
     infra = str(REPO / "infra")
@@ -289,36 +289,41 @@ def _stack_cpu_machine_type() -> str:
         sys.path.insert(0, infra)
     from llmft_infra.settings import GkeSettings
 
-    return str(
-        next(f.default for f in dataclasses.fields(GkeSettings) if f.name == "cpu_machine_type")
-    )
+    name = f"{pool}_machine_type"
+    return str(next(f.default for f in dataclasses.fields(GkeSettings) if f.name == name))
 
 
-def test_kfp_cpu_tasks_request_what_the_stacks_cpu_nodes_can_allocate(fresh: Path):
-    """N2: KFP copies only limits into the pod and Kubernetes then requests the limit, so a task
-    without a request asking 8 CPU / 32G fit no e2-standard-8 node (about 7.4 CPU / 27 GiB
-    allocatable). Every task without a GPU requests what a node of the stack's CPU pool can
-    allocate; its limits are kept (DirectRunner may burst), and Vertex (which sizes machines
-    from limits) gets no requests."""
+def test_kfp_tasks_request_what_the_stacks_nodes_can_allocate(fresh: Path):
+    """N2 and review P1: KFP copies only limits into the pod and Kubernetes then requests the
+    limit, so a task without a request asking 8 CPU / 32G fit no e2-standard-8 node (about 7.4 CPU
+    / 27 GiB allocatable), and the evaluate task's 12 CPU / 48G no g2-standard-12 node. Every task
+    requests what a node of its pool in the stack's default settings can allocate (evaluate: the
+    GPU pool; the rest: the CPU pool); its limits are kept (DirectRunner and evaluation may
+    burst), and Vertex (which sizes machines from limits) gets no requests."""
     from components.platform_facts import gke_allocatable, gke_fit_error
 
-    machine = _stack_cpu_machine_type()
-    assert gke_allocatable(machine) is not None, f"{machine} is missing from platform_facts"
+    pools = {"cpu": _stack_machine_type("cpu"), "gpu": _stack_machine_type("gpu")}
+    for machine in pools.values():
+        assert gke_allocatable(machine) is not None, f"{machine} is missing from platform_facts"
     _, spec = _console_run(fresh, "kfp")
-    cpu_tasks = 0
+    placed = {"cpu": 0, "gpu": 0}
     for name, executor in _executors(spec).items():
         resources = executor["container"]["resources"]
-        if "accelerator" in resources:
-            continue
-        cpu_tasks += 1
+        pool = "gpu" if "accelerator" in resources else "cpu"
+        placed[pool] += 1
         cpu, memory = resources.get("resourceCpuRequest"), resources.get("resourceMemoryRequest")
         assert cpu and memory, f"{name} has no request: Kubernetes would request its limit"
-        assert gke_fit_error(name, cpu, memory, machine) is None
+        assert gke_fit_error(name, cpu, memory, pools[pool]) is None
         assert resources["resourceCpuLimit"] and resources["resourceMemoryLimit"]
-    assert cpu_tasks == 7  # evaluate alone runs on a GPU node
+    assert placed == {"cpu": 7, "gpu": 1}  # evaluate alone runs on a GPU node
     preprocess = _executors(spec)["exec-preprocess"]["container"]["resources"]
     assert gke_fit_error("preprocess", preprocess["resourceCpuLimit"],
-                         preprocess["resourceMemoryLimit"], machine)  # the old failure  # fmt: skip
+                         preprocess["resourceMemoryLimit"], pools["cpu"])  # the old failure  # fmt: skip
+    evaluate = _executors(spec)["exec-evaluate"]["container"]["resources"]
+    assert gke_fit_error("evaluate", evaluate["resourceCpuRequest"],
+                         evaluate["resourceMemoryRequest"], "g2-standard-12") is None  # fmt: skip
+    assert gke_fit_error("evaluate", evaluate["resourceCpuLimit"],
+                         evaluate["resourceMemoryLimit"], "g2-standard-12")  # P1's failure  # fmt: skip
     _, vertex = _console_run(fresh, "vertex")
     for executor in _executors(vertex).values():
         assert "resourceCpuRequest" not in executor["container"]["resources"]

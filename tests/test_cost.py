@@ -290,3 +290,14 @@ def test_estimate_for_run_parameters_sizes_the_model_and_the_input(
         0.528 * 989e12 / cost.flops_per_token(size, 512, lora=False)
     )
     assert est.gpu_hour_usd == 3.90 and est.step("preprocess").usd > 0
+
+
+def test_a_vertex_accelerator_missing_from_the_facts_is_estimated_as_unknown() -> None:
+    """Review P5: NVIDIA_GB200 is a Vertex accelerator platform_facts lacks; the run is allowed,
+    so the estimate says what it cannot know instead of refusing it."""
+    shape = RunShape(**{**H100_RUN.__dict__, "accelerator_type": "NVIDIA_GB200"})
+    unknown = cost.estimate(shape, model=LLAMA8B)
+    (train,) = [s for s in unknown.steps if s.step == "train"]
+    assert train.hours is None and unknown.gpu_hour_usd == 0.0
+    assert any("NVIDIA_GB200 is not in" in n and "gpu_hour_price_usd" in n for n in unknown.notes)
+    assert cost.estimate(shape, model=LLAMA8B, gpu_hour_price_usd=9.5).gpu_hour_usd == 9.5

@@ -171,6 +171,29 @@ def test_a_backend_older_than_the_floor_is_refused_before_anything_is_sent(
     assert list_schedules(config, "kfp", display_name="weekly-fine-tune") == []
 
 
+def test_a_gpu_node_that_cannot_host_evaluate_is_refused_before_anything_is_sent(
+    kfp_api: FakeKfp,
+) -> None:
+    """Review P1: the GPU-node check runs for every run and schedule, not only `--dry-run`: on a
+    g2-standard-4 pool the evaluate pod would stay Pending after training was paid for."""
+    compiled = Path(__file__).resolve().parents[1] / "compiled" / "fine_tune.kfp.yaml"
+    config = _config(kfp_api, compiled, cron="0 3 * * 1")
+    config.parameters.update(
+        base_model="gs://my-bucket/m", project="my-project", work_uri="gs://my-bucket/w",
+        dataflow_service_account="llmft-dataflow@my-project.iam.gserviceaccount.com",
+        service_account="llmft-trainer", machine_type="g2-standard-4",
+        accelerator_type="NVIDIA_L4", accelerator_count=1,
+    )  # fmt: skip
+    config.schedule.display_name = "weekly-fine-tune"
+    for attempt in (
+        lambda: submit_kfp(config, schedule_time=WHEN, report=lambda _: None),
+        lambda: create_kfp_schedule(config, report=lambda _: None),
+    ):
+        with pytest.raises(ValueError, match=r"g2-standard-4.*the evaluate task requests 4 CPU"):
+            attempt()
+    assert kfp_api.requests == []
+
+
 @pytest.mark.parametrize("tag", ["2.16.0", "2.17.0", "unknown", None])
 def test_a_current_or_unreported_backend_is_accepted(kfp_api: FakeKfp, tag: str | None) -> None:
     from pipelines.deploy.clients import kfp_backend_error

@@ -176,6 +176,35 @@ def test_from_stack_config_passes_a_dry_run(tmp_path, monkeypatch, name, backend
         assert params["gke_cluster"] == outputs["gke_cluster"]
 
 
+def test_from_stack_config_drives_gke_from_vertex_with_the_trainer_ksa(tmp_path, monkeypatch):
+    """Review P4: on the vertex target the config gives `service_account` the trainer's email (for
+    CustomJob replicas); training on GKE from Vertex Pipelines needs the pods' Kubernetes service
+    account instead: the refusal names it, and the documented override passes."""
+    from components.run_params import TARGET_DEFAULTS
+
+    monkeypatch.chdir(REPO)
+    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "KF_PIPELINES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    out = tmp_path / "deploy.yaml"
+    source = _outputs_file(tmp_path, GKE_CONFIG)
+    wrote = CliRunner().invoke(
+        app, ["config", "from-stack", "--stack-output", str(source), "--output", str(out)]
+    )
+    assert wrote.exit_code == 0, wrote.output
+    trainer = TARGET_DEFAULTS["kfp"]["service_account"]
+    run = [
+        "run", "--backend", "vertex", "--config", str(out), "--dry-run",
+        "--param", "train_data_uri=gs://my-project-llmft/raw/*.jsonl",
+        "--param", "base_model=Qwen/Qwen2.5-0.5B", "--param", "backend=gke",
+    ]  # fmt: skip
+    refused = CliRunner().invoke(app, run)
+    assert refused.exit_code == 2 and f"--param service_account={trainer}" in refused.output
+    passed = CliRunner().invoke(app, [*run, "--param", f"service_account={trainer}"])
+    assert passed.exit_code == 0, passed.output
+    params = json.loads(passed.output.split(DRY_RUN_PARAMETERS + "\n", 1)[1])
+    assert params["backend"] == "gke" and params["service_account"] == trainer
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

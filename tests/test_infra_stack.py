@@ -283,6 +283,27 @@ def test_rbac_is_applied_from_docs_deploy_rbac_yaml(gke_stack):
     assert "PROJECT_ID" not in json.dumps([r.inputs for r in mocks.resources])
 
 
+def test_the_trainer_ksa_keeps_the_identity_of_its_old_resource(gke_stack):
+    """Review P6: the trainer's KSA moved from its own resource `ksa-trainer` (parented by the
+    stack) into the rbac ConfigFile. Without an alias `pulumi up` on an older stack creates the
+    object again (AlreadyExists) and would then delete the old resource, i.e. the KSA itself."""
+    import pulumi
+    from llmft_infra.cluster import TRAINER_KSA_OLD_RESOURCE
+
+    mocks, _ = gke_stack
+    assert TRAINER_KSA_OLD_RESOURCE == "ksa-trainer"  # the name the stack used before N18
+    (trainer,) = [
+        r
+        for r in mocks.of_type("kubernetes:core/v1:ServiceAccount")
+        if r.inputs["metadata"]["name"] == "llmft-trainer"
+    ]
+    (alias,) = [a for a in mocks.aliases[trainer.name] if a.name == "ksa-trainer"]
+    assert alias.parent is pulumi.ROOT_STACK_RESOURCE  # the old one had no parent
+    others = [r.name for r in mocks.of_type("kubernetes:core/v1:ServiceAccount") if r != trainer]
+    named = [a.name for name in others for a in mocks.aliases[name]]
+    assert others and "ksa-trainer" not in named
+
+
 def test_rbac_follows_a_custom_namespace():
     from llmft_infra.settings import parse_settings
 
@@ -441,6 +462,24 @@ def test_gpu_machine_must_carry_the_accelerators():
         {"gpu_machine_type": "z9-future-8g", "accelerator_type": "nvidia-l4", "accelerator_count": 2},
     ):  # fmt: skip
         assert parse_settings({**base, "gke": gke}).gke is not None
+
+
+def test_gpu_machine_must_host_the_kfp_evaluate_task():
+    """Review P1: KFP's evaluate task runs on a GPU node; a pool of machines that cannot host its
+    request passes `pulumi up`, and the task then stays Pending after training was paid for."""
+    from llmft_infra.settings import parse_settings
+
+    from components.task_resources import KFP_STEP_REQUESTS
+
+    cpu, memory = KFP_STEP_REQUESTS["evaluate"]
+    base = {"project": PROJECT, "region": "us-central1"}
+    small = {"gpu_machine_type": "g2-standard-4", "accelerator_type": "nvidia-l4", "accelerator_count": 1}  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=rf"gke.gpu_machine_type: .*the evaluate task requests {cpu} CPU / {memory}",
+    ):
+        parse_settings({**base, "gke": small})
+    assert parse_settings({**base, "gke": {**small, "gpu_machine_type": "g2-standard-8"}}).gke
 
 
 def test_example_stack_config_and_pulumi_config_load():

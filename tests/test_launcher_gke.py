@@ -147,9 +147,57 @@ def watched(r: Any, *replies: Any) -> None:
     r.on("GET", JOBS, answer)
 
 
-def launcher(router_setup: Any, **kwargs: Any) -> tuple[GkeLauncher, Any, list[str]]:
+ETCD = f"/apis/apps/v1/namespaces/ml/statefulsets/llmft-etcd-{RUN}"
+
+
+class RunEtcd:
+    """The run's etcd StatefulSet as the API server keeps it: created, read, patched, and
+    reported ready (its Service and NetworkPolicy are only created)."""
+
+    def __init__(self, owner_kind: str | None = None) -> None:
+        self.statefulset: dict[str, Any] | None = None
+        if owner_kind:  # adopted by an earlier attempt's job (components/etcd/kubernetes.py)
+            owner = {"apiVersion": "x/v1", "kind": owner_kind, "name": "old", "uid": "u-old"}
+            self.statefulset = {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {"name": f"llmft-etcd-{RUN}", "uid": "u-etcd",
+                             "ownerReferences": [owner]},
+            }  # fmt: skip
+
+    def routes(self, r: Any) -> None:
+        missing = (404, {"kind": "Status", "reason": "NotFound", "code": 404})
+        r.on("GET", ETCD, lambda req: (200, self.statefulset) if self.statefulset else missing)
+        r.on("PATCH", ETCD, self._patch)
+        r.on("POST", "/apis/apps/v1/namespaces/ml/statefulsets", self._create)
+        r.on("GET", f"{ETCD}/status", lambda req: (200, {**(self.statefulset or {}),
+                                                         "status": {"replicas": 1, "readyReplicas": 1}}))  # fmt: skip
+        r.on("POST", "/api/v1/namespaces/ml/services", lambda req: (201, req.body))
+        r.on(
+            "POST",
+            "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies",
+            lambda req: (201, req.body),
+        )
+
+    def _create(self, req: Recorded) -> tuple[int, dict]:
+        if self.statefulset is not None:
+            return 409, {"kind": "Status", "reason": "AlreadyExists", "code": 409}
+        self.statefulset = {**req.body, "metadata": {**req.body["metadata"], "uid": "u-new"}}
+        return 201, self.statefulset
+
+    def _patch(self, req: Recorded) -> tuple[int, dict]:
+        assert self.statefulset is not None
+        metadata = {**self.statefulset["metadata"], **req.body["metadata"]}
+        self.statefulset = {**self.statefulset, "metadata": metadata}
+        return 200, self.statefulset
+
+
+def launcher(
+    router_setup: Any, etcd: RunEtcd | None = None, **kwargs: Any
+) -> tuple[GkeLauncher, Any, list[str]]:
     api_client, router = fake_kube()
     router_setup(router)
+    (etcd or RunEtcd()).routes(router)
     router.on("GET", "/api/v1/namespaces/ml/serviceaccounts/default", (200, SERVICE_ACCOUNT))
     lines: list[str] = []
     return (
@@ -386,6 +434,43 @@ def test_create_is_idempotent_and_replaces_a_failed_job() -> None:
     gke.start(small_launch())
     assert len(router.sent("DELETE", f"{JOBS}/{NAME}")) == 1
     assert len(router.sent("POST", JOBS)) == 3  # conflict, conflict while deleting, created
+
+
+def test_a_retried_train_finds_its_etcd_after_the_job_took_it_along() -> None:
+    """Review P2: the job adopted the run's etcd, and deleting the job (a Failed or timed-out job,
+    the replace below, a SIGTERM) garbage-collects it, while only the etcd_up step creates it.
+    The retried start drops the job's ownership before the replace deletes the job, recreates
+    etcd when it is already gone, and waits for it before the job rendezvouses on it."""
+    conflict = (409, {"kind": "Status", "reason": "AlreadyExists", "code": 409})
+
+    def failed(r: Any) -> None:
+        r.on("POST", JOBS, conflict, conflict, lambda req: (201, req.body))
+        r.on("GET", f"{JOBS}/{NAME}", (200, job_status("Failed", "BackoffLimitExceeded")))
+        r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
+
+    etcd = RunEtcd(owner_kind="PyTorchJob")
+    gke, router, _ = launcher(failed, etcd)
+    gke.start(small_launch())
+    [release] = router.sent("PATCH", ETCD)
+    assert release.body == {"metadata": {"ownerReferences": None}}
+    order = [(q.method, q.path) for q in router.requests]
+    assert order.index(("PATCH", ETCD)) < order.index(("DELETE", f"{JOBS}/{NAME}"))
+    assert etcd.statefulset is not None and not etcd.statefulset["metadata"].get("ownerReferences")
+    assert router.sent("GET", f"{ETCD}/status")
+
+    gone = RunEtcd()  # the garbage collector already removed it with the deleted job
+    gke, router, _ = launcher(lambda r: r.on("POST", JOBS, lambda req: (201, req.body)), gone)
+    gke.start(small_launch())
+    [created] = router.sent("POST", "/apis/apps/v1/namespaces/ml/statefulsets")
+    assert created.body["metadata"]["name"] == f"llmft-etcd-{RUN}"
+    assert router.sent("POST", "/api/v1/namespaces/ml/services")
+    order = [(q.method, q.path) for q in router.requests]
+    assert order.index(("GET", f"{ETCD}/status")) < order.index(("POST", JOBS))
+
+    workflow = RunEtcd(owner_kind="Workflow")  # KFP's run owns it: nothing to release
+    gke, router, _ = launcher(lambda r: r.on("POST", JOBS, lambda req: (201, req.body)), workflow)
+    gke.start(small_launch())
+    assert not router.sent("PATCH", ETCD)
 
 
 def test_sigterm_deletes_the_job() -> None:

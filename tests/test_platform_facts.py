@@ -58,6 +58,42 @@ def test_refusal_names_the_fix() -> None:
     assert "accelerator_type=NVIDIA_H100_80GB" in error
 
 
+def test_pipeline_job_uuid_floor_is_2_5_0() -> None:
+    """Review P3: resolve.go is absent at 2.4.0 and 2.4.1 copies the placeholder as a constant;
+    driver.go:1648@2.5.0 (#11599) first substitutes it."""
+    floor, source = facts.KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"]
+    assert floor == (2, 5, 0) and "2.5.0" in source
+
+
 def test_kfp_floor_is_the_newest_feature() -> None:
     assert facts.kfp_backend_floor() == (2, 16, 0)
     assert facts.quantity("500m") == 0.5 and facts.quantity("28Gi") == 28 * 2**30
+
+
+def test_machine_table_corrections() -> None:
+    """Review P5: n2-highmem-128 has 864 GB (not 128 x 8); n1-highmem-1 and n1-highcpu-1 do not
+    exist (N1 high-memory and high-CPU start at 2 vCPUs), while n1-standard-1 does."""
+    n2 = facts.machine("n2-highmem-128")
+    assert n2 is not None and n2.memory_gib == 864
+    assert facts.machine("n2-highmem-96") == facts.Machine("n2-highmem-96", 96, 768)
+    assert facts.machine("n1-highmem-1") is None and facts.machine("n1-highcpu-1") is None
+    assert facts.machine("n1-standard-1") is not None and facts.machine("n1-highmem-2") is not None
+
+
+@pytest.mark.parametrize("name", ["NVIDIA_GB200", "NVIDIA_RTX_PRO_6000", "NVIDIA_TESLA_P100"])
+def test_a_vertex_accelerator_the_table_lacks_is_allowed_with_a_warning(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review P5: a member of aiplatform_v1.AcceleratorType missing from ACCELERATORS is a real
+    GPU: Vertex judges it at create time, so it is not refused here, only warned about. A GKE
+    launch still needs its node label, which the table does not have."""
+    from google.cloud.aiplatform_v1 import AcceleratorType
+
+    assert name in AcceleratorType.__members__ and facts.unlisted_vertex_accelerator(name)
+    machine_type = "n1-standard-8" if name == "NVIDIA_TESLA_P100" else "a4x-highgpu-4g"
+    with caplog.at_level("WARNING", logger=facts.__name__):
+        assert facts.machine_accelerator_errors(machine_type, name, 4) == []
+    assert f"{name} is a Vertex AI accelerator" in caplog.text
+    assert facts.machine_accelerator_errors("g2-standard-8", "NVIDIA_TESLA_X9", 1)  # not a member
+    assert not facts.unlisted_vertex_accelerator("NVIDIA_L4")  # listed: judged as before
+    assert facts.node_gpu_errors("g2-standard-8", name, 1)  # GKE needs the label

@@ -298,9 +298,10 @@ def test_identities_are_checked_per_backend():
 
 
 def test_unresolved_placeholders_and_pipeline_roots():
-    assert "unresolved KFP placeholder" in (
-        check_placeholder_resolved("run id", "{{$.pipeline_job_uuid}}") or ""
-    )
+    message = check_placeholder_resolved("run id", "{{$.pipeline_job_uuid}}") or ""
+    assert "unresolved KFP placeholder" in message
+    # Review P3: substitution of the placeholder first appears in the 2.5.0 driver (#11599).
+    assert "KFP >= 2.5.0 resolves the run id" in message
     from components.run_identity import safe_run_id
 
     with pytest.raises(ValueError, match="unresolved KFP placeholder"):

@@ -13,7 +13,8 @@ exit handler finds and deletes it by label. Example:
 Objects that outlive a terminated run: the exit handler may not run when a KFP run is
 terminated, so the StatefulSet is owned by the run's Argo Workflow (when the task runs in the
 run's namespace) or, failing that, adopted by the run's PyTorchJob (`adopt_etcd`, whose
-ttlSecondsAfterFinished then removes it); the Service and NetworkPolicy are owned by the
+ttlSecondsAfterFinished then removes it; the launcher releases it, `release_etcd`, before a
+retried train task replaces that job, and recreates it if the job already took it along); the Service and NetworkPolicy are owned by the
 StatefulSet and its PVCs are deleted with it. A NetworkPolicy admits only the run's own pods
 (label `llmft.dev/run-id`) to etcd's client port.
 """
@@ -128,6 +129,29 @@ def adopt_etcd(api_client: Any, *, run_id: str, namespace: str, owner: dict[str,
         return False
     apps.patch_namespaced_stateful_set(
         etcd_name(run_id), namespace, {"metadata": {"ownerReferences": [dict(owner)]}}
+    )
+    return True
+
+
+def release_etcd(api_client: Any, *, run_id: str, namespace: str, owner_kind: str) -> bool:
+    """Drop the run's etcd StatefulSet's ownerReferences when every one is an `owner_kind` (the
+    run's PyTorchJob, see `adopt_etcd`), so deleting or replacing that job does not garbage-collect
+    the etcd a retried train task still needs. A Workflow owner is kept. Returns whether it did."""
+    from kubernetes import client
+
+    apps = client.AppsV1Api(api_client)
+    try:
+        current = apps.read_namespaced_stateful_set(etcd_name(run_id), namespace)
+    except _api_exception() as exc:
+        if getattr(exc, "status", None) == 404:
+            return False
+        raise
+    owners = current.metadata.owner_references or []
+    if not owners or any(ref.kind != owner_kind for ref in owners):
+        return False
+    # null removes the whole list in a strategic merge patch ([] would merge into it)
+    apps.patch_namespaced_stateful_set(
+        etcd_name(run_id), namespace, {"metadata": {"ownerReferences": None}}
     )
     return True
 

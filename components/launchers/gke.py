@@ -145,9 +145,12 @@ class GkeLauncher(Launcher):
         owner = run_owner(self.api_client, self.namespace)
         if owner and not self.job_options.owner:
             self.manifest["metadata"]["ownerReferences"] = [owner]  # gone with the KFP run
+        own_etcd = launch.rdzv_backend in ("etcd-v3", "etcd-v2") and self._uses_run_etcd(launch)
+        if own_etcd:
+            self._ensure_etcd(launch, owner)
         created = self.jobs.create(self.manifest)
         uid = (created.get("metadata") or {}).get("uid")
-        if launch.rdzv_backend in ("etcd-v3", "etcd-v2") and uid:
+        if own_etcd and uid:
             from components.etcd.kubernetes import adopt_etcd
 
             job_ref = {
@@ -160,6 +163,34 @@ class GkeLauncher(Launcher):
                 self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref
             ):
                 self.log(f"[gke] the run's etcd now belongs to PyTorchJob {self.name} (its TTL)")
+
+    def _uses_run_etcd(self, launch: TrainLaunch) -> bool:
+        from components.etcd.manifests import etcd_endpoint
+
+        run_etcd = etcd_endpoint(run_id=launch.run_id, namespace=self.namespace)
+        return launch.rdzv_endpoint in ("", run_etcd)
+
+    def _ensure_etcd(self, launch: TrainLaunch, owner: dict[str, Any] | None) -> None:
+        """The run's etcd, present and ready before the job rendezvouses on it.
+
+        A PyTorchJob that adopted etcd (`adopt_etcd`) takes it along when deleted (a Failed or
+        timed-out job, the replace in `PyTorchJobApi.create`, a SIGTERM), and only the etcd_up
+        step creates it: a retried train task would rendezvous on nothing. So the job's
+        ownership is dropped before anything can delete it, and etcd is (re)created, reusing
+        what exists, as the etcd_up step does (components/steps/etcd.py)."""
+        from components.etcd.kubernetes import create_etcd, release_etcd, wait_etcd_ready
+
+        run_id, namespace = launch.run_id, self.namespace
+        if release_etcd(self.api_client, run_id=run_id, namespace=namespace, owner_kind=KIND):
+            self.log("[gke] the run's etcd no longer belongs to an earlier PyTorchJob")
+        create_etcd(
+            self.api_client,
+            run_id=run_id,
+            namespace=namespace,
+            owner=owner,
+            enable_v2=launch.rdzv_backend == "etcd-v2",
+        )
+        wait_etcd_ready(self.api_client, run_id=run_id, namespace=namespace)
 
     # ---- wait ---------------------------------------------------------------------------------
 

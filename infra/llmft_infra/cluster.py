@@ -64,10 +64,18 @@ class Gke:
     training_operator: k8s.yaml.ConfigFile | None
 
 
-def rbac_transformation(project: str, names: Names, namespace: str) -> Any:
-    """Fill rbac.yaml's placeholders: the project id, and the namespace if it is not KFP's default."""
+TRAINER_KSA_OLD_RESOURCE = "ksa-trainer"
+"""The trainer's Kubernetes service account was once a resource of its own by this name (parented
+by the stack); it now comes from rbac.yaml's ConfigFile. The alias keeps a stack created before
+that move from creating the object again (AlreadyExists from pulumi-kubernetes >= 4.29) and then
+deleting it with the old resource (review of issue 29, P6)."""
 
-    def fill(obj: dict[str, Any], _opts: pulumi.ResourceOptions) -> None:
+
+def rbac_transformation(project: str, names: Names, namespace: str) -> Any:
+    """Fill rbac.yaml's placeholders: the project id, and the namespace if it is not KFP's default;
+    alias the trainer's service account to the resource it used to be."""
+
+    def fill(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
         text = json.dumps(obj).replace(PROJECT_PLACEHOLDER, project)
         filled = json.loads(text)
         if filled.get("metadata", {}).get("namespace") == names.rbac_namespace:
@@ -77,6 +85,9 @@ def rbac_transformation(project: str, names: Names, namespace: str) -> Any:
                 subject["namespace"] = namespace
         obj.clear()
         obj.update(filled)
+        if filled.get("kind") == "ServiceAccount" and filled["metadata"]["name"] == TRAINER_ACCOUNT:
+            old = pulumi.Alias(name=TRAINER_KSA_OLD_RESOURCE, parent=pulumi.ROOT_STACK_RESOURCE)
+            opts.aliases = [*(opts.aliases or []), old]
 
     return fill
 

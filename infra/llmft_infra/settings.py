@@ -19,6 +19,7 @@ from typing import Any
 from components.platform_facts import machine, machine_accelerator_errors
 from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
 from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, TARGET_DEFAULTS, RunParams
+from components.task_resources import kfp_gpu_node_errors
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO_ROOT / "docs" / "deploy" / "rbac.yaml"
@@ -275,6 +276,9 @@ def _gke_errors(gke: GkeSettings, region: str, errors: list[str]) -> None:
                 gke.gpu_machine_type, gke.accelerator_type, gke.accelerator_count
             )
         ]
+    # KFP's evaluate task runs on a GPU node: a machine that cannot host its request leaves it
+    # Pending forever after training was paid for (review of issue 29, P1).
+    errors += [f"gke.gpu_machine_type: {e}" for e in kfp_gpu_node_errors(gke.gpu_machine_type)]
     cpu_machine = machine(gke.cpu_machine_type)
     if cpu_machine is not None and cpu_machine.gpus:
         errors.append(

@@ -125,6 +125,9 @@ def prepare_parameters(
     errors = (parameter_errors(info, params) if info else []) or _run_parameter_errors(
         info, params, backend
     )
+    ours = info is None or set(_run_fields()) <= set(info.parameters)
+    if not errors and backend == "kfp" and ours:
+        errors = _gpu_node_errors(params)
     if errors:
         raise ValueError(f"{len(errors)} parameter problem(s):\n  - " + "\n  - ".join(errors))
     return params
@@ -152,6 +155,25 @@ def _derived_defaults(
         if name in info.parameters and value and not filled.get(name):
             filled[name] = value
     return filled
+
+
+def _run_fields() -> dict[str, Any]:
+    from components.run_params import fields
+
+    return fields()
+
+
+def _gpu_node_errors(params: dict[str, Any]) -> list[str]:
+    """KFP on GKE: the evaluate task's request against the GPU pool's machine (`machine_type`),
+    for every run, schedule and dry run (review of issue 29, P1): a pod no node can host stays
+    Pending after training was paid for, and KFP has no pending timeout."""
+    from components.param_values import params_from_mapping
+    from components.run_params import RunParams, fields
+    from components.task_resources import kfp_gpu_node_errors
+
+    known = {name: value for name, value in params.items() if name in fields()}
+    run = params_from_mapping(known, base=RunParams.for_target("kfp"))
+    return kfp_gpu_node_errors(run.machine_type) if run.backend == "gke" else []
 
 
 def _run_parameter_errors(
@@ -208,18 +230,8 @@ def dry_run(
     Raises:
         ValueError: every config or parameter problem, as a real submission would report them.
     """
-    from components.param_values import params_from_mapping
-    from components.run_params import RunParams
-    from pipelines.fine_tune import kfp_gpu_node_errors
-
     validate(config, "vertex" if backend == "vertex" else "kfp", "run")
-    checked = prepare_parameters(config, backend, schedule_time=schedule_time, recurring=False)
-    run = params_from_mapping(checked, base=RunParams.for_target(backend))
-    if backend == "kfp" and run.backend == "gke":  # the GPU-node tasks against the node's size
-        errors = kfp_gpu_node_errors(run.machine_type)
-        if errors:
-            raise ValueError(f"{len(errors)} problem(s):\n  - " + "\n  - ".join(errors))
-    return checked
+    return prepare_parameters(config, backend, schedule_time=schedule_time, recurring=False)
 
 
 def vertex_job(config: DeployConfig, params: dict[str, Any], credentials: Credentials) -> Any:

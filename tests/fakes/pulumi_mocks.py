@@ -53,6 +53,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.depends_on: dict[str, list[str]] = {}
         """Resource name -> names of its explicit `depends_on` (the mocks' registration carries
         no dependencies, so a stack transformation records them)."""
+        self.aliases: dict[str, list[pulumi.Alias]] = {}
+        """Resource name -> its `pulumi.Alias` options (recorded the same way)."""
 
     def record_dependencies(self, args: pulumi.ResourceTransformationArgs) -> None:
         """A stack transformation: note `args.opts.depends_on` by resource name, change nothing."""
@@ -60,6 +62,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
         if isinstance(depends, pulumi.Resource):
             depends = [depends]
         self.depends_on[args.name] = [d._name for d in depends or []]
+        aliases = args.opts.aliases if args.opts else None
+        self.aliases[args.name] = [a for a in aliases or [] if isinstance(a, pulumi.Alias)]
         return None
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
