@@ -68,7 +68,8 @@ def test_task_scores_keep_metrics_in_harness_order_and_drop_stderr() -> None:
                 "exact_match_stderr,flexible-extract": "N/A", "sample_len": 8,
             },
             "mmlu_anatomy": {"acc,none": 0.9},
-        }
+        },
+        "higher_is_better": {"gsm8k": {"exact_match": True}, "mmlu_anatomy": {"acc": True}},
     }  # fmt: skip
     scores = task_scores(output, ("gsm8k",))
     assert scores == {
@@ -80,6 +81,64 @@ def test_task_scores_keep_metrics_in_harness_order_and_drop_stderr() -> None:
     assert flat_metrics("tuned", scores) == {"tuned_task_gsm8k": 0.25}
     assert metric_label("acc,none") == "acc"
     assert metric_label("exact_match,strict-match") == "exact_match (strict-match)"
+
+
+def test_headline_metric_is_the_first_higher_is_better_one() -> None:
+    """lambada_openai reports perplexity (lower is better) before acc: gating on perplexity in
+    points would call a worse model an improvement."""
+    output = {
+        "results": {
+            "lambada_openai": {"alias": "lambada_openai", "perplexity,none": 25.0,
+                               "perplexity_stderr,none": 1.0, "acc,none": 0.4},
+            "wikitext": {"word_perplexity,none": 30.0, "bits_per_byte,none": 0.9},
+        },
+        "higher_is_better": {
+            "lambada_openai": {"perplexity": False, "acc": True},
+            "wikitext": {"word_perplexity": False, "bits_per_byte": False},
+        },
+    }  # fmt: skip
+    scores = task_scores(output, ("lambada_openai",))
+    assert scores["lambada_openai"]["primary"] == "acc,none"
+    assert flat_metrics("base", scores) == {"base_task_lambada_openai": 0.4}
+    with pytest.raises(ValueError, match="'wikitext' reports no higher-is-better metric"):
+        task_scores(output, ("wikitext",))
+
+
+def test_a_task_without_results_is_an_error_naming_it() -> None:
+    output = {"results": {"llmft_facts_mc": {"acc,none": 0.5}}, "higher_is_better": {}}
+    with pytest.raises(ValueError, match="no metric for eval task 'rvtag'"):
+        task_scores(output, ("rvtag",))
+
+
+def test_tags_and_groups_without_a_score_are_refused_before_any_model(tmp_path: Path) -> None:
+    """A tag, or a group without aggregate_metric_list, runs its tasks but reports no score of
+    its own: refused up front with its tasks listed; a group with an aggregate is accepted."""
+    from lm_eval.tasks import TaskManager
+
+    from components.evaluation.harness import PROJECT_TASKS_DIR, check_tasks
+
+    mc = (PROJECT_TASKS_DIR / "llmft_facts_mc.yaml").read_text()
+    for name in ("one", "two"):
+        text = mc.replace("task: llmft_facts_mc", f"task: facts_{name}\ntag: facts_tag")
+        (tmp_path / f"facts_{name}.yaml").write_text(text)
+    for py in PROJECT_TASKS_DIR.glob("*.py"):
+        (tmp_path / py.name).write_text(py.read_text())
+    (tmp_path / "llmft_facts.jsonl").write_text(
+        (PROJECT_TASKS_DIR / "llmft_facts.jsonl").read_text()
+    )
+    (tmp_path / "plain_group.yaml").write_text("group: plain_group\ntask: [facts_one, facts_two]\n")
+    (tmp_path / "scored_group.yaml").write_text(
+        "group: scored_group\ntask: [facts_one, facts_two]\naggregate_metric_list:\n"
+        "  - metric: acc\n    aggregation: mean\n"
+    )
+    manager = TaskManager(include_path=str(tmp_path), include_defaults=False)
+    assert check_tasks(("facts_one", "scored_group"), manager) is manager
+    with pytest.raises(ValueError) as refused:
+        check_tasks(("facts_one", "facts_tag", "plain_group"), manager)
+    message = str(refused.value)
+    assert "facts_tag is a tag: list its tasks (facts_one, facts_two)" in message
+    assert "plain_group is a group without an aggregate score" in message
+    assert "(facts_one, facts_two)" in message.split("plain_group")[1]
 
 
 def test_run_parameters_check_the_task_gate() -> None:

@@ -122,6 +122,21 @@ def test_tiny_model_tasks_equal_direct_simple_evaluate(
     assert '<table id="tasks">' in page and "llmft_facts_gen" in page
 
 
+def test_harness_leaves_the_shared_tokenizer_unchanged(tiny_model_dir: Path) -> None:
+    """HFLM sets a pad token on a tokenizer without one; the evaluator shares one tokenizer
+    object between models, so the harness must work on its own copy."""
+    from components.evaluation.harness import run_tasks
+    from components.evaluation.loading import loaded_model
+
+    with loaded_model(str(tiny_model_dir), device="cpu") as lm:
+        tokenizer = lm.tokenizer
+        tokenizer.pad_token = None
+        settings = HarnessSettings(tasks=("llmft_facts_mc",), limit=2, batch_size=2)
+        scores = run_tasks(lm.model, tokenizer, settings)
+    assert scores["llmft_facts_mc"]["primary"] == "acc,none"
+    assert tokenizer.pad_token is None
+
+
 def test_unknown_task_is_refused_before_any_model_loads(
     tiny_model_dir: Path, tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

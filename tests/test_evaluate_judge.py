@@ -63,7 +63,31 @@ def test_judge_requests_match_golden_and_win_rate(service: FakeEvaluationService
     metrics = result.metrics()
     assert metrics["judge_loss_rate"] == pytest.approx(1 / 3)
     assert metrics["judge_tie_rate"] == pytest.approx(1 / 3)
-    assert metrics["judge_prompts"] == 3.0
+    assert metrics["judge_prompts"] == 3.0 and metrics["judge_errors"] == 0.0
+
+
+def test_failed_judge_requests_are_errors_not_losses(
+    monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """vertexai catches each row's exception and writes "Error" as its choice: such a row is
+    reported in judge_errors, never counted as a loss, and all rows failing is an error."""
+    from google.cloud.aiplatform import initializer
+
+    monkeypatch.setattr(initializer, "global_config", initializer._Config())
+    choices = dict(zip(PROMPTS, ["TIE", "BASELINE", "CANDIDATE"], strict=True))
+    FakeEvaluationService(monkeypatch, choices, denied=frozenset(PROMPTS[:2]))
+    with caplog.at_level("WARNING", logger="components.evaluation.judge"):
+        result = judge_pairwise(PROMPTS, BASE, TUNED, SETTINGS)
+    assert result.choices[2] == "CANDIDATE" and result.errors == 2
+    metrics = result.metrics()
+    assert metrics["judge_win_rate"] == 1.0 and metrics["judge_loss_rate"] == 0.0
+    assert metrics["judge_prompts"] == 1.0 and metrics["judge_errors"] == 2.0
+    assert "failed to judge 2 of 3 prompts" in caplog.text
+
+    monkeypatch.setattr(initializer, "global_config", initializer._Config())
+    FakeEvaluationService(monkeypatch, choices, denied=frozenset(PROMPTS))
+    with pytest.raises(RuntimeError, match=r"failed to judge 3 of 3 prompts.*endpoints\.predict"):
+        judge_pairwise(PROMPTS, BASE, TUNED, SETTINGS)
 
 
 def test_judge_win_rate_gates() -> None:

@@ -149,3 +149,55 @@ def test_cli_refuses_a_model_too_big_for_the_machine(
     assert "use eval_accelerator_type=NVIDIA_L4, eval_accelerator_count=8" in errors[0]
     assert "Traceback" not in result.output
     assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_document_layout_moves_with_accelerate_hooks() -> None:
+    """accelerate moves a layer's kwargs with `send_to_device`, which calls `.to` on objects that
+    have one: the packed layout must follow the hidden states onto each GPU's layers."""
+    import torch
+    from accelerate.utils import send_to_device
+
+    from trainer.attention import DocumentLayout, document_layout
+
+    two_docs = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    regrouped = document_layout(two_docs, multiple=1)
+    dense = document_layout(two_docs)  # rounded up to 8 x 8 x 8: the masked fallback
+    for layout in (regrouped, dense):
+        moved = send_to_device({"document_layout": layout}, "meta")["document_layout"]
+        assert isinstance(moved, DocumentLayout)
+        assert (moved.documents, moved.max_len) == (layout.documents, layout.max_len)
+        for name in ("slots", "mask"):
+            before, after = getattr(layout, name), getattr(moved, name)
+            assert (before is None) == (after is None)
+            if after is not None:
+                assert after.device.type == "meta" and before.device.type == "cpu"
+    assert regrouped.slots is not None and dense.mask is not None  # both branches exercised
+
+
+def test_packed_loss_follows_logits_to_the_head_device(tiny_model_dir: Path, monkeypatch) -> None:
+    """With layers spread over GPUs the LM head's logits stay on the last GPU, not on the inputs'
+    device: the targets must be moved to the logits (here the head's output is sent to "meta")."""
+    import torch
+
+    import trainer.model as trainer_model
+    from trainer.attention import document_attention_in
+    from trainer.model import CausalLMLoss
+
+    real_head = trainer_model.head_logits
+    monkeypatch.setattr(
+        trainer_model, "head_logits", lambda lm, hidden: real_head(lm, hidden).to("meta")
+    )
+    ids = torch.randint(0, 4000, (2, 16), generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([list(range(8)) * 2, list(range(16))])
+    mask = torch.zeros(2, 16, dtype=torch.bool)
+    mask[:, 4:8] = True
+    mask[:, 12:] = True
+    with loaded_model(str(tiny_model_dir), device="cpu") as lm, torch.inference_mode():
+        model = lm.model
+        with document_attention_in(model) as packed_exact:
+            assert packed_exact
+            loss = CausalLMLoss(model)
+            for on_targets in (True, False):
+                loss.last_block_on_targets = on_targets
+                losses = loss.token_losses(ids, positions, mask)
+                assert losses.device.type == "meta" and losses.shape == (int(mask[:, 1:].sum()),)

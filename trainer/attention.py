@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -80,6 +80,19 @@ class DocumentLayout:
     mask: torch.Tensor | None
     """Dense fallback: [B, 1, L, L] bool, True where attention is allowed; None with `slots` None:
     one document per row, plain causal attention on the batch as it is."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> DocumentLayout:
+        """A copy whose tensors are on `device`.
+
+        accelerate's hooks move a layer's kwargs with `send_to_device`, which calls `.to` on
+        any object that has one: this is what moves the layout with the hidden states when a
+        model's layers are spread over several GPUs (device_map="auto").
+        """
+
+        def moved(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return replace(self, slots=moved(self.slots), mask=moved(self.mask))
 
 
 def _round_up(n: int, multiple: int) -> int:

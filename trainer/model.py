@@ -176,10 +176,12 @@ class CausalLMLoss(nn.Module):
         hidden = decoder(
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
         ).last_hidden_state
-        logits = head_logits(causal_lm, hidden[0] if on_targets else hidden[:, :-1][select])
-        return nn.functional.cross_entropy(
-            logits.float(), input_ids[:, 1:][select], reduction="none"
-        )
+        # With layers spread over GPUs, the hidden states and the logits end where the last
+        # block and the LM head ran, not on the inputs' device: bring the indices to them.
+        hidden = hidden[0] if on_targets else hidden[:, :-1][select.to(hidden.device)]
+        logits = head_logits(causal_lm, hidden)
+        targets = input_ids[:, 1:][select].to(logits.device)
+        return nn.functional.cross_entropy(logits.float(), targets, reduction="none")
 
 
 class _FinalHidden(nn.Module):

@@ -9,14 +9,16 @@ The project ships its own tasks over local data in components/evaluation/tasks/ 
 `llmft_facts_gen`): always available, never downloaded. The harness's own tasks download their
 data sets from the Hugging Face Hub on first use (the evaluation machine needs that access).
 
-Each task's headline number (`primary_metric`) is its first reported metric, as the harness orders
-them (the task's metric_list, then its filters): `acc` for mmlu and arc_easy,
-`exact_match,strict-match` for gsm8k. The gate compares base and tuned on it, in points (x100).
+Each task's headline number (`primary_metric`) is its first reported higher-is-better metric, as
+the harness orders them (the task's metric_list, then its filters): `acc` for mmlu, arc_easy and
+lambada_openai (whose perplexity comes first), `exact_match,strict-match` for gsm8k; a task with
+none (wikitext's perplexities) is an error. The gate compares base and tuned on it, in points (x100).
 Needs the `eval` extra (`pip install llmft[eval]`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from dataclasses import dataclass
@@ -87,7 +89,12 @@ def task_manager(tasks: tuple[str, ...]) -> Any:
 
 
 def check_tasks(tasks: tuple[str, ...], manager: Any = None) -> Any:
-    """Raise ValueError naming every unknown task (before any model loads); return the index."""
+    """Raise ValueError naming every unknown task, and every name that would report no score of
+    its own (before any model loads); return the index.
+
+    A tag (`ai2_arc`, `lambada`) runs its tasks but reports nothing under its own name, and so
+    does a group without `aggregate_metric_list`: such names are refused with their tasks listed.
+    """
     manager = manager or task_manager(tasks)
     unknown = [name for name in tasks if name not in manager.all_tasks]
     if unknown:
@@ -96,7 +103,37 @@ def check_tasks(tasks: tuple[str, ...], manager: Any = None) -> Any:
             f"(e.g. mmlu, arc_easy, hellaswag, gsm8k) or the project's "
             f"({', '.join(sorted(_project_task_names()))})"
         )
+    tags, groups = set(manager.all_tags), set(manager.all_groups)
+    problems = []
+    for name in tasks:
+        entry = manager.task_index.get(name)
+        if name in tags and entry is not None:
+            problems.append(f"{name} is a tag: list its tasks ({_listed(entry.tags)})")
+        elif (
+            name in groups
+            and entry is not None
+            and isinstance(entry.cfg, dict)
+            and not entry.cfg.get("aggregate_metric_list")
+        ):
+            problems.append(
+                f"{name} is a group without an aggregate score: list its tasks "
+                f"({_listed(_group_tasks(entry.cfg))})"
+            )
+    if problems:
+        raise ValueError(f"eval_tasks: {'; '.join(problems)}")
     return manager
+
+
+def _group_tasks(cfg: dict[str, Any]) -> list[str]:
+    tasks = cfg.get("task") or []
+    tasks = tasks if isinstance(tasks, list) else [tasks]
+    return [t if isinstance(t, str) else str(t.get("task", t)) for t in tasks]
+
+
+def _listed(names: Any, most: int = 8) -> str:
+    names = sorted(names)
+    more = f", ... {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def run_tasks(model: Any, tokenizer: Any, settings: HarnessSettings, manager: Any = None) -> dict:
@@ -107,7 +144,8 @@ def run_tasks(model: Any, tokenizer: Any, settings: HarnessSettings, manager: An
     from lm_eval.models.huggingface import HFLM
 
     manager = manager or check_tasks(settings.tasks)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=settings.batch_size)
+    # A copy: HFLM may set or add a pad token, and the same tokenizer object serves other models.
+    lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=settings.batch_size)
     output = lm_eval.simple_evaluate(
         model=lm,
         tasks=list(settings.tasks),
@@ -121,27 +159,44 @@ def run_tasks(model: Any, tokenizer: Any, settings: HarnessSettings, manager: An
 
 
 def task_scores(output: dict[str, Any], tasks: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """The requested tasks' numeric metrics from a `simple_evaluate` result."""
+    """The requested tasks' numeric metrics from a `simple_evaluate` result, each with its
+    headline metric (`primary_metric`, from the result's `higher_is_better`)."""
     results = output["results"]
+    directions = output.get("higher_is_better", {})
     scores: dict[str, dict[str, Any]] = {}
     for name in tasks:
         metrics = {
             key: float(value)
-            for key, value in results[name].items()
+            for key, value in results.get(name, {}).items()
             if key not in _NOT_METRICS
             and "_stderr" not in key
             and isinstance(value, int | float)
             and not isinstance(value, bool)
         }
-        scores[name] = {"primary": primary_metric(metrics), "metrics": metrics}
+        if not metrics:
+            raise ValueError(
+                f"the harness reported no metric for eval task {name!r} (a tag, or a group "
+                "without aggregate_metric_list? list its tasks instead)"
+            )
+        primary = primary_metric(metrics, directions.get(name, {}))
+        if primary is None:
+            raise ValueError(
+                f"eval task {name!r} reports no higher-is-better metric "
+                f"({', '.join(map(metric_label, metrics))}): its score cannot be compared "
+                "in points; use a task scored by accuracy or exact match"
+            )
+        scores[name] = {"primary": primary, "metrics": metrics}
     return scores
 
 
-def primary_metric(metrics: dict[str, float]) -> str:
-    """The headline metric: the first one the harness reported for the task."""
-    if not metrics:
-        raise ValueError("the harness reported no metric for a task")
-    return next(iter(metrics))
+def primary_metric(metrics: dict[str, float], higher_is_better: dict[str, Any]) -> str | None:
+    """The headline metric: the first one the harness reported (the task's metric_list order,
+    then its filters) that is higher-is-better; None when there is none (perplexity-only tasks).
+    lambada_openai reports perplexity before acc: its headline is acc."""
+    for key in metrics:
+        if higher_is_better.get(key.partition(",")[0]) is True:
+            return key
+    return None
 
 
 def metric_label(key: str) -> str:

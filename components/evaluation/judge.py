@@ -35,6 +35,8 @@ PAIRWISE_METRICS = (
 """The service's pairwise metrics by their short names (vertexai's MetricPromptTemplateExamples
 .Pairwise, upper-cased)."""
 CANDIDATE, BASELINE, TIE = "CANDIDATE", "BASELINE", "TIE"
+JUDGED = (CANDIDATE, BASELINE, TIE)
+"""The choices of a judged prompt; the SDK writes "Error" for a row whose request failed."""
 
 
 @dataclass(frozen=True)
@@ -76,24 +78,37 @@ class JudgeResult:
 
     metric: str
     choices: list[str]
-    """Per prompt: CANDIDATE (tuned better), BASELINE (base better) or TIE."""
+    """Per prompt: CANDIDATE (tuned better), BASELINE (base better), TIE, or what the SDK wrote
+    for a row the service failed to answer ("Error"): such a row is not judged."""
     explanations: list[str]
+
+    @property
+    def judged(self) -> list[str]:
+        """The choices of the prompts the service did judge."""
+        return [c for c in self.choices if c in JUDGED]
+
+    @property
+    def errors(self) -> int:
+        """Prompts the service failed to judge (permission, region, quota): never a loss."""
+        return len(self.choices) - len(self.judged)
 
     @property
     def win_rate(self) -> float:
         """Tuned wins plus half the ties, over the prompts judged."""
-        if not self.choices:
+        judged = self.judged
+        if not judged:
             return float("nan")
-        wins = self.choices.count(CANDIDATE) + 0.5 * self.choices.count(TIE)
-        return wins / len(self.choices)
+        return (judged.count(CANDIDATE) + 0.5 * judged.count(TIE)) / len(judged)
 
     def metrics(self) -> dict[str, float]:
-        n = len(self.choices)
+        judged = self.judged
+        n = len(judged)
         return {
             "judge_win_rate": self.win_rate,
-            "judge_loss_rate": self.choices.count(BASELINE) / n if n else float("nan"),
-            "judge_tie_rate": self.choices.count(TIE) / n if n else float("nan"),
+            "judge_loss_rate": judged.count(BASELINE) / n if n else float("nan"),
+            "judge_tie_rate": judged.count(TIE) / n if n else float("nan"),
             "judge_prompts": float(n),
+            "judge_errors": float(self.errors),
         }
 
 
@@ -135,5 +150,20 @@ def judge_pairwise(
     choices = [str(c) for c in table[choice_col]]
     explanations = [str(e) for e in table.get(explanation_col, [""] * len(choices))]
     judged = JudgeResult(metric=settings.metric, choices=choices, explanations=explanations)
-    log.info("judge: tuned win rate %.3f over %d prompts", judged.win_rate, len(choices))
+    if judged.errors:
+        # vertexai catches each row's exception and only logs it: say what failed.
+        first = next(i for i, c in enumerate(choices) if c not in JUDGED)
+        what = (
+            f"the Vertex AI evaluation service failed to judge {judged.errors} of "
+            f"{len(choices)} prompts in {settings.region} (first: {choices[first]}: "
+            f"{explanations[first]})"
+        )
+        if not judged.judged:
+            raise RuntimeError(
+                f"{what}: check that the pipeline's service account has "
+                "aiplatform.endpoints.predict, that the region offers the Gen AI evaluation "
+                "service, and the judge model's quota"
+            )
+        log.warning("%s: the rates count the %d judged prompts only", what, len(judged.judged))
+    log.info("judge: tuned win rate %.3f over %d prompts", judged.win_rate, len(judged.judged))
     return judged

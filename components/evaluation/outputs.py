@@ -29,7 +29,7 @@ class EvaluationResult:
     """Scalars for a KFP Metrics artifact: <role>_eval_loss, <role>_perplexity,
     <role>_exact_match, <role>_chrf, <role>_general_correct (with the forgetting check),
     <role>_task_<task> (harness tasks' headline metrics, 0..1) for role in base/tuned[/champion],
-    *_delta (tuned - base), general_retained, judge_win_rate/loss_rate/tie_rate/prompts (with
+    *_delta (tuned - base), general_retained, judge_win_rate/loss_rate/tie_rate/prompts/errors (with
     the judge), eval_rows, eval_target_tokens, generation_examples."""
     passed: bool
     decision: GateDecision
@@ -102,6 +102,7 @@ class Scores:
             "loss_rate": m["judge_loss_rate"],
             "tie_rate": m["judge_tie_rate"],
             "prompts": int(m["judge_prompts"]),
+            "errors": int(m["judge_errors"]),
         }
 
     def add_loss(self, role: str, loss: Any) -> None:

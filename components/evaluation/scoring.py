@@ -59,8 +59,9 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
                 total_targets += losses.numel()
                 continue
             logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
-            targets = input_ids[:, 1:]
-            target_mask = mask[:, 1:]
+            # A model spread over GPUs may return its logits on another device than the inputs'.
+            targets = input_ids[:, 1:].to(logits.device)
+            target_mask = mask[:, 1:].to(logits.device)
             # Row by row in float32: bf16 log-softmax over a large vocabulary loses precision,
             # and a whole batch of float32 logits can be gigabytes for 100k+ vocabularies.
             for i in range(input_ids.shape[0]):

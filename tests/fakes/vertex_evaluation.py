@@ -13,17 +13,26 @@ import json
 import threading
 from typing import Any
 
+from google.api_core import exceptions
 from google.cloud.aiplatform_v1.services.evaluation_service import EvaluationServiceClient
 from google.cloud.aiplatform_v1.types import evaluation_service as types
 
 
 class FakeEvaluationService:
     """Answers pairwise requests with `choices[prompt]` (CANDIDATE, BASELINE or TIE), or
-    `default` for a prompt not in `choices`."""
+    `default` for a prompt not in `choices`; refuses the prompts in `denied` with the 403 the
+    service returns without `aiplatform.endpoints.predict`."""
 
-    def __init__(self, monkeypatch: Any, choices: dict[str, str], default: str = "") -> None:
+    def __init__(
+        self,
+        monkeypatch: Any,
+        choices: dict[str, str],
+        default: str = "",
+        denied: frozenset[str] = frozenset(),
+    ) -> None:
         self.choices = choices
         self.default = default
+        self.denied = denied
         self.requests: list[Any] = []
         self._lock = threading.Lock()  # the SDK sends rows from a thread pool
         monkeypatch.setattr(
@@ -36,6 +45,8 @@ class FakeEvaluationService:
         with self._lock:
             self.requests.append(request)
         instance = json.loads(request.pairwise_metric_input.instance.json_instance)
+        if instance["prompt"] in self.denied:
+            raise exceptions.PermissionDenied("Permission 'aiplatform.endpoints.predict' denied")
         choice = self.choices.get(instance["prompt"], self.default)
         return types.EvaluateInstancesResponse(
             pairwise_metric_result=types.PairwiseMetricResult(
