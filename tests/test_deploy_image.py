@@ -41,7 +41,7 @@ def test_dockerfile_pins_match_the_project() -> None:
     assert version("torch").split("+")[0] == torch_version  # the build the tests run on
     (index,) = re.findall(r"^ARG TORCH_INDEX_URL=(\S+)", DOCKERFILE, flags=re.M)
     assert re.fullmatch(r"https://download\.pytorch\.org/whl/cu\d+", index), "CUDA build of torch"
-    assert "pip install -c constraints.txt \".[eval]\"" in DOCKERFILE
+    assert 'pip install -c constraints.txt ".[eval]"' in DOCKERFILE
     # torch.compile on GPU (the trainer's default there) needs a C compiler for Triton's launcher.
     assert re.search(r"apt-get install [^\n]*\bgcc\b", DOCKERFILE), "the image needs gcc"
 
