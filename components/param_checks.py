@@ -83,7 +83,9 @@ def check_objective_data(objective: str) -> str | None:
     return None
 
 
-def check_service_account(backend: str, service_account: str) -> str | None:
+def check_service_account(
+    backend: str, service_account: str, trainer_ksa: str = "the trainer's account"
+) -> str | None:
     """Vertex replicas take a Google service-account email; GKE pods a Kubernetes service account
     (bound to a Google one with Workload Identity). Empty on GKE would run the PyTorchJob as the
     namespace's `default` account, which gets 403s on gs:// mid-run."""
@@ -94,9 +96,7 @@ def check_service_account(backend: str, service_account: str) -> str | None:
             "Code Service Agent"
         )
     if backend == "gke":
-        from components.run_params import TARGET_DEFAULTS
-
-        trainer = TARGET_DEFAULTS["kfp"]["service_account"]  # docs/deploy/rbac.yaml's KSA
+        trainer = trainer_ksa  # the kfp target's default (docs/deploy/rbac.yaml)
         if not service_account:
             return (
                 "service_account is empty: on GKE name the Kubernetes service account of the "

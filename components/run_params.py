@@ -495,7 +495,11 @@ class RunParams:
                 checks.check_nproc_per_node(
                     self.backend, self.nproc_per_node, self.accelerator_count
                 ),
-                checks.check_service_account(self.backend, self.service_account),
+                checks.check_service_account(
+                    self.backend,
+                    self.service_account,
+                    TARGET_DEFAULTS["kfp"]["service_account"],
+                ),
                 checks.check_objective_data(self.objective),
                 checks.check_dataflow_service_account(
                     self.preprocess_runner, self.dataflow_service_account
