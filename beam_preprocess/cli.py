@@ -29,20 +29,32 @@ def summary(manifest_dict: dict) -> dict:
     }
 
 
+def _without_traceback(record: logging.LogRecord) -> bool:
+    record.exc_info, record.exc_text = None, None
+    return True
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m beam_preprocess") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or "-h" in argv or "--help" in argv:
         help_parser(prog).print_help()
         return 0 if argv else 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Beam logs a failing step's traceback before it re-raises the error, which is reported
+    # below (or, if it is a bug, raised with its traceback): keep only Beam's one-line message.
+    logging.getLogger("apache_beam.runners.common").addFilter(_without_traceback)
     from dataclasses import asdict
 
     from beam_preprocess.pipeline import run
+    from trainer.storage import DiskFullError
 
     try:
         manifest = run(argv)
     except (ValueError, FileNotFoundError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except DiskFullError as exc:  # not the user's input: the run stopped, no manifest.json
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(summary(asdict(manifest)), indent=2))
     return 0

@@ -17,6 +17,7 @@ import gc
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -63,6 +64,7 @@ from trainer.packed_data.format import (
     read_manifest,
     table_schema,
 )
+from trainer import storage
 
 if TYPE_CHECKING:
     from beam_preprocess.tokenize import TokenizerSpec
@@ -307,6 +309,7 @@ def launch(argv: list[str]) -> LaunchedRun:
         ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
     identity = TokenizerIdentity.of(tokenizer)
     identity.name_or_path = config.tokenizer
+    _check_output_apart_from_inputs(config.output, config.inputs)
     _prepare_output(config.output, config.overwrite)
     log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
     pipeline = beam.Pipeline(options=options)
@@ -315,7 +318,10 @@ def launch(argv: list[str]) -> LaunchedRun:
     )
     # Local runs shuffle through files (beam_preprocess.spill), remote ones through the service.
     local = runner == "FnApiRunner"
-    with local_spill_dir(config.output) if local else nullcontext() as spill_dir:
+    with (
+        _disk_errors_named(config.output),
+        local_spill_dir(config.output) if local else nullcontext() as spill_dir,
+    ):
         build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir, bigquery)
         with _heap_frozen():
             result = pipeline.run()  # the local runner returns when the run is over
@@ -345,7 +351,28 @@ def finish(launched: LaunchedRun) -> Manifest:
     state = launched.result.wait_until_finish()
     if str(state).rsplit(".", 1)[-1] not in ("DONE", "JOB_STATE_DONE"):
         raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
-    return write_manifest(launched.config, launched.tokenizer, launched.sources)
+    out = launched.config.output
+    try:
+        with _disk_errors_named(out):
+            return write_manifest(launched.config, launched.tokenizer, launched.sources)
+    except storage.DiskFullError:
+        # A truncated manifest.json would make the dataset look complete.
+        if _list(f"{out}/{MANIFEST_FILE}"):
+            FileSystems.delete([f"{out}/{MANIFEST_FILE}"])
+        raise
+
+
+@contextmanager
+def _disk_errors_named(output: str) -> Iterator[None]:
+    """Re-raise a full disk inside the block (Beam reports a worker's ENOSPC as a RuntimeError
+    with the text of the OSError) as one storage.DiskFullError that names the disk."""
+    try:
+        yield
+    except Exception as exc:
+        full = storage.disk_error(exc, output)
+        if full is None:
+            raise
+        raise full from None
 
 
 def run(argv: list[str]) -> Manifest:
@@ -422,13 +449,52 @@ def _relative(root: str, paths: list[str]) -> list[str]:
     return [p[len(root) :] if p.startswith(root) else p for p in paths]
 
 
+_WRITTEN_PROBES = (
+    MANIFEST_FILE,
+    STATS_FILE,
+    *(f"{split}/part-00000-of-00001.parquet" for split in SPLITS),
+    *(f"{folder}/part-00000-of-00001.jsonl" for folder in (REJECTED_DIR, FILTERED_DIR)),
+    f"{EVAL_RECORDS_DIR}/part-00000-of-00001.jsonl",
+)
+"""Files like those a run writes into its output (an input pattern that matches one of them would
+read the run's own output back: now, or in the next run over the same folder)."""
+
+
+def _check_output_apart_from_inputs(out: str, inputs: Sequence[str]) -> None:
+    """Refuse an --output that an --input pattern reaches (`--input 'data/**' --output
+    data/packed`): a rerun would read the previous dataset, its dead letters and held-out records
+    as new records. An output beside the inputs (`data/*.jsonl`, `data/packed`) is fine."""
+    root = _absolute(out).rstrip("/")
+    for pattern in inputs:
+        if not is_file_pattern(pattern):
+            continue
+        absolute = _absolute(pattern)
+        regex = re.compile(FileSystems.get_filesystem(absolute).translate_pattern(absolute))
+        hits = [p for p in _WRITTEN_PROBES if regex.match(f"{root}/{p}")]
+        static = re.split(r"[*?\[]", absolute, maxsplit=1)[0].rstrip("/") or "/"
+        if hits or storage.holds(root, static):
+            raise ValueError(
+                f"--output {out!r} overlaps --input {pattern!r}"
+                + (f" (which would match {root}/{hits[0]})" if hits else "")
+                + ": a run would read its own output back as records; put the output outside "
+                "the input's folder, or narrow the pattern"
+            )
+
+
+def _absolute(path: str) -> str:
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
 def _prepare_output(out: str, overwrite: bool) -> None:
     """Refuse a non-empty output; with `overwrite`, delete exactly the files a previous run listed
     in its manifest, and refuse when anything else is there (nothing the user owns is deleted).
+    A local output that cannot be written is refused before anything is read.
 
     Works the same on local paths and gs:// (Beam's FileSystems)."""
     if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output {out!r} is a file: give a directory for the dataset")
+    if problem := storage.not_writable(out):
+        raise ValueError(f"--output {out!r}: {problem}")
     existing = _relative(out, _list(f"{out}/**"))
     if existing and not overwrite:
         raise ValueError(

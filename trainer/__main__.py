@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from trainer.storage import DiskFullError
     from trainer.train import NonFiniteLossError, run
 
     try:
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # user errors found during setup (dataset/tokenizer mismatch)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except NonFiniteLossError as exc:
+    except (NonFiniteLossError, DiskFullError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -188,15 +188,24 @@ def save(
     rank = dist.get_rank()
     if rank == 0:
         storage.remove(path)  # a leftover partial save of this very step
-    dist.barrier()
-    dcp.save(_app_state(model, optimizer), storage_writer=FsspecWriter(path))
-    buffer = io.BytesIO()
-    torch.save(rng_state(), buffer)
-    with storage.open(f"{path}/rng/rank-{rank:05d}.pt", "wb") as f:
-        f.write(buffer.getvalue())
-    if rank == 0:
-        with storage.open(f"{path}/{STATE_FILE}", "w") as f:
-            json.dump(asdict(state), f, indent=2, default=str)
+    app_state = _app_state(model, optimizer)
+    _check_room(path, app_state)  # collective: includes the barrier before the first write
+    try:
+        dcp.save(app_state, storage_writer=FsspecWriter(path))
+        buffer = io.BytesIO()
+        torch.save(rng_state(), buffer)
+        with storage.open(f"{path}/rng/rank-{rank:05d}.pt", "wb") as f:
+            f.write(buffer.getvalue())
+        if rank == 0:
+            with storage.open(f"{path}/{STATE_FILE}", "w") as f:
+                json.dump(asdict(state), f, indent=2, default=str)
+    except Exception as exc:
+        # The disk filled up under the save (another writer): name it. No COMPLETE marker was
+        # written, so resume ignores this directory and uses the previous checkpoint.
+        full = storage.disk_error(exc, path)
+        if full is None:
+            raise
+        raise full from None
     dist.barrier()  # every rank's shards and RNG are durable before the marker says so
     if rank == 0:
         with storage.open(f"{path}/{MARKER}", "w") as f:
@@ -204,6 +213,48 @@ def save(
         prune(checkpoints, keep)
     dist.barrier()
     return path
+
+
+ROOM_MARGIN = 1.05
+"""Free space a checkpoint needs beyond its tensors' bytes (DCP metadata, RNG, trainer state)."""
+
+
+def _check_room(path: str, app_state: dict[str, Any]) -> None:
+    """Collective. Refuse, on every rank alike, a save that does not fit the free space of the
+    local disk of `path` (as rank 0 sees it), before any rank writes a byte: a full disk is
+    named (storage.DiskFullError) instead of failing deep in a writer, and the previous
+    checkpoint stays the newest complete one."""
+    local = not storage.is_remote(path)
+    size = free = 0.0
+    if dist.get_rank() == 0 and local:
+        import shutil
+
+        # Global sizes: DCP writes each DTensor shard once and each replicated tensor once.
+        size = float(_bytes_of(app_state))
+        free = float(shutil.disk_usage(storage.mount_point(storage.local_path(path))).free)
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    # Rank 0's numbers, summed with zeros: every rank decides alike.
+    sizes = torch.tensor([size, free], dtype=torch.float64, device=device)
+    dist.all_reduce(sizes)
+    needed, free = sizes[0].item() * ROOM_MARGIN, sizes[1].item()
+    if local and needed > free:
+        raise storage.DiskFullError(
+            f"no space left for checkpoint {path}: it needs {needed / 1e6:.1f} MB on "
+            f"{storage.describe_disk(path)}: free space there or write the output to another "
+            "disk (the previous checkpoint is kept; the run resumes from it)"
+        )
+
+
+def _bytes_of(tree: Any) -> int:
+    """Bytes of the tensors in a nested state dict (a DTensor: its global size)."""
+    if isinstance(tree, Mapping):
+        return sum(_bytes_of(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return sum(_bytes_of(v) for v in tree)
+    if isinstance(tree, torch.Tensor):
+        return int(tree.numel() * tree.element_size())
+    return 0
 
 
 def prune(checkpoints: str, keep: int) -> None:

@@ -84,12 +84,24 @@ def export_model(
 ) -> None:
     """Collective. Writes `target` (local or fsspec URI) on rank 0."""
     full = gather_full_state_dict(root)
+    full_disk = [""]  # rank 0's DiskFullError, told to every rank so that all stop alike
     if dist.get_rank() == 0:
-        with tempfile.TemporaryDirectory(prefix="llmft-export-") as tmp:
-            _write(full, config, model_dir, Path(tmp), tokenizer)
-            _publish(Path(tmp), target)
-        log.info("exported the model to %s", target)
-    dist.barrier()
+        try:
+            with tempfile.TemporaryDirectory(prefix="llmft-export-") as tmp:
+                try:
+                    _write(full, config, model_dir, Path(tmp), tokenizer)
+                except Exception as exc:  # safetensors reports a full disk as "os error 28"
+                    error = storage.disk_error(exc, tmp)
+                    if error is None:
+                        raise
+                    raise error from None
+                _publish(Path(tmp), target)  # all or nothing (storage.upload_dir)
+            log.info("exported the model to %s", target)
+        except storage.DiskFullError as exc:
+            full_disk = [str(exc)]
+    dist.broadcast_object_list(full_disk, src=0)  # also the barrier after the export
+    if full_disk[0]:
+        raise storage.DiskFullError(full_disk[0])
 
 
 def _write(

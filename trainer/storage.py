@@ -11,7 +11,11 @@ the components and Beam workers all use it, so a URI means the same thing everyw
     cached_copy(uri)          a node-local copy, downloaded once per node (a file lock makes N
                               ranks on a node wait for one download); re-used by later runs
     copy_to_local(uri, dest)  a one-off copy (the caller owns dest)
-    upload_dir(local, uri)    replace `uri` with the files of a local directory
+    upload_dir(local, uri)    replace `uri` with the files of a local directory (local: all or
+                              nothing, through a hidden sibling that is removed on failure)
+    not_writable(path)        why a local output directory cannot be created or written, or None
+    disk_error(exc, path)     a DiskFullError naming the disk of `path` when `exc` is a full
+                              disk (ENOSPC, EDQUOT), else None
 
 Everything streams through fsspec (`get`/`put` copy in chunks), so a multi-GB model never sits in
 memory. Failures name the URI and what to change: a missing object, a missing bucket, no
@@ -30,9 +34,11 @@ only because the top level is fixed; importing it costs no more than fsspec.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -53,6 +59,11 @@ class StorageNotFound(FileNotFoundError):
 
 class StoragePermissionDenied(PermissionError):
     """The credentials in use may not read or write the path (the message says which role)."""
+
+
+class DiskFullError(OSError):
+    """A write failed because the disk (or the quota) is full; the message names the disk, its
+    free space and what to do. Raised instead of the writer's own error, which often hides it."""
 
 
 def is_remote(uri: str) -> bool:
@@ -291,13 +302,27 @@ def cached_copy(uri: str) -> str:
 
 
 def upload_dir(local: str | Path, uri: str) -> None:
-    """Make `uri` hold exactly the files of the local directory `local` (streamed)."""
+    """Make `uri` hold exactly the files of the local directory `local` (streamed).
+
+    Locally it is all or nothing: the copy goes to a hidden sibling first, which replaces `uri`
+    only once complete, so a failed copy (a full disk) leaves the previous `uri` as it was and no
+    half-written directory that looks complete (and no hidden sibling either)."""
     local = Path(local)
     if not is_remote(uri):
         dest = Path(local_path(uri))
+        partial = dest.with_name(f".{dest.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            shutil.copytree(local, partial)
+        except BaseException as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            full = disk_error(exc, str(dest))
+            if full is not None:
+                raise full from exc
+            raise
         if dest.exists():
             shutil.rmtree(dest)
-        shutil.copytree(local, dest)
+        partial.rename(dest)
         return
     fs, root = _fs(uri)
     with _explained(uri, "write"):
@@ -317,3 +342,90 @@ def upload_file(local: str | Path, uri: str) -> None:
     fs, path = _fs(uri)
     with _explained(uri, "write"):
         fs.put_file(str(local), path)
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]|\(os error (\d+)\)")
+"""How a wrapped OSError shows in another error's text: Python's `[Errno 28]` (Beam re-raises a
+worker's error as a RuntimeError with that text) and Rust's `(os error 28)` (safetensors)."""
+
+
+def _errnos(exc: BaseException) -> Iterator[int]:
+    """The errno of every OSError in `exc`'s chain, and those written in the chain's messages."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            yield current.errno
+        for args in getattr(current, "args", ()), [str(current)]:
+            for text in map(str, args):
+                for match in _ERRNO_IN_TEXT.finditer(text):
+                    yield int(match.group(1) or match.group(2))
+        current = current.__cause__ or current.__context__
+
+
+def _existing_ancestor(path: str) -> str:
+    current = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(current) and current != os.path.dirname(current):
+        current = os.path.dirname(current)
+    return current
+
+
+def mount_point(path: str) -> str:
+    """The mount point of the file system that holds (or would hold) the local `path`."""
+    current = os.path.realpath(_existing_ancestor(path))
+    while not os.path.ismount(current):
+        current = os.path.dirname(current)
+    return current
+
+
+def describe_disk(path: str) -> str:
+    """`the disk mounted at /x (N MB free of M MB)` for the local `path`; remote: the URI."""
+    if is_remote(path):
+        return f"the storage of {path}"
+    where = mount_point(local_path(path))
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError:
+        return f"the disk mounted at {where}"
+    return (
+        f"the disk mounted at {where} ({usage.free / 1e6:.1f} MB free of "
+        f"{usage.total / 1e6:.1f} MB)"
+    )
+
+
+def disk_error(exc: BaseException, path: str) -> DiskFullError | None:
+    """A DiskFullError to raise instead of `exc` when `exc` (or anything in its chain, or its
+    text) is a full disk or quota while writing `path`; None for any other error."""
+    if isinstance(exc, DiskFullError):
+        return exc
+    if not any(code in _FULL_ERRNOS for code in _errnos(exc)):
+        return None
+    return DiskFullError(
+        f"no space left on {describe_disk(path)} while writing {path}: free space there or "
+        "write the output to another disk",
+    )
+
+
+def not_writable(path: str) -> str | None:
+    """Why the local directory `path` cannot be created or written (None: it can, or it is
+    remote). Checked before a step starts, so the answer is an error message, not a traceback
+    after the work. `access` answers for root too on a read-only file system."""
+    if is_remote(path):
+        return None
+    target = os.path.abspath(os.path.expanduser(local_path(path)))
+    existing = _existing_ancestor(target)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, so {target} cannot be a directory: give another path"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        reason = "a read-only file system" if _read_only(existing) else "no write permission"
+        return f"{existing} is not writable ({reason}): give a directory you can write"
+    return None
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -258,16 +259,30 @@ class LocalLauncher(Launcher):
         """Prefix, tee and keep the tail of one agent's output (agent and worker lines)."""
         assert node.proc.stdout is not None and node.log_file is not None
         prefix = f"[node{node.index}"
+        held: list[str] = []  # an agent traceback, shown unless it is only "a worker failed"
         for raw in node.proc.stdout:
             line = raw.rstrip("\n")
             if line.startswith(prefix):
                 node.tail.append(line)
             else:
+                if held or line.startswith("Traceback (most recent call last)"):
+                    held.append(line)
                 line = f"[node{node.index}] {line}"
                 node.agent_tail.append(line)
             node.log_file.write(line + "\n")
             node.log_file.flush()
-            self.log(line)
+            if not held:
+                self.log(line)
+            elif not held[-1].startswith((" ", "Traceback")):  # the exception's own line
+                # torchrun's ChildFailedError traceback repeats, in its frames, only that a
+                # worker failed (the worker's reason and the Root Cause block are shown): the
+                # node log keeps it. Any other agent traceback is shown as it came.
+                if CHILD_FAILED_ERROR not in held[-1]:
+                    for kept in held:
+                        self.log(f"[node{node.index}] {kept}")
+                held = []
+        for kept in held:
+            self.log(f"[node{node.index}] {kept}")
 
     # ---- wait ---------------------------------------------------------------------------------
 
@@ -301,6 +316,8 @@ class LocalLauncher(Launcher):
             self._finish()
         if self._cancelled:
             status, message, failed = CANCELLED, "cancelled", None
+        if failed is not None and (reason := _worker_error(failed)):
+            message += f": {reason}"
         return self.result(
             launch,
             status,
@@ -385,6 +402,20 @@ def _remove_state(state_dir: Path) -> bool:
         state_dir.rmdir()
         state_dir.parent.rmdir()  # the shared root too, once no run uses it
     return existed
+
+
+CHILD_FAILED_ERROR = "ChildFailedError"
+"""What torchrun raises (and prints a traceback of) when a worker exits non-zero."""
+_WORKER_ERROR = re.compile(r"^\[node\d+ rank\d+\](?: \[rank\d+\]:)? error: (.+)$")
+
+
+def _worker_error(node: _Node) -> str | None:
+    """The reason the trainer itself gave (its one `error:` line, trainer/__main__.py) for
+    failing, so that the run's error says it (a full disk, a non-finite loss) on its first line."""
+    for line in reversed(node.tail):
+        if match := _WORKER_ERROR.match(line):
+            return match.group(1)
+    return None
 
 
 def _failure_tail(node: _Node) -> list[str]:
