@@ -30,6 +30,12 @@ PLACEHOLDER_START = "{{$."
 """How an unresolved KFP placeholder starts (a backend too old to resolve it passes it as is)."""
 
 
+def redact_tokens(text: str) -> str:
+    """`text` with anything that looks like a token replaced: error messages quote values, and a
+    token must never reach a terminal, a log or a report, even inside a complaint about it."""
+    return _TOKEN.sub("<redacted token>", text)
+
+
 def check_not_a_token(name: str, value: Any) -> str | None:
     """Refuse a parameter value that looks like a Hugging Face token: parameters are stored in
     the run's spec and shown in the console; tokens come from a Secret by name."""

@@ -6,6 +6,7 @@ names and wrong types are reported together.
 from __future__ import annotations
 
 import dataclasses
+from difflib import get_close_matches
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +25,12 @@ def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = N
     errors = []
     unknown = sorted(set(values) - set(known))
     if unknown:
-        errors.append(f"unknown parameter(s) {', '.join(unknown)}: valid are {', '.join(known)}")
+        guesses = [
+            f"{name} (did you mean {close[0]}?)" if (close := get_close_matches(name, known, 1))
+            else name
+            for name in unknown
+        ]  # fmt: skip
+        errors.append(f"unknown parameter(s) {', '.join(guesses)}: valid are {', '.join(known)}")
     coerced = {}
     for name in known.keys() & values.keys():
         value, problem = coerce(values[name], hints[name])

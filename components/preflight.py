@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from trainer import storage
 from trainer.config import TrainConfig
 
 
@@ -31,6 +32,8 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
 
     config.validate()
     errors: list[str] = []
+    if local and (problem := storage.not_writable(config.output)):
+        errors.append(f"output {config.output!r}: {problem}")
     model_dir = _local_model_dir(config.model, errors, local=local)
     if model_dir is not None and (model_dir / "config.json").is_file():
         # A family feature the chosen attention cannot compute exactly (e.g. gpt-oss's sinks
@@ -65,8 +68,6 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
 
 def _resume_errors(config: TrainConfig) -> list[str]:
     """A checkpoint of another run in the output: the trainer would refuse it on every rank."""
-    from trainer import storage
-
     if not storage.exists(config.checkpoints_dir()):
         return []
     from trainer.checkpoint import check_resume  # imports torch: only when there is one
@@ -85,11 +86,13 @@ def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | No
     path = Path(model).expanduser()
     if path.is_dir():
         return path
-    from trainer.gguf import is_gguf
+    from trainer.gguf import is_gguf, not_gguf
 
     if is_gguf(model):
         if not path.is_file() and local:
             errors.append(f"model {model!r} does not exist: pass an existing .gguf file")
+        elif path.is_file() and (problem := not_gguf(path)):
+            errors.append(problem)
         return None  # converted on each node; its tokenizer is checked by the trainer
     if not local:
         return None  # a path inside the training image or on a shared volume
@@ -133,9 +136,9 @@ PROBE_TIMEOUT_S = 3.0
 
 
 def check_rendezvous(rdzv_backend: str, endpoint: str) -> None:
-    """Refuse a given rendezvous endpoint that cannot work, before any agent starts (an agent
-    would otherwise wait out its rendezvous timeout: 10 minutes for c10d, a traceback after ~70 s
-    for etcd).
+    """Refuse a local rendezvous that cannot work, before any agent starts (an agent would
+    otherwise wait out its rendezvous timeout: 10 minutes for c10d, a traceback after ~70 s for
+    etcd). No endpoint: the run starts its own etcd (etcd-v3 / etcd-v2), so the binary must exist.
 
     c10d on this machine: the first local agent hosts the store there, so the port must be free
     (a foreign listener makes every agent a client of something that never answers). etcd-v3 /
@@ -144,6 +147,12 @@ def check_rendezvous(rdzv_backend: str, endpoint: str) -> None:
     Raises:
         ValueError: one line: what is wrong, and what to pass instead.
     """
+    if not endpoint:
+        if rdzv_backend != "c10d":
+            from components.etcd.local import find_etcd
+
+            find_etcd()  # EtcdNotFoundError (a ValueError): how to install it, or use c10d
+        return
     host, _, port_text = endpoint.rpartition(":")
     port = int(port_text)
     if rdzv_backend == "c10d":

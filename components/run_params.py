@@ -593,7 +593,8 @@ def raise_errors(errors: list[str]) -> None:
     """One ValueError listing every problem (the CLI prints it after `error:`)."""
     if errors:
         raise ValueError(
-            f"{len(errors)} invalid run parameter(s):\n" + "\n".join(f"  - {e}" for e in errors)
+            f"{len(errors)} invalid run parameter(s):\n"
+            + "\n".join(f"  - {checks.redact_tokens(e)}" for e in errors)
         )
 
 

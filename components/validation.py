@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from components.param_values import params_from_mapping
@@ -36,6 +37,23 @@ def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
         return []
     if not found:
         return [f"train_data_uri={train_data_uri!r} matches no file: check the path or glob"]
+    return []
+
+
+def model_errors(base_model: str) -> list[str]:
+    """A local base model must exist; a local .gguf one must be a GGUF file (checked by its
+    first bytes: a renamed file would otherwise fail in the training step, after preprocessing).
+    Hub ids and URIs are left to the steps that read them."""
+    if "://" in base_model or not base_model.strip():
+        return []
+    from trainer.gguf import is_gguf, not_gguf
+
+    path = Path(base_model).expanduser()
+    if is_gguf(base_model):
+        if not path.is_file():
+            return [f"base_model={base_model!r} does not exist: pass an existing .gguf file"]
+        problem = not_gguf(path, base_model)
+        return [problem] if problem else []
     return []
 
 

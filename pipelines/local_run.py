@@ -51,7 +51,9 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     """
     from components.param_values import params_from_mapping
     from components.run_params import raise_errors
-    from components.validation import data_errors
+    from components.etcd.local import EtcdNotFoundError, find_etcd
+    from components.validation import data_errors, model_errors
+    from trainer import storage
 
     values: dict[str, Any] = {}
     if config_file is not None:
@@ -79,6 +81,16 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
             )
     if "train_data_uri" not in quickstart:
         errors += data_errors(resolved.train_data_uri, remote=False)
+    if "base_model" not in quickstart:
+        errors += model_errors(resolved.base_model)
+    if problem := storage.not_writable(str(workdir)):
+        errors.append(f"workdir {str(workdir)!r}: {problem}")
+    if resolved.rdzv_backend != "c10d":
+        try:
+            find_etcd()
+        except EtcdNotFoundError as exc:
+            hint = str(exc).replace("`--rdzv-backend c10d`", "rdzv_backend=c10d")
+            errors.append(f"rdzv_backend={resolved.rdzv_backend!r}: {hint}")
     if resolved.backend != "local":
         errors.append(
             f"backend={resolved.backend!r}: `llmft run --backend local` trains on this machine; "

@@ -44,6 +44,27 @@ def is_gguf(spec: str) -> bool:
     return spec.lower().endswith(SUFFIX)
 
 
+MAGIC = b"GGUF"
+"""The first bytes of every GGUF file (a name ending in .gguf proves nothing)."""
+
+
+def not_gguf(path: str | Path, name: str | None = None) -> str | None:
+    """Why the local file `path` (the user's `name` for it, if another), named like a GGUF file,
+    is not one (None when it is one): found before a conversion or a training run loads it."""
+    name = name or str(path)
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(MAGIC))
+    except OSError as exc:
+        return f"base model {name!r} cannot be read ({exc.strerror or exc})"
+    if head != MAGIC:
+        return (
+            f"base model {name!r} is named .gguf but is not a GGUF file (it does not start "
+            "with the GGUF magic bytes): pass a real .gguf file or a Hugging Face model directory"
+        )
+    return None
+
+
 def gguf_cache_dir() -> Path:
     from trainer.storage import cache_dir
 
@@ -100,6 +121,8 @@ def resolve_gguf(spec: str) -> str:
     cache = gguf_cache_dir()
     with _machine_lock(cache):
         local = _local_file(spec, cache)
+        if problem := not_gguf(local, spec):
+            raise ValueError(problem)
         target = cache / file_digest(local)[:32]
         if not (target / COMPLETE).exists():
             partial = target.with_suffix(".partial")

@@ -72,8 +72,8 @@ def find_etcd(binary: str | None = None) -> str:
     """
     found = shutil.which(binary or "etcd")
     if found is None:
-        what = f"etcd binary {binary!r}" if binary else "no `etcd` binary on PATH"
-        raise EtcdNotFoundError(f"{what} not found: {INSTALL_HINT}")
+        what = f"etcd binary {binary!r} not found" if binary else "no `etcd` binary on PATH"
+        raise EtcdNotFoundError(f"{what}: {INSTALL_HINT}")
     return found
 
 

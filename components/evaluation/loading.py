@@ -171,6 +171,10 @@ def _hub_error(path: str, what: str, exc: Exception) -> ValueError:
     )
 
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+"""What a save_pretrained directory holds its weights in (the config alone cannot be evaluated)."""
+
+
 def check_model_path(path: str, what: str = "model") -> None:
     """Raise ValueError unless `path` is a directory written by `save_pretrained`."""
     if not path:
@@ -194,6 +198,12 @@ def check_model_path(path: str, what: str = "model") -> None:
         raise ValueError(
             f"{what} path {path!r} has no {MODEL_CONFIG}: it is not a Hugging Face model directory "
             "(pass the directory save_pretrained wrote, not a checkpoint or file inside it)"
+        )
+    if not any(storage.glob(storage.join(path, pattern)) for pattern in WEIGHT_FILES):
+        raise ValueError(
+            f"{what} path {path!r} has {MODEL_CONFIG} but no weights ({', '.join(WEIGHT_FILES)}): "
+            "the model was not fully written (for a fine-tuned model: re-run `llmft train` "
+            "with the same --output, which resumes from its last checkpoint and exports)"
         )
 
 

@@ -172,7 +172,8 @@ OUTPUT_FILES = (METRICS_FILE, GENERATIONS_FILE, REPORT_FILE)
 
 
 def check_output_dir(output_dir: str, *, overwrite: bool) -> None:
-    """Refuse to replace files in `output_dir` that an earlier evaluation did not write.
+    """Refuse an `output_dir` that cannot be written, and to replace files in it that an
+    earlier evaluation did not write.
 
     The files an evaluation writes (`OUTPUT_FILES`) may be replaced when the directory's
     metrics.json is an evaluation's (a re-run or a retried task); a user's own files of those
@@ -182,6 +183,8 @@ def check_output_dir(output_dir: str, *, overwrite: bool) -> None:
         ValueError: what is there, and the way out.
     """
     out = output_dir.rstrip("/")
+    if problem := storage.not_writable(out):
+        raise ValueError(f"output {output_dir!r}: {problem}")
     taken = [name for name in OUTPUT_FILES if storage.exists(f"{out}/{name}")]
     if not taken or overwrite or _written_by_evaluation(f"{out}/{METRICS_FILE}"):
         return

@@ -344,7 +344,7 @@ def train(
     launch.validate()
     if launch.entrypoint == TRAINER_ENTRYPOINT:
         preflight(launch.trainer, local=isinstance(options, LocalOptions), overwrite=overwrite)
-    if isinstance(options, LocalOptions) and launch.rdzv_endpoint:
+    if isinstance(options, LocalOptions):
         check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
     if overwrite:
         storage.remove(launch.trainer.checkpoints_dir())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from pipelines.cli import deploy, quickstart, run, schedule, steps
+from pipelines.cli.common import check_tmpdir, user_errors
 from pipelines.cli.options import parameters_epilog
 
 app = typer.Typer(
@@ -20,6 +21,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+@user_errors
+def _environment() -> None:
+    check_tmpdir()  # before any command writes a temporary file
+
+
 app.command("sample-data")(quickstart.sample_data)
 app.command("tiny-model")(quickstart.tiny_model)
 app.command("compile")(deploy.compile_cmd)
