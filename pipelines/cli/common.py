@@ -15,14 +15,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def user_errors(func: F) -> F:
-    """Report user mistakes as `error: <message>` and exit 2."""
+    """Report user mistakes as `error: <message>` (tokens redacted) and exit 2."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except (ValueError, FileNotFoundError, PermissionError) as exc:
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            from components.param_checks import redact_tokens
+
+            # Messages quote what was typed; a token typed by mistake must not be echoed.
+            typer.secho(f"error: {redact_tokens(str(exc))}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

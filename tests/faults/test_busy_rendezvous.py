@@ -27,7 +27,7 @@ def foreign_listener():
     server.close()
 
 
-@pytest.mark.parametrize("backend", ["c10d", "etcd-v3"])
+@pytest.mark.parametrize("backend", ["c10d", "etcd-v3", "etcd-v2"])
 def test_busy_rendezvous_port_is_refused_at_once(
     backend: str, foreign_listener: str, tiny_model_dir: Path, small_dataset: Path, tmp_path: Path
 ):
