@@ -50,6 +50,7 @@ from beam_preprocess.spill import local_spill_dir
 from beam_preprocess.stats import WriteStats, tagged
 from beam_preprocess.template_library import resolve_template
 from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
+from trainer import storage
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -64,7 +65,6 @@ from trainer.packed_data.format import (
     read_manifest,
     table_schema,
 )
-from trainer import storage
 
 if TYPE_CHECKING:
     from beam_preprocess.tokenize import TokenizerSpec

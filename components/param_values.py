@@ -6,8 +6,8 @@ names and wrong types are reported together.
 from __future__ import annotations
 
 import dataclasses
-from difflib import get_close_matches
 from collections.abc import Mapping
+from difflib import get_close_matches
 from typing import Any
 
 from components.param_schema import coerce, field_error

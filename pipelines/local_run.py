@@ -49,9 +49,9 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     Empty `train_data_uri` / `base_model` are filled with where the quickstart assets will be
     written (`prepare_quickstart_assets` writes them after this check passes).
     """
+    from components.etcd.local import EtcdNotFoundError, find_etcd
     from components.param_values import params_from_mapping
     from components.run_params import raise_errors
-    from components.etcd.local import EtcdNotFoundError, find_etcd
     from components.validation import data_errors, model_errors
     from trainer import storage
 

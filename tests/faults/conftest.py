@@ -178,6 +178,11 @@ def llmft_process(*args: str, env: dict[str, str] | None = None, timeout_s: floa
     return done
 
 
+DCP_METADATA = ".metadata"
+"""The one dot-file a finished run holds: a DCP checkpoint's index."""
+
+
 def hidden_entries(root: Path) -> list[Path]:
-    """Files and directories under `root` whose names start with a dot (left-behind state)."""
-    return [path for path in root.rglob(".*")]
+    """Files and directories under `root` whose names start with a dot, DCP's index aside:
+    left-behind state (a `.model.partial` copy, a `.shuffle-*` spill directory)."""
+    return [path for path in root.rglob(".*") if path.name != DCP_METADATA]

@@ -16,8 +16,9 @@ import json
 from pathlib import Path
 
 import pytest
-from faults.conftest import error_lines, hidden_entries, llmft_process
 from test_cli_errors import assert_user_error, llmft
+
+from faults.conftest import error_lines, hidden_entries, llmft_process
 
 pytestmark = pytest.mark.integration
 
