@@ -146,11 +146,21 @@ def _model_bytes(model: Path) -> int:
     return sum(p.stat().st_size for p in model.glob("*.safetensors"))
 
 
-def _train(model: Path, data: Path, out: Path, *extra: str):
+def _train(model: Path, data: Path, out: Path, *extra: str, run_id: str):
     return llmft_process(
         "train", "--model", str(model), "--data", str(data), "--output", str(out),
-        "--rdzv-backend", "c10d", *extra,
+        "--rdzv-backend", "c10d", "--run-id", run_id, *extra,
     )  # fmt: skip
+
+
+def _nothing_left_running(run_id: str) -> None:
+    """No process of the run is alive and its local state is gone."""
+    from components.launchers.run_processes import marked_pids
+    from components.run_identity import run_state_dir
+
+    state = run_state_dir(run_id)
+    assert marked_pids(str(state)) == []
+    assert not state.exists()
 
 
 @pytest.mark.slow
@@ -162,8 +172,9 @@ def test_full_disk_at_a_checkpoint_keeps_the_previous_one_and_resumes(
     disk = small_disk(str(int(4.5 * weights)))
     out = disk.root / "run"
     args = ("--max-steps", "2", "--set", "checkpoint_every=1")
-    result = _train(tiny_model_dir, small_dataset, out, *args)
+    result = _train(tiny_model_dir, small_dataset, out, *args, run_id="disk-full-checkpoint")
     _one_error(result, "no space left for checkpoint", str(disk.root), code=1)
+    _nothing_left_running("disk-full-checkpoint")
     checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert checkpoints == ["step-00000001"]  # kept, and no half-written step 2
     assert (out / "checkpoints" / "step-00000001" / "COMPLETE").exists()
@@ -171,7 +182,7 @@ def test_full_disk_at_a_checkpoint_keeps_the_previous_one_and_resumes(
     assert hidden_entries(disk.root) == []
 
     disk.grow(str(12 * weights))
-    result = _train(tiny_model_dir, small_dataset, out, *args)
+    result = _train(tiny_model_dir, small_dataset, out, *args, run_id="disk-full-checkpoint-2")
     assert result.returncode == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["steps"]) == (1, 2)
@@ -185,15 +196,16 @@ def test_full_disk_at_export_leaves_no_model_and_resumes(
     # The final checkpoint (~3x the weights) fits; the exported model (1x) then does not.
     disk = small_disk(str(int(3.5 * weights)))
     out = disk.root / "run"
-    result = _train(tiny_model_dir, small_dataset, out, "--max-steps", "1")
+    result = _train(tiny_model_dir, small_dataset, out, "--max-steps", "1", run_id="disk-full-x")
     _one_error(result, "no space left", f"while writing {out / 'model'}", code=1)
+    _nothing_left_running("disk-full-x")
     assert not (out / "model").exists()  # no half-copied model that looks complete
     assert not (out / "summary.json").exists()
     assert (out / "checkpoints" / "step-00000001" / "COMPLETE").exists()
     assert hidden_entries(disk.root) == []  # no .model.partial left behind
 
     disk.grow(str(8 * weights))
-    result = _train(tiny_model_dir, small_dataset, out, "--max-steps", "1")
+    result = _train(tiny_model_dir, small_dataset, out, "--max-steps", "1", run_id="disk-full-x2")
     assert result.returncode == 0, result.output
     assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 1
     assert (out / "model" / "config.json").exists()
