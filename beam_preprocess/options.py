@@ -23,11 +23,12 @@ from beam_preprocess.tokenize import OVERLONG_POLICIES
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
     EVAL_FRACTION_MAX,
+    PREFERENCE_KIND,
     SEQ_LEN_MAX,
     SEQ_LEN_MIN,
 )
 
-DATA_KINDS = ("instruction", "text")
+DATA_KINDS = ("instruction", "text", PREFERENCE_KIND)
 GLOB_CHARS = "*?[]"
 """Characters Beam's file systems read as a pattern: refused in --output, which is matched and
 deleted by pattern while the dataset is committed (`out[1]` would fail only after all the work)."""
@@ -78,7 +79,8 @@ def _io_arguments(add: Callable[..., None]) -> None:
         dest="data_kind",
         default="instruction",
         choices=DATA_KINDS,
-        help="instruction: prompt/response or chat messages; text: plain causal-LM text.",
+        help="instruction: prompt/response or chat messages; text: plain causal-LM text; "
+        "preference: {prompt, chosen, rejected} pairs for DPO (beam_preprocess/preference.py).",
     )
     add(
         "--input-format",
@@ -274,7 +276,7 @@ class PreprocessConfig:
     seq_len: int
     """Tokens per packed row."""
     data_kind: str = "instruction"
-    """"instruction" or "text"."""
+    """One of DATA_KINDS: "instruction", "text" or "preference"."""
     input_format: str = "auto"
     record_format: str = "auto"
     """Shape of instruction records (beam_preprocess.shapes.RECORD_FORMATS)."""
@@ -355,6 +357,7 @@ class PreprocessConfig:
                 errors.append(f"{flag} must be >= {low} (got {value})")
         if problem := shape_error(o.data_kind, o.record_format):
             errors.append(f"--record-format: {problem}")
+        errors += _preference_errors(o)
         if problem := template_error(o.chat_template):
             errors.append(f"--chat-template: {problem}")
         errors += source_errors(inputs, o.bigquery_query)
@@ -364,7 +367,7 @@ class PreprocessConfig:
             raise ValueError("invalid preprocessing options:\n  - " + "\n  - ".join(errors))
         overlong = o.overlong
         if overlong == "auto":
-            overlong = "drop" if o.data_kind == "instruction" else "split"
+            overlong = "split" if o.data_kind == "text" else "drop"
         return cls(
             inputs=inputs,
             output=o.output.rstrip("/"),
@@ -415,6 +418,25 @@ class PreprocessConfig:
             system=self.system_field,
             tool_turns=self.tool_turns,
         )
+
+
+def _preference_errors(o: Any) -> list[str]:
+    """Options that have no meaning for preference pairs, refused rather than ignored: the
+    pair's shape reads TRL's field names, its prompt is never a target, and a pair longer than
+    seq_len is always filtered (a cut response would bias its log-probability)."""
+    if o.data_kind != PREFERENCE_KIND:
+        return []
+    given = [f"--{name}-field" for name in ("prompt", "response", "messages", "text", "system")]
+    given = [flag for flag in given if getattr(o, flag[2:].replace("-", "_"))]
+    if o.train_on_prompt:
+        given.append("--train-on-prompt")
+    if o.overlong not in ("auto", "drop"):
+        given.append(f"--overlong {o.overlong}")
+    return [
+        f"{flag}: not applicable to --data-kind preference (pairs are read as prompt, chosen, "
+        "rejected; docs/preprocess.md)"
+        for flag in given
+    ]
 
 
 def help_parser(prog: str = "python -m beam_preprocess") -> argparse.ArgumentParser:

@@ -31,6 +31,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments, local_workers
+from beam_preprocess.preference_steps import DeduplicateAndPackPairs, TokenizePairs
 from beam_preprocess.readers import ReadRecords
 from beam_preprocess.record_steps import Prepare
 from beam_preprocess.records import (
@@ -53,6 +54,7 @@ from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
     MANIFEST_FILE,
+    PREFERENCE_KIND,
     REJECTED_DIR,
     SPLITS,
     STATS_FILE,
@@ -91,24 +93,37 @@ def build_pipeline(
     temp = temp_dir_for(out)
     read = _read(pipeline, config, bigquery)
     examples = read["records"] | "Prepare" >> Prepare(config)
-    tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir)
-    packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
-    packed = tokens.documents | "DeduplicateAndPack" >> packer
+    pairs = config.data_kind == PREFERENCE_KIND
+    if pairs:  # beam_preprocess.preference_steps: pairs packed whole, one worker per split
+        tokens = examples.examples | "TokenizePairs" >> TokenizePairs(config)
+        pair_packer = DeduplicateAndPackPairs(config.seq_len, pad_id)
+        packed = tokens.pairs | "DeduplicateAndPackPairs" >> pair_packer
+        stages: tuple[tuple[str, str], ...] = ((TABLES, ""),)
+    else:
+        tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir)
+        packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
+        packed = tokens.documents | "DeduplicateAndPack" >> packer
+        stages = ((TABLES, ""), (TAIL_TABLES, "-tail"))
+    schema = table_schema(config.data_kind)
 
     # Every output is written inside the stage that produces it (beam_preprocess.sinks), and all
     # files are committed together at the end.
-    outputs = {name: Shards(f"{out}/{name}/part", PARQUET) for name in SPLITS}
-    outputs |= {f"{name}-tail": Shards(f"{out}/{name}/part-tail", PARQUET) for name in SPLITS}
+    outputs = {
+        f"{name}{suffix}": Shards(f"{out}/{name}/part{suffix}", PARQUET)
+        for _, suffix in stages
+        for name in SPLITS
+    }
     for kind, directory in ((DEAD, REJECTED_DIR), (FILTERED, FILTERED_DIR)):
         outputs[kind] = Shards(f"{out}/{directory}/part", JSONL)
-    outputs[EVAL_RECORDS] = Shards(f"{out}/{EVAL_RECORDS_DIR}/part", JSONL)
+    if not pairs:  # pairs have no reference answer to generate against
+        outputs[EVAL_RECORDS] = Shards(f"{out}/{EVAL_RECORDS_DIR}/part", JSONL)
     written = []
-    for stage, suffix in ((TABLES, ""), (TAIL_TABLES, "-tail")):
+    for stage, suffix in stages:
         label = suffix.replace("-", "").title()
         tables = packed[stage] | f"BySplit{label}" >> beam.ParDo(_BySplit()).with_outputs(*SPLITS)
         for name in SPLITS:
             shards = outputs[f"{name}{suffix}"]
-            writer = WriteShards(shards, temp, table_schema())
+            writer = WriteShards(shards, temp, schema)
             written.append(tables[name] | f"Write{name.title()}{label}" >> writer)
     letters = [
         ("Read", read, DEAD),
@@ -116,19 +131,21 @@ def build_pipeline(
         ("Prepare", examples, FILTERED),
         ("Tokenize", tokens, DEAD),
         ("Tokenize", tokens, FILTERED),
-        ("Pack", packed, EVAL_RECORDS),
     ]
+    if not pairs:
+        letters.append(("Pack", packed, EVAL_RECORDS))
     for step, results, kind in letters:
         writer = WriteShards(outputs[kind], temp)
         written.append(results[kind] | f"Write{kind.title()}Of{step}" >> writer)
     _ = (
         written
         | "AllWritten" >> beam.Flatten()
-        | "CommitShards" >> CommitShards(outputs.values(), temp, table_schema())
+        | "CommitShards" >> CommitShards(outputs.values(), temp, schema)
     )
 
     events = [read[READ] | "TagRead" >> tagged(READ), packed[STATS] | "TagStats" >> tagged(STATS)]
-    events.append(packed[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
+    if not pairs:
+        events.append(packed[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
     events.append(examples[UNUSED_FIELDS] | "TagUnusedFields" >> tagged(UNUSED_FIELDS))
     for step, results in (("Read", read), ("Prepare", examples), ("Tokenize", tokens)):
         events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
@@ -303,7 +320,7 @@ def launch(argv: list[str]) -> LaunchedRun:
     if problems:
         raise ValueError(problems[0])
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
-    if config.data_kind == "instruction":
+    if config.data_kind in ("instruction", PREFERENCE_KIND):
         ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
     identity = TokenizerIdentity.of(tokenizer)
     identity.name_or_path = config.tokenizer

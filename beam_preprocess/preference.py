@@ -18,11 +18,13 @@ the first token is no target) and tagged in the `pair_ids` column (2k+1 chosen, 
 the row's k-th pair; trainer/packed_data/format.py). Pairs longer than seq_len together are
 filtered (reason "too_long_tokens"): truncating one side would bias its log-probability.
 
-Packing is first-fit decreasing over pair lengths (deterministic). `write_dataset` writes a packed
-dataset (Parquet shards + manifest, `data_kind` "preference"); `python -m beam_preprocess.preference
---input F.jsonl --output DIR --tokenizer PATH --seq-len N [--eval-fraction 0.05]` runs it on a
-JSONL file with a deterministic hash split. It is not part of the Beam graph (yet): preference
-datasets are made on one machine.
+Packing is first-fit decreasing over pair lengths, in source order for equal lengths
+(deterministic). The Beam graph (`--data-kind preference`, beam_preprocess/preference_steps.py)
+validates, cleans, deduplicates and splits the records like instruction data and then calls these
+functions; `write_dataset` does the tokenizing, packing and writing in memory for records already
+split (tests, small in-process datasets). `python -m beam_preprocess.preference --input F.jsonl
+--output DIR --tokenizer PATH --seq-len N [--eval-fraction 0.05]` runs the Beam pipeline on the
+pairs (the same as `python -m beam_preprocess --data-kind preference ...`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ Document = tuple[list[int], list[int]]
 """(token ids, loss mask) of one rendered conversation."""
 
 
+TOO_LONG = "too_long_tokens"
+"""The filter reason of a pair longer than seq_len (the instruction data's reason for the same)."""
+
+
 class PairError(ValueError):
     """A record that cannot become a pair; `reason` is the dead-letter reason."""
 
@@ -67,15 +73,23 @@ class Pair:
         return len(self.chosen[0]) + len(self.rejected[0])
 
 
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+"""The fields a preference record's shape reads (each one optional: see the module docstring)."""
+PAIR_KEYS = ("chosen", "rejected")
+"""An example's response texts besides its `messages` (the history), beam_preprocess.records."""
+_ROLES = ("system", "user", "assistant")
+
+
 def normalize(record: dict[str, Any]) -> tuple[list[dict[str, str]], str, str]:
     """(history, chosen text, rejected text) of any accepted record shape (PairError if none)."""
     chosen, rejected = record.get("chosen"), record.get("rejected")
     prompt = record.get("prompt")
     if isinstance(chosen, str) and isinstance(rejected, str):
         if isinstance(prompt, str):
-            return [{"role": "user", "content": prompt}], chosen, rejected
+            history = [{"role": "user", "content": prompt}]
+            return history, _response(chosen), _response(rejected)
         if isinstance(prompt, list):
-            return list(prompt), chosen, rejected
+            return _history(prompt), _response(chosen), _response(rejected)
     if isinstance(chosen, list) and isinstance(rejected, list) and chosen and rejected:
         history = list(prompt) if isinstance(prompt, list) else chosen[:-1]
         if not isinstance(prompt, list) and chosen[:-1] != rejected[:-1]:
@@ -85,12 +99,61 @@ def normalize(record: dict[str, Any]) -> tuple[list[dict[str, str]], str, str]:
         for message in (last_chosen, last_rejected):
             if not isinstance(message, dict) or message.get("role") != "assistant":
                 raise PairError("pair_shape", "the responses must be assistant messages")
-        return history, str(last_chosen["content"]), str(last_rejected["content"])
+        texts = [_response(m.get("content")) for m in (last_chosen, last_rejected)]
+        return _history(history), texts[0], texts[1]
     raise PairError(
         "pair_shape",
         'a preference record has "chosen" and "rejected" (strings with a "prompt", or message '
         "lists)",
     )
+
+
+def _response(text: Any) -> str:
+    if not isinstance(text, str):
+        raise PairError("pair_shape", f"a response is {type(text).__name__}, not text")
+    if not text.strip():
+        raise PairError("empty_response", "a response is empty")
+    return text
+
+
+def _history(messages: list[Any]) -> list[dict[str, str]]:
+    """The prompt's turns as {role, content} (PairError when one is not a chat message)."""
+    history = []
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if role not in _ROLES or not isinstance(content, str):
+            raise PairError(
+                "pair_shape",
+                f"prompt turn {i} is not a chat message (role one of {', '.join(_ROLES)}, "
+                "content text)",
+            )
+        history.append({"role": role, "content": content})
+    if not history:
+        raise PairError("pair_shape", "the prompt is empty")
+    return history
+
+
+def example_of(record: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(the example {"messages": history, "chosen", "rejected"}, the fields it was made of) of a
+    preference record (beam_preprocess.shapes' `preference` shape); raises PairError."""
+    history, chosen, rejected = normalize(record)
+    used = tuple(name for name in PAIR_FIELDS if name in record)
+    return {"messages": history, "chosen": chosen, "rejected": rejected}, used
+
+
+def is_pair(example: dict[str, Any]) -> bool:
+    """Whether an example (beam_preprocess.records) is a preference pair."""
+    return PAIR_KEYS[0] in example
+
+
+def record_of(example: dict[str, Any]) -> dict[str, Any]:
+    """A pair example as a preference record again (for dead letters): `prompt` is the text of a
+    single user turn, else the list of turns."""
+    history = example["messages"]
+    single = len(history) == 1 and history[0]["role"] == "user"
+    prompt = history[0]["content"] if single else history
+    return {"prompt": prompt, **{key: example[key] for key in PAIR_KEYS}}
 
 
 def _ids(encoded: Any) -> list[int]:
@@ -101,14 +164,16 @@ def _ids(encoded: Any) -> list[int]:
 
 def render(tokenizer: Any, history: list[dict[str, str]], response: str) -> Document:
     """(ids, mask) of `history` + the assistant's `response`: only the response is a target."""
-    if not response.strip():
-        raise PairError("empty_response", "a response is empty")
-    prompt = _ids(tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True))
-    full = _ids(
-        tokenizer.apply_chat_template(
-            [*history, {"role": "assistant", "content": response}], tokenize=True
+    from jinja2 import TemplateError
+
+    conversation = [*history, {"role": "assistant", "content": response}]
+    try:
+        prompt = _ids(
+            tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True)
         )
-    )
+        full = _ids(tokenizer.apply_chat_template(conversation, tokenize=True))
+    except TemplateError as exc:  # the template's raise_exception(): a record it refuses
+        raise PairError("chat_template_error", f"the chat template failed: {exc}") from None
     if full[: len(prompt)] != prompt:
         raise PairError(
             "answer_boundary",
@@ -117,9 +182,14 @@ def render(tokenizer: Any, history: list[dict[str, str]], response: str) -> Docu
     return full, [0] * len(prompt) + [1] * (len(full) - len(prompt))
 
 
-def tokenize_pair(tokenizer: Any, record: dict[str, Any]) -> Pair:
-    history, chosen, rejected = normalize(record)
+def pair_of(tokenizer: Any, history: list[dict[str, str]], chosen: str, rejected: str) -> Pair:
+    """Both sides of a pair rendered (PairError when the template cannot render them)."""
     return Pair(render(tokenizer, history, chosen), render(tokenizer, history, rejected))
+
+
+def tokenize_pair(tokenizer: Any, record: dict[str, Any]) -> Pair:
+    """A raw preference record, normalized and rendered (PairError when it cannot be)."""
+    return pair_of(tokenizer, *normalize(record))
 
 
 def pack_pairs(pairs: list[Pair], seq_len: int) -> list[list[Pair]]:
@@ -158,10 +228,18 @@ def row_of(pairs: list[Pair], seq_len: int, pad_id: int) -> dict[str, list[int]]
     return row
 
 
-def split_of(record: dict[str, Any], eval_fraction: float) -> str:
-    """Deterministic train/eval split by a hash of the record's content."""
-    digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).digest()
-    return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction else "train"
+def table_of(rows: list[dict[str, list[int]]]) -> Any:
+    """Packed preference rows (`row_of`) as one pyarrow Table of the preference schema."""
+    import pyarrow as pa
+
+    schema = table_schema(PREFERENCE_KIND)
+    return pa.table({c: [r[c] for r in rows] for c in schema.names}, schema=schema)
+
+
+def split_stats(pairs: list[Pair], rows: list[dict[str, list[int]]]) -> tuple[int, int, int, int]:
+    """(rows, documents, tokens, target tokens) of a split's packed pairs (SplitInfo's counts)."""
+    targets = sum(sum(r["loss_mask"]) for r in rows)
+    return len(rows), 2 * len(pairs), sum(len(p) for p in pairs), targets
 
 
 def write_dataset(
@@ -171,16 +249,21 @@ def write_dataset(
     seq_len: int,
     rows_per_shard: int = 1024,
 ) -> Manifest:
-    """Tokenize, pack and write `records` ({split: [preference records]}) as a packed dataset.
+    """Tokenize, pack and write `records` ({split: [preference records]}, already clean and
+    split) as a packed dataset, in memory: the rows the Beam graph writes for the same records
+    in the same order (tests/test_preference_beam.py), without its cleaning, deduplication and
+    split.
 
     Records that cannot become a pair, or whose pair exceeds seq_len, are counted by reason in
-    the manifest's stats (filtered / rejected) and written to rejected/part-00000.jsonl.
+    the manifest's stats (filtered / rejected, as stats.json counts them) and written to
+    rejected/part-00000.jsonl.
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from beam_preprocess.tokenize import pad_id_of
+
     out = Path(out_dir)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_id_of(tokenizer)
     splits: dict[str, SplitInfo] = {}
     filtered: dict[str, int] = {}
     dead: list[dict[str, Any]] = []
@@ -194,23 +277,15 @@ def write_dataset(
                 dead.append({"record": record, "reason": exc.reason, "error": str(exc)})
                 continue
             if len(pair) > seq_len:
-                filtered["too_long_tokens"] = filtered.get("too_long_tokens", 0) + 1
+                filtered[TOO_LONG] = filtered.get(TOO_LONG, 0) + 1
                 continue
             pairs.append(pair)
         rows = [row_of(r, seq_len, pad_id) for r in pack_pairs(pairs, seq_len)]
-        info = SplitInfo(
-            rows=len(rows),
-            documents=2 * len(pairs),
-            tokens=sum(len(p) for p in pairs),
-            target_tokens=sum(sum(r["loss_mask"]) for r in rows),
-        )
+        info = SplitInfo(*split_stats(pairs, rows))
         (out / split).mkdir(parents=True, exist_ok=True)
-        schema = table_schema(PREFERENCE_KIND)
         for n, lo in enumerate(range(0, max(len(rows), 1), rows_per_shard)):
-            chunk = rows[lo : lo + rows_per_shard]
-            table = pa.table({c: [r[c] for r in chunk] for c in schema.names}, schema=schema)
             rel = f"{split}/part-{n:05d}.parquet"
-            pq.write_table(table, out / rel)
+            pq.write_table(table_of(rows[lo : lo + rows_per_shard]), out / rel)
             info.shards.append(rel)
         files += info.shards
         splits[split] = info
@@ -231,7 +306,8 @@ def write_dataset(
         stats={
             "records_read": read,
             "kept": read - len(dead) - sum(filtered.values()),
-            "filtered": filtered,
+            "filtered": sum(filtered.values()),
+            "filtered_by_reason": filtered,
             "duplicates": 0,
             "rejected": len(dead),
             "rejected_by_reason": rejected,
@@ -243,29 +319,12 @@ def write_dataset(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m beam_preprocess.preference`: a JSONL file of pairs -> a packed dataset."""
-    parser = argparse.ArgumentParser(prog="python -m beam_preprocess.preference")
-    parser.add_argument("--input", required=True, help="JSONL file of preference records")
-    parser.add_argument("--output", required=True, help="dataset directory to write")
-    parser.add_argument("--tokenizer", required=True, help="tokenizer directory or hub name")
-    parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--eval-fraction", type=float, default=EVAL_FRACTION_DEFAULT)
-    args = parser.parse_args(argv)
-    from beam_preprocess.tokenize import load_tokenizer
+    """`python -m beam_preprocess.preference`: pairs -> a packed dataset, through the Beam
+    pipeline (`python -m beam_preprocess --data-kind preference`); its other flags pass on."""
+    from beam_preprocess.cli import main as beam_main
 
-    try:
-        tokenizer = load_tokenizer(args.tokenizer)
-        lines = Path(args.input).read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    by_split: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
-    for record in records:
-        by_split[split_of(record, args.eval_fraction)].append(record)
-    manifest = write_dataset(args.output, tokenizer, by_split, args.seq_len)
-    print(json.dumps({k: v.rows for k, v in manifest.splits.items()}))
-    return 0
+    args = list(sys.argv[1:] if argv is None else argv)
+    return beam_main([*args, "--data-kind=preference"])
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ them, so nothing is dropped without a number in stats.json.
 | chat | `messages`: `[{role, content}]` (OpenAI chat); tool turns per `tool_turns` | the turns |
 | sharegpt | `conversations`: `[{from, value}]`, roles mapped by `SHAREGPT_ROLES` | the turns |
 | text | `text` | plain text (data kind "text") |
+| preference | per record: `prompt` + `chosen` + `rejected` strings, `prompt` turns + one-message `chosen`/`rejected` lists (TRL's conversational form), or `chosen`/`rejected` conversations sharing their history (beam_preprocess/preference.py) | the history as `messages`, plus `chosen` and `rejected` texts (data kind "preference") |
 
-Field names are parameters (`prompt_field`, ...); an empty one means the shape's default above.
+Field names are parameters (`prompt_field`, ...); an empty one means the shape's default above
+(the preference shape reads its fields by TRL's names).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import functools
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from beam_preprocess import preference
+from trainer.packed_data.format import PREFERENCE_KIND
 
 RECORD_FORMATS = ("auto", "prompt_response", "alpaca", "chat", "sharegpt")
 """Shapes of instruction records (text data always reads one text field)."""
@@ -61,18 +66,25 @@ DEFAULT_FIELDS: dict[str, dict[str, str]] = {
     "chat": {"messages": "messages"},
     "sharegpt": {"messages": "conversations"},
     "text": {"text": "text"},
+    PREFERENCE_KIND: {},
 }
 """Each shape's default field names (the one place they are spelled); `system` is always
 "system"."""
 SYSTEM_FIELD = "system"
 
 
+KIND_SHAPES = ("text", PREFERENCE_KIND)
+"""Data kinds whose records have one shape of their own (named after the kind), which the
+record format does not choose."""
+
+
 def shape_error(data_kind: str, record_format: str) -> str | None:
-    """A record format other than auto means instruction data: it has no meaning for text."""
-    if data_kind == "text" and record_format != "auto":
+    """A record format other than auto means instruction data: it has no meaning for text or
+    preference pairs."""
+    if data_kind in KIND_SHAPES and record_format != "auto":
         return (
             f"record format {record_format!r} shapes instruction data, but the data kind is "
-            "text: use the data kind instruction, or leave the record format auto"
+            f"{data_kind}: use the data kind instruction, or leave the record format auto"
         )
     return None
 
@@ -91,7 +103,7 @@ class Shape:
     """A resolved record shape: the format and the actual field names (no empty ones)."""
 
     record_format: str = "auto"
-    """One of RECORD_FORMATS, or "text" for text data."""
+    """One of RECORD_FORMATS, or the data kind for text and preference data (KIND_SHAPES)."""
     prompt: str = ""
     response: str = ""
     messages: str = ""
@@ -113,7 +125,7 @@ class Shape:
         tool_turns: str = "reject",
     ) -> Shape:
         """The shape with each empty field name replaced by the format's default."""
-        fmt = "text" if data_kind == "text" else record_format
+        fmt = data_kind if data_kind in KIND_SHAPES else record_format
         defaults = DEFAULT_FIELDS[fmt]
         given = {"prompt": prompt, "response": response, "messages": messages, "text": text}
         names = {k: v or defaults.get(k, "") for k, v in given.items()}
@@ -137,6 +149,12 @@ def _example_of(
     fmt = shape.record_format
     if fmt == "text":
         return {"text": _required_text(record, shape.text)}, (shape.text,), []
+    if fmt == PREFERENCE_KIND:
+        try:
+            example, used = preference.example_of(record)
+        except preference.PairError as exc:
+            raise Invalid(exc.reason, str(exc)) from None
+        return example, used, []
     if fmt in ("chat", "sharegpt"):
         sharegpt = fmt == "sharegpt"
         messages, nested = _messages(record, shape.messages, sharegpt, shape.tool_turns)
