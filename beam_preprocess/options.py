@@ -80,7 +80,7 @@ def _io_arguments(add: Callable[..., None]) -> None:
         default="instruction",
         choices=DATA_KINDS,
         help="instruction: prompt/response or chat messages; text: plain causal-LM text; "
-        "preference: {prompt, chosen, rejected} pairs for DPO (beam_preprocess/preference.py).",
+        "preference: {prompt, chosen, rejected} pairs for DPO (beam_preprocess/pairs.py).",
     )
     add(
         "--input-format",

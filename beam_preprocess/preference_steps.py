@@ -1,14 +1,15 @@
 """Preference examples -> token pairs -> unique pairs packed into rows: the graph's steps after
 Prepare for `--data-kind preference` (instruction and text data take beam_preprocess.token_steps).
 
-TokenizePairs renders both sides of each pair with the chat template (beam_preprocess.preference:
+TokenizePairs renders both sides of each pair with the chat template (beam_preprocess/pairs.py:
 `pair_of`); a pair the template cannot render goes to rejected/, one longer than seq_len to
-filtered/ ("too_long_tokens": a cut response would bias its log-probability). DeduplicateAndPackPairs
-groups each split's pairs on one worker, keeps one copy per content hash (the lowest source),
-orders them by source and packs them first-fit decreasing (`pack_pairs`, `row_of`): the same rows
-as `preference.write_dataset` gives for the same records in the same order. One worker per split
-holds that split's pairs: preference sets are small next to instruction corpora (UltraFeedback:
-64k prompts), and a deterministic order over the whole split is what makes the rows reproducible.
+filtered/ ("too_long_tokens": a cut response would bias its log-probability).
+DeduplicateAndPackPairs groups each split's pairs on one worker, keeps one copy per content hash
+(the lowest source), orders them by source and packs them first-fit decreasing (`pack_pairs`,
+`row_of`): the rows beam_preprocess/preference.py's `write_dataset` gives for the same records in
+the same order. One worker per split holds that split's pairs: preference sets are small next to
+instruction corpora (UltraFeedback: 64k prompts), and one order over the whole split is what
+makes the rows reproducible.
 """
 
 from __future__ import annotations
@@ -20,8 +21,17 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
-from beam_preprocess import preference
 from beam_preprocess.options import PreprocessConfig
+from beam_preprocess.pairs import (
+    TOO_LONG,
+    Pair,
+    PairError,
+    pack_pairs,
+    pair_of,
+    row_of,
+    split_stats,
+    table_of,
+)
 from beam_preprocess.record_steps import record_of, source_order
 from beam_preprocess.records import DEAD, FILTERED, OUTCOME, STATS, dead_letter, outcome
 from beam_preprocess.token_steps import ROWS_PER_TABLE, TABLES
@@ -50,14 +60,14 @@ class TokenizePairsFn(beam.DoFn):
     def process(self, example: dict[str, Any]) -> list[Any]:
         source = example["source"]
         try:
-            pair = preference.pair_of(
+            pair = pair_of(
                 self.tokenizer, example["messages"], example["chosen"], example["rejected"]
             )
-        except preference.PairError as exc:
+        except PairError as exc:
             return self._drop(DEAD, "rejected", exc.reason, example, str(exc))
         if len(pair) > self.config.seq_len:
             error = f"{len(pair)} tokens, seq_len {self.config.seq_len}"
-            return self._drop(FILTERED, "filtered", preference.TOO_LONG, example, error)
+            return self._drop(FILTERED, "filtered", TOO_LONG, example, error)
         (chosen, chosen_mask), (rejected, rejected_mask) = pair.chosen, pair.rejected
         value = (example["hash"], source, chosen, chosen_mask, rejected, rejected_mask)
         return [(example["split"], value)]
@@ -66,7 +76,10 @@ class TokenizePairsFn(beam.DoFn):
     def _drop(tag: str, kind: str, reason: str, example: dict[str, Any], error: str) -> list[Any]:
         _counter(f"{kind}_{reason}").inc()
         letter = dead_letter(example["source"], record_of(example), reason, error)
-        return [pvalue.TaggedOutput(tag, letter), pvalue.TaggedOutput(OUTCOME, outcome(kind, reason))]
+        return [
+            pvalue.TaggedOutput(tag, letter),
+            pvalue.TaggedOutput(OUTCOME, outcome(kind, reason)),
+        ]
 
 
 class TokenizePairs(beam.PTransform):
@@ -82,7 +95,7 @@ class TokenizePairs(beam.PTransform):
         )
 
 
-def unique_pairs(values: Iterable[TokenPair]) -> tuple[list[preference.Pair], int]:
+def unique_pairs(values: Iterable[TokenPair]) -> tuple[list[Pair], int]:
     """(one pair per content hash, the lowest source's copy, in source order; duplicates)."""
     first: dict[str, TokenPair] = {}
     seen = 0
@@ -92,7 +105,7 @@ def unique_pairs(values: Iterable[TokenPair]) -> tuple[list[preference.Pair], in
         if kept is None or source_order(value[1]) < source_order(kept[1]):
             first[value[0]] = value
     ordered = sorted(first.values(), key=lambda v: source_order(v[1]))
-    pairs = [preference.Pair((v[2], v[3]), (v[4], v[5])) for v in ordered]
+    pairs = [Pair((v[2], v[3]), (v[4], v[5])) for v in ordered]
     return pairs, seen - len(pairs)
 
 
@@ -106,12 +119,12 @@ class PackPairsFn(beam.DoFn):
     def process(self, element: tuple[str, Iterable[TokenPair]]) -> Iterator[Any]:
         split, values = element
         pairs, duplicates = unique_pairs(values)
-        packed = preference.pack_pairs(pairs, self.seq_len)
-        rows = [preference.row_of(r, self.seq_len, self.pad_id) for r in packed]
+        packed = pack_pairs(pairs, self.seq_len)
+        rows = [row_of(r, self.seq_len, self.pad_id) for r in packed]
         for lo in range(0, len(rows), ROWS_PER_TABLE):
-            yield split, preference.table_of(rows[lo : lo + ROWS_PER_TABLE])
+            yield split, table_of(rows[lo : lo + ROWS_PER_TABLE])
         _counter("rows").inc(len(rows))
-        yield pvalue.TaggedOutput(STATS, (split, preference.split_stats(pairs, rows)))
+        yield pvalue.TaggedOutput(STATS, (split, split_stats(pairs, rows)))
         if pairs:
             _counter("kept").inc(len(pairs))
             yield pvalue.TaggedOutput(OUTCOME, outcome("kept", count=len(pairs)))

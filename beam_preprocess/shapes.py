@@ -13,7 +13,7 @@ them, so nothing is dropped without a number in stats.json.
 | chat | `messages`: `[{role, content}]` (OpenAI chat); tool turns per `tool_turns` | the turns |
 | sharegpt | `conversations`: `[{from, value}]`, roles mapped by `SHAREGPT_ROLES` | the turns |
 | text | `text` | plain text (data kind "text") |
-| preference | per record: `prompt` + `chosen` + `rejected` strings, `prompt` turns + one-message `chosen`/`rejected` lists (TRL's conversational form), or `chosen`/`rejected` conversations sharing their history (beam_preprocess/preference.py) | the history as `messages`, plus `chosen` and `rejected` texts (data kind "preference") |
+| preference | per record: `prompt` + `chosen` + `rejected` strings, `prompt` turns + one-message `chosen`/`rejected` lists (TRL's conversational form), or `chosen`/`rejected` conversations sharing their history (beam_preprocess/pairs.py) | the history as `messages`, plus `chosen` and `rejected` texts (data kind "preference") |
 
 Field names are parameters (`prompt_field`, ...); an empty one means the shape's default above
 (the preference shape reads its fields by TRL's names).
@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from beam_preprocess import preference
+from beam_preprocess import pairs
 from trainer.packed_data.format import PREFERENCE_KIND
 
 RECORD_FORMATS = ("auto", "prompt_response", "alpaca", "chat", "sharegpt")
@@ -151,8 +151,8 @@ def _example_of(
         return {"text": _required_text(record, shape.text)}, (shape.text,), []
     if fmt == PREFERENCE_KIND:
         try:
-            example, used = preference.example_of(record)
-        except preference.PairError as exc:
+            example, used = pairs.example_of(record)
+        except pairs.PairError as exc:
             raise Invalid(exc.reason, str(exc)) from None
         return example, used, []
     if fmt in ("chat", "sharegpt"):

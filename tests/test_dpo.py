@@ -1,4 +1,4 @@
-"""DPO: preference pairs packed into rows (beam_preprocess/preference.py) and the loss on them
+"""DPO: preference pairs packed into rows (beam_preprocess/pairs.py) and the loss on them
 (trainer/preference.py, `CausalLMLoss` with `pair_ids`), checked against TRL's DPOTrainer on the
 same tiny model and pairs, against the paper's formula on each pair unpacked, and end to end
 through `python -m trainer --objective dpo`."""
@@ -15,14 +15,8 @@ import pytest
 import torch
 from packed_fixtures import read_jsonl
 
-from beam_preprocess.preference import (
-    PairError,
-    normalize,
-    pack_pairs,
-    row_of,
-    tokenize_pair,
-    write_dataset,
-)
+from beam_preprocess.pairs import PairError, normalize, pack_pairs, row_of, tokenize_pair
+from beam_preprocess.preference import write_dataset
 from trainer.packed_data.format import PAIR_COLUMN, read_manifest
 from trainer.packed_data.reader import read_split
 
@@ -136,7 +130,7 @@ def test_preference_dataset_round_trips_and_old_manifests_load(
         tmp_path, tokenizer, {"train": [*records[:30], too_long], "eval": records[30:]}, 256
     )
     assert manifest.data_kind == "preference" and manifest.minor_version == 1
-    assert manifest.stats["filtered"] == {"too_long_tokens": 1}
+    assert manifest.stats["filtered_by_reason"] == {"too_long_tokens": 1}
     rows = read_split(str(tmp_path), read_manifest(str(tmp_path)), "train")
     assert rows.pair_ids is not None and int((rows.pair_ids.max(axis=1) // 2).sum()) == 30
     # A manifest written before minor versions existed still loads, as minor 0.
