@@ -151,10 +151,10 @@ def _example_of(
         return {"text": _required_text(record, shape.text)}, (shape.text,), []
     if fmt == PREFERENCE_KIND:
         try:
-            example, used = pairs.example_of(record)
+            pair, pair_fields = pairs.example_of(record)
         except pairs.PairError as exc:
             raise Invalid(exc.reason, str(exc)) from None
-        return example, used, []
+        return pair, pair_fields, []
     if fmt in ("chat", "sharegpt"):
         sharegpt = fmt == "sharegpt"
         messages, nested = _messages(record, shape.messages, sharegpt, shape.tool_turns)

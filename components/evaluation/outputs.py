@@ -17,6 +17,8 @@ from components.evaluation.text_metrics import chrf, exact_match, normalize_answ
 from trainer import storage
 
 METRICS_FILE = "metrics.json"
+PAIR_METRICS = ("win_rate", "reward_margin", "response_nll")
+"""Per-model metrics of a DPO evaluation besides the eval loss (`Scores.add_preference`)."""
 REPORT_FILE = "report.html"
 GENERATIONS_FILE = "generations.jsonl"
 
@@ -176,8 +178,7 @@ class Scores:
             if kept is not None:
                 metrics["general_retained"] = kept
         tasks = [f"task_{t}" for t in self.tasks.get("tuned", {})]
-        keys = ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct")
-        keys += ("win_rate", "reward_margin", "response_nll")
+        keys = ["eval_loss", "perplexity", "exact_match", "chrf", "general_correct", *PAIR_METRICS]
         for key in (*keys, *tasks):
             if f"tuned_{key}" in metrics and f"base_{key}" in metrics:
                 metrics[f"{key}_delta"] = metrics[f"tuned_{key}"] - metrics[f"base_{key}"]
