@@ -99,7 +99,8 @@ def _data(r: Run) -> None:
             + (
                 "set objective=dpo for preference pairs"
                 if preference
-                else "objective=dpo needs a preference dataset (python -m beam_preprocess.preference)"
+                else "objective=dpo needs a preference dataset (llmft preprocess --data-kind "
+                "preference)"
             )
         )
     if errors:
