@@ -176,22 +176,57 @@ def tokenize_pair(tokenizer: Any, record: dict[str, Any]) -> Pair:
 
 
 def pack_pairs(pairs: list[Pair], seq_len: int) -> list[list[Pair]]:
-    """Rows of whole pairs: first-fit decreasing by length (ties in input order)."""
+    """Rows of whole pairs: first-fit decreasing by length (ties in input order).
+
+    The first row with room is found in a max-tree over the rows' free space (`_FreeSpace`), so
+    packing a split costs O(pairs x log rows) rather than a scan of every row per pair (20k pairs
+    took 5.6 s scanning).
+    """
     order = sorted(range(len(pairs)), key=lambda i: (-len(pairs[i]), i))
     rows: list[list[Pair]] = []
-    free: list[int] = []
+    free = _FreeSpace(len(pairs))
     for i in order:
         need = len(pairs[i])
         if need > seq_len:
             raise ValueError(f"pair {i} has {need} tokens, more than seq_len={seq_len}")
-        slot = next((j for j, room in enumerate(free) if room >= need), None)
+        slot = free.first_with(need)
         if slot is None:
             rows.append([])
-            free.append(seq_len)
             slot = len(rows) - 1
+            free.set(slot, seq_len)
         rows[slot].append(pairs[i])
-        free[slot] -= need
+        free.set(slot, free.room(slot) - need)
     return rows
+
+
+class _FreeSpace:
+    """Free tokens of up to `capacity` rows (0 for rows not opened) in a binary max-tree: the
+    first row with at least n free is found in O(log rows)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.leaves = 1
+        while self.leaves < max(capacity, 1):
+            self.leaves *= 2
+        self.tree = [0] * (2 * self.leaves)
+
+    def room(self, row: int) -> int:
+        return self.tree[self.leaves + row]
+
+    def set(self, row: int, room: int) -> None:
+        node = self.leaves + row
+        self.tree[node] = room
+        while node > 1:
+            node //= 2
+            self.tree[node] = max(self.tree[2 * node], self.tree[2 * node + 1])
+
+    def first_with(self, need: int) -> int | None:
+        """The lowest row with room >= need (need >= 1), or None."""
+        if self.tree[1] < need:
+            return None
+        node = 1
+        while node < self.leaves:
+            node = 2 * node if self.tree[2 * node] >= need else 2 * node + 1
+        return node - self.leaves
 
 
 def row_of(pairs: list[Pair], seq_len: int, pad_id: int) -> dict[str, list[int]]:

@@ -341,3 +341,27 @@ def test_run_parameters_pair_objective_dpo_with_preference_data() -> None:
         "record format 'chat'" in e
         for e in errors(objective="dpo", data_kind="preference", record_format="chat", **lora)
     )
+
+
+def test_pack_pairs_is_first_fit_decreasing() -> None:
+    """The tree search of `pack_pairs` puts every pair where a plain first-fit scan would."""
+    import random
+
+    from beam_preprocess.pairs import Pair
+
+    rng = random.Random(0)
+    sizes = [(rng.randint(1, 300), rng.randint(1, 300)) for _ in range(2000)]
+    pairs = [Pair(([0] * a, [0] * a), ([0] * b, [0] * b)) for a, b in sizes]
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(pairs)), key=lambda i: (-len(pairs[i]), i)):
+        slot = next((j for j, room in enumerate(free) if room >= len(pairs[i])), None)
+        if slot is None:
+            rows.append([])
+            free.append(1024)
+            slot = len(rows) - 1
+        rows[slot].append(i)
+        free[slot] -= len(pairs[i])
+    index = {id(p): i for i, p in enumerate(pairs)}
+    packed = [[index[id(p)] for p in row] for row in pack_pairs(pairs, 1024)]
+    assert packed == rows and len(rows) > 100
