@@ -16,7 +16,14 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_preprocess.readers import FORMATS
-from beam_preprocess.shapes import RECORD_FORMATS, TOOL_TURNS, Shape, shape_error
+from beam_preprocess.shapes import (
+    FIELD_NAMES,
+    RECORD_FORMATS,
+    TOOL_TURNS,
+    Shape,
+    field_error,
+    shape_error,
+)
 from beam_preprocess.sources import source_errors
 from beam_preprocess.template_library import NAMED_TEMPLATES, template_error
 from beam_preprocess.tokenize import OVERLONG_POLICIES
@@ -426,17 +433,16 @@ def _preference_errors(o: Any) -> list[str]:
     seq_len is always filtered (a cut response would bias its log-probability)."""
     if o.data_kind != PREFERENCE_KIND:
         return []
-    given = [f"--{name}-field" for name in ("prompt", "response", "messages", "text", "system")]
-    given = [flag for flag in given if getattr(o, flag[2:].replace("-", "_"))]
+    fields = [f"--{name}-field" for name in FIELD_NAMES if getattr(o, f"{name}_field")]
+    errors = [problem] if (problem := field_error(o.data_kind, fields)) else []
     if o.train_on_prompt:
-        given.append("--train-on-prompt")
+        errors.append("--train-on-prompt: the prompt of a pair is never a target")
     if o.overlong not in ("auto", "drop"):
-        given.append(f"--overlong {o.overlong}")
-    return [
-        f"{flag}: not applicable to --data-kind preference (pairs are read as prompt, chosen, "
-        "rejected; docs/preprocess.md)"
-        for flag in given
-    ]
+        errors.append(
+            f"--overlong {o.overlong}: a pair longer than --seq-len is always filtered (a cut "
+            "response would bias its log-probability)"
+        )
+    return errors
 
 
 def help_parser(prog: str = "python -m beam_preprocess") -> argparse.ArgumentParser:

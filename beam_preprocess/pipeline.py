@@ -7,7 +7,9 @@ the input and the machine are large (`local_workers`: then one worker process pe
 
 Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet shards,
 manifest.json, stats.json (the accounting, also when the run fails the rejected-fraction check),
-rejected/ and filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator).
+rejected/ and filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator;
+not for `--data-kind preference`, whose pairs take beam_preprocess/preference_steps.py after
+Prepare).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ without pickling (it matters at tens of thousands of records per second).
     record   {"source": "path:line", "record": {...raw fields...}}
     example  {"source": ..., "messages": [{"role", "content"}, ...]}  (instruction data)
              {"source": ..., "text": "..."}                           (plain text)
+             {"source": ..., "messages": [history], "chosen": "...", "rejected": "..."}
+                                                                      (preference pairs)
              plus "hash" (content hash) and "split" ("train" | "eval"), set by Prepare
     document (ids int32 bytes, loss mask uint8 bytes)
     tokenized example (hash, source, split, [documents], retokenized, eval record or None);

@@ -89,6 +89,21 @@ def shape_error(data_kind: str, record_format: str) -> str | None:
     return None
 
 
+FIELD_NAMES = ("prompt", "response", "messages", "text", "system")
+"""The field-name options (`prompt_field`, ...; an empty one: the shape's default)."""
+
+
+def field_error(data_kind: str, given: list[str]) -> str | None:
+    """Field names given for preference data, whose shape reads TRL's names (`given`: how the
+    caller spells the options that were set)."""
+    if data_kind != PREFERENCE_KIND or not given:
+        return None
+    return (
+        f"{', '.join(given)}: not applicable to data kind preference (pairs are read as prompt, "
+        "chosen, rejected; docs/preprocess.md)"
+    )
+
+
 class Invalid(Exception):
     """(reason, message) of a record that its shape cannot read; `kind` says where it goes:
     "rejected" (broken) or "filtered" (a policy, such as tool_turns=filter)."""

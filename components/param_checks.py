@@ -281,12 +281,19 @@ def check_data_source(train_data_uri: str, bigquery_query: str, runner: str) -> 
     return errors
 
 
-def check_record_format(data_kind: str, record_format: str) -> str | None:
-    """A record format shapes instruction data only."""
-    from beam_preprocess.shapes import shape_error
+def check_record_format(
+    data_kind: str, record_format: str, fields: dict[str, str] | None = None
+) -> list[str]:
+    """A record format shapes instruction data only; `fields` (parameter name -> field name)
+    have no meaning for preference pairs either."""
+    from beam_preprocess.shapes import field_error, shape_error
 
-    problem = shape_error(data_kind, record_format)
-    return f"record_format: {problem}" if problem else None
+    errors = []
+    if problem := shape_error(data_kind, record_format):
+        errors.append(f"record_format: {problem}")
+    if problem := field_error(data_kind, [k for k, v in (fields or {}).items() if v]):
+        errors.append(problem)
+    return errors
 
 
 def check_chat_template(chat_template: str) -> str | None:

@@ -507,7 +507,6 @@ class RunParams:
                 ),
                 checks.check_secret_name("hf_token_secret", self.hf_token_secret),
                 checks.check_chat_template(self.chat_template),
-                checks.check_record_format(self.data_kind, self.record_format),
                 checks.check_placeholder_resolved("run id", run_id),
                 checks.check_eval_accelerator(
                     target, self.eval_accelerator_type, self.eval_accelerator_count
@@ -515,6 +514,14 @@ class RunParams:
             )
             if e
         ]
+        fields = {
+            "prompt_field": self.prompt_field,
+            "response_field": self.response_field,
+            "messages_field": self.messages_field,
+            "text_field": self.text_field,
+            "system_field": self.system_field,
+        }
+        errors += checks.check_record_format(self.data_kind, self.record_format, fields)
         errors += checks.check_machine_accelerator(
             self.backend, self.machine_type, self.accelerator_type, self.accelerator_count
         )

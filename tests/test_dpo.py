@@ -341,6 +341,10 @@ def test_run_parameters_pair_objective_dpo_with_preference_data() -> None:
         "record format 'chat'" in e
         for e in errors(objective="dpo", data_kind="preference", record_format="chat", **lora)
     )
+    assert any(
+        e.startswith("prompt_field: not applicable to data kind preference")
+        for e in errors(objective="dpo", data_kind="preference", prompt_field="question", **lora)
+    )
 
 
 def test_pack_pairs_is_first_fit_decreasing() -> None:

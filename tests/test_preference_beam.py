@@ -141,9 +141,9 @@ def test_beam_writes_the_rows_of_the_in_memory_path_and_accounts_for_every_recor
     "flags, message",
     [
         (["--record-format=chat"], "record format 'chat' shapes instruction data"),
-        (["--prompt-field=question"], "--prompt-field: not applicable to --data-kind preference"),
-        (["--train-on-prompt"], "--train-on-prompt: not applicable"),
-        (["--overlong=truncate"], "--overlong truncate: not applicable"),
+        (["--prompt-field=question"], "--prompt-field: not applicable to data kind preference"),
+        (["--train-on-prompt"], "--train-on-prompt: the prompt of a pair is never a target"),
+        (["--overlong=truncate"], "--overlong truncate: a pair longer than --seq-len is always"),
     ],
 )
 def test_preference_options_that_have_no_meaning_are_refused(

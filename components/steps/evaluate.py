@@ -3,9 +3,9 @@
 `run(EvaluateRequest)` is what the `evaluate` KFP component calls; the work is
 `components.evaluation.evaluate.run_evaluation` (also `llmft evaluate`). The tuned Model artifact
 is the exported Hugging Face model itself; the training curve is in the trainer's run directory,
-its `run_uri` metadata (`<run dir>/metrics.jsonl`), and DPO's beta in its `dpo_beta` metadata. The step writes the report to its HTML
-artifact and logs the scalars to its Metrics artifact; metrics.json and generations.jsonl go to a
-temporary directory that is removed.
+its `run_uri` metadata (`<run dir>/metrics.jsonl`), and DPO's beta in its `dpo_beta` metadata.
+The step writes the report to its HTML artifact and logs the scalars to its Metrics artifact;
+metrics.json and generations.jsonl go to a temporary directory that is removed.
 """
 
 from __future__ import annotations

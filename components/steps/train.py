@@ -375,9 +375,12 @@ def read_summary(output: str) -> dict[str, Any]:
 def model_metadata(
     summary: Mapping[str, Any], *, output: str, launch: TrainLaunch, backend: str
 ) -> dict[str, Any]:
-    """Model artifact metadata: what it was trained from, for what (`objective`, and DPO's beta,
-    which the evaluate step scales the implicit rewards by), how far, where the HF files are
-    (`model_uri`) and where the run's checkpoints, metrics and TensorBoard logs are (`run_uri`)."""
+    """Model artifact metadata: what it was trained from, for what (`objective`; with DPO its
+    `dpo_beta`, which the evaluate step scales the implicit rewards by), how far, where the HF
+    files are (`model_uri`) and where the run's checkpoints, metrics and TensorBoard logs are
+    (`run_uri`)."""
+    trainer = launch.trainer
+    dpo = {"dpo_beta": trainer.dpo_beta} if trainer.objective == "dpo" else {}
     export_dir = launch.trainer.export_dir
     model_uri = summary.get("model_dir") or export_dir or output.rstrip("/") + "/model"
     return {
@@ -386,8 +389,8 @@ def model_metadata(
         "tokens": summary.get("tokens"),
         "target_tokens": summary.get("target_tokens"),
         "final_loss": summary.get("final_loss"),
-        "objective": launch.trainer.objective,
-        "dpo_beta": launch.trainer.dpo_beta,
+        "objective": trainer.objective,
+        **dpo,
         "model_uri": model_uri,
         "run_uri": output,
         "dataset_uri": launch.data,  # lineage: the data came by URI, not as an input artifact
