@@ -203,8 +203,10 @@ def _present(record: dict[str, Any], name: str) -> bool:
 
 
 def _required_text(record: dict[str, Any], name: str) -> str:
-    if name not in record or record[name] is None:
+    if name not in record:
         raise Invalid("missing_field", f"field {name!r} is missing")
+    if record[name] is None:
+        raise Invalid("missing_field", f"field {name!r} is null")
     value = record[name]
     if not isinstance(value, str):
         raise Invalid("invalid_field_type", f"field {name!r} is {type(value).__name__}, not text")
@@ -234,8 +236,9 @@ def _messages(
     if isinstance(messages, str):  # CSV cells and some exports hold the conversation as JSON text
         try:
             messages = json.loads(messages)
-        except json.JSONDecodeError as exc:
-            raise Invalid("invalid_messages", f"field {name!r} is not a JSON list: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # ValueError: also an int over 4,300 digits
+            why = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            raise Invalid("invalid_messages", f"field {name!r} is not a JSON list: {why}") from None
     if not isinstance(messages, list) or not messages:
         raise Invalid("invalid_messages", f"field {name!r} must be a non-empty list of messages")
     clean = []
@@ -254,7 +257,12 @@ def _messages(
             )
         if role not in ROLES:
             raise Invalid("invalid_messages", f"{name}[{i}].role {role!r} is not one of {ROLES}")
-        if not isinstance(content, str) or not content.strip():
+        if content is not None and not isinstance(content, str):
+            raise Invalid(
+                "invalid_field_type",
+                f"{name}[{i}].content is {type(content).__name__}, not text",
+            )
+        if content is None or not content.strip():
             raise Invalid("empty_field", f"{name}[{i}].content is missing or empty")
         clean.append({"role": role, "content": content})
         if len(message) > 2:
@@ -274,7 +282,7 @@ def _role_and_content(message: dict[str, Any], where: str, sharegpt: bool) -> tu
     if not sharegpt:
         return message.get("role"), message.get("content")
     speaker = message.get("from")
-    if speaker not in SHAREGPT_ROLES:
+    if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:  # a list is unhashable
         raise Invalid(
             "invalid_messages",
             f"{where}.from {speaker!r} is not a ShareGPT speaker ({', '.join(SHAREGPT_ROLES)})",
