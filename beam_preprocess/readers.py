@@ -320,7 +320,10 @@ def _parse_json(stream: Any, path: str) -> Iterator[Parsed]:
 
 def _parse_json_array(data: bytes, path: str) -> Iterator[Parsed]:
     try:
-        value = json.loads(data)
+        try:
+            value = json.loads(data)
+        except RecursionError:  # one item nested too deeply: the others are still records
+            value = _array_items(data.decode(json.detect_encoding(data)))
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError, JSONDecodeError
         raw = data[:_MAX_RAW_CHARS].decode("utf-8", "replace")
         why = _TOO_DEEP if isinstance(exc, RecursionError) else exc
@@ -336,11 +339,67 @@ def _parse_json_array(data: bytes, path: str) -> Iterator[Parsed]:
     # json.loads also reads UTF-16 and UTF-32 (NUL bytes first): check those items one by one.
     surrogates = b"\x00" in data[:4] or _SURROGATE_ESCAPE_BYTES.search(data) is not None
     for index, item in enumerate(value):
+        if isinstance(item, _TooDeep):
+            yield f"{path}[{index}]", item.raw, ("invalid_json", _TOO_DEEP)
+            continue
         if surrogates and _lone_surrogate(item):
             raw = json.dumps(item)[:_MAX_RAW_CHARS]  # ASCII: the surrogate stays escaped
             yield f"{path}[{index}]", raw, ("invalid_utf8", _LONE_SURROGATE)
             continue
         yield _object_or_error(f"{path}[{index}]", item, item)
+
+
+class _TooDeep:
+    """An array item nested too deeply to parse, with its raw text (bounded)."""
+
+    def __init__(self, raw: str) -> None:
+        self.raw = raw
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_BRACKET_OR_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _array_items(text: str) -> list[Any]:
+    """The items of a JSON array one by one, a `_TooDeep` for each item nested deeper than the
+    parser allows (its end found by counting brackets outside strings); ValueError when the text
+    is not a JSON array."""
+    decoder = json.JSONDecoder()
+    items: list[Any] = []
+    i = _SPACE.match(text).end()  # type: ignore[union-attr]
+    if text[i : i + 1] != "[":
+        raise ValueError("expected a JSON array")
+    i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+    closed = text[i : i + 1] == "]"
+    while not closed:
+        try:
+            item, end = decoder.raw_decode(text, i)
+        except RecursionError:
+            end = _value_end(text, i)
+            item = _TooDeep(text[i:end][:_MAX_RAW_CHARS])
+        items.append(item)
+        i = _SPACE.match(text, end).end()  # type: ignore[union-attr]
+        closed = text[i : i + 1] == "]"
+        if not closed and text[i : i + 1] != ",":
+            raise ValueError(f"expected ',' or ']' at character {i}")
+        i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+    if text[i:].strip():
+        raise ValueError(f"extra data after the array at character {i}")
+    return items
+
+
+def _value_end(text: str, start: int) -> int:
+    """The end of the array or object that starts at `start`."""
+    depth = 0
+    for match in _BRACKET_OR_STRING.finditer(text, start):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+        elif token in "]}":
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    raise ValueError("an array or object is not closed")
 
 
 def _parse_csv(stream: Any, path: str) -> Iterator[Parsed]:
