@@ -10,13 +10,14 @@ number, so lines keep exact numbers). Other files are read whole by one worker: 
 Parquet footers need the whole file, CSV quotes may span lines, and compressed streams cannot seek.
 
 Compressed files (`.gz`, `.bz2`, `.zst`, `.deflate`, `.lzma`, `.xz`, by suffix) are decompressed as
-they are read; so is a gzip, bzip2, zstd or xz file whose name lacks the suffix (`train.jsonl` that
-is really gzip), found by its first bytes, with a warning. A UTF-8 byte order mark at the start of
-a file is skipped. A broken record never stops a file: an undecodable line, a JSON value nested deeper than
-Python's parser allows, a CSV row with a bad byte or a field over `CSV_FIELD_LIMIT`, or an
+they are read; so is a gzip, bzip2, zstd or xz file whose name lacks the suffix (a `train.jsonl`
+that is really gzip), found by its first bytes, with a warning. A UTF-8 byte order mark at the start
+of a file is skipped. A broken record never stops a file: an undecodable line, a JSON value nested
+deeper than Python's parser allows (also one item of a JSON array), a JSON integer of more than
+4,300 digits (Python refuses to convert it), an escaped lone UTF-16 surrogate (not text), a CSV row
+with a bad byte or a field over `CSV_FIELD_LIMIT`, a Parquet string that is not UTF-8, or an
 unreadable Parquet row group each become dead letters (one per record they held, so `records_read`
-counts every record), and the records after them are read. So does a JSON number Python refuses to
-convert (an integer of more than 4,300 digits).
+counts every record), and the records after them are read.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from apache_beam.io.filesystem import CompressedFile, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_preprocess.records import DEAD, OUTCOME, READ, dead_letter, outcome
+from beam_preprocess.records import DEAD, OUTCOME, READ, dead_letter, has_lone_surrogate, outcome
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "json", "csv", "parquet")
 _SUFFIXES = {
@@ -59,8 +62,6 @@ bzip2's "BZh" is followed by a block size digit and a block or end-of-stream mag
 _MAGIC_BYTES = 10
 _BOM = b"\xef\xbb\xbf"
 """The UTF-8 byte order mark some editors and exports (Excel's "CSV UTF-8") put first."""
-
-log = logging.getLogger(__name__)
 SPLIT_BYTES = 4 << 20
 """JSONL range size: small enough that a 30 MB file keeps two workers busy, large enough that the
 per-range cost (one open and seek) is nothing."""
@@ -131,7 +132,7 @@ def line_ranges(stream: Any, path: str, split_bytes: int) -> Iterator[FileRange]
         yield path, start, WHOLE_FILE, first_line
 
 
-def compression_of(head: bytes) -> str | None:
+def _compression_of(head: bytes) -> str | None:
     """The Beam compression type of a stream that starts with `head`, or None when it does not
     start like a compressed stream."""
     for magic, compression in _MAGIC:
@@ -145,7 +146,7 @@ def _sniffed(path: str) -> str | None:
     if path.lower().endswith(_COMPRESSIONS):
         return None
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-        return compression_of(stream.read(_MAGIC_BYTES))
+        return _compression_of(stream.read(_MAGIC_BYTES))
 
 
 def _warn_misnamed(path: str, compression: str) -> None:
@@ -158,12 +159,12 @@ def _warn_misnamed(path: str, compression: str) -> None:
 
 
 @contextmanager
-def open_records_file(path: str) -> Iterator[Any]:
+def _open_whole(path: str) -> Iterator[Any]:
     """A whole input file as a buffered binary stream, decompressed by its suffix or, when the
     name has none, by its first bytes."""
     with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as stream:
         if not isinstance(stream, CompressedFile):
-            compression = compression_of(stream.read(_MAGIC_BYTES))
+            compression = _compression_of(stream.read(_MAGIC_BYTES))
             stream.seek(0)
             if compression is None:
                 yield stream
@@ -175,7 +176,7 @@ def open_records_file(path: str) -> Iterator[Any]:
         yield _buffered(stream)
 
 
-def _buffered(stream: CompressedFile) -> io.BufferedReader:
+def _buffered(stream: Any) -> io.BufferedReader:
     # Beam's decompressing wrapper is neither iterable nor an io object: make it a buffered binary
     # stream, as every parser expects.
     return io.BufferedReader(_RawReader(stream), buffer_size=1 << 20)
@@ -224,7 +225,7 @@ class ReadFileRecords(beam.DoFn):
 
     def _parse(self, path: str, start: int, end: int, first_line: int) -> Iterator[Parsed]:
         if start == 0 and end == WHOLE_FILE:
-            with open_records_file(path) as stream:
+            with _open_whole(path) as stream:
                 yield from _PARSERS[format_of(path, self.input_format)](stream, path)
             return
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
@@ -263,15 +264,6 @@ _LONE_SURROGATE = (
 )
 
 
-def _lone_surrogate(value: Any) -> bool:
-    """True when a parsed JSON value holds a lone surrogate (in a string or a key)."""
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def _object_or_error(source: str, value: Any, raw: Any) -> Parsed:
     if isinstance(value, dict):
         return source, value, None
@@ -303,7 +295,7 @@ def _parse_jsonl(stream: Any, path: str, first_line: int = 1) -> Iterator[Parsed
             yield source, text.rstrip("\n")[:_MAX_RAW_CHARS], ("invalid_json", _TOO_DEEP)
             continue
         raw = text.rstrip("\n")[:_MAX_RAW_CHARS]
-        if "\\u" in text and _SURROGATE_ESCAPE.search(text) and _lone_surrogate(value):
+        if "\\u" in text and _SURROGATE_ESCAPE.search(text) and has_lone_surrogate(value):
             yield source, raw, ("invalid_utf8", _LONE_SURROGATE)
             continue
         yield _object_or_error(source, value, raw)
@@ -342,7 +334,7 @@ def _parse_json_array(data: bytes, path: str) -> Iterator[Parsed]:
         if isinstance(item, _TooDeep):
             yield f"{path}[{index}]", item.raw, ("invalid_json", _TOO_DEEP)
             continue
-        if surrogates and _lone_surrogate(item):
+        if surrogates and has_lone_surrogate(item):
             raw = json.dumps(item)[:_MAX_RAW_CHARS]  # ASCII: the surrogate stays escaped
             yield f"{path}[{index}]", raw, ("invalid_utf8", _LONE_SURROGATE)
             continue

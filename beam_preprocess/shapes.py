@@ -25,6 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from beam_preprocess.records import has_lone_surrogate
+
 RECORD_FORMATS = ("auto", "prompt_response", "alpaca", "chat", "sharegpt")
 """Shapes of instruction records (text data always reads one text field)."""
 TOOL_TURNS = ("reject", "filter")
@@ -239,6 +241,12 @@ def _messages(
         except (ValueError, RecursionError) as exc:  # ValueError: also an int over 4,300 digits
             why = "nested too deeply" if isinstance(exc, RecursionError) else exc
             raise Invalid("invalid_messages", f"field {name!r} is not a JSON list: {why}") from None
+        if has_lone_surrogate(messages):
+            raise Invalid(
+                "invalid_messages",
+                f"field {name!r} holds an escaped lone UTF-16 surrogate (such as \\ud800), "
+                "which is not text",
+            )
     if not isinstance(messages, list) or not messages:
         raise Invalid("invalid_messages", f"field {name!r} must be a non-empty list of messages")
     clean = []

@@ -104,6 +104,16 @@ def _lone_surrogate(d: Path) -> None:
         r'{"prompt": "a pair \ud83d\ude00 is one character", "response": "kept"}',
     ]
     (d / "a.jsonl").write_text(_around(lines))
+    # A CSV cell holding a conversation as JSON text, with the escape inside it.
+    chats = [
+        {
+            "messages": json.dumps(
+                [{"role": "user", "content": c}, {"role": "assistant", "content": "a"}]
+            )
+        }
+        for c in ("csv question", "lone \ud800 in a cell")
+    ]
+    (d / "b.csv").write_text(_csv(chats))
 
 
 def _bom(d: Path) -> None:
@@ -254,9 +264,12 @@ CASES = {
     ),
     "lone_surrogate_escape": Case(
         _lone_surrogate,
-        {"a.jsonl:6": (REJECTED, "invalid_utf8", "lone UTF-16 surrogate")},
-        kept=11,
-        kept_texts=["a pair \U0001f600 is one character"],
+        {
+            "a.jsonl:6": (REJECTED, "invalid_utf8", "lone UTF-16 surrogate"),
+            "b.csv:3": (REJECTED, "invalid_messages", "lone UTF-16 surrogate"),
+        },
+        kept=11 + 1,
+        kept_texts=["a pair \U0001f600 is one character", "csv question"],
     ),
     "utf8_bom": Case(
         _bom,
