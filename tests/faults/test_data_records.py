@@ -364,10 +364,6 @@ CASES = {
 }
 
 
-def _slow(name: str) -> Any:
-    return pytest.param(name, id=name, marks=pytest.mark.slow if name == "huge_line" else ())
-
-
 def _kept_text(out: Path, tokenizer: Path) -> str:
     """Every packed row of train/ and eval/, decoded: what the model would be trained on."""
     import pyarrow.parquet as pq
@@ -382,7 +378,7 @@ def _kept_text(out: Path, tokenizer: Path) -> str:
     return "\n".join(tok.decode(ids, skip_special_tokens=True) for ids in rows)
 
 
-@pytest.mark.parametrize("name", [_slow(name) for name in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_bad_record_is_one_dead_letter_and_the_rest_is_kept(
     name: str, tiny_model_dir: Path, tmp_path: Path
 ):
