@@ -229,7 +229,7 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
         direct = options.view_as(DirectOptions)
         if not _flag_given(argv, "direct_num_workers"):
             files = tuple(p for p in config.inputs if is_file_pattern(p))
-            input_bytes = _match_inputs(files)[0]
+            input_bytes = _match_inputs(files, config.input_format)[0]
             direct.direct_num_workers = local_workers(input_bytes, os.cpu_count() or 1)
         if not _flag_given(argv, "direct_running_mode"):
             # Separate processes: tokenization and packing hold the GIL between Rust calls.
