@@ -19,6 +19,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -34,7 +35,7 @@ from apache_beam.options.pipeline_options import (
 
 from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments, local_workers
 from beam_preprocess.preference_steps import DeduplicateAndPackPairs, TokenizePairs
-from beam_preprocess.readers import ReadRecords
+from beam_preprocess.readers import ReadRecords, format_of, format_suffix
 from beam_preprocess.record_steps import Prepare
 from beam_preprocess.records import (
     DEAD,
@@ -83,8 +84,9 @@ def build_pipeline(
     tokenizer_spec: TokenizerSpec | None = None,
     spill_dir: str | None = None,
     bigquery: Sequence[tuple[str, str]] = (),
-) -> None:
-    """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run()).
+) -> str:
+    """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run()); returns
+    the directory of the run's uncommitted files (the final commit step deletes it).
 
     Pass `tokenizer_spec` when the full tokenizer is at hand (see TokenizerSpec): the workers then
     start without importing transformers. `spill_dir` (local runs) keeps the shuffle on disk.
@@ -153,6 +155,7 @@ def build_pipeline(
         events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
     events.append(packed[OUTCOME] | "TagOutcomesOfPack" >> tagged(OUTCOME))
     _ = events | "AllEvents" >> beam.Flatten() | "Stats" >> WriteStats(f"{out}/{STATS_FILE}")
+    return temp
 
 
 def _read(
@@ -245,7 +248,7 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
         direct = options.view_as(DirectOptions)
         if not _flag_given(argv, "direct_num_workers"):
             files = tuple(p for p in config.inputs if is_file_pattern(p))
-            input_bytes = _match_inputs(files)[0]
+            input_bytes = _match_inputs(files, config.input_format)[0]
             direct.direct_num_workers = local_workers(input_bytes, os.cpu_count() or 1)
         if not _flag_given(argv, "direct_running_mode"):
             # Separate processes: tokenization and packing hold the GIL between Rust calls.
@@ -262,8 +265,9 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     return options, config
 
 
-def _match_inputs(patterns: tuple[str, ...]) -> tuple[int, list[str]]:
-    """(total bytes of the matched input files, what is wrong with the patterns, if anything)."""
+def _match_inputs(patterns: tuple[str, ...], input_format: str = "auto") -> tuple[int, list[str]]:
+    """(total bytes of the matched input files, what is wrong with the patterns, if anything):
+    a pattern that matches nothing, a directory, or a file whose format its name does not tell."""
     total, problems, missing = 0, [], []
     for pattern in patterns:
         try:
@@ -273,10 +277,36 @@ def _match_inputs(patterns: tuple[str, ...]) -> tuple[int, list[str]]:
             continue
         if not found:
             missing.append(pattern)
-        total += sum(m.size_in_bytes for m in found)
+        for metadata in found:
+            if "://" not in metadata.path and not os.path.isfile(metadata.path):
+                problems.append(_not_a_file_problem(pattern, metadata.path))
+                continue
+            try:
+                format_of(metadata.path, input_format)
+            except ValueError as exc:
+                problems.append(f"--input {pattern!r} matches a file of unknown format: {exc}")
+                continue
+            total += metadata.size_in_bytes
     if missing:
         problems.append(f"--input matches no files: {', '.join(missing)}")
     return total, problems
+
+
+def _not_a_file_problem(pattern: str, path: str) -> str:
+    """A directory is not read as such (it may hold files of other formats, such as a README or
+    Spark's _SUCCESS): the message names a glob of the data files in it to give instead. A pipe,
+    socket or device is refused: reading one could wait forever."""
+    if not os.path.isdir(path):
+        return (
+            f"--input {pattern!r} matches {path!r}, which is not a regular file (a pipe, socket "
+            "or device): give files"
+        )
+    suffixes = sorted({s for s in map(format_suffix, os.listdir(path)) if s} or {".jsonl"})
+    root = path.rstrip("/")
+    return (
+        f"--input {pattern!r} is a directory: give the files to read as a glob, e.g. "
+        f"--input '{root}/*{suffixes[0]}' (or '{root}/' for every file directly in it)"
+    )
 
 
 def _flag_given(argv: list[str], name: str) -> bool:
@@ -318,7 +348,7 @@ def launch(argv: list[str]) -> LaunchedRun:
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
     config, sources, bigquery = resolve_sources(config)
-    problems = _match_inputs(config.inputs)[1] if config.inputs else []
+    problems = _match_inputs(config.inputs, config.input_format)[1] if config.inputs else []
     if problems:
         raise ValueError(problems[0])
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
@@ -335,10 +365,22 @@ def launch(argv: list[str]) -> LaunchedRun:
     # Local runs shuffle through files (beam_preprocess.spill), remote ones through the service.
     local = runner == "FnApiRunner"
     with local_spill_dir(config.output) if local else nullcontext() as spill_dir:
-        build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir, bigquery)
-        with _heap_frozen():
+        temp = build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir, bigquery)
+        with _heap_frozen(), _temp_removed_on_failure(temp if local else None):
             result = pipeline.run()  # the local runner returns when the run is over
     return LaunchedRun(result, config, identity, runner, sources)
+
+
+@contextmanager
+def _temp_removed_on_failure(temp: str | None) -> Iterator[None]:
+    """Delete a failed local run's uncommitted files (no hidden `.temp-*` directory is left in the
+    output); the commit step deletes them when the run succeeds."""
+    try:
+        yield
+    except BaseException:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+        raise
 
 
 @contextmanager

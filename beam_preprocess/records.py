@@ -17,6 +17,7 @@ without pickling (it matters at tens of thousands of records per second).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 DEAD = "dead"
@@ -46,3 +47,13 @@ def dead_letter(source: str, record: Any, reason: str, error: str = "") -> dict[
 def outcome(kind: str, reason: str = "", count: int = 1) -> tuple[str, int]:
     """An OUTCOME event: `count` records became `kind` (for `reason`)."""
     return (f"{kind}/{reason}" if reason else kind, count)
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """True when a parsed JSON value holds a lone UTF-16 surrogate (from an escape such as
+    `\\ud800`) in a string or key: not text, as no later step could encode it as UTF-8."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

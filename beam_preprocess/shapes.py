@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beam_preprocess import pairs
+from beam_preprocess.records import has_lone_surrogate
 from trainer.packed_data.format import PREFERENCE_KIND
 
 RECORD_FORMATS = ("auto", "prompt_response", "alpaca", "chat", "sharegpt")
@@ -236,8 +237,10 @@ def _present(record: dict[str, Any], name: str) -> bool:
 
 
 def _required_text(record: dict[str, Any], name: str) -> str:
-    if name not in record or record[name] is None:
+    if name not in record:
         raise Invalid("missing_field", f"field {name!r} is missing")
+    if record[name] is None:
+        raise Invalid("missing_field", f"field {name!r} is null")
     value = record[name]
     if not isinstance(value, str):
         raise Invalid("invalid_field_type", f"field {name!r} is {type(value).__name__}, not text")
@@ -267,8 +270,15 @@ def _messages(
     if isinstance(messages, str):  # CSV cells and some exports hold the conversation as JSON text
         try:
             messages = json.loads(messages)
-        except json.JSONDecodeError as exc:
-            raise Invalid("invalid_messages", f"field {name!r} is not a JSON list: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # ValueError: also an int over 4,300 digits
+            why = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            raise Invalid("invalid_messages", f"field {name!r} is not a JSON list: {why}") from None
+        if has_lone_surrogate(messages):
+            raise Invalid(
+                "invalid_messages",
+                f"field {name!r} holds an escaped lone UTF-16 surrogate (such as \\ud800), "
+                "which is not text",
+            )
     if not isinstance(messages, list) or not messages:
         raise Invalid("invalid_messages", f"field {name!r} must be a non-empty list of messages")
     clean = []
@@ -287,7 +297,12 @@ def _messages(
             )
         if role not in ROLES:
             raise Invalid("invalid_messages", f"{name}[{i}].role {role!r} is not one of {ROLES}")
-        if not isinstance(content, str) or not content.strip():
+        if content is not None and not isinstance(content, str):
+            raise Invalid(
+                "invalid_field_type",
+                f"{name}[{i}].content is {type(content).__name__}, not text",
+            )
+        if content is None or not content.strip():
             raise Invalid("empty_field", f"{name}[{i}].content is missing or empty")
         clean.append({"role": role, "content": content})
         if len(message) > 2:
@@ -307,7 +322,7 @@ def _role_and_content(message: dict[str, Any], where: str, sharegpt: bool) -> tu
     if not sharegpt:
         return message.get("role"), message.get("content")
     speaker = message.get("from")
-    if speaker not in SHAREGPT_ROLES:
+    if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:  # a list is unhashable
         raise Invalid(
             "invalid_messages",
             f"{where}.from {speaker!r} is not a ShareGPT speaker ({', '.join(SHAREGPT_ROLES)})",
