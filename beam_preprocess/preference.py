@@ -38,6 +38,7 @@ from typing import Any
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
     PAIR_COLUMN,
+    PARQUET_WRITE_OPTIONS,
     PREFERENCE_KIND,
     Manifest,
     SplitInfo,
@@ -210,7 +211,7 @@ def write_dataset(
             chunk = rows[lo : lo + rows_per_shard]
             table = pa.table({c: [r[c] for r in chunk] for c in schema.names}, schema=schema)
             rel = f"{split}/part-{n:05d}.parquet"
-            pq.write_table(table, out / rel)
+            pq.write_table(table, out / rel, **PARQUET_WRITE_OPTIONS)
             info.shards.append(rel)
         files += info.shards
         splits[split] = info
