@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -286,6 +287,7 @@ class LocalLauncher(Launcher):
                     failed = bad[0]
                     status = FAILED
                     message = f"node {failed.index} exited with status {failed.proc.returncode}"
+                    message += _worker_error(failed)
                     if any(c is None for c in codes):
                         self.log(f"[launcher] {message}: stopping the other nodes")
                     break
@@ -385,6 +387,20 @@ def _remove_state(state_dir: Path) -> bool:
         state_dir.rmdir()
         state_dir.parent.rmdir()  # the shared root too, once no run uses it
     return existed
+
+
+_WORKER_ERROR = re.compile(r"^\[node\d+ rank\d+\] error: (.+)$")
+"""A worker's own one-line reason (what `python -m trainer` prints before exiting non-zero)."""
+
+
+def _worker_error(node: _Node) -> str:
+    """ ": <reason>" of the failing node's last worker `error:` line ("" when it printed none), so
+    the run's one error line says why (a NaN loss at step N, a damaged shard), not only a code."""
+    for line in reversed(node.tail):
+        match = _WORKER_ERROR.match(line)
+        if match:
+            return f": {match.group(1)}"
+    return ""
 
 
 def _failure_tail(node: _Node) -> list[str]:
