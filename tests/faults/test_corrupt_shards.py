@@ -23,10 +23,14 @@ pytestmark = pytest.mark.integration
 
 
 def _overwrite_middle(path: Path) -> None:
-    """Overwrite 64 bytes a third into the file: inside the first column's data page."""
+    """Overwrite 16 bytes in the middle of the first column chunk: token ids of a data page
+    (same size, footer intact: only page checksums can tell)."""
+    import pyarrow.parquet as pq
+
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    at = chunk.data_page_offset + chunk.total_compressed_size // 2
     data = bytearray(path.read_bytes())
-    at = len(data) // 3
-    data[at : at + 64] = b"\xff" * 64
+    data[at : at + 16] = bytes(16) if any(data[at : at + 16]) else b"\x07" * 16
     path.write_bytes(bytes(data))
 
 
@@ -94,7 +98,10 @@ def test_preprocess_writes_shards_whose_damage_is_detected(tiny_model_dir: Path,
     preprocess([records], out, tiny_model_dir)
     manifest = read_manifest(str(out))
     assert shard_problems(str(out), manifest, read_pages=True) == []
-    shard = out / manifest.splits["train"].shards[0]
+    import pyarrow.parquet as pq
+
+    shards = [out / rel for rel in manifest.splits["train"].shards]
+    shard = next(p for p in shards if pq.ParquetFile(p).metadata.num_rows)  # some are empty
     _overwrite_middle(shard)
     problems = shard_problems(str(out), manifest, read_pages=True)
     assert len(problems) == 1 and f"shard {shard} is damaged" in problems[0], problems
