@@ -256,19 +256,24 @@ class LocalLauncher(Launcher):
         return node
 
     def _pump(self, node: _Node) -> None:
-        """Prefix, tee and keep the tail of one agent's output (agent and worker lines)."""
+        """Prefix, tee and keep the tail of one agent's output (agent and worker lines). Once the
+        launcher stops the agents, their own lines go to the node's log only: torchrun prints a
+        Python traceback for the SIGTERM it is stopped with, which is no error of the run."""
         assert node.proc.stdout is not None and node.log_file is not None
         prefix = f"[node{node.index}"
         for raw in node.proc.stdout:
             line = raw.rstrip("\n")
+            shown = True
             if line.startswith(prefix):
                 node.tail.append(line)
             else:
                 line = f"[node{node.index}] {line}"
                 node.agent_tail.append(line)
+                shown = not self._stopping
             node.log_file.write(line + "\n")
             node.log_file.flush()
-            self.log(line)
+            if shown:
+                self.log(line)
 
     # ---- wait ---------------------------------------------------------------------------------
 
@@ -318,6 +323,8 @@ class LocalLauncher(Launcher):
         )
 
     _cancelled = False
+    _stopping = False
+    """Set once the launcher stops the agents (cancel, a failed node, a timeout)."""
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -328,6 +335,7 @@ class LocalLauncher(Launcher):
         if self.launch is None:
             return
         running = [n.proc.pid for n in self._nodes if n.proc.poll() is None]
+        self._stopping = self._stopping or bool(running)
         marker = self.marker(self.launch.run_id)
         if running or marked_pids(marker):
             terminate_run_processes(marker, running, grace_s=self.grace_s)
