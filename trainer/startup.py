@@ -165,12 +165,21 @@ def _resume(r: Run) -> None:
 def _load(r: Run, path: str) -> str | None:
     """Collective: load the checkpoint at `path` into the run; None when every rank loaded it,
     else why some rank could not (then all ranks try the one before together)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     log.info("resuming from %s", path)
     failure = ""
     try:
         r.state = checkpoint.load(path, r.model, r.optimizer)
-    except Exception as exc:  # DCP's CheckpointException, a truncated RNG or state file, ...
-        failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    # DCP's CheckpointException is a BaseException (raised on every rank); the rest is a
+    # truncated RNG or state file of this rank.
+    except (Exception, CheckpointException) as exc:
+        cause: BaseException = exc
+        if isinstance(exc, CheckpointException) and exc.failures:  # rank -> (error, stack)
+            first = next(iter(exc.failures.values()))
+            cause = first[0] if isinstance(first, tuple) else first
+        text = str(cause).splitlines()[0] if str(cause) else ""
+        failure = f"{type(cause).__name__}: {text}"[:300]
     failed = torch.tensor([1 if failure else 0], device=r.device)
     dist.all_reduce(failed)
     if not failed.item():

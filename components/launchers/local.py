@@ -261,18 +261,26 @@ class LocalLauncher(Launcher):
         Python traceback for the SIGTERM it is stopped with, which is no error of the run."""
         assert node.proc.stdout is not None and node.log_file is not None
         prefix = f"[node{node.index}"
+        held: list[str] | None = None  # an agent traceback, shown unless it is _AGENT_NOISE
         for raw in node.proc.stdout:
-            line = raw.rstrip("\n")
-            shown = True
-            if line.startswith(prefix):
-                node.tail.append(line)
+            text = raw.rstrip("\n")
+            shown = [text]
+            if text.startswith(prefix):
+                node.tail.append(text)
             else:
-                line = f"[node{node.index}] {line}"
-                node.agent_tail.append(line)
-                shown = not self._stopping
-            node.log_file.write(line + "\n")
+                node.agent_tail.append(f"[node{node.index}] {text}")
+                if text.startswith("Traceback (most recent call last)"):
+                    held = []
+                if held is not None:
+                    held.append(text)
+                    shown = []
+                    if not text.startswith((" ", "Traceback")):  # the exception line: its end
+                        shown = [] if _AGENT_NOISE.match(text) else held
+                        held = None
+                shown = [] if self._stopping else [f"[node{node.index}] {t}" for t in shown]
+            node.log_file.write((text if text.startswith(prefix) else node.agent_tail[-1]) + "\n")
             node.log_file.flush()
-            if shown:
+            for line in shown:
                 self.log(line)
 
     # ---- wait ---------------------------------------------------------------------------------
@@ -397,6 +405,10 @@ def _remove_state(state_dir: Path) -> bool:
     return existed
 
 
+_AGENT_NOISE = re.compile(r"^torch\.distributed\.elastic\.\S*(ChildFailedError|SignalException)")
+"""The exception line of torchrun's own traceback when a worker failed (the "Root Cause" block
+that follows says which and why) or when it was stopped by a signal: the terminal is spared the
+traceback, the node's log keeps it."""
 _WORKER_ERROR = re.compile(r"^\[node\d+ rank\d+\] error: (.+)$")
 """A worker's own one-line reason (what `python -m trainer` prints before exiting non-zero)."""
 
