@@ -15,10 +15,12 @@ Prepare).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -53,6 +55,7 @@ from beam_preprocess.spill import local_spill_dir
 from beam_preprocess.stats import WriteStats, tagged
 from beam_preprocess.template_library import resolve_template
 from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
+from trainer import storage
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -226,6 +229,8 @@ class LaunchedRun:
     runner: str
     sources: list[dict[str, Any]] = field(default_factory=list)
     """Lineage of the hf:// and bq:// inputs (the manifest's `sources`)."""
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    """The output's lock (trainer.storage.exclusive_output), released by `finish`."""
 
 
 def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
@@ -343,7 +348,7 @@ def _reject_unknown_flags(argv: list[str]) -> None:
 def launch(argv: list[str]) -> LaunchedRun:
     """Validate, prepare the output and start the pipeline (waits only on the DirectRunner)."""
     from beam_preprocess.chat_template import ChatRenderer
-    from beam_preprocess.tokenize import TokenizerSpec, load_tokenizer, pad_id_of
+    from beam_preprocess.tokenize import load_tokenizer
 
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
@@ -356,6 +361,32 @@ def launch(argv: list[str]) -> LaunchedRun:
         ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
     identity = TokenizerIdentity.of(tokenizer)
     identity.name_or_path = config.tokenizer
+    held = contextlib.ExitStack()  # one run at a time into a local output, until `finish`
+    held.enter_context(storage.exclusive_output(config.output, "llmft preprocess"))
+    with _released_on_error(held):
+        result = _start(options, config, tokenizer, runner, bigquery)
+    return LaunchedRun(result, config, identity, runner, sources, held)
+
+
+@contextmanager
+def _released_on_error(held: contextlib.ExitStack) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        held.close()
+        raise
+
+
+def _start(
+    options: PipelineOptions,
+    config: PreprocessConfig,
+    tokenizer: Any,
+    runner: str,
+    bigquery: Sequence[tuple[str, str]],
+) -> Any:
+    """Prepare the output and run (local) or submit (remote) the pipeline; its result."""
+    from beam_preprocess.tokenize import TokenizerSpec, pad_id_of
+
     _prepare_output(config.output, config.overwrite)
     log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
     pipeline = beam.Pipeline(options=options)
@@ -367,8 +398,7 @@ def launch(argv: list[str]) -> LaunchedRun:
     with local_spill_dir(config.output) if local else nullcontext() as spill_dir:
         temp = build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir, bigquery)
         with _heap_frozen(), _temp_removed_on_failure(temp if local else None):
-            result = pipeline.run()  # the local runner returns when the run is over
-    return LaunchedRun(result, config, identity, runner, sources)
+            return pipeline.run()  # the local runner returns when the run is over
 
 
 @contextmanager
@@ -402,11 +432,13 @@ def _heap_frozen() -> Iterator[None]:
 
 
 def finish(launched: LaunchedRun) -> Manifest:
-    """Wait for the pipeline, check the rejected fraction, and write manifest.json."""
-    state = launched.result.wait_until_finish()
-    if str(state).rsplit(".", 1)[-1] not in ("DONE", "JOB_STATE_DONE"):
-        raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
-    return write_manifest(launched.config, launched.tokenizer, launched.sources)
+    """Wait for the pipeline, check the rejected fraction, and write manifest.json; then
+    release the output."""
+    with launched.held:
+        state = launched.result.wait_until_finish()
+        if str(state).rsplit(".", 1)[-1] not in ("DONE", "JOB_STATE_DONE"):
+            raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
+        return write_manifest(launched.config, launched.tokenizer, launched.sources)
 
 
 def run(argv: list[str]) -> Manifest:
@@ -465,7 +497,7 @@ def write_manifest(
         splits=splits,
         stats={k: v for k, v in stats.items() if k != "splits"},
         eval_records=_relative(out, _list(f"{out}/{EVAL_RECORDS_DIR}/*.jsonl")),
-        files=[p for p in _relative(out, _list(f"{out}/**")) if p != MANIFEST_FILE],
+        files=[p for p in _relative(out, _list(f"{out}/**")) if p not in _NOT_DATASET],
         sources=list(sources),
         chat_template=resolve_template(config.chat_template) or "",
     )
@@ -483,14 +515,35 @@ def _relative(root: str, paths: list[str]) -> list[str]:
     return [p[len(root) :] if p.startswith(root) else p for p in paths]
 
 
+_NOT_DATASET = (MANIFEST_FILE, storage.LOCK_FILE)
+"""Files in the output that are not part of the dataset: the manifest itself, the run's lock."""
+_WORK_DIRS = re.compile(r"\.(temp-[0-9a-f]{12}|shuffle-[a-z0-9_]{8})")
+"""A run's own work directories in a local output (sinks.temp_dir_for, spill.local_spill_dir)."""
+
+
+def _remove_leftovers(out: str) -> None:
+    """Delete the work directories an interrupted run left in the local output `out` (the caller
+    holds the output's lock, so no live run uses them)."""
+    if "://" in out or not os.path.isdir(out):
+        return
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if _WORK_DIRS.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
+            log.warning("removing %s, left by an interrupted run", path)
+            shutil.rmtree(path)
+
+
 def _prepare_output(out: str, overwrite: bool) -> None:
     """Refuse a non-empty output; with `overwrite`, delete exactly the files a previous run listed
     in its manifest, and refuse when anything else is there (nothing the user owns is deleted).
+    Work directories an interrupted run left (`_WORK_DIRS`) are removed first: the caller holds
+    the output's lock.
 
     Works the same on local paths and gs:// (Beam's FileSystems)."""
     if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output {out!r} is a file: give a directory for the dataset")
-    existing = _relative(out, _list(f"{out}/**"))
+    _remove_leftovers(out)
+    existing = [p for p in _relative(out, _list(f"{out}/**")) if p != storage.LOCK_FILE]
     if existing and not overwrite:
         raise ValueError(
             f"--output {out!r} is not empty: choose a new directory or pass --overwrite"

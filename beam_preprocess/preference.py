@@ -24,7 +24,13 @@ from beam_preprocess.pairs import (
     table_of,
     tokenize_pair,
 )
-from trainer.packed_data.format import PREFERENCE_KIND, Manifest, SplitInfo, TokenizerIdentity
+from trainer.packed_data.format import (
+    PARQUET_WRITE_OPTIONS,
+    PREFERENCE_KIND,
+    Manifest,
+    SplitInfo,
+    TokenizerIdentity,
+)
 
 
 def write_dataset(
@@ -70,7 +76,9 @@ def write_dataset(
         (out / split).mkdir(parents=True, exist_ok=True)
         for n, lo in enumerate(range(0, max(len(rows), 1), rows_per_shard)):
             rel = f"{split}/part-{n:05d}.parquet"
-            pq.write_table(table_of(rows[lo : lo + rows_per_shard]), out / rel)
+            pq.write_table(
+                table_of(rows[lo : lo + rows_per_shard]), out / rel, **PARQUET_WRITE_OPTIONS
+            )
             info.shards.append(rel)
         files += info.shards
         splits[split] = info

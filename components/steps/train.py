@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -342,16 +343,22 @@ def train(
         )
         launch = dataclasses.replace(launch, rdzv_backend="c10d", rdzv_endpoint="")
     launch.validate()
+    local = isinstance(options, LocalOptions)
     if launch.entrypoint == TRAINER_ENTRYPOINT:
-        preflight(launch.trainer, local=isinstance(options, LocalOptions), overwrite=overwrite)
-    if isinstance(options, LocalOptions) and launch.rdzv_endpoint:
-        check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
-    if overwrite:
-        storage.remove(launch.trainer.checkpoints_dir())
-    runner = launcher(options, log=log)
-    result = runner.run(launch, timeout=timeout_s)
-    runner.log(f"[launcher] {result.describe()}")
-    result.raise_for_status()
+        launch.trainer.validate()  # before the lock creates the output directory
+    # One run at a time into a local output: a second one is refused before it reads or deletes
+    # anything of the first's (the lock goes with this process, however it ends).
+    with storage.exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext():
+        if launch.entrypoint == TRAINER_ENTRYPOINT:
+            preflight(launch.trainer, local=local, overwrite=overwrite)
+        if local and launch.rdzv_endpoint:
+            check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
+        if overwrite:
+            storage.remove(launch.trainer.checkpoints_dir())
+        runner = launcher(options, log=log)
+        result = runner.run(launch, timeout=timeout_s)
+        runner.log(f"[launcher] {result.describe()}")
+        result.raise_for_status()
     output = launch.trainer.output
     metadata = model_metadata(
         read_summary(output), output=output, launch=launch, backend=runner.backend
