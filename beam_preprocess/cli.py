@@ -1,14 +1,18 @@
 """Command line of the preprocessing pipeline: `python -m beam_preprocess --help`.
 
 Also what `llmft preprocess` forwards its arguments to. User mistakes print one `error:` line and
-exit 2; a summary of the written dataset is printed as JSON on success.
+exit 2; Ctrl-C (SIGINT) one `error:` line and exit 130, with no traceback (Beam re-wraps the
+KeyboardInterrupt as a RuntimeError of the step it interrupted); a summary of the written dataset
+is printed as JSON on success.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+from types import FrameType
 
 from beam_preprocess.options import help_parser
 
@@ -48,6 +52,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_preprocess")
     from beam_preprocess.pipeline import run
     from trainer.storage import DiskFullError
 
+    interrupted: list[int] = []
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        interrupted.append(signum)
+        # Beam logs the interrupt with a traceback as the error of the step it stopped: what
+        # follows an interrupt is its consequence, reported below in one line.
+        logging.disable(logging.CRITICAL)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         manifest = run(argv)
     except (ValueError, FileNotFoundError, PermissionError) as exc:
@@ -56,5 +70,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_preprocess")
     except DiskFullError as exc:  # not the user's input: the run stopped, no manifest.json
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BaseException:
+        if not interrupted:
+            raise
+        print(
+            "error: interrupted (Ctrl-C) before the dataset was finished: no manifest.json was "
+            "written; rerun the same command",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        logging.disable(logging.NOTSET)
     print(json.dumps(summary(asdict(manifest)), indent=2))
     return 0

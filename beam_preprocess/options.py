@@ -16,18 +16,26 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_preprocess.readers import FORMATS
-from beam_preprocess.shapes import RECORD_FORMATS, TOOL_TURNS, Shape, shape_error
+from beam_preprocess.shapes import (
+    FIELD_NAMES,
+    RECORD_FORMATS,
+    TOOL_TURNS,
+    Shape,
+    field_error,
+    shape_error,
+)
 from beam_preprocess.sources import source_errors
 from beam_preprocess.template_library import NAMED_TEMPLATES, template_error
 from beam_preprocess.tokenize import OVERLONG_POLICIES
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
     EVAL_FRACTION_MAX,
+    PREFERENCE_KIND,
     SEQ_LEN_MAX,
     SEQ_LEN_MIN,
 )
 
-DATA_KINDS = ("instruction", "text")
+DATA_KINDS = ("instruction", "text", PREFERENCE_KIND)
 GLOB_CHARS = "*?[]"
 """Characters Beam's file systems read as a pattern: refused in --output, which is matched and
 deleted by pattern while the dataset is committed (`out[1]` would fail only after all the work)."""
@@ -78,7 +86,8 @@ def _io_arguments(add: Callable[..., None]) -> None:
         dest="data_kind",
         default="instruction",
         choices=DATA_KINDS,
-        help="instruction: prompt/response or chat messages; text: plain causal-LM text.",
+        help="instruction: prompt/response or chat messages; text: plain causal-LM text; "
+        "preference: {prompt, chosen, rejected} pairs for DPO (beam_preprocess/pairs.py).",
     )
     add(
         "--input-format",
@@ -274,7 +283,7 @@ class PreprocessConfig:
     seq_len: int
     """Tokens per packed row."""
     data_kind: str = "instruction"
-    """"instruction" or "text"."""
+    """One of DATA_KINDS: "instruction", "text" or "preference"."""
     input_format: str = "auto"
     record_format: str = "auto"
     """Shape of instruction records (beam_preprocess.shapes.RECORD_FORMATS)."""
@@ -355,6 +364,7 @@ class PreprocessConfig:
                 errors.append(f"{flag} must be >= {low} (got {value})")
         if problem := shape_error(o.data_kind, o.record_format):
             errors.append(f"--record-format: {problem}")
+        errors += _preference_errors(o)
         if problem := template_error(o.chat_template):
             errors.append(f"--chat-template: {problem}")
         errors += source_errors(inputs, o.bigquery_query)
@@ -364,7 +374,7 @@ class PreprocessConfig:
             raise ValueError("invalid preprocessing options:\n  - " + "\n  - ".join(errors))
         overlong = o.overlong
         if overlong == "auto":
-            overlong = "drop" if o.data_kind == "instruction" else "split"
+            overlong = "split" if o.data_kind == "text" else "drop"
         return cls(
             inputs=inputs,
             output=o.output.rstrip("/"),
@@ -415,6 +425,24 @@ class PreprocessConfig:
             system=self.system_field,
             tool_turns=self.tool_turns,
         )
+
+
+def _preference_errors(o: Any) -> list[str]:
+    """Options that have no meaning for preference pairs, refused rather than ignored: the
+    pair's shape reads TRL's field names, its prompt is never a target, and a pair longer than
+    seq_len is always filtered (a cut response would bias its log-probability)."""
+    if o.data_kind != PREFERENCE_KIND:
+        return []
+    fields = [f"--{name}-field" for name in FIELD_NAMES if getattr(o, f"{name}_field")]
+    errors = [problem] if (problem := field_error(o.data_kind, fields)) else []
+    if o.train_on_prompt:
+        errors.append("--train-on-prompt: the prompt of a pair is never a target")
+    if o.overlong not in ("auto", "drop"):
+        errors.append(
+            f"--overlong {o.overlong}: a pair longer than --seq-len is always filtered (a cut "
+            "response would bias its log-probability)"
+        )
+    return errors
 
 
 def help_parser(prog: str = "python -m beam_preprocess") -> argparse.ArgumentParser:

@@ -7,17 +7,21 @@ the input and the machine are large (`local_workers`: then one worker process pe
 
 Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet shards,
 manifest.json, stats.json (the accounting, also when the run fails the rejected-fraction check),
-rejected/ and filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator).
+rejected/ and filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator;
+not for `--data-kind preference`, whose pairs take beam_preprocess/preference_steps.py after
+Prepare).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
 import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -32,7 +36,8 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments, local_workers
-from beam_preprocess.readers import ReadRecords
+from beam_preprocess.preference_steps import DeduplicateAndPackPairs, TokenizePairs
+from beam_preprocess.readers import ReadRecords, format_of, format_suffix
 from beam_preprocess.record_steps import Prepare
 from beam_preprocess.records import (
     DEAD,
@@ -55,6 +60,7 @@ from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
     MANIFEST_FILE,
+    PREFERENCE_KIND,
     REJECTED_DIR,
     SPLITS,
     STATS_FILE,
@@ -81,8 +87,9 @@ def build_pipeline(
     tokenizer_spec: TokenizerSpec | None = None,
     spill_dir: str | None = None,
     bigquery: Sequence[tuple[str, str]] = (),
-) -> None:
-    """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run()).
+) -> str:
+    """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run()); returns
+    the directory of the run's uncommitted files (the final commit step deletes it).
 
     Pass `tokenizer_spec` when the full tokenizer is at hand (see TokenizerSpec): the workers then
     start without importing transformers. `spill_dir` (local runs) keeps the shuffle on disk.
@@ -93,24 +100,37 @@ def build_pipeline(
     temp = temp_dir_for(out)
     read = _read(pipeline, config, bigquery)
     examples = read["records"] | "Prepare" >> Prepare(config)
-    tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir)
-    packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
-    packed = tokens.documents | "DeduplicateAndPack" >> packer
+    pairs = config.data_kind == PREFERENCE_KIND
+    if pairs:  # beam_preprocess.preference_steps: pairs packed whole, one worker per split
+        tokens = examples.examples | "TokenizePairs" >> TokenizePairs(config)
+        pair_packer = DeduplicateAndPackPairs(config.seq_len, pad_id)
+        packed = tokens.pairs | "DeduplicateAndPackPairs" >> pair_packer
+        stages: tuple[tuple[str, str], ...] = ((TABLES, ""),)
+    else:
+        tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir)
+        packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
+        packed = tokens.documents | "DeduplicateAndPack" >> packer
+        stages = ((TABLES, ""), (TAIL_TABLES, "-tail"))
+    schema = table_schema(config.data_kind)
 
     # Every output is written inside the stage that produces it (beam_preprocess.sinks), and all
     # files are committed together at the end.
-    outputs = {name: Shards(f"{out}/{name}/part", PARQUET) for name in SPLITS}
-    outputs |= {f"{name}-tail": Shards(f"{out}/{name}/part-tail", PARQUET) for name in SPLITS}
+    outputs = {
+        f"{name}{suffix}": Shards(f"{out}/{name}/part{suffix}", PARQUET)
+        for _, suffix in stages
+        for name in SPLITS
+    }
     for kind, directory in ((DEAD, REJECTED_DIR), (FILTERED, FILTERED_DIR)):
         outputs[kind] = Shards(f"{out}/{directory}/part", JSONL)
-    outputs[EVAL_RECORDS] = Shards(f"{out}/{EVAL_RECORDS_DIR}/part", JSONL)
+    if not pairs:  # pairs have no reference answer to generate against
+        outputs[EVAL_RECORDS] = Shards(f"{out}/{EVAL_RECORDS_DIR}/part", JSONL)
     written = []
-    for stage, suffix in ((TABLES, ""), (TAIL_TABLES, "-tail")):
+    for stage, suffix in stages:
         label = suffix.replace("-", "").title()
         tables = packed[stage] | f"BySplit{label}" >> beam.ParDo(_BySplit()).with_outputs(*SPLITS)
         for name in SPLITS:
             shards = outputs[f"{name}{suffix}"]
-            writer = WriteShards(shards, temp, table_schema())
+            writer = WriteShards(shards, temp, schema)
             written.append(tables[name] | f"Write{name.title()}{label}" >> writer)
     letters = [
         ("Read", read, DEAD),
@@ -118,24 +138,27 @@ def build_pipeline(
         ("Prepare", examples, FILTERED),
         ("Tokenize", tokens, DEAD),
         ("Tokenize", tokens, FILTERED),
-        ("Pack", packed, EVAL_RECORDS),
     ]
+    if not pairs:
+        letters.append(("Pack", packed, EVAL_RECORDS))
     for step, results, kind in letters:
         writer = WriteShards(outputs[kind], temp)
         written.append(results[kind] | f"Write{kind.title()}Of{step}" >> writer)
     _ = (
         written
         | "AllWritten" >> beam.Flatten()
-        | "CommitShards" >> CommitShards(outputs.values(), temp, table_schema())
+        | "CommitShards" >> CommitShards(outputs.values(), temp, schema)
     )
 
     events = [read[READ] | "TagRead" >> tagged(READ), packed[STATS] | "TagStats" >> tagged(STATS)]
-    events.append(packed[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
+    if not pairs:
+        events.append(packed[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
     events.append(examples[UNUSED_FIELDS] | "TagUnusedFields" >> tagged(UNUSED_FIELDS))
     for step, results in (("Read", read), ("Prepare", examples), ("Tokenize", tokens)):
         events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
     events.append(packed[OUTCOME] | "TagOutcomesOfPack" >> tagged(OUTCOME))
     _ = events | "AllEvents" >> beam.Flatten() | "Stats" >> WriteStats(f"{out}/{STATS_FILE}")
+    return temp
 
 
 def _read(
@@ -206,6 +229,8 @@ class LaunchedRun:
     runner: str
     sources: list[dict[str, Any]] = field(default_factory=list)
     """Lineage of the hf:// and bq:// inputs (the manifest's `sources`)."""
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    """The output's lock (trainer.storage.exclusive_output), released by `finish`."""
 
 
 def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
@@ -228,7 +253,7 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
         direct = options.view_as(DirectOptions)
         if not _flag_given(argv, "direct_num_workers"):
             files = tuple(p for p in config.inputs if is_file_pattern(p))
-            input_bytes = _match_inputs(files)[0]
+            input_bytes = _match_inputs(files, config.input_format)[0]
             direct.direct_num_workers = local_workers(input_bytes, os.cpu_count() or 1)
         if not _flag_given(argv, "direct_running_mode"):
             # Separate processes: tokenization and packing hold the GIL between Rust calls.
@@ -245,8 +270,9 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     return options, config
 
 
-def _match_inputs(patterns: tuple[str, ...]) -> tuple[int, list[str]]:
-    """(total bytes of the matched input files, what is wrong with the patterns, if anything)."""
+def _match_inputs(patterns: tuple[str, ...], input_format: str = "auto") -> tuple[int, list[str]]:
+    """(total bytes of the matched input files, what is wrong with the patterns, if anything):
+    a pattern that matches nothing, a directory, or a file whose format its name does not tell."""
     total, problems, missing = 0, [], []
     for pattern in patterns:
         try:
@@ -256,10 +282,36 @@ def _match_inputs(patterns: tuple[str, ...]) -> tuple[int, list[str]]:
             continue
         if not found:
             missing.append(pattern)
-        total += sum(m.size_in_bytes for m in found)
+        for metadata in found:
+            if "://" not in metadata.path and not os.path.isfile(metadata.path):
+                problems.append(_not_a_file_problem(pattern, metadata.path))
+                continue
+            try:
+                format_of(metadata.path, input_format)
+            except ValueError as exc:
+                problems.append(f"--input {pattern!r} matches a file of unknown format: {exc}")
+                continue
+            total += metadata.size_in_bytes
     if missing:
         problems.append(f"--input matches no files: {', '.join(missing)}")
     return total, problems
+
+
+def _not_a_file_problem(pattern: str, path: str) -> str:
+    """A directory is not read as such (it may hold files of other formats, such as a README or
+    Spark's _SUCCESS): the message names a glob of the data files in it to give instead. A pipe,
+    socket or device is refused: reading one could wait forever."""
+    if not os.path.isdir(path):
+        return (
+            f"--input {pattern!r} matches {path!r}, which is not a regular file (a pipe, socket "
+            "or device): give files"
+        )
+    suffixes = sorted({s for s in map(format_suffix, os.listdir(path)) if s} or {".jsonl"})
+    root = path.rstrip("/")
+    return (
+        f"--input {pattern!r} is a directory: give the files to read as a glob, e.g. "
+        f"--input '{root}/*{suffixes[0]}' (or '{root}/' for every file directly in it)"
+    )
 
 
 def _flag_given(argv: list[str], name: str) -> bool:
@@ -296,20 +348,50 @@ def _reject_unknown_flags(argv: list[str]) -> None:
 def launch(argv: list[str]) -> LaunchedRun:
     """Validate, prepare the output and start the pipeline (waits only on the DirectRunner)."""
     from beam_preprocess.chat_template import ChatRenderer
-    from beam_preprocess.tokenize import TokenizerSpec, load_tokenizer, pad_id_of
+    from beam_preprocess.tokenize import load_tokenizer
 
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
     config, sources, bigquery = resolve_sources(config)
-    problems = _match_inputs(config.inputs)[1] if config.inputs else []
+    problems = _match_inputs(config.inputs, config.input_format)[1] if config.inputs else []
     if problems:
         raise ValueError(problems[0])
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
-    if config.data_kind == "instruction":
+    if config.data_kind in ("instruction", PREFERENCE_KIND):
         ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
     identity = TokenizerIdentity.of(tokenizer)
     identity.name_or_path = config.tokenizer
+    # Before the lock creates the output: a run that cannot write it, or that would read it back
+    # as input, creates nothing.
     _check_output_apart_from_inputs(config.output, config.inputs)
+    if problem := storage.not_writable(config.output):
+        raise ValueError(f"--output {config.output!r}: {problem}")
+    held = contextlib.ExitStack()  # one run at a time into a local output, until `finish`
+    held.enter_context(storage.exclusive_output(config.output, "llmft preprocess"))
+    with _released_on_error(held), _disk_errors_named(config.output):
+        result = _start(options, config, tokenizer, runner, bigquery)
+    return LaunchedRun(result, config, identity, runner, sources, held)
+
+
+@contextmanager
+def _released_on_error(held: contextlib.ExitStack) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        held.close()
+        raise
+
+
+def _start(
+    options: PipelineOptions,
+    config: PreprocessConfig,
+    tokenizer: Any,
+    runner: str,
+    bigquery: Sequence[tuple[str, str]],
+) -> Any:
+    """Prepare the output and run (local) or submit (remote) the pipeline; its result."""
+    from beam_preprocess.tokenize import TokenizerSpec, pad_id_of
+
     _prepare_output(config.output, config.overwrite)
     log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
     pipeline = beam.Pipeline(options=options)
@@ -318,14 +400,22 @@ def launch(argv: list[str]) -> LaunchedRun:
     )
     # Local runs shuffle through files (beam_preprocess.spill), remote ones through the service.
     local = runner == "FnApiRunner"
-    with (
-        _disk_errors_named(config.output),
-        local_spill_dir(config.output) if local else nullcontext() as spill_dir,
-    ):
-        build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir, bigquery)
-        with _heap_frozen():
-            result = pipeline.run()  # the local runner returns when the run is over
-    return LaunchedRun(result, config, identity, runner, sources)
+    with local_spill_dir(config.output) if local else nullcontext() as spill_dir:
+        temp = build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir, bigquery)
+        with _heap_frozen(), _temp_removed_on_failure(temp if local else None):
+            return pipeline.run()  # the local runner returns when the run is over
+
+
+@contextmanager
+def _temp_removed_on_failure(temp: str | None) -> Iterator[None]:
+    """Delete a failed local run's uncommitted files (no hidden `.temp-*` directory is left in the
+    output); the commit step deletes them when the run succeeds."""
+    try:
+        yield
+    except BaseException:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+        raise
 
 
 @contextmanager
@@ -347,19 +437,21 @@ def _heap_frozen() -> Iterator[None]:
 
 
 def finish(launched: LaunchedRun) -> Manifest:
-    """Wait for the pipeline, check the rejected fraction, and write manifest.json."""
-    state = launched.result.wait_until_finish()
-    if str(state).rsplit(".", 1)[-1] not in ("DONE", "JOB_STATE_DONE"):
-        raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
+    """Wait for the pipeline, check the rejected fraction, and write manifest.json; then
+    release the output."""
     out = launched.config.output
-    try:
-        with _disk_errors_named(out):
-            return write_manifest(launched.config, launched.tokenizer, launched.sources)
-    except storage.DiskFullError:
-        # A truncated manifest.json would make the dataset look complete.
-        if _list(f"{out}/{MANIFEST_FILE}"):
-            FileSystems.delete([f"{out}/{MANIFEST_FILE}"])
-        raise
+    with launched.held:
+        state = launched.result.wait_until_finish()
+        if str(state).rsplit(".", 1)[-1] not in ("DONE", "JOB_STATE_DONE"):
+            raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
+        try:
+            with _disk_errors_named(out):
+                return write_manifest(launched.config, launched.tokenizer, launched.sources)
+        except storage.DiskFullError:
+            # A truncated manifest.json would make the dataset look complete.
+            if _list(f"{out}/{MANIFEST_FILE}"):
+                FileSystems.delete([f"{out}/{MANIFEST_FILE}"])
+            raise
 
 
 @contextmanager
@@ -431,7 +523,7 @@ def write_manifest(
         splits=splits,
         stats={k: v for k, v in stats.items() if k != "splits"},
         eval_records=_relative(out, _list(f"{out}/{EVAL_RECORDS_DIR}/*.jsonl")),
-        files=[p for p in _relative(out, _list(f"{out}/**")) if p != MANIFEST_FILE],
+        files=[p for p in _relative(out, _list(f"{out}/**")) if p not in _NOT_DATASET],
         sources=list(sources),
         chat_template=resolve_template(config.chat_template) or "",
     )
@@ -485,17 +577,35 @@ def _absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
+_NOT_DATASET = (MANIFEST_FILE, storage.LOCK_FILE)
+"""Files in the output that are not part of the dataset: the manifest itself, the run's lock."""
+_WORK_DIRS = re.compile(r"\.(temp-[0-9a-f]{12}|shuffle-[a-z0-9_]{8})")
+"""A run's own work directories in a local output (sinks.temp_dir_for, spill.local_spill_dir)."""
+
+
+def _remove_leftovers(out: str) -> None:
+    """Delete the work directories an interrupted run left in the local output `out` (the caller
+    holds the output's lock, so no live run uses them)."""
+    if "://" in out or not os.path.isdir(out):
+        return
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if _WORK_DIRS.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
+            log.warning("removing %s, left by an interrupted run", path)
+            shutil.rmtree(path)
+
+
 def _prepare_output(out: str, overwrite: bool) -> None:
     """Refuse a non-empty output; with `overwrite`, delete exactly the files a previous run listed
     in its manifest, and refuse when anything else is there (nothing the user owns is deleted).
-    A local output that cannot be written is refused before anything is read.
+    Work directories an interrupted run left (`_WORK_DIRS`) are removed first: the caller holds
+    the output's lock.
 
     Works the same on local paths and gs:// (Beam's FileSystems)."""
     if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output {out!r} is a file: give a directory for the dataset")
-    if problem := storage.not_writable(out):
-        raise ValueError(f"--output {out!r}: {problem}")
-    existing = _relative(out, _list(f"{out}/**"))
+    _remove_leftovers(out)
+    existing = [p for p in _relative(out, _list(f"{out}/**")) if p != storage.LOCK_FILE]
     if existing and not overwrite:
         raise ValueError(
             f"--output {out!r} is not empty: choose a new directory or pass --overwrite"

@@ -9,9 +9,13 @@ every worker parses (one sequential pass of `bytes.count` finds the cuts and eac
 number, so lines keep exact numbers). Other files are read whole by one worker: JSON arrays and
 Parquet footers need the whole file, CSV quotes may span lines, and compressed streams cannot seek.
 
-Compressed files (`.gz`, `.bz2`, `.zst`, `.deflate`, `.lzma`, by suffix) are decompressed as they
-are read. A broken record never stops a file: an undecodable line, a JSON value nested deeper than
-Python's parser allows, a CSV row with a bad byte or a field over `CSV_FIELD_LIMIT`, or an
+Compressed files (`.gz`, `.bz2`, `.zst`, `.deflate`, `.lzma`, `.xz`, by suffix) are decompressed as
+they are read; so is a gzip, bzip2, zstd or xz file whose name lacks the suffix (a `train.jsonl`
+that is really gzip), found by its first bytes, with a warning. A UTF-8 byte order mark at the start
+of a file is skipped. A broken record never stops a file: an undecodable line, a JSON value nested
+deeper than Python's parser allows (also one item of a JSON array), a JSON integer of more than
+4,300 digits (Python refuses to convert it), an escaped lone UTF-16 surrogate (not text), a CSV row
+with a bad byte or a field over `CSV_FIELD_LIMIT`, a Parquet string that is not UTF-8, or an
 unreadable Parquet row group each become dead letters (one per record they held, so `records_read`
 counts every record), and the records after them are read.
 """
@@ -21,7 +25,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
+import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import apache_beam as beam
@@ -31,7 +38,9 @@ from apache_beam.io.filesystem import CompressedFile, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_preprocess.records import DEAD, OUTCOME, READ, dead_letter, outcome
+from beam_preprocess.records import DEAD, OUTCOME, READ, dead_letter, has_lone_surrogate, outcome
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "json", "csv", "parquet")
 _SUFFIXES = {
@@ -41,7 +50,18 @@ _SUFFIXES = {
     ".csv": "csv",
     ".parquet": "parquet",
 }
-_COMPRESSIONS = (".gz", ".bz2", ".zst", ".deflate", ".lzma")
+_COMPRESSIONS = (".gz", ".bz2", ".zst", ".deflate", ".lzma", ".xz")
+_MAGIC = (
+    (re.compile(rb"\x1f\x8b"), CompressionTypes.GZIP),
+    (re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"), CompressionTypes.BZIP2),
+    (re.compile(rb"\x28\xb5\x2f\xfd"), CompressionTypes.ZSTD),
+    (re.compile(rb"\xfd7zXZ\x00"), CompressionTypes.LZMA),
+)
+"""How a compressed stream starts, per format (none of these starts valid UTF-8 text or Parquet:
+bzip2's "BZh" is followed by a block size digit and a block or end-of-stream magic)."""
+_MAGIC_BYTES = 10
+_BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte order mark some editors and exports (Excel's "CSV UTF-8") put first."""
 SPLIT_BYTES = 4 << 20
 """JSONL range size: small enough that a 30 MB file keeps two workers busy, large enough that the
 per-range cost (one open and seek) is nothing."""
@@ -67,6 +87,15 @@ def format_of(path: str, requested: str = "auto") -> str:
         f"cannot tell the format of {path!r} from its name: use one of "
         f"{', '.join(_SUFFIXES)} (optionally compressed) or pass --input-format"
     )
+
+
+def format_suffix(path: str) -> str | None:
+    """The suffix that tells `path`'s format, with its compression suffix (`.jsonl`, `.csv.gz`);
+    None when its name tells none."""
+    name = path.lower()
+    compression = next((c for c in _COMPRESSIONS if name.endswith(c)), "")
+    base = name.removesuffix(compression)
+    return next((s + compression for s in _SUFFIXES if base.endswith(s)), None)
 
 
 FileRange = tuple[str, int, int, int]
@@ -103,6 +132,56 @@ def line_ranges(stream: Any, path: str, split_bytes: int) -> Iterator[FileRange]
         yield path, start, WHOLE_FILE, first_line
 
 
+def _compression_of(head: bytes) -> str | None:
+    """The Beam compression type of a stream that starts with `head`, or None when it does not
+    start like a compressed stream."""
+    for magic, compression in _MAGIC:
+        if magic.match(head):
+            return compression
+    return None
+
+
+def _sniffed(path: str) -> str | None:
+    """The compression of a file whose name does not say it is compressed, from its first bytes."""
+    if path.lower().endswith(_COMPRESSIONS):
+        return None
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+        return _compression_of(stream.read(_MAGIC_BYTES))
+
+
+def _warn_misnamed(path: str, compression: str) -> None:
+    log.warning(
+        "%s is %s-compressed though its name does not say so: reading it decompressed "
+        "(name it with the compression suffix, e.g. .gz, to say so)",
+        path,
+        compression,
+    )
+
+
+@contextmanager
+def _open_whole(path: str) -> Iterator[Any]:
+    """A whole input file as a buffered binary stream, decompressed by its suffix or, when the
+    name has none, by its first bytes."""
+    with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as stream:
+        if not isinstance(stream, CompressedFile):
+            compression = _compression_of(stream.read(_MAGIC_BYTES))
+            stream.seek(0)
+            if compression is None:
+                yield stream
+                return
+            _warn_misnamed(path, compression)
+            with FileSystems.open(path, compression_type=compression) as compressed:
+                yield _buffered(compressed)
+            return
+        yield _buffered(stream)
+
+
+def _buffered(stream: Any) -> io.BufferedReader:
+    # Beam's decompressing wrapper is neither iterable nor an io object: make it a buffered binary
+    # stream, as every parser expects.
+    return io.BufferedReader(_RawReader(stream), buffer_size=1 << 20)
+
+
 class PlanRanges(beam.DoFn):
     """Matched file -> the ranges to read (one range for files that are not split)."""
 
@@ -112,6 +191,9 @@ class PlanRanges(beam.DoFn):
     def process(self, metadata: Any) -> Iterator[FileRange]:
         path = metadata.path
         if metadata.size_in_bytes <= self.split_bytes or not _splittable(path, self.input_format):
+            yield path, 0, WHOLE_FILE, 1
+            return
+        if _sniffed(path):  # compressed under a plain name: a stream that cannot be cut
             yield path, 0, WHOLE_FILE, 1
             return
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
@@ -143,11 +225,7 @@ class ReadFileRecords(beam.DoFn):
 
     def _parse(self, path: str, start: int, end: int, first_line: int) -> Iterator[Parsed]:
         if start == 0 and end == WHOLE_FILE:
-            with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as stream:
-                if isinstance(stream, CompressedFile):
-                    # Beam's decompressing wrapper is neither iterable nor an io object: make it
-                    # a buffered binary stream, as every parser expects.
-                    stream = io.BufferedReader(_RawReader(stream), buffer_size=1 << 20)
+            with _open_whole(path) as stream:
                 yield from _PARSERS[format_of(path, self.input_format)](stream, path)
             return
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
@@ -177,6 +255,15 @@ class _RawReader(io.RawIOBase):
 _TOO_DEEP = "the value is nested too deeply to parse (deeper than Python's recursion limit)"
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate: a pair decodes to one character, a lone one to a string
+that is not text (no step after the reader could encode it as UTF-8)."""
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
+_LONE_SURROGATE = (
+    "the record holds an escaped lone UTF-16 surrogate (such as \\ud800), which is not text"
+)
+
+
 def _object_or_error(source: str, value: Any, raw: Any) -> Parsed:
     if isinstance(value, dict):
         return source, value, None
@@ -186,6 +273,8 @@ def _object_or_error(source: str, value: Any, raw: Any) -> Parsed:
 def _parse_jsonl(stream: Any, path: str, first_line: int = 1) -> Iterator[Parsed]:
     for number, line in enumerate(stream, start=first_line):
         source = f"{path}:{number}"
+        if number == 1:
+            line = line.removeprefix(_BOM)
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -199,18 +288,22 @@ def _parse_jsonl(stream: Any, path: str, first_line: int = 1) -> Iterator[Parsed
             continue  # blank lines separate nothing in JSONL; they are not records
         try:
             value = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, or an int of more than 4,300 digits
             yield source, text.rstrip("\n")[:_MAX_RAW_CHARS], ("invalid_json", str(exc))
             continue
         except RecursionError:
             yield source, text.rstrip("\n")[:_MAX_RAW_CHARS], ("invalid_json", _TOO_DEEP)
             continue
-        yield _object_or_error(source, value, text.rstrip("\n")[:_MAX_RAW_CHARS])
+        raw = text.rstrip("\n")[:_MAX_RAW_CHARS]
+        if "\\u" in text and _SURROGATE_ESCAPE.search(text) and has_lone_surrogate(value):
+            yield source, raw, ("invalid_utf8", _LONE_SURROGATE)
+            continue
+        yield _object_or_error(source, value, raw)
 
 
 def _parse_json(stream: Any, path: str) -> Iterator[Parsed]:
     """`.json` files are JSON arrays or JSON Lines (as Hugging Face's json loader accepts)."""
-    data = stream.read()
+    data = stream.read().removeprefix(_BOM)
     if data.lstrip()[:1] == b"[":
         yield from _parse_json_array(data, path)
     else:
@@ -219,8 +312,11 @@ def _parse_json(stream: Any, path: str) -> Iterator[Parsed]:
 
 def _parse_json_array(data: bytes, path: str) -> Iterator[Parsed]:
     try:
-        value = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        try:
+            value = json.loads(data)
+        except RecursionError:  # one item nested too deeply: the others are still records
+            value = _array_items(data.decode(json.detect_encoding(data)))
+    except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError, JSONDecodeError
         raw = data[:_MAX_RAW_CHARS].decode("utf-8", "replace")
         why = _TOO_DEEP if isinstance(exc, RecursionError) else exc
         yield path, raw, ("invalid_json", f"the file is not valid JSON: {why}")
@@ -232,8 +328,70 @@ def _parse_json_array(data: bytes, path: str) -> Iterator[Parsed]:
             ("not_an_object", f"expected a JSON array of objects, got {type(value).__name__}"),
         )
         return
+    # json.loads also reads UTF-16 and UTF-32 (NUL bytes first): check those items one by one.
+    surrogates = b"\x00" in data[:4] or _SURROGATE_ESCAPE_BYTES.search(data) is not None
     for index, item in enumerate(value):
+        if isinstance(item, _TooDeep):
+            yield f"{path}[{index}]", item.raw, ("invalid_json", _TOO_DEEP)
+            continue
+        if surrogates and has_lone_surrogate(item):
+            raw = json.dumps(item)[:_MAX_RAW_CHARS]  # ASCII: the surrogate stays escaped
+            yield f"{path}[{index}]", raw, ("invalid_utf8", _LONE_SURROGATE)
+            continue
         yield _object_or_error(f"{path}[{index}]", item, item)
+
+
+class _TooDeep:
+    """An array item nested too deeply to parse, with its raw text (bounded)."""
+
+    def __init__(self, raw: str) -> None:
+        self.raw = raw
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_BRACKET_OR_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _array_items(text: str) -> list[Any]:
+    """The items of a JSON array one by one, a `_TooDeep` for each item nested deeper than the
+    parser allows (its end found by counting brackets outside strings); ValueError when the text
+    is not a JSON array."""
+    decoder = json.JSONDecoder()
+    items: list[Any] = []
+    i = _SPACE.match(text).end()  # type: ignore[union-attr]
+    if text[i : i + 1] != "[":
+        raise ValueError("expected a JSON array")
+    i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+    closed = text[i : i + 1] == "]"
+    while not closed:
+        try:
+            item, end = decoder.raw_decode(text, i)
+        except RecursionError:
+            end = _value_end(text, i)
+            item = _TooDeep(text[i:end][:_MAX_RAW_CHARS])
+        items.append(item)
+        i = _SPACE.match(text, end).end()  # type: ignore[union-attr]
+        closed = text[i : i + 1] == "]"
+        if not closed and text[i : i + 1] != ",":
+            raise ValueError(f"expected ',' or ']' at character {i}")
+        i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+    if text[i:].strip():
+        raise ValueError(f"extra data after the array at character {i}")
+    return items
+
+
+def _value_end(text: str, start: int) -> int:
+    """The end of the array or object that starts at `start`."""
+    depth = 0
+    for match in _BRACKET_OR_STRING.finditer(text, start):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+        elif token in "]}":
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    raise ValueError("an array or object is not closed")
 
 
 def _parse_csv(stream: Any, path: str) -> Iterator[Parsed]:
@@ -244,7 +402,8 @@ def _parse_csv(stream: Any, path: str) -> Iterator[Parsed]:
     reader was on: the reader resumes at the next line.
     """
     csv.field_size_limit(CSV_FIELD_LIMIT)
-    text = io.TextIOWrapper(stream, encoding="utf-8", errors="surrogateescape", newline="")
+    # utf-8-sig: a byte order mark before the header is not part of the first column's name.
+    text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline="")
     reader = csv.reader(text)
     header: list[str] | None = None
     while True:
@@ -320,8 +479,8 @@ def _parse_parquet(stream: Any, path: str) -> Iterator[Parsed]:
         end = row + parquet.metadata.row_group(group).num_rows
         try:
             for batch in parquet.iter_batches(batch_size=8192, row_groups=[group]):
-                for record in batch.to_pylist():
-                    yield f"{path}#{row}", record, None
+                for record, error in _batch_records(batch):
+                    yield f"{path}#{row}", record, error
                     row += 1
         except (pa.ArrowException, OSError) as exc:
             error = (
@@ -332,6 +491,43 @@ def _parse_parquet(stream: Any, path: str) -> Iterator[Parsed]:
             for lost in range(row, end):
                 yield f"{path}#{lost}", None, error
         row = end
+
+
+def _batch_records(batch: Any) -> Iterator[tuple[Any, tuple[str, str] | None]]:
+    """(record, None) per row of an Arrow batch, or (the row with its bad bytes replaced,
+    ("invalid_utf8", ...)) for a row whose string column holds bytes that are not UTF-8 (Arrow
+    does not check what other writers put in a string column; Python's conversion refuses it)."""
+    try:
+        records = batch.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    else:
+        for record in records:
+            yield record, None
+        return
+    for i in range(batch.num_rows):  # row by row, only for the batch that holds the bad bytes
+        row = batch.slice(i, 1)
+        try:
+            yield row.to_pylist()[0], None
+        except UnicodeDecodeError as exc:
+            record = {name: _readable_cell(row.column(name)) for name in row.schema.names}
+            yield record, ("invalid_utf8", f"a string column is not valid UTF-8: {exc}")
+
+
+def _readable_cell(column: Any) -> Any:
+    """A one-row Arrow column as Python, its bytes decoded with U+FFFD for what is not UTF-8."""
+    import pyarrow as pa
+
+    try:
+        return column.to_pylist()[0]
+    except UnicodeDecodeError:
+        pass
+    binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+    try:
+        data = column.view(binary).to_pylist()[0]
+    except (pa.ArrowException, TypeError):
+        return None  # bad bytes nested in a list or struct: the error says what is wrong
+    return data.decode("utf-8", "replace")[:_MAX_RAW_CHARS]
 
 
 _PARSERS = {

@@ -22,7 +22,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_preprocess import shapes
+from beam_preprocess import pairs, shapes
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.records import DEAD, FILTERED, OUTCOME, UNUSED_FIELDS, dead_letter, outcome
 
@@ -137,6 +137,9 @@ def clean_example(example: dict[str, Any], cfg: PreprocessConfig) -> tuple[str, 
         for message in example["messages"]:
             message["content"] = clean(message["content"])
         contents = [m["content"] for m in example["messages"]]
+        for key in pairs.PAIR_KEYS if pairs.is_pair(example) else ():
+            example[key] = clean(example[key])
+            contents.append(example[key])
     size = sum(len(c) for c in contents)
     if not all(contents):
         return "empty_after_cleaning", size
@@ -151,6 +154,8 @@ def record_of(example: dict[str, Any]) -> dict[str, Any]:
     """The example's content without bookkeeping fields (for dead letters and eval records)."""
     if "text" in example:
         return {"text": example["text"]}
+    if pairs.is_pair(example):
+        return pairs.record_of(example)
     messages = example["messages"]
     if len(messages) == 2 and messages[0]["role"] == "user":
         return {"prompt": messages[0]["content"], "response": messages[1]["content"]}
@@ -177,8 +182,11 @@ HASH_CHARS = 64
 
 
 def content_hash(example: dict[str, Any]) -> str:
-    """sha256 of the example's content (not its source), the exact-duplicate key."""
+    """sha256 of the example's content (not its source), the exact-duplicate key; a pair's
+    responses count as two last turns of roles `chosen` and `rejected`."""
     content = example["text"] if "text" in example else example["messages"]
+    if pairs.is_pair(example):
+        content = [*content, *({"role": k, "content": example[k]} for k in pairs.PAIR_KEYS)]
     return hashlib.sha256(content_key(content)).hexdigest()
 
 
@@ -196,11 +204,15 @@ def split_of(example: dict[str, Any], eval_fraction: float, seed: str) -> str:
     """ "eval" for a deterministic `eval_fraction` of examples, by a salted hash of the prompt.
 
     Hashing the prompt (the conversation before the final answer) rather than the whole record
-    keeps one prompt with two different answers on the same side of the split.
+    keeps one prompt with two different answers on the same side of the split; a preference
+    pair's prompt is all of its `messages`, so every pair of one prompt is on one side too.
     """
     if eval_fraction <= 0:
         return "train"
-    key = example["text"] if "text" in example else example["messages"][:-1]
+    if "text" in example:
+        key = example["text"]
+    else:
+        key = example["messages"] if pairs.is_pair(example) else example["messages"][:-1]
     digest = hashlib.sha256(seed.encode() + b"\x00")
     digest.update(content_key(key))  # no copy of the key to prepend the seed
     return "eval" if int.from_bytes(digest.digest()[:8], "big") / 2**64 < eval_fraction else "train"

@@ -6,6 +6,8 @@ without pickling (it matters at tens of thousands of records per second).
     record   {"source": "path:line", "record": {...raw fields...}}
     example  {"source": ..., "messages": [{"role", "content"}, ...]}  (instruction data)
              {"source": ..., "text": "..."}                           (plain text)
+             {"source": ..., "messages": [history], "chosen": "...", "rejected": "..."}
+                                                                      (preference pairs)
              plus "hash" (content hash) and "split" ("train" | "eval"), set by Prepare
     document (ids int32 bytes, loss mask uint8 bytes)
     tokenized example (hash, source, split, [documents], retokenized, eval record or None);
@@ -15,6 +17,7 @@ without pickling (it matters at tens of thousands of records per second).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 DEAD = "dead"
@@ -44,3 +47,13 @@ def dead_letter(source: str, record: Any, reason: str, error: str = "") -> dict[
 def outcome(kind: str, reason: str = "", count: int = 1) -> tuple[str, int]:
     """An OUTCOME event: `count` records became `kind` (for `reason`)."""
     return (f"{kind}/{reason}" if reason else kind, count)
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """True when a parsed JSON value holds a lone UTF-16 surrogate (from an escape such as
+    `\\ud800`) in a string or key: not text, as no later step could encode it as UTF-8."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

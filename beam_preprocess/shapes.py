@@ -13,8 +13,10 @@ them, so nothing is dropped without a number in stats.json.
 | chat | `messages`: `[{role, content}]` (OpenAI chat); tool turns per `tool_turns` | the turns |
 | sharegpt | `conversations`: `[{from, value}]`, roles mapped by `SHAREGPT_ROLES` | the turns |
 | text | `text` | plain text (data kind "text") |
+| preference | per record: `prompt` + `chosen` + `rejected` strings, `prompt` turns + one-message `chosen`/`rejected` lists (TRL's conversational form), or `chosen`/`rejected` conversations sharing their history (beam_preprocess/pairs.py) | the history as `messages`, plus `chosen` and `rejected` texts (data kind "preference") |
 
-Field names are parameters (`prompt_field`, ...); an empty one means the shape's default above.
+Field names are parameters (`prompt_field`, ...); an empty one means the shape's default above
+(the preference shape reads its fields by TRL's names).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import functools
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from beam_preprocess import pairs
+from beam_preprocess.records import has_lone_surrogate
+from trainer.packed_data.format import PREFERENCE_KIND
 
 RECORD_FORMATS = ("auto", "prompt_response", "alpaca", "chat", "sharegpt")
 """Shapes of instruction records (text data always reads one text field)."""
@@ -61,20 +67,42 @@ DEFAULT_FIELDS: dict[str, dict[str, str]] = {
     "chat": {"messages": "messages"},
     "sharegpt": {"messages": "conversations"},
     "text": {"text": "text"},
+    PREFERENCE_KIND: {},
 }
 """Each shape's default field names (the one place they are spelled); `system` is always
 "system"."""
 SYSTEM_FIELD = "system"
 
 
+KIND_SHAPES = ("text", PREFERENCE_KIND)
+"""Data kinds whose records have one shape of their own (named after the kind), which the
+record format does not choose."""
+
+
 def shape_error(data_kind: str, record_format: str) -> str | None:
-    """A record format other than auto means instruction data: it has no meaning for text."""
-    if data_kind == "text" and record_format != "auto":
+    """A record format other than auto means instruction data: it has no meaning for text or
+    preference pairs."""
+    if data_kind in KIND_SHAPES and record_format != "auto":
         return (
             f"record format {record_format!r} shapes instruction data, but the data kind is "
-            "text: use the data kind instruction, or leave the record format auto"
+            f"{data_kind}: use the data kind instruction, or leave the record format auto"
         )
     return None
+
+
+FIELD_NAMES = ("prompt", "response", "messages", "text", "system")
+"""The field-name options (`prompt_field`, ...; an empty one: the shape's default)."""
+
+
+def field_error(data_kind: str, given: list[str]) -> str | None:
+    """Field names given for preference data, whose shape reads TRL's names (`given`: how the
+    caller spells the options that were set)."""
+    if data_kind != PREFERENCE_KIND or not given:
+        return None
+    return (
+        f"{', '.join(given)}: not applicable to data kind preference (pairs are read as prompt, "
+        "chosen, rejected; docs/preprocess.md)"
+    )
 
 
 class Invalid(Exception):
@@ -91,7 +119,7 @@ class Shape:
     """A resolved record shape: the format and the actual field names (no empty ones)."""
 
     record_format: str = "auto"
-    """One of RECORD_FORMATS, or "text" for text data."""
+    """One of RECORD_FORMATS, or the data kind for text and preference data (KIND_SHAPES)."""
     prompt: str = ""
     response: str = ""
     messages: str = ""
@@ -113,7 +141,7 @@ class Shape:
         tool_turns: str = "reject",
     ) -> Shape:
         """The shape with each empty field name replaced by the format's default."""
-        fmt = "text" if data_kind == "text" else record_format
+        fmt = data_kind if data_kind in KIND_SHAPES else record_format
         defaults = DEFAULT_FIELDS[fmt]
         given = {"prompt": prompt, "response": response, "messages": messages, "text": text}
         names = {k: v or defaults.get(k, "") for k, v in given.items()}
@@ -137,6 +165,12 @@ def _example_of(
     fmt = shape.record_format
     if fmt == "text":
         return {"text": _required_text(record, shape.text)}, (shape.text,), []
+    if fmt == PREFERENCE_KIND:
+        try:
+            pair, pair_fields = pairs.example_of(record)
+        except pairs.PairError as exc:
+            raise Invalid(exc.reason, str(exc)) from None
+        return pair, pair_fields, []
     if fmt in ("chat", "sharegpt"):
         sharegpt = fmt == "sharegpt"
         messages, nested = _messages(record, shape.messages, sharegpt, shape.tool_turns)
@@ -203,8 +237,10 @@ def _present(record: dict[str, Any], name: str) -> bool:
 
 
 def _required_text(record: dict[str, Any], name: str) -> str:
-    if name not in record or record[name] is None:
+    if name not in record:
         raise Invalid("missing_field", f"field {name!r} is missing")
+    if record[name] is None:
+        raise Invalid("missing_field", f"field {name!r} is null")
     value = record[name]
     if not isinstance(value, str):
         raise Invalid("invalid_field_type", f"field {name!r} is {type(value).__name__}, not text")
@@ -234,8 +270,15 @@ def _messages(
     if isinstance(messages, str):  # CSV cells and some exports hold the conversation as JSON text
         try:
             messages = json.loads(messages)
-        except json.JSONDecodeError as exc:
-            raise Invalid("invalid_messages", f"field {name!r} is not a JSON list: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # ValueError: also an int over 4,300 digits
+            why = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            raise Invalid("invalid_messages", f"field {name!r} is not a JSON list: {why}") from None
+        if has_lone_surrogate(messages):
+            raise Invalid(
+                "invalid_messages",
+                f"field {name!r} holds an escaped lone UTF-16 surrogate (such as \\ud800), "
+                "which is not text",
+            )
     if not isinstance(messages, list) or not messages:
         raise Invalid("invalid_messages", f"field {name!r} must be a non-empty list of messages")
     clean = []
@@ -254,7 +297,12 @@ def _messages(
             )
         if role not in ROLES:
             raise Invalid("invalid_messages", f"{name}[{i}].role {role!r} is not one of {ROLES}")
-        if not isinstance(content, str) or not content.strip():
+        if content is not None and not isinstance(content, str):
+            raise Invalid(
+                "invalid_field_type",
+                f"{name}[{i}].content is {type(content).__name__}, not text",
+            )
+        if content is None or not content.strip():
             raise Invalid("empty_field", f"{name}[{i}].content is missing or empty")
         clean.append({"role": role, "content": content})
         if len(message) > 2:
@@ -274,7 +322,7 @@ def _role_and_content(message: dict[str, Any], where: str, sharegpt: bool) -> tu
     if not sharegpt:
         return message.get("role"), message.get("content")
     speaker = message.get("from")
-    if speaker not in SHAREGPT_ROLES:
+    if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:  # a list is unhashable
         raise Invalid(
             "invalid_messages",
             f"{where}.from {speaker!r} is not a ShareGPT speaker ({', '.join(SHAREGPT_ROLES)})",

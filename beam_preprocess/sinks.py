@@ -29,6 +29,8 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
+from trainer.packed_data.format import PARQUET_WRITE_OPTIONS
+
 PARQUET = "parquet"
 JSONL = "jsonl"
 
@@ -69,7 +71,9 @@ class _BundleFile:
 
             # Uncompressed, as Beam's Parquet sink writes by default: the trainer reads each row
             # group once and the pages are token ids that compress poorly.
-            self.parquet = pq.ParquetWriter(self.stream, schema, compression="none")
+            self.parquet = pq.ParquetWriter(
+                self.stream, schema, compression="none", **PARQUET_WRITE_OPTIONS
+            )
             self.writer = ThreadPoolExecutor(1, thread_name_prefix="write-parquet")
 
     def write(self, element: Any) -> None:

@@ -287,9 +287,10 @@ def evaluate(
     max_task_regression: float,
     judge_metric: str,
     judge_min_win_rate: float,
+    objective: str,
 ) -> NamedTuple("EvaluateOutputs", [("passed", bool)]):  # type: ignore[valid-type]
     """Evaluate the base and the tuned model on the eval split; write Metrics, an HTML report and
-    the quality gate's verdict.
+    the quality gate's verdict (objective=dpo: with the win rate on the held-out pairs).
 
     Returns:
         passed: whether the tuned model meets the thresholds (and beats the champion, if given).

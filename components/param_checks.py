@@ -12,6 +12,8 @@ import json
 import re
 from typing import Any
 
+from trainer.packed_data.format import PREFERENCE_KIND
+
 TARGETS = ("local", "vertex", "kfp")
 """Where the pipeline itself runs: the local runner (kfp.local), Vertex AI Pipelines, KFP."""
 TARGET_BACKENDS = {"local": ("local",), "vertex": ("vertex", "gke"), "kfp": ("gke", "vertex")}
@@ -77,16 +79,23 @@ def resolve_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count:
     return accelerator_count if backend != "local" and accelerator_count > 0 else 1
 
 
-def check_objective_data(objective: str) -> str | None:
-    """DPO trains on preference pairs, which the pipeline's Beam preprocessing does not write yet
-    (`python -m beam_preprocess.preference` does, on one machine)."""
+def check_objective_data(objective: str, data_kind: str) -> str | None:
+    """DPO trains on preference pairs (`data_kind=preference`, preprocessing's `preference`
+    shape), and preference pairs train only with DPO (the trainer refuses either mismatch, but
+    only after preprocessing). The reference model DPO needs (the base with the LoRA adapters
+    off: `lora_rank` in trainer_overrides) is the trainer's own check, run with the overrides'."""
+    if (objective == "dpo") == (data_kind == PREFERENCE_KIND):
+        return None
     if objective == "dpo":
         return (
-            "objective=dpo needs a preference dataset, which the pipeline's preprocessing does "
-            "not produce yet: prepare one with `python -m beam_preprocess.preference` and run "
-            "`llmft train --objective dpo` (docs/trainer.md), or use objective=sft"
+            f"objective=dpo trains on preference pairs but data_kind={data_kind!r}: set "
+            "data_kind=preference (records {prompt, chosen, rejected}, or chat pairs; "
+            "docs/preprocess.md)"
         )
-    return None
+    return (
+        f"data_kind=preference makes preference pairs, which objective={objective!r} cannot "
+        "train on: set objective=dpo (with lora_rank in trainer_overrides)"
+    )
 
 
 def check_service_account(
@@ -278,12 +287,19 @@ def check_data_source(train_data_uri: str, bigquery_query: str, runner: str) -> 
     return errors
 
 
-def check_record_format(data_kind: str, record_format: str) -> str | None:
-    """A record format shapes instruction data only."""
-    from beam_preprocess.shapes import shape_error
+def check_record_format(
+    data_kind: str, record_format: str, fields: dict[str, str] | None = None
+) -> list[str]:
+    """A record format shapes instruction data only; `fields` (parameter name -> field name)
+    have no meaning for preference pairs either."""
+    from beam_preprocess.shapes import field_error, shape_error
 
-    problem = shape_error(data_kind, record_format)
-    return f"record_format: {problem}" if problem else None
+    errors = []
+    if problem := shape_error(data_kind, record_format):
+        errors.append(f"record_format: {problem}")
+    if problem := field_error(data_kind, [k for k, v in (fields or {}).items() if v]):
+        errors.append(problem)
+    return errors
 
 
 def check_chat_template(chat_template: str) -> str | None:

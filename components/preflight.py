@@ -19,7 +19,8 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
     """What the trainer would find out on every rank, found here once, before torchrun or a
     cloud job starts: each problem in one ValueError.
 
-    Checks that the dataset is a non-empty packed dataset, that the model exists (a name that is
+    Checks that the dataset is a non-empty packed dataset whose shards are intact
+    (`trainer.packed_data.reader.shard_problems`: all pages read when `local`), that the model exists (a name that is
     neither a directory nor a hub id `owner/name` would go to the hub and fail on every rank),
     and, for a local model directory, that its tokenizer is the one the data was packed with and
     that it has positions for `seq_len` tokens. `local`: the model and data paths are on this
@@ -32,8 +33,6 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
 
     config.validate()
     errors: list[str] = []
-    if local and (problem := storage.not_writable(config.output)):
-        errors.append(f"output {config.output!r}: {problem}")
     model_dir = _local_model_dir(config.model, errors, local=local)
     if model_dir is not None and (model_dir / "config.json").is_file():
         # A family feature the chosen attention cannot compute exactly (e.g. gpt-oss's sinks
@@ -60,6 +59,10 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
             )
         if model_dir is not None:
             errors += _model_fits_errors(model_dir, config, manifest)
+        from trainer.packed_data.reader import shard_problems
+
+        # Every page read and checked here when the data is on this machine; remote: footers.
+        errors += shard_problems(config.data, manifest, read_pages=local)
     if config.resume and not overwrite and (local or "://" in config.output):
         errors += _resume_errors(config)
     if errors:

@@ -37,7 +37,8 @@ from trainer.packed_data.format import (
 Backend = Literal["local", "gke", "vertex"]
 RdzvBackend = Literal["etcd-v3", "etcd-v2", "c10d"]
 Runner = Literal["DirectRunner", "DataflowRunner"]
-DataKind = Literal["instruction", "text"]
+DataKind = Literal["instruction", "text", "preference"]
+"""beam_preprocess.options.DATA_KINDS (a test keeps them equal)."""
 Capacity = Literal["on-demand", "spot", "flex-start"]
 RecordFormat = Literal["auto", "prompt_response", "alpaca", "chat", "sharegpt"]
 """beam_preprocess.shapes.RECORD_FORMATS (a test keeps them equal)."""
@@ -103,7 +104,7 @@ class RunParams:
     data_kind: DataKind = param(
         "instruction",
         '"instruction" for prompt/response or chat messages records, "text" for plain '
-        "causal-LM text.",
+        'causal-LM text, "preference" for {prompt, chosen, rejected} pairs (objective dpo).',
     )
     seq_len: int = param(512, "Tokens per packed training row.", ge=SEQ_LEN_MIN, le=SEQ_LEN_MAX)
     eval_fraction: float = param(
@@ -204,9 +205,9 @@ class RunParams:
     objective: Objective = param(
         "sft",
         '"sft": supervised fine-tuning on prompt/response data. "dpo": Direct Preference '
-        "Optimization on {prompt, chosen, rejected} pairs (reference = the base with the LoRA "
-        "adapters disabled: needs lora_rank; the pipeline's preprocessing does not write "
-        "preference data yet).",
+        "Optimization on {prompt, chosen, rejected} pairs (data_kind preference; reference = the "
+        "base with the LoRA adapters disabled: needs lora_rank in trainer_overrides); evaluation "
+        "then reports the win rate on held-out pairs.",
     )
 
     # --- where it runs -------------------------------------------------------------------------
@@ -500,13 +501,12 @@ class RunParams:
                     self.service_account,
                     TARGET_DEFAULTS["kfp"]["service_account"],
                 ),
-                checks.check_objective_data(self.objective),
+                checks.check_objective_data(self.objective, self.data_kind),
                 checks.check_dataflow_service_account(
                     self.preprocess_runner, self.dataflow_service_account
                 ),
                 checks.check_secret_name("hf_token_secret", self.hf_token_secret),
                 checks.check_chat_template(self.chat_template),
-                checks.check_record_format(self.data_kind, self.record_format),
                 checks.check_placeholder_resolved("run id", run_id),
                 checks.check_eval_accelerator(
                     target, self.eval_accelerator_type, self.eval_accelerator_count
@@ -514,6 +514,14 @@ class RunParams:
             )
             if e
         ]
+        fields = {
+            "prompt_field": self.prompt_field,
+            "response_field": self.response_field,
+            "messages_field": self.messages_field,
+            "text_field": self.text_field,
+            "system_field": self.system_field,
+        }
+        errors += checks.check_record_format(self.data_kind, self.record_format, fields)
         errors += checks.check_machine_accelerator(
             self.backend, self.machine_type, self.accelerator_type, self.accelerator_count
         )

@@ -242,6 +242,7 @@ def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any
         max_task_regression=p.max_task_regression,
         judge_metric=p.judge_metric,
         judge_min_win_rate=p.judge_min_win_rate,
+        objective=p.objective,
     )
     if target == "vertex":
         evaluated.set_accelerator_type(p.eval_accelerator_type)

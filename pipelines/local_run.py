@@ -365,7 +365,8 @@ def _print_summary(console: Any, result: LocalRunResult) -> None:
         table = Table(title="before / after (eval split)")
         for column in ("metric", "base", "tuned", "delta"):
             table.add_column(column, justify="left" if column == "metric" else "right")
-        for name in ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct"):
+        names = ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct")
+        for name in (*names, "win_rate", "reward_margin"):
             if f"tuned_{name}" in result.metrics:
                 table.add_row(
                     name,

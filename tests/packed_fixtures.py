@@ -11,7 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
+from trainer.packed_data.format import (
+    PARQUET_WRITE_OPTIONS,
+    Manifest,
+    SplitInfo,
+    TokenizerIdentity,
+)
 
 
 def tokenize_record(tokenizer: Any, record: dict[str, str]) -> tuple[list[int], list[int]]:
@@ -86,7 +91,7 @@ def write_packed_dataset(
             chunk = rows[lo : lo + rows_per_shard]
             table = pa.table({col: [r[col] for r in chunk] for col in chunk[0]})
             rel = f"{split}/part-{n:05d}.parquet"
-            pq.write_table(table, out / rel)
+            pq.write_table(table, out / rel, **PARQUET_WRITE_OPTIONS)
             info.shards.append(rel)
         splits[split] = info
     manifest = Manifest(

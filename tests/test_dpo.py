@@ -1,4 +1,4 @@
-"""DPO: preference pairs packed into rows (beam_preprocess/preference.py) and the loss on them
+"""DPO: preference pairs packed into rows (beam_preprocess/pairs.py) and the loss on them
 (trainer/preference.py, `CausalLMLoss` with `pair_ids`), checked against TRL's DPOTrainer on the
 same tiny model and pairs, against the paper's formula on each pair unpacked, and end to end
 through `python -m trainer --objective dpo`."""
@@ -15,14 +15,8 @@ import pytest
 import torch
 from packed_fixtures import read_jsonl
 
-from beam_preprocess.preference import (
-    PairError,
-    normalize,
-    pack_pairs,
-    row_of,
-    tokenize_pair,
-    write_dataset,
-)
+from beam_preprocess.pairs import PairError, normalize, pack_pairs, row_of, tokenize_pair
+from beam_preprocess.preference import write_dataset
 from trainer.packed_data.format import PAIR_COLUMN, read_manifest
 from trainer.packed_data.reader import read_split
 
@@ -136,7 +130,7 @@ def test_preference_dataset_round_trips_and_old_manifests_load(
         tmp_path, tokenizer, {"train": [*records[:30], too_long], "eval": records[30:]}, 256
     )
     assert manifest.data_kind == "preference" and manifest.minor_version == 1
-    assert manifest.stats["filtered"] == {"too_long_tokens": 1}
+    assert manifest.stats["filtered_by_reason"] == {"too_long_tokens": 1}
     rows = read_split(str(tmp_path), read_manifest(str(tmp_path)), "train")
     assert rows.pair_ids is not None and int((rows.pair_ids.max(axis=1) // 2).sum()) == 30
     # A manifest written before minor versions existed still loads, as minor 0.
@@ -267,3 +261,111 @@ def test_trainer_runs_dpo_on_a_qlora_base(
     sft = tmp_path / "sft_run"
     proc = run_trainer(tiny_model_dir, data, sft, "--lora-rank", "8", "--max-steps", "1")
     assert proc.returncode == 2 and "set objective=dpo for preference pairs" in proc.stderr
+
+
+def test_evaluation_win_rate_is_the_trainers_reward_accuracy_against_the_base(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    tokenizer: Any,
+    sample_data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`run_evaluation(objective="dpo")` on a preference eval split: the tuned model (the LoRA
+    model merged) scored against the base as reference gives the trainer's own DPO numbers
+    (CausalLMLoss with `pair_ids`: reference = adapters off = the base), also on the scoring
+    path for models the document attention does not apply to."""
+    from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+
+    records = preference_records(sample_data_dir, 24)
+    data = tmp_path / "pairs"
+    write_dataset(data, tokenizer, {"train": records[:12], "eval": records[12:]}, 512)
+    tuned = tmp_path / "tuned"
+    lora_model(tiny_model_dir).merge_and_unload().save_pretrained(tuned)
+    tokenizer.save_pretrained(tuned)
+    result = run_evaluation(
+        EvaluationRequest(
+            base=str(tiny_model_dir), tuned=str(tuned), data_dir=str(data),
+            output_dir=str(tmp_path / "eval"), objective="dpo", dpo_beta=BETA, device="cpu",
+        )
+    )  # fmt: skip
+    m = result.metrics
+    stats = packed_stats(tiny_model_dir, tokenizer, records[12:])
+    pairs = len(records[12:])
+    assert m["preference_pairs"] == pairs
+    assert m["tuned_eval_loss"] == pytest.approx(float(stats[0]) / pairs, abs=1e-4)
+    assert m["tuned_reward_margin"] == pytest.approx(float(stats[1]) / pairs, abs=1e-4)
+    assert m["tuned_win_rate"] == float(stats[2]) / pairs
+    # The base against itself: policy = reference, loss log 2, no margin, no pair won.
+    assert m["base_eval_loss"] == pytest.approx(math.log(2), abs=1e-12)
+    assert m["base_win_rate"] == 0.0 and m["base_reward_margin"] == 0.0
+    assert "tuned_perplexity" not in m and m["tuned_response_nll"] > 0
+    report = Path(result.report_path).read_text()
+    assert "Win rate on held-out pairs" in report and "held-out preference pairs" in report
+    from trainer import attention
+
+    monkeypatch.setattr(attention, "support_errors", lambda *args: ["not this family"])
+    plain = run_evaluation(
+        EvaluationRequest(
+            base=str(tiny_model_dir), tuned=str(tuned), data_dir=str(data),
+            output_dir=str(tmp_path / "plain"), objective="dpo", dpo_beta=BETA, device="cpu",
+        )
+    ).metrics  # fmt: skip
+    for key in ("tuned_eval_loss", "tuned_reward_margin", "tuned_win_rate", "base_eval_loss"):
+        assert plain[key] == pytest.approx(m[key], abs=1e-4), key
+    monkeypatch.undo()
+    # An sft evaluation of pairs, or a dpo one of instruction data, is refused before loading.
+    with pytest.raises(ValueError, match="evaluate a DPO model with objective=dpo"):
+        run_evaluation(
+            EvaluationRequest(
+                base=str(tiny_model_dir), tuned=str(tuned), data_dir=str(data),
+                output_dir=str(tmp_path / "eval2"),
+            )
+        )  # fmt: skip
+
+
+def test_run_parameters_pair_objective_dpo_with_preference_data() -> None:
+    from components.run_params import RunParams
+
+    def errors(**values: Any) -> list[str]:
+        return RunParams(train_data_uri="pairs.jsonl", base_model="m", **values).errors()
+
+    lora = {"trainer_overrides": {"lora_rank": 8}}
+    assert errors(objective="dpo", data_kind="preference", **lora) == []
+    assert any("set data_kind=preference" in e for e in errors(objective="dpo", **lora))
+    assert any(
+        "set objective=dpo" in e for e in errors(data_kind="preference", **lora)
+    )  # the trainer would refuse sft on pairs, after preprocessing
+    (no_lora,) = errors(objective="dpo", data_kind="preference")
+    assert "lora_rank" in no_lora  # DPO's reference is the base with the adapters off
+    assert any(
+        "record format 'chat'" in e
+        for e in errors(objective="dpo", data_kind="preference", record_format="chat", **lora)
+    )
+    assert any(
+        e.startswith("prompt_field: not applicable to data kind preference")
+        for e in errors(objective="dpo", data_kind="preference", prompt_field="question", **lora)
+    )
+
+
+def test_pack_pairs_is_first_fit_decreasing() -> None:
+    """The tree search of `pack_pairs` puts every pair where a plain first-fit scan would."""
+    import random
+
+    from beam_preprocess.pairs import Pair
+
+    rng = random.Random(0)
+    sizes = [(rng.randint(1, 300), rng.randint(1, 300)) for _ in range(2000)]
+    pairs = [Pair(([0] * a, [0] * a), ([0] * b, [0] * b)) for a, b in sizes]
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(pairs)), key=lambda i: (-len(pairs[i]), i)):
+        slot = next((j for j, room in enumerate(free) if room >= len(pairs[i])), None)
+        if slot is None:
+            rows.append([])
+            free.append(1024)
+            slot = len(rows) - 1
+        rows[slot].append(i)
+        free[slot] -= len(pairs[i])
+    index = {id(p): i for i, p in enumerate(pairs)}
+    packed = [[index[id(p)] for p in row] for row in pack_pairs(pairs, 1024)]
+    assert packed == rows and len(rows) > 100

@@ -1,6 +1,6 @@
 """The whole fine-tune pipeline through kfp.local, as `llmft run --backend local` runs it:
 Beam DirectRunner, a real local etcd, 2 torchrun agents x 2 processes over etcd-v3, evaluate, and
-the exit-handler cleanup; plus the failure and interrupt paths.
+the exit-handler cleanup; DPO on preference pairs; plus the failure and interrupt paths.
 
 Each path runs the command the way a person does, in a terminal (a pseudo-terminal: live table,
 Ctrl-C typed into the terminal) and piped, and both must report the same step table, verdict and
@@ -229,6 +229,49 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path], mo
     assert metrics["tuned_eval_loss"] < metrics["base_eval_loss"] - 1.0, metrics
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["succeeded"] and summary["metrics"] == metrics
+    _assert_nothing_left(workdir)
+
+
+def test_local_pipeline_dpo_reports_the_win_rate(tmp_path: Path, assets: tuple[Path, Path]):
+    """objective=dpo end to end: preference pairs through the Beam graph, DPO on LoRA adapters,
+    and the evaluate step's win rate on the held-out pairs (the base as reference), which is the
+    trainer's own eval win rate. One node and process, piped: the paths above cover the rest."""
+    data_dir, _ = assets
+    records = [json.loads(line) for line in (data_dir / "train.jsonl").read_text().splitlines()]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        "".join(
+            json.dumps(
+                {"prompt": r["prompt"], "chosen": r["response"], "rejected": "I do not know."}
+            )
+            + "\n"
+            for r in records[:600]
+        )
+    )
+    workdir = tmp_path / "run"
+    params = _params(
+        workdir, assets, train_data_uri=str(pairs), data_kind="preference", objective="dpo",
+        trainer_overrides={"lora_rank": 8}, nodes=1, nproc_per_node=1, max_steps=20,
+    )  # fmt: skip
+    run = CliRun(["run", "--backend", "local", *params], "pipe")
+    code = run.wait(timeout=900)
+    out = run.text
+    assert code == 0, out[-3000:] + _log(workdir)[-5000:]
+    assert run.final_steps() == ALL_SUCCEEDED, out[-3000:]
+    assert "win_rate" in out and "quality gate: passed" in out
+    run_dir = max(
+        (workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime
+    )
+    manifest = json.loads((run_dir / "preprocess" / "dataset" / "manifest.json").read_text())
+    assert manifest["data_kind"] == "preference" and manifest["stats"]["kept"] == 600
+    executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
+    metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    assert metrics["preference_pairs"] == manifest["splits"]["eval"]["documents"] // 2
+    assert metrics["tuned_win_rate"] > 0.8 and metrics["tuned_reward_margin"] > 0, metrics
+    assert metrics["tuned_eval_loss"] < metrics["base_eval_loss"], metrics  # DPO loss < log 2
+    trained = json.loads(next((run_dir / "train").rglob("summary.json")).read_text())
+    assert trained["eval_win_rate"] == pytest.approx(metrics["tuned_win_rate"], abs=1e-6)
+    assert "Win rate on held-out pairs" in (run_dir / "evaluate" / "report").read_text()
     _assert_nothing_left(workdir)
 
 

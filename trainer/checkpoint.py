@@ -6,12 +6,19 @@ Layout of one checkpoint, `OUTPUT/checkpoints/step-00000120/`:
     .metadata, __*_*.distcp     DCP: sharded model + optimizer state (each rank writes its shards)
     trainer_state.json          step, data position, scheduler, config snapshot (rank 0)
     rng/rank-00003.pt           each rank's RNG states (dropout differs per rank)
-    COMPLETE                    written last, by rank 0, after every rank has finished
+    COMPLETE                    written last, by rank 0, after every rank has finished: JSON
+                                {"step", "files": {relative path: size in bytes}}
 
 Only directories with COMPLETE count: a run killed mid-save leaves an incomplete directory that
 resume ignores and the next retention pass deletes. DCP also reshards on load, so a retry with a
 different world size resumes from the same checkpoint. A checkpoint made from another model, data
 or training recipe (`RESUME_MUST_MATCH`) is refused (`check_resume`), never silently continued.
+
+A complete checkpoint whose files no longer match its COMPLETE list (one deleted or truncated
+since: `damage`), or that fails to load, is passed over for the one before it, with a warning;
+the trainer then demotes it (COMPLETE becomes DAMAGED, with the reason) so that retention never
+keeps it in place of a good one. When every complete checkpoint is damaged the run stops with an
+error (`NoResumableCheckpoint`) instead of starting again from step 0.
 """
 
 from __future__ import annotations
@@ -76,9 +83,89 @@ def complete_checkpoints(checkpoints: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+class NoResumableCheckpoint(ValueError):
+    """Complete checkpoints exist but every one of them is damaged: starting over from step 0
+    must be the user's choice (--overwrite), never a silent one."""
+
+
+def damage(path: str) -> str:
+    """Why the complete checkpoint at `path` cannot be resumed ("" when its files are as its
+    COMPLETE marker lists them). A marker without a file list (older checkpoints) is not
+    judged here; a failed load is the trainer's fallback for those."""
+    try:
+        marker = json.loads(storage.read_text(f"{path}/{MARKER}"))
+    except ValueError:
+        return ""  # "step N": written before markers listed their files
+    listed: dict[str, int] = marker.get("files", {}) if isinstance(marker, dict) else {}
+    if not listed:
+        return ""
+    found = storage.file_sizes(path)
+    missing = sorted(name for name in listed if name not in found)
+    if missing:
+        return f"{', '.join(missing)} missing"
+    wrong = sorted(name for name, size in listed.items() if found[name] != size)
+    if wrong:
+        name = wrong[0]
+        return f"{name} has {found[name]} bytes, {listed[name]} were written" + (
+            f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        )
+    return ""
+
+
+def resumable_checkpoints(
+    checkpoints: str,
+) -> tuple[list[tuple[int, str]], list[tuple[int, str, str]]]:
+    """(step, path) of every complete, undamaged checkpoint, newest first; and (step, path, why)
+    of each damaged one newer than the newest good one.
+
+    Raises:
+        NoResumableCheckpoint: there are complete checkpoints, all damaged.
+    """
+    good: list[tuple[int, str]] = []
+    damaged: list[tuple[int, str, str]] = []
+    for step, path in reversed(complete_checkpoints(checkpoints)):
+        problem = damage(path)
+        if not problem:
+            good.append((step, path))
+        elif not good:
+            damaged.append((step, path, problem))
+    if damaged and not good:
+        raise no_resumable_checkpoint(checkpoints, damaged)
+    return good, damaged
+
+
+def describe_damage(damaged: list[tuple[int, str, str]]) -> str:
+    """ "step 4 (why); step 2 (why)" for (step, path, why) triples."""
+    return "; ".join(f"step {step} ({why})" for step, _, why in damaged)
+
+
+def no_resumable_checkpoint(
+    checkpoints: str, damaged: list[tuple[int, str, str]]
+) -> NoResumableCheckpoint:
+    return NoResumableCheckpoint(
+        f"no checkpoint under {checkpoints} can be resumed: {describe_damage(damaged)}: restore the "
+        "files, or pass --overwrite (resume=false) to delete them and start over from step 0"
+    )
+
+
 def latest_checkpoint(checkpoints: str) -> tuple[int, str] | None:
-    found = complete_checkpoints(checkpoints)
-    return found[-1] if found else None
+    """The newest complete checkpoint that is not damaged (`resumable_checkpoints`): a damaged
+    newer one is passed over with a warning."""
+    good, damaged = resumable_checkpoints(checkpoints)
+    if not good:
+        return None
+    if damaged:
+        log.warning(
+            "checkpoint %s damaged: falling back to step %d", describe_damage(damaged), good[0][0]
+        )
+    return good[0]
+
+
+def demote(path: str, reason: str) -> None:
+    """Turn the complete checkpoint at `path` into an incomplete one (rank 0): resume no longer
+    picks it and retention treats it as a partial save. DAMAGED keeps the reason."""
+    storage.write_text(f"{path}/DAMAGED", reason + "\n")
+    storage.remove(f"{path}/{MARKER}")
 
 
 RESUME_MUST_MATCH = (
@@ -199,7 +286,7 @@ def save(
         if rank == 0:
             with storage.open(f"{path}/{STATE_FILE}", "w") as f:
                 json.dump(asdict(state), f, indent=2, default=str)
-    except Exception as exc:
+    except BaseException as exc:  # DCP reports a rank's failure as a CheckpointException
         # The disk filled up under the save (another writer): name it. No COMPLETE marker was
         # written, so resume ignores this directory and uses the previous checkpoint.
         full = storage.disk_error(exc, path)
@@ -208,8 +295,9 @@ def save(
         raise full from None
     dist.barrier()  # every rank's shards and RNG are durable before the marker says so
     if rank == 0:
+        marker = {"step": state.step, "files": storage.file_sizes(path)}
         with storage.open(f"{path}/{MARKER}", "w") as f:
-            f.write(f"step {state.step}\n")
+            json.dump(marker, f, indent=1, sort_keys=True)
         prune(checkpoints, keep)
     dist.barrier()
     return path

@@ -99,7 +99,8 @@ def _data(r: Run) -> None:
             + (
                 "set objective=dpo for preference pairs"
                 if preference
-                else "objective=dpo needs a preference dataset (python -m beam_preprocess.preference)"
+                else "objective=dpo needs a preference dataset (llmft preprocess --data-kind "
+                "preference)"
             )
         )
     if errors:
@@ -122,22 +123,69 @@ def _data(r: Run) -> None:
 
 
 def _resume(r: Run) -> None:
-    """Model, optimizer, scheduler and trainer state from the newest complete checkpoint, if any."""
+    """Model, optimizer, scheduler and trainer state from the newest checkpoint that loads, if
+    any: a damaged one (trainer/checkpoint.py) is passed over for the one before, said in the log,
+    and demoted; when none loads the run stops (NoResumableCheckpoint), never restarting at 0."""
     config = r.config
-    latest = checkpoint.latest_checkpoint(checkpoints_dir(r))
-    if latest is not None:
-        step, path = latest
-        checkpoint.check_resume(checkpoints_dir(r), config)  # another run's checkpoint: refused
-        log.info("resuming from %s", path)
+    folder = checkpoints_dir(r)
+    good, damaged = checkpoint.resumable_checkpoints(folder)
+    if not good:
+        return
+    checkpoint.check_resume(folder, config)  # another run's checkpoint: refused
+    dist.barrier()  # every rank has read the markers before rank 0 demotes a damaged one
+    for step, path, why in damaged:
+        log.warning("checkpoint step %d is damaged (%s): passed over", step, why)
+        if r.rank == 0:
+            checkpoint.demote(path, why)
+    for step, path in good:
+        failure = _load(r, path)
+        if failure is None:
+            break
+        damaged.append((step, path, failure))
+        log.warning("checkpoint %s does not load (%s): trying the one before", path, failure)
+        if r.rank == 0:
+            checkpoint.demote(path, failure)
+    else:
+        raise checkpoint.no_resumable_checkpoint(folder, damaged)
+    if damaged:
+        log.warning(
+            "resuming from step %d: newer checkpoint(s) damaged: %s",
+            step,
+            checkpoint.describe_damage(damaged),
+        )
+    r.scheduler.load_state_dict(r.state.scheduler)
+    r.resumed_from_step = step
+    if r.state.global_batch_rows != config.global_batch_rows(r.world_size):
+        log.warning(
+            "global batch changed (%d -> %d rows): the data order continues from the same row",
+            r.state.global_batch_rows,
+            config.global_batch_rows(r.world_size),
+        )
+
+
+def _load(r: Run, path: str) -> str | None:
+    """Collective: load the checkpoint at `path` into the run; None when every rank loaded it,
+    else why some rank could not (then all ranks try the one before together)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    log.info("resuming from %s", path)
+    failure = ""
+    try:
         r.state = checkpoint.load(path, r.model, r.optimizer)
-        r.scheduler.load_state_dict(r.state.scheduler)
-        r.resumed_from_step = step
-        if r.state.global_batch_rows != config.global_batch_rows(r.world_size):
-            log.warning(
-                "global batch changed (%d -> %d rows): the data order continues from the same row",
-                r.state.global_batch_rows,
-                config.global_batch_rows(r.world_size),
-            )
+    # DCP's CheckpointException is a BaseException (raised on every rank); the rest is a
+    # truncated RNG or state file of this rank.
+    except (Exception, CheckpointException) as exc:
+        cause: BaseException = exc
+        if isinstance(exc, CheckpointException) and exc.failures:  # rank -> (error, stack)
+            first = next(iter(exc.failures.values()))
+            cause = first[0] if isinstance(first, tuple) else first
+        text = str(cause).splitlines()[0] if str(cause) else ""
+        failure = f"{type(cause).__name__}: {text}"[:300]
+    failed = torch.tensor([1 if failure else 0], device=r.device)
+    dist.all_reduce(failed)
+    if not failed.item():
+        return None
+    return failure or "another rank could not load it"
 
 
 def device_and_backend(config: TrainConfig) -> tuple[torch.device, str]:

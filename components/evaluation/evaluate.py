@@ -17,6 +17,11 @@ before any model is loaded: paths, the eval split, every model's tokenizer again
 the dataset was packed with, the harness task names, and whether each model fits the evaluation
 machine's GPU memory (memory_fit.py). The optional pairwise judge (judge.py) compares the base
 and tuned answers to the held-out prompts after both models ran.
+
+A model trained with objective=dpo is evaluated on the preference dataset's held-out pairs: each
+model's response log-probabilities, then against the base as reference (trainer/preference.py)
+the DPO loss as its eval loss, the win rate (share of pairs whose implicit reward prefers the
+chosen response) and the mean reward margin (outputs.Scores.add_preference).
 """
 
 from __future__ import annotations
@@ -54,7 +59,13 @@ from components.evaluation.outputs import (
 )
 from components.evaluation.scoring import score_rows
 from trainer import storage
-from trainer.packed_data.format import Manifest, TokenizerIdentity, compatibility_errors
+from trainer.config import TrainConfig
+from trainer.packed_data.format import (
+    PREFERENCE_KIND,
+    Manifest,
+    TokenizerIdentity,
+    compatibility_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +116,32 @@ def _validate_args(request: EvaluationRequest) -> None:
     errors += settings_errors(request.harness) + request.judge.errors()
     if request.accelerator_count < 0:
         errors.append(f"accelerator_count must be >= 0, got {request.accelerator_count}")
+    if request.objective not in OBJECTIVES:
+        errors.append(
+            f"objective must be one of {', '.join(OBJECTIVES)}, got {request.objective!r}"
+        )
+    if not request.dpo_beta > 0:
+        errors.append(f"dpo_beta must be > 0, got {request.dpo_beta}")
     if errors:
         raise ValueError("; ".join(errors))
+
+
+OBJECTIVES = ("sft", "dpo")
+"""What the tuned model was trained for (TrainConfig.objective's values)."""
+
+
+def _check_objective(objective: str, manifest: Manifest, data_dir: str) -> None:
+    """DPO is evaluated on preference pairs, and preference pairs only under DPO."""
+    preference = manifest.data_kind == PREFERENCE_KIND
+    if preference != (objective == "dpo"):
+        raise ValueError(
+            f"objective={objective} but {data_dir!r} holds {manifest.data_kind} data: "
+            + (
+                "evaluate a DPO model with objective=dpo"
+                if preference
+                else "objective=dpo is evaluated on a preference dataset (--data-kind preference)"
+            )
+        )
 
 
 def _check_tokenizer(what: str, path: str, tokenizer: Any, manifest: Manifest) -> None:
@@ -187,6 +222,12 @@ class EvaluationRequest:
     """lm-evaluation-harness tasks run on every model (none by default)."""
     judge: JudgeSettings = field(default_factory=JudgeSettings)
     """The optional pairwise judge (off by default)."""
+    objective: str = TrainConfig.objective
+    """What the tuned model was trained for: "sft", or "dpo" (the data must be preference pairs;
+    the win rate and reward margin on them are added, and the eval loss is DPO's)."""
+    dpo_beta: float = TrainConfig.dpo_beta
+    """DPO's beta, as trained with: scales the implicit rewards (the margin and the loss, not
+    the win rate)."""
 
 
 def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
@@ -204,6 +245,7 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         )
     check_output_dir(request.output_dir, overwrite=request.overwrite)
     manifest = data_io.load_manifest(request.data_dir)
+    _check_objective(request.objective, manifest, request.data_dir)
     roles = {
         "base": request.base,
         "tuned": request.tuned,
@@ -234,6 +276,8 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         manifest=manifest, rows=rows, examples=examples, probes=probes, task_index=task_index
     )
     scores = _score_models(request, roles, tokenizers, inputs)
+    if request.objective == "dpo":
+        scores.add_preference(request.dpo_beta)
     if request.judge.enabled and examples:
         scores.add_judge(
             judge_pairwise(
@@ -260,6 +304,8 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         "thresholds": asdict(request.thresholds),
         "harness": request.harness.describe(),
         "judge_metric": request.judge.metric,
+        "objective": request.objective,
+        "dpo_beta": request.dpo_beta,
     }
     return write_outputs(
         request.output_dir,
@@ -310,6 +356,8 @@ def _score(lm: Any, role: str, inputs: _Inputs, scores: Scores, request: Evaluat
     """One loaded model: loss on the packed rows, answers to the prompts and the probes."""
     loss = score_rows(lm.model, inputs.rows, device=lm.device, batch_size=request.batch_size)
     scores.add_loss(role, loss)
+    if loss.pair_logps is not None:
+        scores.add_pair_logps(role, loss.pair_logps)
     if inputs.examples:
         answers = generate_answers(
             lm.model,

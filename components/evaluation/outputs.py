@@ -17,6 +17,8 @@ from components.evaluation.text_metrics import chrf, exact_match, normalize_answ
 from trainer import storage
 
 METRICS_FILE = "metrics.json"
+PAIR_METRICS = ("win_rate", "reward_margin", "response_nll")
+"""Per-model metrics of a DPO evaluation besides the eval loss (`Scores.add_preference`)."""
 REPORT_FILE = "report.html"
 GENERATIONS_FILE = "generations.jsonl"
 
@@ -30,7 +32,9 @@ class EvaluationResult:
     <role>_exact_match, <role>_chrf, <role>_general_correct (with the forgetting check),
     <role>_task_<task> (harness tasks' headline metrics, 0..1) for role in base/tuned[/champion],
     *_delta (tuned - base), general_retained, judge_win_rate/loss_rate/tie_rate/prompts/errors (with
-    the judge), eval_rows, eval_target_tokens, generation_examples."""
+    the judge), eval_rows, eval_target_tokens, generation_examples; with objective=dpo
+    <role>_eval_loss is the DPO loss per pair (base as reference), with <role>_win_rate,
+    <role>_reward_margin, <role>_response_nll (instead of perplexity) and preference_pairs."""
     passed: bool
     decision: GateDecision
     metrics_path: str
@@ -53,6 +57,8 @@ class Scores:
     """The pairwise judge's `JudgeResult`, when the judge ran."""
     device: str = ""
     """The device and dtype the models ran on, e.g. `cuda:0 (bfloat16)`."""
+    pair_logps: dict[str, Any] = field(default_factory=dict)
+    """Preference data: role -> [pairs, 2] response log-probabilities (scoring.LossResult)."""
 
     def add_tasks(self, role: str, results: dict[str, dict[str, Any]]) -> None:
         from components.evaluation.harness import flat_metrics
@@ -110,6 +116,39 @@ class Scores:
         self.metrics[f"{role}_perplexity"] = loss.perplexity
         log.info("%s: eval loss %.4f, perplexity %.3f", role, loss.loss, loss.perplexity)
 
+    def add_pair_logps(self, role: str, logps: Any) -> None:
+        self.pair_logps[role] = logps
+
+    def add_preference(self, beta: float) -> None:
+        """DPO's view of the held-out pairs, every model against the base as reference (as the
+        trainer's own reference is the base with its adapters off): `<role>_eval_loss` becomes
+        the mean DPO loss per pair (the trainer's eval_loss; the base's is log 2), the win rate
+        is the share of pairs whose implicit reward prefers the chosen response (the trainer's
+        reward accuracy), the margin r_chosen - r_rejected is averaged; the token-level loss
+        stays as `<role>_response_nll` (perplexity is dropped: it would not match the loss)."""
+        import torch
+
+        from trainer.preference import dpo_losses, margins
+
+        reference = torch.from_numpy(self.pair_logps["base"])
+        for role, logps in self.pair_logps.items():
+            policy = torch.from_numpy(logps)
+            margin = margins(policy, reference, beta)
+            self.metrics[f"{role}_response_nll"] = self.metrics[f"{role}_eval_loss"]
+            self.metrics.pop(f"{role}_perplexity", None)
+            self.metrics[f"{role}_eval_loss"] = float(dpo_losses(policy, reference, beta).mean())
+            self.metrics[f"{role}_win_rate"] = float((margin > 0).double().mean())
+            self.metrics[f"{role}_reward_margin"] = float(margin.mean())
+            log.info(
+                "%s: DPO loss %.4f, win rate %.3f, reward margin %.4f on %d held-out pairs",
+                role,
+                self.metrics[f"{role}_eval_loss"],
+                self.metrics[f"{role}_win_rate"],
+                self.metrics[f"{role}_reward_margin"],
+                len(reference),
+            )
+        self.metrics["preference_pairs"] = float(len(reference))
+
     def add_target_tokens(self, loss: Any) -> None:
         self.metrics["eval_target_tokens"] = float(loss.target_tokens)
 
@@ -139,7 +178,8 @@ class Scores:
             if kept is not None:
                 metrics["general_retained"] = kept
         tasks = [f"task_{t}" for t in self.tasks.get("tuned", {})]
-        for key in ("eval_loss", "perplexity", "exact_match", "chrf", "general_correct", *tasks):
+        keys = ["eval_loss", "perplexity", "exact_match", "chrf", "general_correct", *PAIR_METRICS]
+        for key in (*keys, *tasks):
             if f"tuned_{key}" in metrics and f"base_{key}" in metrics:
                 metrics[f"{key}_delta"] = metrics[f"tuned_{key}"] - metrics[f"base_{key}"]
         metrics["eval_rows"] = float(rows)
@@ -248,6 +288,7 @@ def write_outputs(
         "eval rows scored": int(metrics["eval_rows"]),
         "target tokens": int(metrics["eval_target_tokens"]),
         "held-out prompts": len(examples),
+        **_preference_details(metrics, settings),
         "device": scores.device,
         "training metrics": train_metrics or "–",
     }
@@ -275,6 +316,16 @@ def write_outputs(
         generations_path=generations_path,
         samples=samples,
     )
+
+
+def _preference_details(metrics: dict[str, float], settings: dict[str, Any]) -> dict[str, Any]:
+    """The report's lines on the DPO evaluation (none for other objectives)."""
+    if "preference_pairs" not in metrics:
+        return {}
+    return {
+        "held-out preference pairs": int(metrics["preference_pairs"]),
+        "DPO beta (implicit rewards, base = reference)": settings["dpo_beta"],
+    }
 
 
 def cost_details(cost: dict[str, Any]) -> dict[str, str]:

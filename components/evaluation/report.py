@@ -31,7 +31,17 @@ TABLE_ROWS = (
     ("exact_match", "Exact match", "{:.3f}", False),
     ("chrf", "chrF", "{:.2f}", False),
     ("general_correct", "General probes answered (forgetting check)", "{:.3f}", False),
+    (
+        "win_rate",
+        "Win rate on held-out pairs (implicit reward: chosen > rejected)",
+        "{:.3f}",
+        False,
+    ),
+    ("reward_margin", "Mean reward margin (chosen − rejected)", "{:.4f}", False),
+    ("response_nll", "Response NLL (nats / target token)", "{:.4f}", True),
 )
+DPO_LOSS_LABEL = "Eval loss (DPO, nats / pair; base = reference)"
+"""The eval loss's label when the metrics are DPO's (outputs.Scores.add_preference)."""
 
 
 def read_training_curve(path: str) -> dict[str, list[tuple[float, float]]]:
@@ -105,6 +115,8 @@ def _metrics_table(metrics: dict[str, float], has_champion: bool) -> str:
         base, tuned = metrics.get(f"base_{key}"), metrics.get(f"tuned_{key}")
         if base is None and tuned is None:
             continue
+        if key == "eval_loss" and "preference_pairs" in metrics:
+            label = DPO_LOSS_LABEL
         cells = [html.escape(label), _fmt(base, spec), _fmt(tuned, spec)]
         if has_champion:
             cells.append(_fmt(metrics.get(f"champion_{key}"), spec))

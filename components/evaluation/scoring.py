@@ -10,6 +10,10 @@ and attention sinks, and the model's own logit post-processing), so the evaluati
 training loss for every model family. Models that attention cannot apply to (the trainer refuses
 them) are called with `position_ids`, no attention mask and `use_cache=False`, which makes
 transformers restrict attention to each document.
+
+Preference rows (a `pair_ids` column) also give each pair's response log-probabilities
+(`LossResult.pair_logps`, trainer/preference.py's `sum_by_pair` over the same per-token losses),
+from which evaluate.py computes the DPO win rate of one model against another.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from trainer.packed_data.reader import PackedRows
 
@@ -28,6 +34,9 @@ class LossResult:
     perplexity: float
     target_tokens: int
     rows: int
+    pair_logps: Any = None
+    """Preference rows only: [pairs, 2] float64 numpy array, log p(chosen | prompt) and
+    log p(rejected | prompt) of every pair in row order; None for other data."""
 
 
 def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4) -> LossResult:
@@ -43,9 +52,11 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     from trainer.attention import document_attention_in
     from trainer.model import CausalLMLoss
+    from trainer.preference import sum_by_pair
 
     total_nll = 0.0
     total_targets = 0
+    pair_logps: list[Any] = []
     with torch.inference_mode(), document_attention_in(model) as packed_exact:
         loss_module = CausalLMLoss(model)
         for start in range(0, len(rows), batch_size):
@@ -57,6 +68,10 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
                 losses = loss_module.token_losses(input_ids, position_ids, mask)
                 total_nll += float(losses.double().sum())
                 total_targets += losses.numel()
+                if batch.pair_ids is not None:
+                    pair_ids = torch.tensor(batch.pair_ids, dtype=torch.long, device=device)
+                    logps = -losses.double().to(device)
+                    pair_logps.append(sum_by_pair(logps, mask, pair_ids).cpu().numpy())
                 continue
             logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
             # A model spread over GPUs may return its logits on another device than the inputs'.
@@ -64,16 +79,22 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
             target_mask = mask[:, 1:].to(logits.device)
             # Row by row in float32: bf16 log-softmax over a large vocabulary loses precision,
             # and a whole batch of float32 logits can be gigabytes for 100k+ vocabularies.
+            row_losses = []
             for i in range(input_ids.shape[0]):
                 row_mask = target_mask[i]
                 if not bool(row_mask.any()):
                     continue
                 row_logits = logits[i, :-1][row_mask].float()
-                total_nll += float(
-                    F.cross_entropy(row_logits, targets[i][row_mask], reduction="sum")
+                row_losses.append(
+                    F.cross_entropy(row_logits, targets[i][row_mask], reduction="none").double()
                 )
+                total_nll += float(row_losses[-1].sum())
                 total_targets += int(row_mask.sum())
             del logits
+            if batch.pair_ids is not None:  # the losses in row-major order, as sum_by_pair takes
+                logps = -torch.cat(row_losses).cpu() if row_losses else torch.zeros(0).double()
+                pair_ids = torch.tensor(batch.pair_ids, dtype=torch.long)
+                pair_logps.append(sum_by_pair(logps, mask.cpu(), pair_ids).numpy())
     if total_targets == 0:
         raise ValueError(
             "the eval rows contain no target tokens (loss_mask is 0 everywhere): check the "
@@ -82,4 +103,10 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
     loss = total_nll / total_targets
     # exp() overflows past ~709 nats; an untrained model is far below that, but keep it finite.
     perplexity = math.exp(loss) if loss < 700 else math.inf
-    return LossResult(loss=loss, perplexity=perplexity, target_tokens=total_targets, rows=len(rows))
+    return LossResult(
+        loss=loss,
+        perplexity=perplexity,
+        target_tokens=total_targets,
+        rows=len(rows),
+        pair_logps=np.concatenate(pair_logps) if rows.pair_ids is not None else None,
+    )

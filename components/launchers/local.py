@@ -256,33 +256,32 @@ class LocalLauncher(Launcher):
         return node
 
     def _pump(self, node: _Node) -> None:
-        """Prefix, tee and keep the tail of one agent's output (agent and worker lines)."""
+        """Prefix, tee and keep the tail of one agent's output (agent and worker lines). Once the
+        launcher stops the agents, their own lines go to the node's log only: torchrun prints a
+        Python traceback for the SIGTERM it is stopped with, which is no error of the run."""
         assert node.proc.stdout is not None and node.log_file is not None
         prefix = f"[node{node.index}"
-        held: list[str] = []  # an agent traceback, shown unless it is only "a worker failed"
+        held: list[str] | None = None  # an agent traceback, shown unless it is _AGENT_NOISE
         for raw in node.proc.stdout:
-            line = raw.rstrip("\n")
-            if line.startswith(prefix):
-                node.tail.append(line)
+            text = raw.rstrip("\n")
+            shown = [text]
+            if text.startswith(prefix):
+                node.tail.append(text)
             else:
-                if held or line.startswith("Traceback (most recent call last)"):
-                    held.append(line)
-                line = f"[node{node.index}] {line}"
-                node.agent_tail.append(line)
-            node.log_file.write(line + "\n")
+                node.agent_tail.append(f"[node{node.index}] {text}")
+                if text.startswith("Traceback (most recent call last)"):
+                    held = []
+                if held is not None:
+                    held.append(text)
+                    shown = []
+                    if not text.startswith((" ", "Traceback")):  # the exception line: its end
+                        shown = [] if _AGENT_NOISE.match(text) else held
+                        held = None
+                shown = [] if self._stopping else [f"[node{node.index}] {t}" for t in shown]
+            node.log_file.write((text if text.startswith(prefix) else node.agent_tail[-1]) + "\n")
             node.log_file.flush()
-            if not held:
+            for line in shown:
                 self.log(line)
-            elif not held[-1].startswith((" ", "Traceback")):  # the exception's own line
-                # torchrun's ChildFailedError traceback repeats, in its frames, only that a
-                # worker failed (the worker's reason and the Root Cause block are shown): the
-                # node log keeps it. Any other agent traceback is shown as it came.
-                if CHILD_FAILED_ERROR not in held[-1]:
-                    for kept in held:
-                        self.log(f"[node{node.index}] {kept}")
-                held = []
-        for kept in held:
-            self.log(f"[node{node.index}] {kept}")
 
     # ---- wait ---------------------------------------------------------------------------------
 
@@ -301,6 +300,7 @@ class LocalLauncher(Launcher):
                     failed = bad[0]
                     status = FAILED
                     message = f"node {failed.index} exited with status {failed.proc.returncode}"
+                    message += _worker_error(failed)
                     if any(c is None for c in codes):
                         self.log(f"[launcher] {message}: stopping the other nodes")
                     break
@@ -316,8 +316,6 @@ class LocalLauncher(Launcher):
             self._finish()
         if self._cancelled:
             status, message, failed = CANCELLED, "cancelled", None
-        if failed is not None and (reason := _worker_error(failed)):
-            message += f": {reason}"
         return self.result(
             launch,
             status,
@@ -333,6 +331,8 @@ class LocalLauncher(Launcher):
         )
 
     _cancelled = False
+    _stopping = False
+    """Set once the launcher stops the agents (cancel, a failed node, a timeout)."""
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -343,6 +343,7 @@ class LocalLauncher(Launcher):
         if self.launch is None:
             return
         running = [n.proc.pid for n in self._nodes if n.proc.poll() is None]
+        self._stopping = self._stopping or bool(running)
         marker = self.marker(self.launch.run_id)
         if running or marked_pids(marker):
             terminate_run_processes(marker, running, grace_s=self.grace_s)
@@ -404,18 +405,22 @@ def _remove_state(state_dir: Path) -> bool:
     return existed
 
 
-CHILD_FAILED_ERROR = "ChildFailedError"
-"""What torchrun raises (and prints a traceback of) when a worker exits non-zero."""
-_WORKER_ERROR = re.compile(r"^\[node\d+ rank\d+\](?: \[rank\d+\]:)? error: (.+)$")
+_AGENT_NOISE = re.compile(r"^torch\.distributed\.elastic\.\S*(ChildFailedError|SignalException)")
+"""The exception line of torchrun's own traceback when a worker failed (the "Root Cause" block
+that follows says which and why) or when it was stopped by a signal: the terminal is spared the
+traceback, the node's log keeps it."""
+_WORKER_ERROR = re.compile(r"^\[node\d+ rank\d+\] error: (.+)$")
+"""A worker's own one-line reason (what `python -m trainer` prints before exiting non-zero)."""
 
 
-def _worker_error(node: _Node) -> str | None:
-    """The reason the trainer itself gave (its one `error:` line, trainer/__main__.py) for
-    failing, so that the run's error says it (a full disk, a non-finite loss) on its first line."""
+def _worker_error(node: _Node) -> str:
+    """ ": <reason>" of the failing node's last worker `error:` line ("" when it printed none), so
+    the run's one error line says why (a NaN loss at step N, a damaged shard), not only a code."""
     for line in reversed(node.tail):
-        if match := _WORKER_ERROR.match(line):
-            return match.group(1)
-    return None
+        match = _WORKER_ERROR.match(line)
+        if match:
+            return f": {match.group(1)}"
+    return ""
 
 
 def _failure_tail(node: _Node) -> list[str]:

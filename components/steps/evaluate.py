@@ -3,9 +3,9 @@
 `run(EvaluateRequest)` is what the `evaluate` KFP component calls; the work is
 `components.evaluation.evaluate.run_evaluation` (also `llmft evaluate`). The tuned Model artifact
 is the exported Hugging Face model itself; the training curve is in the trainer's run directory,
-its `run_uri` metadata (`<run dir>/metrics.jsonl`). The step writes the report to its HTML
-artifact and logs the scalars to its Metrics artifact; metrics.json and generations.jsonl go to a
-temporary directory that is removed.
+its `run_uri` metadata (`<run dir>/metrics.jsonl`), and DPO's beta in its `dpo_beta` metadata.
+The step writes the report to its HTML artifact and logs the scalars to its Metrics artifact;
+metrics.json and generations.jsonl go to a temporary directory that is removed.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from components.evaluation.gate import GateThresholds
 from components.evaluation.harness import HarnessSettings, parse_tasks
 from components.evaluation.judge import JudgeSettings
 from trainer import storage
+from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class EvaluateRequest:
     max_task_regression: float = 100.0
     judge_metric: str = ""
     judge_min_win_rate: float = 0.0
+    objective: str = TrainConfig.objective
+    """The run's objective: "dpo" adds the win rate on the held-out preference pairs."""
 
 
 def harness_settings(tasks: str, num_fewshot: int, limit: int) -> HarnessSettings:
@@ -116,6 +119,8 @@ def run(request: EvaluateRequest) -> tuple[bool]:
                 judge=JudgeSettings(
                     metric=request.judge_metric, project=request.project, region=request.region
                 ),
+                objective=request.objective,
+                dpo_beta=float(metadata.get("dpo_beta") or TrainConfig.dpo_beta),
             )
         )
         shutil.copyfile(result.report_path, request.report.path)

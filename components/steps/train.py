@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -342,16 +343,24 @@ def train(
         )
         launch = dataclasses.replace(launch, rdzv_backend="c10d", rdzv_endpoint="")
     launch.validate()
+    local = isinstance(options, LocalOptions)
     if launch.entrypoint == TRAINER_ENTRYPOINT:
-        preflight(launch.trainer, local=isinstance(options, LocalOptions), overwrite=overwrite)
-    if isinstance(options, LocalOptions):
+        launch.trainer.validate()  # before the lock creates the output directory
+    if local:  # also before the lock: a run that cannot start creates nothing
+        if problem := storage.not_writable(launch.trainer.output):
+            raise ValueError(f"output {launch.trainer.output!r}: {problem}")
         check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
-    if overwrite:
-        storage.remove(launch.trainer.checkpoints_dir())
-    runner = launcher(options, log=log)
-    result = runner.run(launch, timeout=timeout_s)
-    runner.log(f"[launcher] {result.describe()}")
-    result.raise_for_status()
+    # One run at a time into a local output: a second one is refused before it reads or deletes
+    # anything of the first's (the lock goes with this process, however it ends).
+    with storage.exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext():
+        if launch.entrypoint == TRAINER_ENTRYPOINT:
+            preflight(launch.trainer, local=local, overwrite=overwrite)
+        if overwrite:
+            storage.remove(launch.trainer.checkpoints_dir())
+        runner = launcher(options, log=log)
+        result = runner.run(launch, timeout=timeout_s)
+        runner.log(f"[launcher] {result.describe()}")
+        result.raise_for_status()
     output = launch.trainer.output
     metadata = model_metadata(
         read_summary(output), output=output, launch=launch, backend=runner.backend
@@ -375,8 +384,12 @@ def read_summary(output: str) -> dict[str, Any]:
 def model_metadata(
     summary: Mapping[str, Any], *, output: str, launch: TrainLaunch, backend: str
 ) -> dict[str, Any]:
-    """Model artifact metadata: what it was trained from, how far, where the HF files are
-    (`model_uri`) and where the run's checkpoints, metrics and TensorBoard logs are (`run_uri`)."""
+    """Model artifact metadata: what it was trained from, for what (`objective`; with DPO its
+    `dpo_beta`, which the evaluate step scales the implicit rewards by), how far, where the HF
+    files are (`model_uri`) and where the run's checkpoints, metrics and TensorBoard logs are
+    (`run_uri`)."""
+    trainer = launch.trainer
+    dpo = {"dpo_beta": trainer.dpo_beta} if trainer.objective == "dpo" else {}
     export_dir = launch.trainer.export_dir
     model_uri = summary.get("model_dir") or export_dir or output.rstrip("/") + "/model"
     return {
@@ -385,6 +398,8 @@ def model_metadata(
         "tokens": summary.get("tokens"),
         "target_tokens": summary.get("target_tokens"),
         "final_loss": summary.get("final_loss"),
+        "objective": trainer.objective,
+        **dpo,
         "model_uri": model_uri,
         "run_uri": output,
         "dataset_uri": launch.data,  # lineage: the data came by URI, not as an input artifact

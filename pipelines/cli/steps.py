@@ -9,6 +9,7 @@ import typer
 
 from components.run_params import RunParams
 from pipelines.cli.common import not_a_file, print_json, trainer_config, user_errors
+from trainer.config import TrainConfig
 
 
 @user_errors
@@ -260,9 +261,19 @@ def evaluate_cmd(
         ),
     ] = "",
     accelerator_count: Annotated[int, typer.Option(help="GPUs of --accelerator-type.")] = 1,
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="What --tuned was trained for: sft, or dpo (a preference dataset: win rate and "
+            "reward margin of the held-out pairs, base as reference)."
+        ),
+    ] = TrainConfig.objective,
+    dpo_beta: Annotated[
+        float, typer.Option(help="DPO's beta as trained with (scales the implicit rewards).")
+    ] = TrainConfig.dpo_beta,
 ) -> None:
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, standard
-    tasks (lm-evaluation-harness), HTML report."""
+    tasks (lm-evaluation-harness), DPO win rate, HTML report."""
     import logging
 
     from components.evaluation.evaluate import EvaluationRequest, run_evaluation
@@ -284,6 +295,7 @@ def evaluate_cmd(
         overwrite=overwrite,
         harness=harness_settings(eval_tasks, num_fewshot, limit),
         accelerator_type=accelerator_type, accelerator_count=accelerator_count,
+        objective=objective, dpo_beta=dpo_beta,
     )  # fmt: skip
     result = run_evaluation(request)
     print_json(

@@ -65,6 +65,13 @@ EVAL_FRACTION_DEFAULT = 0.05
 """The held-out fraction when none is given (preprocessing and the pipeline)."""
 
 
+PARQUET_WRITE_OPTIONS: dict[str, Any] = {"write_page_checksum": True}
+"""What every shard writer passes to pyarrow's ParquetWriter: each page carries a CRC32 that the
+reader verifies (reader.py), so a shard whose bytes were overwritten fails to read, naming the
+shard, instead of training on wrong token ids (the pages are uncompressed: nothing else would
+notice)."""
+
+
 def row_columns(data_kind: str) -> tuple[str, ...]:
     """The row columns of a dataset of this kind: COLUMNS, plus `pair_ids` for preference data."""
     return (*COLUMNS, PAIR_COLUMN) if data_kind == PREFERENCE_KIND else COLUMNS

@@ -6,11 +6,15 @@ step's critical path. `read_selected` reads only the shards that hold the reques
 
 Every read enforces two rules of the format: each row is exactly seq_len long (else the dataset
 is corrupt), and the first token of a document (position 0) is never a target, whatever the
-writer did, so no loss ever crosses a document boundary.
+writer did, so no loss ever crosses a document boundary. Page checksums are verified (writers set
+them: format.PARQUET_WRITE_OPTIONS). A shard that is missing, truncated or overwritten raises
+`CorruptShard` (a ValueError naming the shard); `shard_problems` finds them all up front.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +59,36 @@ class PackedRows:
         return cls(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in names})
 
 
+class CorruptShard(ValueError):
+    """A shard that is missing or does not read as the format says (truncated, overwritten)."""
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """Turn a shard that cannot be read into CorruptShard (a permission problem stays what it is)."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except FileNotFoundError:
+        raise CorruptShard(
+            f"shard {path} is missing: the dataset is incomplete, re-run `llmft preprocess`"
+        ) from None
+    except PermissionError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CorruptShard(
+            f"shard {path} is damaged ({reason}): re-run `llmft preprocess` (or restore the file)"
+        ) from None
+
+
+def _open_parquet(f: Any) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(f, page_checksum_verification=True)
+
+
 def shard_paths(data_dir: str, manifest: Manifest, split: str) -> list[str]:
     """The split's shard files, in manifest order (none for a split the manifest lacks)."""
     info = manifest.splits.get(split)
@@ -67,17 +101,44 @@ def shard_row_counts(paths: list[str]) -> list[int]:
 
     counts = []
     for path in paths:
-        with storage.open(path, "rb") as f:
+        with _reading(path), storage.open(path, "rb") as f:
             counts.append(pq.ParquetFile(f).metadata.num_rows)
     return counts
 
 
+def shard_problems(data_dir: str, manifest: Manifest, *, read_pages: bool) -> list[str]:
+    """Why the dataset's shards do not hold what its manifest says ([] when they do): a shard
+    that is missing or whose footer does not read (truncated), a split whose shards hold another
+    number of rows than the manifest's, and with `read_pages` every page read and its checksum
+    verified (a shard overwritten in place), one batch at a time."""
+    problems = []
+    for split, info in manifest.splits.items():
+        rows: int | None = 0
+        for path in shard_paths(data_dir, manifest, split):
+            try:
+                count = shard_row_counts([path])[0]
+                if read_pages:
+                    with _reading(path), storage.open(path, "rb") as f:
+                        for _ in _open_parquet(f).iter_batches():
+                            pass
+            except CorruptShard as exc:
+                problems.append(str(exc))
+                rows = None
+                continue
+            rows = None if rows is None else rows + count
+        if rows is not None and rows != info.rows:
+            problems.append(
+                f"the {split} shards of {data_dir} hold {rows} rows, its manifest says "
+                f"{info.rows}: the dataset was changed after it was written, re-run `llmft "
+                "preprocess`"
+            )
+    return problems
+
+
 def read_shard(path: str, seq_len: int, keep: np.ndarray | None = None) -> PackedRows:
     """One shard's rows (`keep`: only these row indices, in that order)."""
-    import pyarrow.parquet as pq
-
-    with storage.open(path, "rb") as f:
-        parquet = pq.ParquetFile(f)
+    with _reading(path), storage.open(path, "rb") as f:
+        parquet = _open_parquet(f)
         names = [n for n in (*COLUMNS, PAIR_COLUMN) if n in parquet.schema_arrow.names]
         table = parquet.read(columns=names)
     if keep is not None:
@@ -88,7 +149,7 @@ def read_shard(path: str, seq_len: int, keep: np.ndarray | None = None) -> Packe
         lengths = np.diff(np.asarray(column.offsets))
         if len(lengths) and (lengths != seq_len).any():
             bad = int(np.flatnonzero(lengths != seq_len)[0])
-            raise ValueError(
+            raise CorruptShard(
                 f"{path}: row {bad} has {lengths[bad]} {name} values, the manifest says "
                 f"seq_len={seq_len}: the dataset is corrupt, re-run preprocessing"
             )
