@@ -119,6 +119,11 @@ def test_pairs_pack_whole_with_document_ids(tokenizer: Any, sample_data_dir: Pat
                 "rejected": [{"role": "user", "content": "x"}, *first["rejected"]],
             }
         )
+    # A conversational completion of several messages is refused, not cut to its first one.
+    longer = [*first["chosen"], {"role": "user", "content": "more?"}, *first["rejected"]]
+    with pytest.raises(PairError, match="one assistant message") as refused:
+        normalize({**first, "chosen": longer})
+    assert refused.value.reason == "pair_shape"
 
 
 def test_preference_dataset_round_trips_and_old_manifests_load(

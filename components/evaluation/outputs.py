@@ -121,11 +121,13 @@ class Scores:
 
     def add_preference(self, beta: float) -> None:
         """DPO's view of the held-out pairs, every model against the base as reference (as the
-        trainer's own reference is the base with its adapters off): `<role>_eval_loss` becomes
-        the mean DPO loss per pair (the trainer's eval_loss; the base's is log 2), the win rate
-        is the share of pairs whose implicit reward prefers the chosen response (the trainer's
-        reward accuracy), the margin r_chosen - r_rejected is averaged; the token-level loss
-        stays as `<role>_response_nll` (perplexity is dropped: it would not match the loss)."""
+        trainer's own reference is the base with its adapters off; after QLoRA that base was
+        NF4-rounded, so the numbers differ from the trainer's: docs/evaluation.md):
+        `<role>_eval_loss` becomes the mean DPO loss per pair (the trainer's eval_loss; the
+        base's is log 2), the win rate is the share of pairs whose implicit reward prefers the
+        chosen response (the trainer's reward accuracy), the margin r_chosen - r_rejected is
+        averaged; the token-level loss stays as `<role>_response_nll` (perplexity is dropped:
+        it would not match the loss)."""
         import torch
 
         from trainer.preference import dpo_losses, margins
