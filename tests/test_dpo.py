@@ -242,7 +242,8 @@ def test_trainer_runs_dpo_on_a_qlora_base(
 ) -> None:
     """`python -m trainer --objective dpo` on a packed preference dataset, NF4 base: the first
     step's loss is log 2 (zero-initialized adapters: policy = reference), rewards move after,
-    and the eval split reports the win rate of the chosen responses."""
+    the eval split reports the win rate of the chosen responses, and `run_evaluation` of the
+    export (its DPO reference the base through the same NF4 round trip) reproduces it."""
     from test_trainer_single import run_trainer
 
     records = preference_records(sample_data_dir, 60)
