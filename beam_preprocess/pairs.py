@@ -74,6 +74,13 @@ def normalize(record: dict[str, Any]) -> tuple[list[dict[str, str]], str, str]:
         if isinstance(prompt, list):
             return _history(prompt), _response(chosen), _response(rejected)
     if isinstance(chosen, list) and isinstance(rejected, list) and chosen and rejected:
+        if isinstance(prompt, list) and (len(chosen) != 1 or len(rejected) != 1):
+            # Taking the first message would silently drop the rest of the completion.
+            raise PairError(
+                "pair_shape",
+                "with a prompt given as messages, chosen and rejected must each be one assistant "
+                f"message (got {len(chosen)} and {len(rejected)})",
+            )
         history = list(prompt) if isinstance(prompt, list) else chosen[:-1]
         if not isinstance(prompt, list) and chosen[:-1] != rejected[:-1]:
             raise PairError("pair_history", "chosen and rejected differ before their last turn")

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -283,7 +284,8 @@ def _match_inputs(patterns: tuple[str, ...], input_format: str = "auto") -> tupl
         if not found:
             missing.append(pattern)
         for metadata in found:
-            if "://" not in metadata.path and not os.path.isfile(metadata.path):
+            local = "://" not in metadata.path
+            if local and not os.path.isfile(metadata.path) and not _named_pipe(pattern, metadata):
                 problems.append(_not_a_file_problem(pattern, metadata.path))
                 continue
             try:
@@ -297,10 +299,17 @@ def _match_inputs(patterns: tuple[str, ...], input_format: str = "auto") -> tupl
     return total, problems
 
 
+def _named_pipe(pattern: str, metadata: Any) -> bool:
+    """A pipe given by its exact name (`--input <(zcat data.jsonl.gz)`, a FIFO a producer
+    writes): the user means to stream it. One that a glob happens to match is refused, as nothing
+    may ever write to it."""
+    return metadata.path == pattern and stat.S_ISFIFO(os.stat(pattern).st_mode)
+
+
 def _not_a_file_problem(pattern: str, path: str) -> str:
     """A directory is not read as such (it may hold files of other formats, such as a README or
     Spark's _SUCCESS): the message names a glob of the data files in it to give instead. A pipe,
-    socket or device is refused: reading one could wait forever."""
+    socket or device matched by a glob is refused: reading one could wait forever."""
     if not os.path.isdir(path):
         return (
             f"--input {pattern!r} matches {path!r}, which is not a regular file (a pipe, socket "

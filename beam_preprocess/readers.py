@@ -161,9 +161,10 @@ def _warn_misnamed(path: str, compression: str) -> None:
 @contextmanager
 def _open_whole(path: str) -> Iterator[Any]:
     """A whole input file as a buffered binary stream, decompressed by its suffix or, when the
-    name has none, by its first bytes."""
+    name has none, by its first bytes. A pipe (`--input <(zcat f.gz)`) is read by its name only:
+    its first bytes cannot be read twice."""
     with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as stream:
-        if not isinstance(stream, CompressedFile):
+        if not isinstance(stream, CompressedFile) and stream.seekable():
             compression = _compression_of(stream.read(_MAGIC_BYTES))
             stream.seek(0)
             if compression is None:

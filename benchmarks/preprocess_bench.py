@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python benchmarks/preprocess_bench.py [--records 50000] [--scales 1 10] [--repeats 3]`
 
-Both sides get the same generated instruction corpus (JSONL of prompt/response records, built from
+All sides get the same generated instruction corpus (JSONL of prompt/response records, built from
 `pipelines.quickstart.sample_data.generate_records`: each record bundles 1-36 tasks so documents
 range from ~15 to ~500 tokens) and the same 8k byte-level BPE tokenizer with a chat template. Timed:
 
@@ -13,13 +13,30 @@ range from ~15 to ~500 tokens) and the same 8k byte-level BPE tokenizer with a c
   peer  `datasets`: load_dataset("json"), map(batched=True, num_proc=2) rendering the chat template
         and tokenizing, then run_clm.py's `group_texts` (concatenate and cut into seq_len blocks,
         splitting documents across rows, no loss masks) with map(batched=True, num_proc=2).
+  floor the tokenizer alone (about the least time rendering and tokenizing take; not a hard
+        bound, as ours renders the template by a verified pattern, not Jinja): load the
+        tokenizer, then `--workers` forked processes (the peer's num_proc) each read the JSONL,
+        parse every `--workers`-th record, render the chat template (`apply_chat_template`, as
+        the peer) and tokenize with the fast tokenizer's `encode_batch` in batches of 1000 (the
+        peer's batch size), taking each encoding's ids; no cleaning, dedup, packing or writing.
+        Processes rather than the tokenizers library's own threads alone: rendering the template
+        is Python under the GIL, so one process would render on one core while the others wait;
+        inside each process the tokenizer keeps its default threads, as in the peer's workers.
 
-Each run is a fresh interpreter that imports the libraries of both sides first (transformers,
-datasets, Beam), then times its side from loading the tokenizer to the last file written; the
-sides alternate, `--repeats` times (medians reported). Tokens/s counts the non-padding tokens in
-each side's output. Fill ratio = non-padding / all tokens. Peak memory is the largest process's
-RSS (ours: the runner process or one of its workers). `--scales 1 10` adds a run at 10x the
-records (the fixed cost must amortize). The last line printed is `RESULT {json}`.
+Each run is a fresh interpreter that imports the libraries of all sides first (transformers,
+datasets, Beam), then times its side from loading the tokenizer to the last file written (the
+floor: to the last batch tokenized, reading the JSONL included); the sides alternate (floor, peer,
+ours), `--repeats` times (medians reported). Tokens/s counts the non-padding tokens in each
+side's output (the floor: every token of the rendered corpus). Fill ratio = non-padding / all
+tokens. Peak memory is the largest process's RSS (ours: the runner process or one of its
+workers). `--scales 1 10` adds a run at 10x the records (the fixed cost must amortize).
+
+Targets (issue 35), checked in RESULT: `ratio` (ours tokens/s over the peer's) >= 1.0 at every
+scale, and memory flat: ours' peak RSS at the largest scale at most MEMORY_FLAT_BOUND x its peak at
+the smallest (null with one scale: not measured). Per scale, `floor_tokens_per_s` and
+`ours_over_floor` say how close ours comes to tokenizing alone. RESULT's `targets` holds one
+boolean (or null) per target and `met` is true when every measured target holds; the summary
+printed before it names any target that failed. The last line printed is `RESULT {json}`.
 """
 
 from __future__ import annotations
@@ -41,6 +58,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Ours' peak RSS may grow at most this much from the smallest to the largest scale: the interpreter
+# with its libraries and tokenizer (~640 MB) dominates a flat run, so 25% more means input-sized state.
+MEMORY_FLAT_BOUND = 1.25
+# Records per tokenizer batch on the floor side: datasets' default map() batch_size, as the peer.
+FLOOR_BATCH = 1000
+SIDES = ("floor", "peer", "ours")  # the order of each repeat
 
 
 def write_corpus(path: Path, n_records: int, seed: int = 0) -> int:
@@ -147,6 +171,55 @@ def run_peer(
     }
 
 
+# The floor's tokenizer and corpus, set before its processes fork (they inherit them).
+_FLOOR: dict[str, Any] = {}
+
+
+def _floor_share(share: int) -> int:
+    """One floor process: read the JSONL, keep every n-th record from `share`, render, tokenize."""
+    tokenizer, corpus, n = _FLOOR["tokenizer"], _FLOOR["corpus"], _FLOOR["processes"]
+    backend = tokenizer.backend_tokenizer
+    tokens = 0
+
+    def tokenize(records: list[dict]) -> int:
+        conversations = [
+            [
+                {"role": "user", "content": r["prompt"]},
+                {"role": "assistant", "content": r["response"]},
+            ]
+            for r in records
+        ]
+        texts = tokenizer.apply_chat_template(conversations, tokenize=False)
+        return sum(len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False))
+
+    batch: list[dict] = []
+    with corpus.open() as f:
+        for i, line in enumerate(f):
+            if i % n == share:
+                batch.append(json.loads(line))
+                if len(batch) == FLOOR_BATCH:
+                    tokens += tokenize(batch)
+                    batch = []
+    return tokens + (tokenize(batch) if batch else 0)
+
+
+def run_floor(corpus: Path, tokenizer_dir: Path, workers: int) -> dict[str, Any]:
+    import multiprocessing
+
+    from transformers import AutoTokenizer
+
+    start = time.perf_counter()  # as the others: from loading the tokenizer
+    _FLOOR.update(
+        tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir), corpus=corpus, processes=workers
+    )
+    pool = multiprocessing.get_context("fork").Pool(workers)
+    tokens = sum(pool.map(_floor_share, range(workers)))
+    seconds = time.perf_counter() - start
+    pool.close()
+    pool.join()  # reaped, so RUSAGE_CHILDREN holds their peak
+    return {"seconds": round(seconds, 2), "tokens": tokens, "tokens_per_s": round(tokens / seconds)}
+
+
 def run_side(
     side: str,
     corpus: Path,
@@ -162,12 +235,14 @@ def run_side(
     argv += ["--seq-len", str(seq_len), "--workers", str(workers)]
     if ours_workers:
         argv += ["--ours-workers", str(ours_workers)]
-    done = subprocess.run(argv, check=True, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"error: the {side} side exited {done.returncode}:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def side_main(args: argparse.Namespace) -> None:
-    """`--side ours|peer`: import the libraries (both sides alike), run once, print JSON."""
+    """`--side floor|peer|ours`: import the libraries (all sides alike), run once, print JSON."""
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
     # Resolved before timing on both sides: transformers builds its lazy import structure on the
     # first attribute access (about 1 s).
@@ -177,7 +252,9 @@ def side_main(args: argparse.Namespace) -> None:
     import beam_preprocess.pipeline  # noqa: F401
 
     datasets.disable_progress_bars()
-    if args.side == "peer":
+    if args.side == "floor":
+        result = run_floor(args.corpus, args.tokenizer, args.workers)
+    elif args.side == "peer":
         result = run_peer(args.corpus, args.tokenizer, args.out, args.seq_len, args.workers)
     else:
         result = run_ours(args.corpus, args.tokenizer, args.out, args.seq_len, args.ours_workers)
@@ -194,7 +271,9 @@ def main() -> None:
         "--scales", type=int, nargs="+", default=[1], help="Also run at N x --records (e.g. 1 10)."
     )
     parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--workers", type=int, default=2, help="The peer's num_proc.")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="The peer's num_proc and the floor's processes."
+    )
     parser.add_argument(
         "--ours-workers",
         type=int,
@@ -203,7 +282,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="Runs per side; medians reported.")
     parser.add_argument("--workdir", type=Path, default=None, help="Keep outputs here.")
-    parser.add_argument("--side", choices=("ours", "peer"), help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -223,9 +302,9 @@ def main() -> None:
             corpus = work / f"corpus-{records}.jsonl"
             write_corpus(corpus, records)
             print(f"corpus: {records} records, {corpus.stat().st_size / 1e6:.1f} MB", flush=True)
-            runs: dict[str, list[dict]] = {"peer": [], "ours": []}
+            runs: dict[str, list[dict]] = {side: [] for side in SIDES}
             for repeat in range(args.repeats):
-                for side in ("peer", "ours"):  # alternated, so drift in load hits both alike
+                for side in SIDES:  # alternated, so drift in load hits all alike
                     out = work / f"{side}-{records}-{repeat}"
                     runs[side].append(
                         run_side(
@@ -243,11 +322,12 @@ def main() -> None:
             results.append(summarize(records, runs, args))
             print(f"RESULT-{records} " + json.dumps(results[-1]), flush=True)
     result = results[0] if len(results) == 1 else {"scales": results}
+    result.update(check_targets(results))
     print("RESULT " + json.dumps(result))
 
 
 def summarize(records: int, runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
-    """Medians over the repeats, and the ratio of the median throughputs."""
+    """Medians over the repeats, and the ratios of the median throughputs."""
     median = {
         side: {
             "seconds": statistics.median(r["seconds"] for r in results),
@@ -257,9 +337,11 @@ def summarize(records: int, runs: dict[str, list[dict]], args: argparse.Namespac
         for side, results in runs.items()
     }
     ratio = median["ours"]["tokens_per_s"] / median["peer"]["tokens_per_s"]
+    over_floor = median["ours"]["tokens_per_s"] / median["floor"]["tokens_per_s"]
     print(
         f"{records} records: tokens/s ours {median['ours']['tokens_per_s']:,} vs peer "
         f"{median['peer']['tokens_per_s']:,} (medians of {args.repeats}): ratio {ratio:.2f}; "
+        f"tokenizer floor {median['floor']['tokens_per_s']:,}: ours at {over_floor:.2f} of it; "
         f"fill ours {runs['ours'][0]['fill_ratio']} (documents never split)"
     )
     return {
@@ -268,13 +350,54 @@ def summarize(records: int, runs: dict[str, list[dict]], args: argparse.Namespac
         "workers": args.workers,
         "repeats": args.repeats,
         "ratio": round(ratio, 3),
+        "ratio_ge_1": ratio >= 1.0,  # unrounded: 0.9996 is a miss
+        "floor_tokens_per_s": median["floor"]["tokens_per_s"],
+        "ours_over_floor": round(over_floor, 3),
         "fill_ratio": runs["ours"][0]["fill_ratio"],
         "ours": median["ours"],
         "peer": median["peer"],
+        "floor": median["floor"],
         "ratios_per_repeat": [
             round(o["tokens_per_s"] / p["tokens_per_s"], 3)
             for o, p in zip(runs["ours"], runs["peer"], strict=True)
         ],
+        "ours_over_floor_per_repeat": [
+            round(o["tokens_per_s"] / f["tokens_per_s"], 3)
+            for o, f in zip(runs["ours"], runs["floor"], strict=True)
+        ],
+    }
+
+
+def check_targets(results: list[dict]) -> dict:
+    """Issue 35's targets over all scales; prints which failed. Returns RESULT's `targets`, `met`."""
+    smallest = min(results, key=lambda r: r["records"])
+    largest = max(results, key=lambda r: r["records"])
+    growth = largest["ours"]["peak_rss_mb"] / smallest["ours"]["peak_rss_mb"]
+    measured = len(results) > 1
+    targets = {
+        "ratio_ge_1_at_every_scale": all(r["ratio_ge_1"] for r in results),
+        "memory_flat": growth <= MEMORY_FLAT_BOUND if measured else None,
+    }
+    met = all(v for v in targets.values() if v is not None)
+    if not targets["ratio_ge_1_at_every_scale"]:
+        misses = ", ".join(
+            f"{r['records']} records: {r['ratio']}" for r in results if not r["ratio_ge_1"]
+        )
+        print(f"target FAILED: ours/peer tokens/s >= 1.0 at every scale ({misses})")
+    if targets["memory_flat"] is False:
+        print(
+            f"target FAILED: memory flat: ours' peak {largest['ours']['peak_rss_mb']} MB at "
+            f"{largest['records']} records is {growth:.2f}x its {smallest['ours']['peak_rss_mb']} "
+            f"MB at {smallest['records']} (bound {MEMORY_FLAT_BOUND}x)"
+        )
+    if not measured:
+        print("memory flat: not measured (one scale; run with --scales 1 10)")
+    print(f"targets {'met' if met else 'NOT met'}: {targets}")
+    return {
+        "targets": targets,
+        "memory_growth": round(growth, 3) if measured else None,
+        "memory_flat_bound": MEMORY_FLAT_BOUND,
+        "met": met,
     }
 
 

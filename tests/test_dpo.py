@@ -119,6 +119,11 @@ def test_pairs_pack_whole_with_document_ids(tokenizer: Any, sample_data_dir: Pat
                 "rejected": [{"role": "user", "content": "x"}, *first["rejected"]],
             }
         )
+    # A conversational completion of several messages is refused, not cut to its first one.
+    longer = [*first["chosen"], {"role": "user", "content": "more?"}, *first["rejected"]]
+    with pytest.raises(PairError, match="one assistant message") as refused:
+        normalize({**first, "chosen": longer})
+    assert refused.value.reason == "pair_shape"
 
 
 def test_preference_dataset_round_trips_and_old_manifests_load(
@@ -237,7 +242,8 @@ def test_trainer_runs_dpo_on_a_qlora_base(
 ) -> None:
     """`python -m trainer --objective dpo` on a packed preference dataset, NF4 base: the first
     step's loss is log 2 (zero-initialized adapters: policy = reference), rewards move after,
-    and the eval split reports the win rate of the chosen responses."""
+    the eval split reports the win rate of the chosen responses, and `run_evaluation` of the
+    export (its DPO reference the base through the same NF4 round trip) reproduces it."""
     from test_trainer_single import run_trainer
 
     records = preference_records(sample_data_dir, 60)
@@ -257,6 +263,34 @@ def test_trainer_runs_dpo_on_a_qlora_base(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["objective"] == "dpo" and 0.0 <= summary["eval_win_rate"] <= 1.0
     assert "eval_reward_margin" in summary
+    assert summary["quantize_base"] == "nf4" and summary["compute_dtype"] == "fp32"
+    # The evaluation of the exported model on the same held-out pairs, its reference the base
+    # through the trainer's NF4 round trip: the trainer's numbers (the merged export is the
+    # trained model to float rounding). The full-precision base as reference gives others.
+    from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+
+    def evaluation(name: str, **reference: str) -> dict[str, float]:
+        request = EvaluationRequest(
+            base=str(tiny_model_dir), tuned=summary["model_dir"], data_dir=str(data),
+            output_dir=str(tmp_path / name), objective="dpo", dpo_beta=BETA, device="cpu",
+            max_examples=0, **reference,
+        )  # fmt: skip
+        return run_evaluation(request).metrics
+
+    m = evaluation(
+        "eval", quantize_base=summary["quantize_base"], compute_dtype=summary["compute_dtype"]
+    )
+    assert m["preference_pairs"] == len(records[48:])
+    assert m["tuned_win_rate"] == summary["eval_win_rate"]
+    assert m["tuned_reward_margin"] == pytest.approx(summary["eval_reward_margin"], abs=1e-6)
+    assert m["tuned_eval_loss"] == pytest.approx(summary["eval_loss"], abs=1e-6)
+    # The base's DPO numbers are the reference's own (the trainer's step 0); its token loss is
+    # the full-precision base's.
+    assert m["base_eval_loss"] == pytest.approx(math.log(2), abs=1e-12)
+    assert m["base_win_rate"] == 0.0 and m["base_reward_margin"] == 0.0
+    full = evaluation("eval_full_precision_reference")
+    assert full["base_response_nll"] == m["base_response_nll"]
+    assert abs(full["tuned_reward_margin"] - summary["eval_reward_margin"]) > 1e-4
     # An instruction dataset is refused for DPO, before training (exit 2, one error line).
     sft = tmp_path / "sft_run"
     proc = run_trainer(tiny_model_dir, data, sft, "--lora-rank", "8", "--max-steps", "1")

@@ -71,3 +71,21 @@ def test_the_jobs_carry_the_train_timeout_plus_a_grace() -> None:
     assert deadline == 3600 + DEADLINE_GRACE_S and 0 < DEADLINE_GRACE_S <= 900
     vertex = backend_options(_request("vertex"))
     assert vertex.job.timeout_s == 3600 + DEADLINE_GRACE_S  # type: ignore[union-attr]
+
+
+def test_the_model_metadata_records_what_dpos_reference_was() -> None:
+    """QLoRA: `quantize_base` and the trainer's resolved compute dtype (summary.json) go into
+    the Model artifact's metadata, which the evaluate step rebuilds DPO's reference from."""
+    from components.steps.train import model_metadata
+
+    trainer = TrainConfig(
+        model="m", data="d", output="o", objective="dpo", lora_rank=8, quantize_base="nf4"
+    )
+    launch = TrainLaunch(run_id="r1", trainer=trainer)
+    summary = {"compute_dtype": "bf16", "model_dir": "o/model"}
+    metadata = model_metadata(summary, output="o", launch=launch, backend="local")
+    assert metadata["quantize_base"] == "nf4" and metadata["compute_dtype"] == "bf16"
+    assert metadata["dpo_beta"] == trainer.dpo_beta
+    plain = TrainLaunch(run_id="r1", trainer=TrainConfig(model="m", data="d", output="o"))
+    metadata = model_metadata(summary, output="o", launch=plain, backend="local")
+    assert "quantize_base" not in metadata and "compute_dtype" not in metadata

@@ -20,6 +20,10 @@ from trainer.config_file import coerce_field, read_yaml_mapping
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 
 SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
+DTYPES = ("auto", "bf16", "fp32")
+"""`dtype`'s values (`trainer.model.compute_dtype` resolves "auto")."""
+QUANTIZE_BASES = ("none", "nf4")
+"""`quantize_base`'s values."""
 """Names of torch's SDPA kernels (`torch.nn.attention.SDPBackend`) that `sdpa_kernels` takes."""
 
 
@@ -230,7 +234,7 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 errors.append(f"{name} must be in [0, 1) (got {getattr(self, name)})")
-        if self.dtype not in ("auto", "bf16", "fp32"):
+        if self.dtype not in DTYPES:
             errors.append(f"dtype must be auto, bf16 or fp32 (got {self.dtype!r})")
         if self.attention not in ("document", "sdpa", "eager"):
             errors.append(f"attention must be document, sdpa or eager (got {self.attention!r})")
@@ -252,7 +256,7 @@ class TrainConfig:
             errors.append("lora_target_modules must name at least one module when lora_rank > 0")
         if not 0 <= self.lora_dropout < 1:
             errors.append(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})")
-        if self.quantize_base not in ("none", "nf4"):
+        if self.quantize_base not in QUANTIZE_BASES:
             errors.append(f"quantize_base must be none or nf4 (got {self.quantize_base!r})")
         elif self.quantize_base == "nf4" and not self.lora_rank:
             errors.append("quantize_base=nf4 trains LoRA adapters on a frozen base: set lora_rank")

@@ -68,6 +68,7 @@ def evaluate(r: Run) -> dict[str, float] | None:
 
 def save(r: Run) -> None:
     from trainer.export import export_model
+    from trainer.model import compute_dtype, dtype_name
 
     if r.config.eval_at_end:
         scores = evaluate(r)
@@ -91,6 +92,10 @@ def save(r: Run) -> None:
             "eval_loss": r.eval_loss,
             **{k: v for k, v in r.eval_scores.items() if k != "eval_loss"},
             "objective": r.config.objective,
+            # What DPO's reference (the base, adapters off) multiplied by: the evaluation rebuilds
+            # it from these (components/evaluation/evaluate.py).
+            "quantize_base": r.config.quantize_base,
+            "compute_dtype": dtype_name(compute_dtype(r.config, r.device)),
             "model_dir": model_out if r.config.export else None,
             "resumed_from_step": r.resumed_from_step,
             "attempts": r.attempt,

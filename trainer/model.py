@@ -237,9 +237,19 @@ def attn_implementation(config: TrainConfig, hf_config: Any) -> str:
 
 
 def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
-    if config.dtype == "bf16" or (config.dtype == "auto" and device.type == "cuda"):
+    return dtype_of(config.dtype, device)
+
+
+def dtype_of(name: str, device: torch.device) -> torch.dtype:
+    """A `TrainConfig.dtype` value as a torch dtype on `device` ("auto": bf16 on CUDA, else fp32)."""
+    if name == "bf16" or (name == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A resolved compute dtype as `TrainConfig.dtype` names it ("bf16" or "fp32")."""
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
 
 
 def compiles(config: TrainConfig, device: torch.device) -> bool:

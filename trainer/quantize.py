@@ -109,6 +109,28 @@ def quantize_blocks(
     return quantized
 
 
+def round_trip_blocks(root: nn.Module, blocks: nn.ModuleList, dtype: torch.dtype) -> list[str]:
+    """In place, the weights `quantize_blocks` would give `root`, de-quantized: the frozen linear
+    weights of `blocks` become their `nf4_round_trip` and the other frozen floating-point
+    parameters are rounded to `dtype`, each kept in its own dtype and on its device. Applied to
+    the base model (all parameters frozen), this is a QLoRA run's DPO reference, the base with
+    its adapters off as the trainer multiplied by (trainer/export.py's `dequantized_base` is the
+    same for a state dict). Returns the round-tripped linear weights' names in `root`."""
+    import torch
+
+    prefix = next(name for name, module in root.named_modules() if module is blocks)
+    linears = frozen_linears(blocks)
+    done = {id(linear.weight) for _, linear in linears}
+    with torch.no_grad():
+        for _, linear in linears:
+            weight = linear.weight
+            weight.data = nf4_round_trip(weight.data, dtype).to(weight.dtype)
+        for param in root.parameters():
+            if id(param) not in done and not param.requires_grad and param.is_floating_point():
+                param.data = param.data.to(dtype).to(param.dtype)
+    return [f"{prefix}.{name}.weight" for name, _ in linears]
+
+
 def quantized_modules(root: nn.Module) -> list[nn.Module]:
     """The modules that hold an NF4 weight (DDP must not broadcast or bucket them)."""
     # Own parameters only: peft's LoRA layer exposes its base layer's weight as `.weight` too.

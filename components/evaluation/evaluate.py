@@ -21,7 +21,10 @@ and tuned answers to the held-out prompts after both models ran.
 A model trained with objective=dpo is evaluated on the preference dataset's held-out pairs: each
 model's response log-probabilities, then against the base as reference (trainer/preference.py)
 the DPO loss as its eval loss, the win rate (share of pairs whose implicit reward prefers the
-chosen response) and the mean reward margin (outputs.Scores.add_preference).
+chosen response) and the mean reward margin (outputs.Scores.add_preference). After QLoRA
+(`quantize_base="nf4"`) the reference is the base as the trainer multiplied by: its decoder
+blocks' linears through the same NF4 round trip in the trainer's compute dtype
+(trainer/quantize.py `round_trip_blocks`); the base's own metrics stay those of the base as given.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from components.evaluation.outputs import (
 )
 from components.evaluation.scoring import score_rows
 from trainer import storage
-from trainer.config import TrainConfig
+from trainer.config import DTYPES, QUANTIZE_BASES, TrainConfig
 from trainer.packed_data.format import (
     PREFERENCE_KIND,
     Manifest,
@@ -122,6 +125,15 @@ def _validate_args(request: EvaluationRequest) -> None:
         )
     if not request.dpo_beta > 0:
         errors.append(f"dpo_beta must be > 0, got {request.dpo_beta}")
+    if request.quantize_base not in QUANTIZE_BASES:
+        errors.append(
+            f"quantize_base must be one of {', '.join(QUANTIZE_BASES)}, "
+            f"got {request.quantize_base!r}"
+        )
+    if request.compute_dtype not in DTYPES:
+        errors.append(
+            f"compute_dtype must be one of {', '.join(DTYPES)}, got {request.compute_dtype!r}"
+        )
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -228,6 +240,12 @@ class EvaluationRequest:
     dpo_beta: float = TrainConfig.dpo_beta
     """DPO's beta, as trained with: scales the implicit rewards (the margin and the loss, not
     the win rate)."""
+    quantize_base: str = TrainConfig.quantize_base
+    """The trainer's `quantize_base`: with "nf4" (QLoRA) DPO's reference is the base with its
+    decoder blocks' linear weights through NF4 and back, as the trainer's reference was."""
+    compute_dtype: str = TrainConfig.dtype
+    """The trainer's compute dtype (summary.json's `compute_dtype`), which an NF4 reference is
+    de-quantized to; "auto" resolves as the trainer does on this evaluation's device."""
 
 
 def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
@@ -306,6 +324,8 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         "judge_metric": request.judge.metric,
         "objective": request.objective,
         "dpo_beta": request.dpo_beta,
+        "quantize_base": request.quantize_base,
+        "compute_dtype": request.compute_dtype,
     }
     return write_outputs(
         request.output_dir,
@@ -349,7 +369,38 @@ def _score_models(
             _check_vocab(role, path, lm.model, inputs.manifest)
             scores.device = lm.describe()
             _score(lm, role, inputs, scores, request)
+            if role == "base" and _quantized_reference(request):
+                _score_quantized_reference(lm, inputs, scores, request)
     return scores
+
+
+def _quantized_reference(request: EvaluationRequest) -> bool:
+    """Whether DPO's reference is the NF4 round trip of the base (QLoRA), not the base itself."""
+    return request.objective == "dpo" and request.quantize_base == "nf4"
+
+
+def _score_quantized_reference(
+    lm: Any, inputs: _Inputs, scores: Scores, request: EvaluationRequest
+) -> None:
+    """After the base's own scores: its decoder blocks' linears through the trainer's NF4 round
+    trip (in place; the model is dropped after this), then the pairs' log-probabilities again,
+    which replace the base's as DPO's reference (outputs.Scores.add_preference)."""
+    from trainer.model import decoder_blocks, dtype_of
+    from trainer.quantize import round_trip_blocks
+
+    model = lm.model
+    model.requires_grad_(False)  # every weight of the reference is frozen, as in the trainer
+    dtype = dtype_of(request.compute_dtype, lm.device)
+    names = round_trip_blocks(model, decoder_blocks(model, model.config.num_hidden_layers), dtype)
+    log.info(
+        "DPO reference: the base with %d linear weights through NF4 and back in %s "
+        "(quantize_base=nf4, as the trainer's)",
+        len(names),
+        dtype,
+    )
+    loss = score_rows(model, inputs.rows, device=lm.device, batch_size=request.batch_size)
+    assert loss.pair_logps is not None, "objective=dpo is scored on preference pairs"
+    scores.add_pair_logps("base", loss.pair_logps)
 
 
 def _score(lm: Any, role: str, inputs: _Inputs, scores: Scores, request: EvaluationRequest) -> None:

@@ -33,7 +33,8 @@ class EvaluationResult:
     <role>_task_<task> (harness tasks' headline metrics, 0..1) for role in base/tuned[/champion],
     *_delta (tuned - base), general_retained, judge_win_rate/loss_rate/tie_rate/prompts/errors (with
     the judge), eval_rows, eval_target_tokens, generation_examples; with objective=dpo
-    <role>_eval_loss is the DPO loss per pair (base as reference), with <role>_win_rate,
+    <role>_eval_loss is the DPO loss per pair (base as reference; after QLoRA the base's NF4
+    round trip, as the trainer's), with <role>_win_rate,
     <role>_reward_margin, <role>_response_nll (instead of perplexity) and preference_pairs."""
     passed: bool
     decision: GateDecision
@@ -120,12 +121,14 @@ class Scores:
         self.pair_logps[role] = logps
 
     def add_preference(self, beta: float) -> None:
-        """DPO's view of the held-out pairs, every model against the base as reference (as the
-        trainer's own reference is the base with its adapters off): `<role>_eval_loss` becomes
-        the mean DPO loss per pair (the trainer's eval_loss; the base's is log 2), the win rate
-        is the share of pairs whose implicit reward prefers the chosen response (the trainer's
-        reward accuracy), the margin r_chosen - r_rejected is averaged; the token-level loss
-        stays as `<role>_response_nll` (perplexity is dropped: it would not match the loss)."""
+        """DPO's view of the held-out pairs, every model against the base's log-probabilities
+        as reference (the trainer's reference is the base with its adapters off; after QLoRA
+        the base's are those of its NF4 round trip, evaluate.py, so the base's DPO numbers are
+        the reference's own): `<role>_eval_loss` becomes the mean DPO loss per pair (the trainer's eval_loss; the
+        base's is log 2), the win rate is the share of pairs whose implicit reward prefers the
+        chosen response (the trainer's reward accuracy), the margin r_chosen - r_rejected is
+        averaged; the token-level loss stays as `<role>_response_nll` (perplexity is dropped:
+        it would not match the loss)."""
         import torch
 
         from trainer.preference import dpo_losses, margins
@@ -322,9 +325,17 @@ def _preference_details(metrics: dict[str, float], settings: dict[str, Any]) -> 
     """The report's lines on the DPO evaluation (none for other objectives)."""
     if "preference_pairs" not in metrics:
         return {}
+    reference = "the base model"
+    if settings.get("quantize_base", "none") != "none":
+        reference = (
+            f"the base with its decoder blocks' linears through {settings['quantize_base']} "
+            f"and back ({settings['compute_dtype']}), as the trainer's; the base's own loss, "
+            "answers and tasks are the base as given"
+        )
     return {
         "held-out preference pairs": int(metrics["preference_pairs"]),
-        "DPO beta (implicit rewards, base = reference)": settings["dpo_beta"],
+        "DPO beta (implicit rewards)": settings["dpo_beta"],
+        "DPO reference": reference,
     }
 
 

@@ -3,7 +3,8 @@
 `run(EvaluateRequest)` is what the `evaluate` KFP component calls; the work is
 `components.evaluation.evaluate.run_evaluation` (also `llmft evaluate`). The tuned Model artifact
 is the exported Hugging Face model itself; the training curve is in the trainer's run directory,
-its `run_uri` metadata (`<run dir>/metrics.jsonl`), and DPO's beta in its `dpo_beta` metadata.
+its `run_uri` metadata (`<run dir>/metrics.jsonl`), DPO's beta in its `dpo_beta` metadata and,
+after QLoRA, how DPO's reference was quantized in its `quantize_base` and `compute_dtype`.
 The step writes the report to its HTML artifact and logs the scalars to its Metrics artifact;
 metrics.json and generations.jsonl go to a temporary directory that is removed.
 """
@@ -121,6 +122,8 @@ def run(request: EvaluateRequest) -> tuple[bool]:
                 ),
                 objective=request.objective,
                 dpo_beta=float(metadata.get("dpo_beta") or TrainConfig.dpo_beta),
+                quantize_base=str(metadata.get("quantize_base") or TrainConfig.quantize_base),
+                compute_dtype=str(metadata.get("compute_dtype") or TrainConfig.dtype),
             )
         )
         shutil.copyfile(result.report_path, request.report.path)

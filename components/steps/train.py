@@ -385,11 +385,20 @@ def model_metadata(
     summary: Mapping[str, Any], *, output: str, launch: TrainLaunch, backend: str
 ) -> dict[str, Any]:
     """Model artifact metadata: what it was trained from, for what (`objective`; with DPO its
-    `dpo_beta`, which the evaluate step scales the implicit rewards by), how far, where the HF
-    files are (`model_uri`) and where the run's checkpoints, metrics and TensorBoard logs are
-    (`run_uri`)."""
+    `dpo_beta`, which the evaluate step scales the implicit rewards by, and `quantize_base` with
+    the trainer's `compute_dtype`, from which it rebuilds DPO's reference after QLoRA), how far,
+    where the HF files are (`model_uri`) and where the run's checkpoints, metrics and
+    TensorBoard logs are (`run_uri`)."""
     trainer = launch.trainer
     dpo = {"dpo_beta": trainer.dpo_beta} if trainer.objective == "dpo" else {}
+    quantized = (
+        {
+            "quantize_base": trainer.quantize_base,
+            "compute_dtype": summary.get("compute_dtype", trainer.dtype),
+        }
+        if trainer.quantize_base != "none"
+        else {}
+    )
     export_dir = launch.trainer.export_dir
     model_uri = summary.get("model_dir") or export_dir or output.rstrip("/") + "/model"
     return {
@@ -400,6 +409,7 @@ def model_metadata(
         "final_loss": summary.get("final_loss"),
         "objective": trainer.objective,
         **dpo,
+        **quantized,
         "model_uri": model_uri,
         "run_uri": output,
         "dataset_uri": launch.data,  # lineage: the data came by URI, not as an input artifact

@@ -271,6 +271,20 @@ def evaluate_cmd(
     dpo_beta: Annotated[
         float, typer.Option(help="DPO's beta as trained with (scales the implicit rewards).")
     ] = TrainConfig.dpo_beta,
+    quantize_base: Annotated[
+        str,
+        typer.Option(
+            help="The run's quantize_base (its summary.json): nf4 makes DPO's reference the "
+            "base through NF4 and back, as the trainer's was."
+        ),
+    ] = TrainConfig.quantize_base,
+    compute_dtype: Annotated[
+        str,
+        typer.Option(
+            help="The trainer's compute dtype (summary.json's compute_dtype: bf16 or fp32) an "
+            "NF4 reference is de-quantized to; auto: bf16 on CUDA, else fp32."
+        ),
+    ] = TrainConfig.dtype,
 ) -> None:
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, standard
     tasks (lm-evaluation-harness), DPO win rate, HTML report."""
@@ -295,7 +309,8 @@ def evaluate_cmd(
         overwrite=overwrite,
         harness=harness_settings(eval_tasks, num_fewshot, limit),
         accelerator_type=accelerator_type, accelerator_count=accelerator_count,
-        objective=objective, dpo_beta=dpo_beta,
+        objective=objective, dpo_beta=dpo_beta, quantize_base=quantize_base,
+        compute_dtype=compute_dtype,
     )  # fmt: skip
     result = run_evaluation(request)
     print_json(
