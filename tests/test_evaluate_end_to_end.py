@@ -305,7 +305,8 @@ def test_tokenizer_mismatch_is_refused_before_loading(
     tokenizer = AutoTokenizer.from_pretrained(other)
     tokenizer.add_tokens(["<|tool|>"], special_tokens=True)
     tokenizer.save_pretrained(other)
-    # No weights in `other`: reaching from_pretrained would fail differently.
+    # Unreadable weights in `other`: reaching from_pretrained would fail differently.
+    (other / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError) as info:
         run_evaluation(EvaluationRequest(
             base=str(tiny_model_dir), tuned=str(other), data_dir=str(dataset),

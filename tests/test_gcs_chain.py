@@ -209,7 +209,8 @@ def _trainer_workers(run_id: str) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"trainer" in argv and b"-m" in argv and b"torch.distributed.run" not in argv:
+        agent = b"components.launchers.torchrun_agent" in argv
+        if b"trainer" in argv and b"-m" in argv and not agent:
             pids.append(pid)
     return sorted(pids)
 

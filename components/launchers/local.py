@@ -1,8 +1,8 @@
 """Local backend: N torchrun agents as separate local processes ("nodes"), P workers each.
 
 This is the same multi-node launch as on a cluster, only on one machine: each agent is its own
-`python -m torch.distributed.run` process that finds the others through the rendezvous (etcd-v3 by
-default, through a per-run local etcd started here when no endpoint is given; etcd-v2 and c10d
+`python -m torch.distributed.run` process (started through `components.launchers.torchrun_agent`,
+which never hangs at exit) that finds the others through the rendezvous (etcd-v3 by default, through a per-run local etcd started here when no endpoint is given; etcd-v2 and c10d
 selectable). So a local run exercises rendezvous, restarts and failure handling for real.
 
 How processes are tracked, and why:
@@ -226,7 +226,7 @@ class LocalLauncher(Launcher):
         cmd = [
             self.python,
             "-m",
-            "torch.distributed.run",
+            "components.launchers.torchrun_agent",  # torch.distributed.run, never hanging at exit
             *launch.torchrun_args(endpoint),
             "--tee=3",
             f"--log-dir={log_dir / f'node{index}-ranks'}",

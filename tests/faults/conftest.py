@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,21 @@ import pytest
 
 FAILSAFE_S = 180.0
 """How long a wait for a signal may take before the test fails (never a pause: waits poll)."""
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen]]:
+    """Processes a test starts; whatever is left is killed at the end, with its process group
+    when it leads one (a command started as a terminal's foreground job)."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # not a group leader
+                proc.kill()
+        proc.wait()
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = FAILSAFE_S) -> Any:

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,17 +32,6 @@ from faults.conftest import instruction_rows, preprocess, wait_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen]]:
-    """Processes a test starts (each in its own process group); what is left is killed."""
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _start(started: list[subprocess.Popen], args: list[str], env: dict | None = None):

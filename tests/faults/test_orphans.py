@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,17 +34,6 @@ def _gone(pids: list[int]) -> bool:
     from components.lifeline import alive
 
     return not any(alive(pid) for pid in pids)
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen]]:
-    """Processes a test starts; whatever is left is killed at the end."""
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 def _start_train(
