@@ -161,12 +161,12 @@ def test_document_layout_moves_with_accelerate_hooks() -> None:
 
     two_docs = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
     regrouped = document_layout(two_docs, multiple=1)
-    dense = document_layout(two_docs)  # rounded up to 8 x 8 x 8: the masked fallback
+    dense = document_layout(two_docs, multiple=8)  # rounded up to 8 x 8 x 8: the masked fallback
     for layout in (regrouped, dense):
         moved = send_to_device({"document_layout": layout}, "meta")["document_layout"]
         assert isinstance(moved, DocumentLayout)
         assert (moved.documents, moved.max_len) == (layout.documents, layout.max_len)
-        for name in ("slots", "mask"):
+        for name in ("slots", "mask", "sources"):
             before, after = getattr(layout, name), getattr(moved, name)
             assert (before is None) == (after is None)
             if after is not None:

@@ -206,8 +206,8 @@ def test_document_attention_matches_masked_sdpa(
     ids = [t for d, _ in docs for t in d][:100]
     if layout == "one_per_row":  # one document fills the row: plain causal attention
         docs = [(ids, [0] * 10 + [1] * 90)]
-    elif layout == "masked":  # a long document and a short one: the dense masked fallback
-        docs = [(ids[:80], [0] + [1] * 79), (ids[80:], [0] + [1] * 19)]
+    elif layout == "masked":  # a long document and two short ones: the dense masked fallback
+        docs = [(ids[:80], [0] + [1] * 79), (ids[80:88], [0] + [1] * 7), (ids[88:], [0] + [1] * 11)]
     # Rows of documents only (the last one cut off), as a best-fit packer leaves them.
     (row,) = pack(docs, seq_len=10_000, pad_id=tokenizer.pad_token_id)
     keys = ("input_ids", "position_ids", "loss_mask")
@@ -226,6 +226,49 @@ def test_document_attention_matches_masked_sdpa(
         results.append((loss.item(), model.model.layers[1].self_attn.k_proj.weight.grad))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-4)
+
+
+def test_document_layout_gather_equals_a_zero_padded_layout_bit_for_bit() -> None:
+    """The layout reads each slot's token (padding reads a real one) instead of copying tokens
+    into zeros: causal attention never lets a real query see the padding after it, so outputs
+    and gradients are the zero-padded layout's exactly, at exact and rounded-up sizes."""
+    import torch
+
+    from trainer import attention
+
+    torch.manual_seed(0)
+    lengths = [
+        [3, 5, 2, 7, 1, 4, 6, 3, 5, 2, 7, 4, 6, 3, 5, 1],
+        [5, 5, 4, 3, 6, 2, 7, 5, 4, 6, 3, 5, 4, 5],
+    ]
+    positions = torch.tensor([[p for n in row for p in range(n)] for row in lengths])
+    q0, k0, v0 = (torch.randn(2, h, 64, 8) for h in (4, 2, 2))
+
+    def zero_padded(x: torch.Tensor, layout: attention.DocumentLayout) -> torch.Tensor:
+        b, h, length, d = x.shape
+        tokens = x.transpose(1, 2).reshape(b * length, h, d)
+        out = tokens.new_zeros(layout.documents * layout.max_len, h, d)
+        out = out.index_copy(0, layout.slots, tokens)
+        return out.view(layout.documents, layout.max_len, h, d).transpose(1, 2)
+
+    for multiple in (1, 8):
+        layout = attention.document_layout(positions, multiple=multiple)
+        assert layout.slots is not None
+        results = []
+        for to_documents in (attention._to_documents, zero_padded):
+            q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+            saved = attention._to_documents
+            attention._to_documents = to_documents
+            try:
+                out, _ = attention.document_attention(
+                    torch.nn.Module(), q, k, v, None, document_layout=layout
+                )
+            finally:
+                attention._to_documents = saved
+            out.backward(torch.randn_like(out, generator=torch.Generator().manual_seed(1)))
+            results.append([out.detach(), q.grad, k.grad, v.grad])
+        for ours, reference in zip(*results, strict=True):
+            assert torch.equal(ours, reference)
 
 
 def test_metrics_to_an_object_store_are_staged_and_uploaded() -> None:
