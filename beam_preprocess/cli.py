@@ -50,8 +50,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_preprocess")
     from dataclasses import asdict
 
     from beam_preprocess.pipeline import run
-    from trainer.storage import DiskFullError
+    from trainer.storage import DiskFullError, check_tmpdir
 
+    try:
+        check_tmpdir()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     interrupted: list[int] = []
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:

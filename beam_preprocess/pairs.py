@@ -74,6 +74,12 @@ def normalize(record: dict[str, Any]) -> tuple[list[dict[str, str]], str, str]:
         if isinstance(prompt, list):
             return _history(prompt), _response(chosen), _response(rejected)
     if isinstance(chosen, list) and isinstance(rejected, list) and chosen and rejected:
+        if isinstance(prompt, str):
+            raise PairError(
+                "pair_shape",
+                "the prompt is text but chosen and rejected are message lists: give the prompt "
+                "as messages too, or chosen and rejected as text",
+            )
         if isinstance(prompt, list) and (len(chosen) != 1 or len(rejected) != 1):
             # Taking the first message would silently drop the rest of the completion.
             raise PairError(
@@ -173,7 +179,12 @@ def render(tokenizer: Any, history: list[dict[str, str]], response: str) -> Docu
 
 
 def pair_of(tokenizer: Any, history: list[dict[str, str]], chosen: str, rejected: str) -> Pair:
-    """Both sides of a pair rendered (PairError when the template cannot render them)."""
+    """Both sides of a pair rendered (PairError when the template cannot render them, or when
+    they are the same text: DPO's gradient for such a pair is exactly 0, it only dilutes the
+    mean). Called on the cleaned texts, so responses that differ only in what cleaning removes
+    count as the same."""
+    if chosen == rejected:
+        raise PairError("identical_responses", "chosen and rejected are the same text")
     return Pair(render(tokenizer, history, chosen), render(tokenizer, history, rejected))
 
 

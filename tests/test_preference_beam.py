@@ -73,6 +73,12 @@ def test_beam_writes_the_rows_of_the_in_memory_path_and_accounts_for_every_recor
         {"chosen": good[2]["chosen"], "rejected": [{"role": "assistant", "content": "5"}]},
         {"prompt": "2+2?", "chosen": "  ", "rejected": "5"},  # empty_response
         {"prompt": [{"role": "tool", "content": "x"}], "chosen": "4", "rejected": "5"},
+        {"prompt": "2+2?", "chosen": " 4", "rejected": "4 "},  # identical_responses (cleaned)
+        {  # pair_shape: a text prompt with message-list responses
+            "prompt": "2+2?",
+            "chosen": [{"role": "assistant", "content": "4"}],
+            "rejected": [{"role": "assistant", "content": "5"}],
+        },
     ]
     lines = [json.dumps(r) for r in [*good, too_long, first, conversational_copy, *bad]]
     lines.insert(7, "{not json")
@@ -95,7 +101,8 @@ def test_beam_writes_the_rows_of_the_in_memory_path_and_accounts_for_every_recor
     assert stats["kept"] == len(good) and stats["duplicates"] == 2
     assert stats["filtered_by_reason"] == {"too_long_tokens": 1}
     assert stats["rejected_by_reason"] == {
-        "invalid_json": 1, "pair_shape": 2, "pair_history": 1, "empty_response": 1,
+        "invalid_json": 1, "pair_shape": 3, "pair_history": 1, "empty_response": 1,
+        "identical_responses": 1,
     }  # fmt: skip
     letters = [
         json.loads(line)
@@ -103,9 +110,15 @@ def test_beam_writes_the_rows_of_the_in_memory_path_and_accounts_for_every_recor
         for line in path.read_text().splitlines()
     ]
     assert Counter(d["reason"] for d in letters) == Counter(
-        {"invalid_json": 1, "pair_shape": 2, "pair_history": 1, "empty_response": 1,
-         "too_long_tokens": 1}
+        {"invalid_json": 1, "pair_shape": 3, "pair_history": 1, "empty_response": 1,
+         "identical_responses": 1, "too_long_tokens": 1}
     )  # fmt: skip
+    text_prompt = next(
+        d
+        for d in letters
+        if d["record"].get("prompt") == "2+2?" and isinstance(d["record"].get("chosen"), list)
+    )
+    assert "give the prompt as messages" in text_prompt["error"]
     filtered = next(d for d in letters if d["reason"] == "too_long_tokens")
     assert filtered["record"]["chosen"] == too_long["chosen"].strip()  # cleaned, as a record
     assert not (beam_out / "eval_records").exists()  # pairs have no reference answer

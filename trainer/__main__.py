@@ -23,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, text in describe_fields().items():
             print(f"  --{name.replace('_', '-')}\n      {text}")
         return 0
+    from trainer.storage import check_tmpdir
+
     try:
+        check_tmpdir()
         config = load_config(argv)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -510,3 +510,22 @@ def _read_only(path: str) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def check_tmpdir() -> None:
+    """Refuse a TMPDIR that is not a writable directory. Python falls back to /tmp without a
+    word, other tools (etcd, compilers) fail on it, and the local run state lives under it: one
+    clear error before anything starts instead."""
+    value = os.environ.get("TMPDIR")
+    if not value:
+        return
+    if not os.path.isdir(value):
+        problem = "is a file" if os.path.exists(value) else "does not exist"
+    elif not os.access(value, os.W_OK | os.X_OK):
+        problem = "is not writable"
+    else:
+        return
+    raise ValueError(
+        f"TMPDIR={value!r} {problem}: create it (mkdir -p {value}), point TMPDIR at a writable "
+        "directory, or unset it"
+    )

@@ -11,8 +11,9 @@ from __future__ import annotations
 import typer
 
 from pipelines.cli import deploy, quickstart, run, schedule, steps
-from pipelines.cli.common import check_tmpdir, user_errors
+from pipelines.cli.common import user_errors
 from pipelines.cli.options import parameters_epilog
+from trainer.storage import check_tmpdir
 
 app = typer.Typer(
     name="llmft",

@@ -71,27 +71,6 @@ def not_a_file(path: str | Path, flag: str) -> None:
         raise ValueError(f"{flag} {str(path)!r} is a file: give a directory")
 
 
-def check_tmpdir() -> None:
-    """Refuse a TMPDIR that is not a writable directory. Python falls back to /tmp without a
-    word, other tools (etcd, compilers) fail on it, and the local run state lives under it: one
-    clear error before anything starts instead."""
-    import os
-
-    value = os.environ.get("TMPDIR")
-    if not value:
-        return
-    if not os.path.isdir(value):
-        problem = "is a file" if os.path.exists(value) else "does not exist"
-    elif not os.access(value, os.W_OK | os.X_OK):
-        problem = "is not writable"
-    else:
-        return
-    raise ValueError(
-        f"TMPDIR={value!r} {problem}: create it (mkdir -p {value}), point TMPDIR at a writable "
-        "directory, or unset it"
-    )
-
-
 def print_json(data: Any) -> None:
     """Print a command's result for automation to read (stdout, indented JSON)."""
     typer.echo(json.dumps(data, indent=2, default=str))

@@ -242,6 +242,36 @@ def test_missing_tmpdir_is_refused_before_anything_starts(
     assert not out.exists() and not missing.exists()
 
 
+@pytest.mark.parametrize("module", ["trainer", "beam_preprocess"])
+def test_missing_tmpdir_is_refused_by_the_module_entry_points(
+    module: str, tmp_path: Path, tiny_model_dir: Path, small_dataset: Path, sample_data_dir: Path
+):
+    """`python -m trainer` (what torchrun starts) and `python -m beam_preprocess` (what the
+    components run) check TMPDIR as `llmft` does."""
+    import os
+    import subprocess
+    import sys
+
+    missing = tmp_path / "no-such-tmp"
+    out = tmp_path / "out"
+    args = {
+        "trainer": ["--model", str(tiny_model_dir), "--data", str(small_dataset)],
+        "beam_preprocess": [
+            f"--input={sample_data_dir / 'train.jsonl'}",
+            f"--tokenizer={tiny_model_dir}",
+        ],
+    }[module]
+    output = ["--output", str(out)] if module == "trainer" else [f"--output={out}"]
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args, *output],
+        capture_output=True, text=True, cwd=Path(__file__).parents[2],
+        env={**os.environ, "TMPDIR": str(missing)}, timeout=120,
+    )  # fmt: skip
+    result.output = result.stdout + result.stderr  # type: ignore[attr-defined]
+    _one_error(result, f"TMPDIR={str(missing)!r} does not exist", "mkdir -p")
+    assert not out.exists() and not missing.exists()
+
+
 @pytest.fixture
 def path_without_etcd(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """PATH holding only an empty directory: no etcd (Python itself is run by its full path)."""
