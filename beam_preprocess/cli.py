@@ -52,11 +52,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_preprocess")
     from beam_preprocess.pipeline import run
     from trainer.storage import DiskFullError, check_tmpdir
 
-    try:
-        check_tmpdir()
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     interrupted: list[int] = []
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -68,6 +63,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_preprocess")
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
+        check_tmpdir()
         manifest = run(argv)
     except (ValueError, FileNotFoundError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -377,7 +377,7 @@ def launch(argv: list[str]) -> LaunchedRun:
         raise ValueError(f"--output {config.output!r}: {problem}")
     held = contextlib.ExitStack()  # one run at a time into a local output, until `finish`
     held.enter_context(storage.exclusive_output(config.output, "llmft preprocess"))
-    with _released_on_error(held), _disk_errors_named(config.output):
+    with _released_on_error(held), storage.disk_errors_named(config.output):
         result = _start(options, config, tokenizer, runner, bigquery)
     return LaunchedRun(result, config, identity, runner, sources, held)
 
@@ -454,26 +454,13 @@ def finish(launched: LaunchedRun) -> Manifest:
         if str(state).rsplit(".", 1)[-1] not in ("DONE", "JOB_STATE_DONE"):
             raise RuntimeError(f"the preprocessing pipeline ended in state {state}")
         try:
-            with _disk_errors_named(out):
+            with storage.disk_errors_named(out):
                 return write_manifest(launched.config, launched.tokenizer, launched.sources)
         except storage.DiskFullError:
             # A truncated manifest.json would make the dataset look complete.
             if _list(f"{out}/{MANIFEST_FILE}"):
                 FileSystems.delete([f"{out}/{MANIFEST_FILE}"])
             raise
-
-
-@contextmanager
-def _disk_errors_named(output: str) -> Iterator[None]:
-    """Re-raise a full disk inside the block (Beam reports a worker's ENOSPC as a RuntimeError
-    with the text of the OSError) as one storage.DiskFullError that names the disk."""
-    try:
-        yield
-    except Exception as exc:
-        full = storage.disk_error(exc, output)
-        if full is None:
-            raise
-        raise full from None
 
 
 def run(argv: list[str]) -> Manifest:

@@ -89,13 +89,11 @@ def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | No
     path = Path(model).expanduser()
     if path.is_dir():
         return path
-    from trainer.gguf import is_gguf, not_gguf
+    from trainer.gguf import gguf_errors, is_gguf
 
     if is_gguf(model):
-        if not path.is_file() and local:
-            errors.append(f"model {model!r} does not exist: pass an existing .gguf file")
-        elif path.is_file() and (problem := not_gguf(path)):
-            errors.append(problem)
+        if local or path.is_file():
+            errors += gguf_errors(model, f"model {model!r}")
         return None  # converted on each node; its tokenizer is checked by the trainer
     if not local:
         return None  # a path inside the training image or on a shared volume

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import glob
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from components.param_values import params_from_mapping
@@ -46,15 +45,9 @@ def model_errors(base_model: str) -> list[str]:
     Hub ids and URIs are left to the steps that read them."""
     if "://" in base_model or not base_model.strip():
         return []
-    from trainer.gguf import is_gguf, not_gguf
+    from trainer.gguf import gguf_errors, is_gguf
 
-    path = Path(base_model).expanduser()
-    if is_gguf(base_model):
-        if not path.is_file():
-            return [f"base_model={base_model!r} does not exist: pass an existing .gguf file"]
-        problem = not_gguf(path, base_model)
-        return [problem] if problem else []
-    return []
+    return gguf_errors(base_model, f"base_model={base_model!r}") if is_gguf(base_model) else []
 
 
 def evaluation_errors(

@@ -277,7 +277,9 @@ def save(
         storage.remove(path)  # a leftover partial save of this very step
     app_state = _app_state(model, optimizer)
     _check_room(path, app_state)  # collective: includes the barrier before the first write
-    try:
+    # The disk filling up under the save (another writer) is named. No COMPLETE marker is
+    # written then, so resume ignores this directory and uses the previous checkpoint.
+    with storage.disk_errors_named(path):
         dcp.save(app_state, storage_writer=FsspecWriter(path))
         buffer = io.BytesIO()
         torch.save(rng_state(), buffer)
@@ -286,13 +288,6 @@ def save(
         if rank == 0:
             with storage.open(f"{path}/{STATE_FILE}", "w") as f:
                 json.dump(asdict(state), f, indent=2, default=str)
-    except BaseException as exc:  # DCP reports a rank's failure as a CheckpointException
-        # The disk filled up under the save (another writer): name it. No COMPLETE marker was
-        # written, so resume ignores this directory and uses the previous checkpoint.
-        full = storage.disk_error(exc, path)
-        if full is None:
-            raise
-        raise full from None
     dist.barrier()  # every rank's shards and RNG are durable before the marker says so
     if rank == 0:
         marker = {"step": state.step, "files": storage.file_sizes(path)}

@@ -20,11 +20,11 @@ from trainer.config_file import coerce_field, read_yaml_mapping
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 
 SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
+"""Names of torch's SDPA kernels (`torch.nn.attention.SDPBackend`) that `sdpa_kernels` takes."""
 DTYPES = ("auto", "bf16", "fp32")
 """`dtype`'s values (`trainer.model.compute_dtype` resolves "auto")."""
 QUANTIZE_BASES = ("none", "nf4")
 """`quantize_base`'s values."""
-"""Names of torch's SDPA kernels (`torch.nn.attention.SDPBackend`) that `sdpa_kernels` takes."""
 
 
 @dataclass

@@ -88,13 +88,8 @@ def export_model(
     if dist.get_rank() == 0:
         try:
             with tempfile.TemporaryDirectory(prefix="llmft-export-") as tmp:
-                try:
+                with storage.disk_errors_named(tmp):
                     _write(full, config, model_dir, Path(tmp), tokenizer)
-                except Exception as exc:  # safetensors reports a full disk as "os error 28"
-                    error = storage.disk_error(exc, tmp)
-                    if error is None:
-                        raise
-                    raise error from None
                 _publish(Path(tmp), target)  # all or nothing (storage.upload_dir)
             log.info("exported the model to %s", target)
         except storage.DiskFullError as exc:

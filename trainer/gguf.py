@@ -65,6 +65,16 @@ def not_gguf(path: str | Path, name: str | None = None) -> str | None:
     return None
 
 
+def gguf_errors(spec: str, label: str) -> list[str]:
+    """Why the local base model `spec`, named like a GGUF file, cannot be used (empty: it can):
+    it does not exist, or it is not a GGUF file. `label` names it as the caller's user typed it."""
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        return [f"{label} does not exist: pass an existing .gguf file"]
+    problem = not_gguf(path, spec)
+    return [problem] if problem else []
+
+
 def gguf_cache_dir() -> Path:
     from trainer.storage import cache_dir
 

@@ -17,6 +17,7 @@ the components and Beam workers all use it, so a URI means the same thing everyw
     not_writable(path)        why a local output directory cannot be created or written, or None
     disk_error(exc, path)     a DiskFullError naming the disk of `path` when `exc` is a full
                               disk (ENOSPC, EDQUOT), else None
+    disk_errors_named(path)   a block in which a full disk is re-raised as that DiskFullError
 
 Everything streams through fsspec (`get`/`put` copy in chunks), so a multi-GB model never sits in
 memory. Failures name the URI and what to change: a missing object, a missing bucket, no
@@ -394,12 +395,10 @@ def upload_dir(local: str | Path, uri: str) -> None:
         partial = dest.with_name(f".{dest.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
         try:
-            shutil.copytree(local, partial)
-        except BaseException as exc:
+            with disk_errors_named(str(dest)):
+                shutil.copytree(local, partial)
+        except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
-            full = disk_error(exc, str(dest))
-            if full is not None:
-                raise full from exc
             raise
         if dest.exists():
             shutil.rmtree(dest)
@@ -487,6 +486,21 @@ def disk_error(exc: BaseException, path: str) -> DiskFullError | None:
         f"no space left on {describe_disk(path)} while writing {path}: free space there or "
         "write the output to another disk",
     )
+
+
+@contextlib.contextmanager
+def disk_errors_named(path: str) -> Iterator[None]:
+    """Re-raise a full disk inside the block as the DiskFullError that names the disk of `path`
+    (writers hide it: Beam re-raises a worker's ENOSPC as a RuntimeError with its text,
+    safetensors as "os error 28", DCP as a CheckpointException, a BaseException); any other
+    error passes unchanged."""
+    try:
+        yield
+    except BaseException as exc:
+        full = disk_error(exc, path)
+        if full is None:
+            raise
+        raise full from None
 
 
 def not_writable(path: str) -> str | None:
