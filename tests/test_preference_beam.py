@@ -116,7 +116,9 @@ def test_beam_writes_the_rows_of_the_in_memory_path_and_accounts_for_every_recor
     text_prompt = next(
         d
         for d in letters
-        if d["record"].get("prompt") == "2+2?" and isinstance(d["record"].get("chosen"), list)
+        if isinstance(d["record"], dict)  # an invalid_json letter keeps the line as text
+        and d["record"].get("prompt") == "2+2?"
+        and isinstance(d["record"].get("chosen"), list)
     )
     assert "give the prompt as messages" in text_prompt["error"]
     filtered = next(d for d in letters if d["reason"] == "too_long_tokens")
