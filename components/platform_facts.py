@@ -19,6 +19,8 @@ import logging
 import re
 from dataclasses import dataclass
 
+from trainer.gpu_peaks import PEAK_TENSOR_FLOPS
+
 _log = logging.getLogger(__name__)
 
 CHECKED = "2026-12-04"
@@ -30,8 +32,7 @@ ACCELERATORS_SOURCE = (
     "cloud.google.com/compute/docs/gpus (GPU models, memory); "
     "cloud.google.com/vertex-ai/docs/reference/rest/v1/MachineSpec#AcceleratorType (Vertex names); "
     "cloud.google.com/kubernetes-engine/docs/how-to/gpus (GKE labels); peak dense bf16/fp16 "
-    "TFLOPS from NVIDIA's data sheets (H100/H200 SXM 989, A100 312, L4 121, B200 2250, "
-    "T4 65 fp16, V100 125 fp16)"
+    "FLOP/s from NVIDIA's data sheets, held in trainer/gpu_peaks.py"
 )
 
 
@@ -45,22 +46,27 @@ class Accelerator:
     """GKE `cloud.google.com/gke-accelerator` node-label value."""
     memory_gib: float
     """Memory per GPU."""
-    peak_tflops: float
-    """Peak dense bf16 tensor TFLOPS (fp16 where the GPU has no bf16): the MFU denominator."""
+    cuda_name: str
+    """Its key in trainer/gpu_peaks.py (part of the CUDA device name): where its peak is held."""
     bf16: bool = True
     """Whether the GPU computes in bf16 (T4 and V100 do not)."""
 
+    @property
+    def peak_tflops(self) -> float:
+        """Peak dense bf16 tensor TFLOPS (fp16 where the GPU has no bf16): the MFU denominator."""
+        return PEAK_TENSOR_FLOPS[self.cuda_name] / 1e12
+
 
 ACCELERATORS: tuple[Accelerator, ...] = (
-    Accelerator("NVIDIA_B200", "nvidia-b200", 180, 2250),
-    Accelerator("NVIDIA_H200_141GB", "nvidia-h200-141gb", 141, 989),
-    Accelerator("NVIDIA_H100_MEGA_80GB", "nvidia-h100-mega-80gb", 80, 989),
-    Accelerator("NVIDIA_H100_80GB", "nvidia-h100-80gb", 80, 989),
-    Accelerator("NVIDIA_A100_80GB", "nvidia-a100-80gb", 80, 312),
-    Accelerator("NVIDIA_TESLA_A100", "nvidia-tesla-a100", 40, 312),
-    Accelerator("NVIDIA_L4", "nvidia-l4", 24, 121),
-    Accelerator("NVIDIA_TESLA_T4", "nvidia-tesla-t4", 16, 65, bf16=False),
-    Accelerator("NVIDIA_TESLA_V100", "nvidia-tesla-v100", 16, 125, bf16=False),
+    Accelerator("NVIDIA_B200", "nvidia-b200", 180, "B200"),
+    Accelerator("NVIDIA_H200_141GB", "nvidia-h200-141gb", 141, "H200"),
+    Accelerator("NVIDIA_H100_MEGA_80GB", "nvidia-h100-mega-80gb", 80, "H100"),
+    Accelerator("NVIDIA_H100_80GB", "nvidia-h100-80gb", 80, "H100"),
+    Accelerator("NVIDIA_A100_80GB", "nvidia-a100-80gb", 80, "A100"),
+    Accelerator("NVIDIA_TESLA_A100", "nvidia-tesla-a100", 40, "A100"),
+    Accelerator("NVIDIA_L4", "nvidia-l4", 24, "L4"),
+    Accelerator("NVIDIA_TESLA_T4", "nvidia-tesla-t4", 16, "T4", bf16=False),
+    Accelerator("NVIDIA_TESLA_V100", "nvidia-tesla-v100", 16, "V100", bf16=False),
 )
 _BY_NAME = {a.vertex_name: a for a in ACCELERATORS} | {a.gke_name: a for a in ACCELERATORS}
 

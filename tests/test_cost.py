@@ -43,11 +43,11 @@ def test_full_fine_tune_on_two_h100_nodes_by_hand() -> None:
     # tokens = 1000 steps x 64 rows x 4096 = 262,144,000
     assert est.train_tokens == 262_144_000 and est.gpus == 16
     # FLOPs/token = 6 x 7.5e9 + 12 x 32 x 4096 x 4096 = 51,442,450,944
-    # tokens/s/GPU = 0.528 x 989e12 / 51,442,450,944 = 10,150.99
-    assert est.tokens_per_s_per_gpu == pytest.approx(10_150.99, rel=1e-6)
-    # compute = 262,144,000 / (10,150.99 x 16) = 1,614.03 s; one save at the end of
+    # tokens/s/GPU = 0.528 x 989.5e12 / 51,442,450,944 = 10,156.13
+    assert est.tokens_per_s_per_gpu == pytest.approx(10_156.126, rel=1e-6)
+    # compute = 262,144,000 / (10,156.13 x 16) = 1,613.21 s; one save at the end of
     # (8e9 x 4 + 8e9 x 8) bytes = 96 GB, the two nodes writing in parallel
-    train_s = cost.STARTUP_S + 1_614.029 + 96 * cost.CHECKPOINT_S_PER_GB / 2
+    train_s = cost.STARTUP_S + 1_613.214 + 96 * cost.CHECKPOINT_S_PER_GB / 2
     train = est.step("train")
     assert train.hours == pytest.approx(train_s / 3600, rel=1e-5)
     assert train.gpu_hours == pytest.approx(16 * train_s / 3600, rel=1e-5)
@@ -75,10 +75,10 @@ def test_lora_on_spot_with_time_checkpoints_by_hand() -> None:
     )
     est = cost.estimate(shape, model=ModelSize.of_count(1_000_000_000))
     # tokens = 500 x 32 x 2048 = 32,768,000; FLOPs/token = 4 x 1e9 (LoRA, no attention term known)
-    # tokens/s/GPU = 0.409 x 989e12 / 4e9 = 101,125.25; compute = 32,768,000 / (8 x 101,125.25)
-    # = 40.504 s: no 10-minute save falls in it, one at the end of 1e9 x 4 bytes = 4 GB
-    assert est.tokens_per_s_per_gpu == pytest.approx(101_125.25)
-    train_s = cost.STARTUP_S + 40.5042 + 4 * cost.CHECKPOINT_S_PER_GB
+    # tokens/s/GPU = 0.409 x 989.5e12 / 4e9 = 101,176.375; compute = 32,768,000 / (8 x 101,176.375)
+    # = 40.484 s: no 10-minute save falls in it, one at the end of 1e9 x 4 bytes = 4 GB
+    assert est.tokens_per_s_per_gpu == pytest.approx(101_176.375)
+    train_s = cost.STARTUP_S + 40.4838 + 4 * cost.CHECKPOINT_S_PER_GB
     assert est.step("train").hours == pytest.approx(train_s / 3600, rel=1e-5)
     assert est.step("train").usd == pytest.approx(8 * train_s / 3600 * 3.90, rel=1e-5)
     assert est.step("evaluate").usd == 0.0  # no eval GPU in this shape
@@ -90,7 +90,7 @@ def test_time_checkpoints_are_counted() -> None:
     )
     est = cost.estimate(shape, model=LLAMA8B)
     # 1,614 s of compute: 5 saves by time (every 300 s), 4 by steps (every 250 of 1000), 1 at the end
-    train_s = cost.STARTUP_S + 1_614.029 + 10 * 96 * cost.CHECKPOINT_S_PER_GB / 2
+    train_s = cost.STARTUP_S + 1_613.214 + 10 * 96 * cost.CHECKPOINT_S_PER_GB / 2
     assert est.step("train").hours == pytest.approx(train_s / 3600, rel=1e-5)
 
 
@@ -287,7 +287,7 @@ def test_estimate_for_run_parameters_sizes_the_model_and_the_input(
     assert est.train_tokens == 200 * 96 * 512
     assert est.data_tokens == 100_000  # 286,000 bytes / 2.86
     assert est.tokens_per_s_per_gpu == pytest.approx(
-        0.528 * 989e12 / cost.flops_per_token(size, 512, lora=False)
+        0.528 * 989.5e12 / cost.flops_per_token(size, 512, lora=False)
     )
     assert est.gpu_hour_usd == 3.90 and est.step("preprocess").usd > 0
 

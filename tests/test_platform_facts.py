@@ -21,6 +21,37 @@ def test_names_map_both_ways() -> None:
         facts.accelerator("nvidia-l5")
 
 
+@pytest.mark.parametrize(
+    "cuda_name, tflops",
+    [
+        # What torch.cuda.get_device_name reports on each (NVIDIA's own names).
+        ("NVIDIA H100 80GB HBM3", 989.5),
+        ("NVIDIA H100 NVL", 835.5),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H200", 989.5),
+        ("NVIDIA A100-SXM4-40GB", 312),
+        ("NVIDIA A10G", 125),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA L4", 121),
+        ("Tesla T4", 65),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_one_peak_per_gpu_for_the_trainer_and_the_platform_table(
+    cuda_name: str, tflops: float | None
+) -> None:
+    """The MFU denominator is held once (trainer/gpu_peaks.py): the trainer finds it by the CUDA
+    device name (a variant before the name it contains: "A100" is not "A10", "L40S" not "L4"),
+    and every accelerator of the platform table by its key, so the cost estimate and the
+    trainer's MFU use the same figure."""
+    from trainer.gpu_peaks import peak_of
+
+    assert peak_of(cuda_name) == (tflops * 1e12 if tflops else None)
+    for gpu in facts.ACCELERATORS:
+        assert gpu.peak_tflops * 1e12 == peak_of(f"NVIDIA {gpu.cuda_name}"), gpu
+    assert facts.accelerator("NVIDIA_H100_80GB").peak_tflops == 989.5
+
+
 def test_e2_standard_8_allocatable_by_hand() -> None:
     # CPU: 8 - (0.06 + 0.01 + 2 * 0.005 + 4 * 0.0025) = 7.91, minus the 0.5 system-pod margin.
     # Memory: 32 - (1 + 0.8 + 0.8 + 16 * 0.06) - 100/1024 = 28.342 GiB, minus the 1 GiB margin.

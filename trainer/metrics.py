@@ -24,39 +24,23 @@ from typing import Any
 import torch
 
 from trainer import storage
+from trainer.gpu_peaks import peak_of
 
 log = logging.getLogger(__name__)
 
-# Dense BF16 tensor-core peak FLOP/s per device (without 2:4 sparsity). Sources: NVIDIA data
-# sheets -- H200 SXM and H100 SXM: 989.5 TFLOPS ("1,979 TFLOPS with sparsity"); H200 NVL and
-# H100 NVL: 835.5 TFLOPS ("1,671 with sparsity"); H100 PCIe: 756 TFLOPS; A100: 312 TFLOPS; L4:
-# 121 TFLOPS; A10/A10G: 125 TFLOPS; B200: 2.25 PFLOPS (DGX B200 data sheet, 72 PFLOPS FP8
-# training per 8 GPUs -> half for BF16 dense). Variants come before the generic name they contain.
-PEAK_BF16_FLOPS = {
-    "H200 NVL": 835.5e12,
-    "H200": 989.5e12,
-    "H100 NVL": 835.5e12,
-    "H100 PCIe": 756e12,
-    "H100": 989.5e12,
-    "A100": 312e12,
-    "L4": 121e12,
-    "A10": 125e12,
-    "B200": 2250e12,
-}
-
 
 def peak_flops(device: torch.device, override: float | None = None) -> float | None:
-    """Peak FLOP/s of one device, or None when unknown (CPUs: no meaningful tensor peak)."""
+    """Peak FLOP/s of one device (trainer/gpu_peaks.py), or None when unknown (CPUs: no
+    meaningful tensor peak)."""
     if override:
         return override
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_BF16_FLOPS.items():  # dict order: variants before generic names
-        if key in name:
-            return value
-    log.warning("unknown GPU %r: MFU not reported (set peak_flops)", name)
-    return None
+    peak = peak_of(name)
+    if peak is None:
+        log.warning("unknown GPU %r: MFU not reported (set peak_flops)", name)
+    return peak
 
 
 def flops_per_token(
