@@ -12,6 +12,9 @@ Accepted records (JSON objects; the shapes TRL's preference datasets use):
                                                                              history, a different
                                                                              last assistant turn
 
+Any of them may add a top-level "system" text (as instruction records do): it becomes the
+history's first turn, unless the history starts with a system turn of its own.
+
 Each side is rendered with the tokenizer's chat template exactly as for instruction data: the
 prompt is `apply_chat_template(history, add_generation_prompt=True)` and the response's tokens
 (what the conversation adds after it, end-of-turn included) are the only targets. A pair is
@@ -56,7 +59,10 @@ class Pair:
         return len(self.chosen[0]) + len(self.rejected[0])
 
 
-PAIR_FIELDS = ("prompt", "chosen", "rejected")
+SYSTEM_FIELD = "system"
+"""A record's optional system prompt, the same field instruction records have
+(beam_preprocess.shapes.SYSTEM_FIELD is this one)."""
+PAIR_FIELDS = ("prompt", "chosen", "rejected", SYSTEM_FIELD)
 """The fields a preference record's shape reads (each one optional: see the module docstring)."""
 PAIR_KEYS = ("chosen", "rejected")
 """An example's response texts besides its `messages` (the history), beam_preprocess.records."""
@@ -64,7 +70,20 @@ _ROLES = ("system", "user", "assistant")
 
 
 def normalize(record: dict[str, Any]) -> tuple[list[dict[str, str]], str, str]:
-    """(history, chosen text, rejected text) of any accepted record shape (PairError if none)."""
+    """(history, chosen text, rejected text) of any accepted record shape (PairError if none),
+    the record's `system` text first in the history unless it starts with a system turn."""
+    history, chosen, rejected = _normalize(record)
+    system = record.get(SYSTEM_FIELD)
+    if system is not None and not isinstance(system, str):
+        raise PairError(
+            "invalid_field_type", f"field {SYSTEM_FIELD!r} is {type(system).__name__}, not text"
+        )
+    if system and system.strip() and history[0]["role"] != "system":
+        history = [{"role": "system", "content": system}, *history]
+    return history, chosen, rejected
+
+
+def _normalize(record: dict[str, Any]) -> tuple[list[dict[str, str]], str, str]:
     chosen, rejected = record.get("chosen"), record.get("rejected")
     prompt = record.get("prompt")
     if isinstance(chosen, str) and isinstance(rejected, str):

@@ -71,7 +71,7 @@ DEFAULT_FIELDS: dict[str, dict[str, str]] = {
 }
 """Each shape's default field names (the one place they are spelled); `system` is always
 "system"."""
-SYSTEM_FIELD = "system"
+SYSTEM_FIELD = pairs.SYSTEM_FIELD
 
 
 KIND_SHAPES = ("text", PREFERENCE_KIND)

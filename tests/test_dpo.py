@@ -126,6 +126,39 @@ def test_pairs_pack_whole_with_document_ids(tokenizer: Any, sample_data_dir: Pat
     assert refused.value.reason == "pair_shape"
 
 
+def test_a_top_level_system_prompt_opens_both_sides_as_for_instruction_records(
+    sample_data_dir: Path,
+) -> None:
+    """As instruction records' `system` field does (beam_preprocess.shapes), in every pair shape;
+    a history with its own system turn keeps it; the field counts as read, not unused."""
+    from beam_preprocess import shapes
+
+    first = preference_records(sample_data_dir, 1)[0]
+    system = {"role": "system", "content": "Answer briefly."}
+    text = {
+        "prompt": first["prompt"][0]["content"],
+        "chosen": first["chosen"][0]["content"],
+        "rejected": first["rejected"][0]["content"],
+    }
+    chat = {
+        "chosen": first["prompt"] + first["chosen"],
+        "rejected": first["prompt"] + first["rejected"],
+    }
+    for record in (text, first, chat):
+        history, chosen, rejected = normalize({**record, "system": "Answer briefly."})
+        assert history == [system, *first["prompt"]]
+        assert (chosen, rejected) == (text["chosen"], text["rejected"])
+        assert normalize({**record, "system": "  "})[0] == first["prompt"]  # blank: none
+    own = {**first, "prompt": [{"role": "system", "content": "Be kind."}, *first["prompt"]]}
+    assert normalize({**own, "system": "Answer briefly."})[0] == own["prompt"]
+    with pytest.raises(PairError, match="'system' is list, not text") as refused:
+        normalize({**first, "system": ["Answer briefly."]})
+    assert refused.value.reason == "invalid_field_type"
+    shape = shapes.Shape.of("preference", "auto")
+    example, unused = shapes.example_of({**text, "system": "Answer briefly.", "id": 7}, shape)
+    assert example["messages"][0] == system and unused == ["id"]
+
+
 def test_preference_dataset_round_trips_and_old_manifests_load(
     tmp_path: Path, tokenizer: Any, sample_data_dir: Path
 ) -> None:
