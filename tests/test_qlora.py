@@ -93,6 +93,42 @@ def test_nf4_loss_equals_lora_on_the_dequantized_weights(
     assert grads and all("lora_" in n for n in grads)
 
 
+def test_the_nf4_base_loads_in_the_compute_dtype_and_equals_an_fp32_load(
+    tiny_model_dir: Path,
+) -> None:
+    """Host memory: an NF4 base is read in the compute dtype (bf16 on GPU: half an fp32 copy),
+    for training and for the export's de-quantized base, and both are exactly what they were
+    from an fp32 load (NF4 is built from the weights rounded to the compute dtype either way)."""
+    from trainer.export import dequantized_base
+    from trainer.model import CausalLMLoss, load_full_state_dict
+
+    bf16 = torch.bfloat16
+    config = TrainConfig(
+        model=str(tiny_model_dir), data="d", output="o", lora_rank=8, quantize_base="nf4"
+    )
+    fp32_load = load_full_state_dict(config, str(tiny_model_dir))
+    bf16_load = load_full_state_dict(config, str(tiny_model_dir), bf16)
+    assert fp32_load.keys() == bf16_load.keys()
+    for key, value in bf16_load.items():
+        lora = "lora_" in key
+        assert value.dtype == (torch.float32 if lora else bf16), key  # adapters stay fp32
+        if not lora:
+            assert torch.equal(value, fp32_load[key].to(bf16)), key
+            if value.dim() == 2 and "embed" not in key:
+                assert torch.equal(
+                    nf4_round_trip(value, bf16), nf4_round_trip(fp32_load[key], bf16)
+                ), key
+
+    root = CausalLMLoss(torch.nn.Module())  # the export reads only where the base came from
+    root.base_source = (config, str(tiny_model_dir), bf16)
+    root.quantized = [k for k in fp32_load if k.endswith("proj.weight") and "lora_" not in k]
+    assert root.quantized
+    rebuilt = dequantized_base(root)
+    for key, value in fp32_load.items():
+        expected = nf4_round_trip(value, bf16) if key in root.quantized else value.to(bf16)
+        assert rebuilt[key].dtype == bf16 and torch.equal(rebuilt[key], expected), key
+
+
 def losses(out: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}

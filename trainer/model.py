@@ -303,15 +303,20 @@ def _load_quantized(
     disk; `assign`: the loaded tensors become the parameters, no second copy), quantize the
     blocks' frozen linears to NF4, then move to `device`; wrapping comes after, as torchtune does.
 
-    Host memory is one fp32 copy of the model per process while loading; device memory holds
-    only the 4-bit base. Every rank quantizes the same weights the same way: nothing is broadcast.
+    The base is loaded in the compute dtype: host memory is one copy of the model per process in
+    that dtype while loading (bf16 on GPU: 14 GB for a 7B base, not fp32's 28); device memory
+    holds only the 4-bit base. NF4 is built from the
+    weights rounded to the compute dtype either way (`to_nf4`), so the base is the same as from
+    an fp32 load. Every rank quantizes the same weights the same way: nothing is broadcast.
     """
     from trainer.quantize import quantize_blocks
 
-    root.load_state_dict(load_full_state_dict(config, model_dir), strict=True, assign=True)
+    dtype = compute_dtype(config, device)
+    full = load_full_state_dict(config, model_dir, dtype)
+    root.load_state_dict(full, strict=True, assign=True)
+    del full
     if getattr(hf_config, "tie_word_embeddings", False):
         root.causal_lm().tie_weights()
-    dtype = compute_dtype(config, device)
     root.quantized = quantize_blocks(root, blocks, dtype, device)
     root.base_source = (config, model_dir, dtype)
     root.to(device)
@@ -438,11 +443,16 @@ def shard_fsdp(
     fully_shard(root, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
 
 
-def load_full_state_dict(config: TrainConfig, model_dir: str) -> dict[str, torch.Tensor]:
-    """Rank 0 only: the full fp32 state dict, keyed like `CausalLMLoss` (LoRA adapters seeded)."""
+def load_full_state_dict(
+    config: TrainConfig, model_dir: str, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """The full state dict, keyed like `CausalLMLoss`, the base's weights in `dtype` (fp32 but
+    for an NF4 base, whose frozen weights are loaded in the compute dtype); LoRA adapters seeded,
+    in fp32 (peft keeps adapters fp32 over a bf16 base; their initial values are then rounded to
+    bf16 once, as in any peft model on a bf16 base)."""
     from transformers import AutoModelForCausalLM
 
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     if config.lora_rank:
         from peft import get_peft_model
 
