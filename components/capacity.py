@@ -47,3 +47,21 @@ def trainer_overrides_for(capacity: str, overrides: Mapping[str, Any]) -> dict[s
     if preemptible(capacity):
         values.setdefault("checkpoint_every_minutes", SPOT_CHECKPOINT_MINUTES)
     return values
+
+
+def planned_trainer_config(params: Any) -> Any:
+    """The trainer config a run's parameters (`RunParams`) launch with, for what is estimated and
+    checked before it starts: the capacity's overrides applied (`trainer_overrides_for`); model,
+    data and output are placeholders (the train step resolves them)."""
+    from components.trainer_params import trainer_config
+
+    return trainer_config(
+        trainer_overrides_for(params.capacity, params.trainer_overrides or {}),
+        max_steps=params.max_steps,
+        learning_rate=params.learning_rate,
+        quantize_base=params.quantize_base,
+        objective=params.objective,
+        model="m",
+        data="d",
+        output="o",
+    )

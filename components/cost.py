@@ -133,13 +133,22 @@ class ModelSize:
 
 def model_size(model_dir: str) -> ModelSize:
     """The size of the Hugging Face model at `model_dir` (local or any fsspec URI) from its
-    config.json, counted exactly on the meta device (no weights are read or allocated).
+    config.json (`size_of(model_config(model_dir))`).
 
     Raises:
         ValueError: no readable config.json there (a hub id offline, no credentials).
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    return size_of(model_config(model_dir))
+
+
+def model_config(model_dir: str) -> Any:
+    """The transformers config of the model at `model_dir` (local or any fsspec URI), read from
+    its config.json alone.
+
+    Raises:
+        ValueError: no readable config.json there (a hub id offline, no credentials).
+    """
+    from transformers import AutoConfig
 
     from trainer import storage
 
@@ -150,7 +159,15 @@ def model_size(model_dir: str) -> ModelSize:
         raise ValueError(
             f"cannot read {path} for the cost estimate ({exc}): set model_parameters"
         ) from None
-    config = AutoConfig.for_model(**config_dict)
+    return AutoConfig.for_model(**config_dict)
+
+
+def size_of(config: Any) -> ModelSize:
+    """A model's size from its transformers config, counted exactly on the meta device (no
+    weights are read or allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in model.parameters())
@@ -578,18 +595,10 @@ def actual_cost(
 
 def shape_of(params: Any) -> RunShape:
     """The `RunShape` of a `RunParams` (the trainer's own config gives batch and engine)."""
-    from components.capacity import trainer_overrides_for
+    from components.capacity import planned_trainer_config
     from components.param_checks import resolve_nproc_per_node
-    from components.trainer_params import trainer_config
 
-    config = trainer_config(
-        trainer_overrides_for(params.capacity, params.trainer_overrides or {}),
-        max_steps=params.max_steps,
-        learning_rate=params.learning_rate,
-        model="m",
-        data="d",
-        output="o",
-    )
+    config = planned_trainer_config(params)
     nproc = resolve_nproc_per_node(params.backend, params.nproc_per_node, params.accelerator_count)
     return RunShape(
         backend=params.backend,

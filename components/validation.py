@@ -93,3 +93,11 @@ def check_run_parameters(values: Mapping[str, Any]) -> RunParams:
         or evaluation_errors(params, params.base_model, remote=False, check_machine=check_machine)
     )
     return params
+
+
+def fit_errors(params: RunParams, base_model: str, *, remote: bool) -> list[str]:
+    """Training must fit its GPUs (components/train_fit.py), refused before money is spent."""
+    from components.train_fit import training_fit_error
+
+    error = training_fit_error(params, base_model, remote=remote)
+    return [error] if error else []

@@ -20,7 +20,7 @@ from components.run_params import (
     fields,
     raise_errors,
 )
-from components.validation import data_errors, evaluation_errors
+from components.validation import data_errors, evaluation_errors, fit_errors
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
     base_model = resolve_model(params.base_model, params)
     raise_errors(
         evaluation_errors(params, base_model, remote=True, check_machine=request.target == "vertex")
+        + fit_errors(params, base_model, remote=True)
     )
     estimate = cost.estimate_for(params, remote=True, base_model=base_model)
     print("cost estimate (components/cost.py; an estimate, not a quote):\n" + estimate.table())

@@ -68,8 +68,9 @@ def run_cmd(
 ) -> None:
     """Run the fine-tune pipeline: on this machine, on Vertex AI Pipelines, or on KFP.
 
-    The cost estimate is printed first; a run whose estimate exceeds max_cost_usd is refused
-    before anything starts. --dry-run stops after the estimate."""
+    The cost estimate is printed first; a run whose training cannot fit its GPUs, or whose
+    estimate exceeds max_cost_usd, is refused before anything starts. --dry-run stops after the
+    estimate."""
     from components.param_checks import TARGETS
 
     params = parse_params(param)
@@ -81,17 +82,21 @@ def run_cmd(
         _warn_ignored({**remote, "schedule_time": schedule_time, "wait": wait or None})
         from pipelines.local_run import resolve_parameters
 
-        _check_cost(resolve_parameters(params, config)[0], prices, remote=False)
+        _check_fit_and_cost(resolve_parameters(params, config)[0], prices, remote=False)
         if not dry_run:
             _run_local(params, config, verbose)
     else:
         _submit(backend, config, params, remote, schedule_time, wait, dry_run, prices)
 
 
-def _check_cost(run_params: Any, prices: Path | None, *, remote: bool) -> None:
-    """Print the run's cost estimate; refuse it (ValueError: exit 2) over max_cost_usd."""
+def _check_fit_and_cost(run_params: Any, prices: Path | None, *, remote: bool) -> None:
+    """Refuse a run whose training cannot fit its GPUs (components/train_fit.py); print its cost
+    estimate and refuse it over max_cost_usd (ValueError: exit 2)."""
     from components import cost
+    from components.validation import fit_errors
 
+    for problem in fit_errors(run_params, run_params.base_model, remote=remote):
+        raise ValueError(problem)
     table = cost.load_prices(str(prices)) if prices else None
     estimate = cost.estimate_for(run_params, remote=remote, prices=table)
     typer.echo("cost estimate (components/cost.py; an estimate, not a quote):")
@@ -154,7 +159,7 @@ def _submit(
     cfg = load_for(backend, config, parameters=params, **remote)
     when = parse_schedule_time(schedule_time)
     checked = check_run(cfg, backend, schedule_time=when)
-    _check_cost(
+    _check_fit_and_cost(
         params_from_mapping(checked, base=RunParams.for_target(backend)), prices, remote=False
     )
     if dry_run:
