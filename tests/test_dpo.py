@@ -37,6 +37,13 @@ def preference_records(sample_data_dir: Path, n: int) -> list[dict[str, Any]]:
     ]
 
 
+def other_shapes(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A single-turn conversational pair as the other two accepted shapes: (text, chat pair)."""
+    text = {key: record[key][0]["content"] for key in ("prompt", "chosen", "rejected")}
+    chat = {key: record["prompt"] + record[key] for key in ("chosen", "rejected")}
+    return text, chat
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
@@ -102,15 +109,7 @@ def test_pairs_pack_whole_with_document_ids(tokenizer: Any, sample_data_dir: Pat
         assert row["loss_mask"][chosen[0]] == 0  # the first token of a document is no target
     # The string form and the chat-pair form give the same tokens as the conversational one.
     first = records[0]
-    text = {
-        "prompt": first["prompt"][0]["content"],
-        "chosen": first["chosen"][0]["content"],
-        "rejected": first["rejected"][0]["content"],
-    }
-    chat = {
-        "chosen": first["prompt"] + first["chosen"],
-        "rejected": first["prompt"] + first["rejected"],
-    }
+    text, chat = other_shapes(first)
     assert tokenize_pair(tokenizer, text) == pairs[0] == tokenize_pair(tokenizer, chat)
     with pytest.raises(PairError, match="differ before"):
         normalize(
@@ -135,15 +134,7 @@ def test_a_top_level_system_prompt_opens_both_sides_as_for_instruction_records(
 
     first = preference_records(sample_data_dir, 1)[0]
     system = {"role": "system", "content": "Answer briefly."}
-    text = {
-        "prompt": first["prompt"][0]["content"],
-        "chosen": first["chosen"][0]["content"],
-        "rejected": first["rejected"][0]["content"],
-    }
-    chat = {
-        "chosen": first["prompt"] + first["chosen"],
-        "rejected": first["prompt"] + first["rejected"],
-    }
+    text, chat = other_shapes(first)
     for record in (text, first, chat):
         history, chosen, rejected = normalize({**record, "system": "Answer briefly."})
         assert history == [system, *first["prompt"]]
