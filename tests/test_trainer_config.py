@@ -115,13 +115,13 @@ def test_lr_schedule_peaks_once_and_ends_at_the_minimum(warmup: int) -> None:
     assert all(a > b for a, b in zip(factors[warmup:], factors[warmup + 1 :], strict=False))
 
 
-def test_compile_defaults_to_gpu_only_and_is_honoured_on_cpu_with_a_warning(caplog) -> None:
-    import logging
+def test_compile_defaults_to_gpu_only_and_on_cpu_needs_a_cxx_toolchain(monkeypatch) -> None:
+    import shutil
 
     import torch
 
+    from trainer import startup
     from trainer.model import compiles
-    from trainer.startup import device_and_backend
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert TrainConfig().compile is None
@@ -130,15 +130,16 @@ def test_compile_defaults_to_gpu_only_and_is_honoured_on_cpu_with_a_warning(capl
     assert compiles(TrainConfig(compile=True), cpu)
     assert load_config([*REQUIRED, "--compile"]).compile is True  # the bare form of bool | None
     if torch.cuda.is_available():
-        pytest.skip("checks the CPU warning")
-    with caplog.at_level(logging.WARNING, logger="trainer"):
-        device, _ = device_and_backend(TrainConfig(compile=True))
+        pytest.skip("checks the CPU toolchain")
+    assert startup.cpu_compile_missing() is None  # this machine has g++ and Python's headers
+    device, _ = startup.device_and_backend(TrainConfig(compile=True))
     assert device.type == "cpu"
-    assert "compile=true on CPU" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="trainer"):
-        device_and_backend(TrainConfig())
-    assert "compile" not in caplog.text
+    # Without a C++ compiler, compile=true on CPU stops before anything starts, naming the fix.
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(ValueError, match=r"no C\+\+ compiler .*apt-get install g\+\+"):
+        startup.device_and_backend(TrainConfig(compile=True))
+    startup.device_and_backend(TrainConfig())  # eager, the CPU default, needs none
 
 
 def test_sdpa_kernels_setting() -> None:

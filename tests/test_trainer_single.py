@@ -129,11 +129,8 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.slow
-def test_small_models_replicate_with_ddp_plain_tensors(tiny_model_dir: Path) -> None:
-    """data_parallel auto picks DDP for the tiny model: no DTensor parameter, the same state-dict
-    keys as FSDP2's "shard" layout (checkpoints and exports are interchangeable), and gradient
-    sync switchable for accumulation micro-batches either way."""
+def run_probe(script: str, *args: str) -> dict:
+    """Run `script` as rank 0 of a one-process gloo group; the JSON its last line prints."""
     port = ReservedPort()
     env = {
         **os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
@@ -142,13 +139,66 @@ def test_small_models_replicate_with_ddp_plain_tensors(tiny_model_dir: Path) -> 
     }  # fmt: skip
     with port:
         proc = subprocess.run(
-            [sys.executable, "-c", _LAYOUT_PROBE, str(tiny_model_dir)],
+            [sys.executable, "-c", script, *args],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    layouts = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_small_models_replicate_with_ddp_plain_tensors(tiny_model_dir: Path) -> None:
+    """data_parallel auto picks DDP for the tiny model: no DTensor parameter, the same state-dict
+    keys as FSDP2's "shard" layout (checkpoints and exports are interchangeable), and gradient
+    sync switchable for accumulation micro-batches either way."""
+    layouts = run_probe(_LAYOUT_PROBE, str(tiny_model_dir))
     ddp, fsdp = layouts["auto"], layouts["shard"]
     assert ddp["replicated"] and ddp["dtensors"] == 0 and ddp["params"] > 0
     assert not fsdp["replicated"] and fsdp["dtensors"] == fsdp["params"]
     assert ddp["gradient_sync"] and fsdp["gradient_sync"]
     assert ddp["keys"] == fsdp["keys"]
+
+
+_COMPILE_PROBE = """
+import json, sys, torch, torch.distributed as dist
+from trainer import last_block
+from trainer.config import TrainConfig
+from trainer.model import build_model, decoder_blocks
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+ids = torch.randint(0, 200, (2, 64))
+positions = torch.cat([torch.arange(40), torch.arange(24)]).repeat(2, 1)
+mask = (torch.rand(2, 64) < 0.5).long()
+out = {}
+for compile in (False, True):
+    config = TrainConfig(model=sys.argv[1], data="d", output="o", compile=compile)
+    root = build_model(config, sys.argv[1], torch.device("cpu"))
+    blocks = decoder_blocks(root, root.causal_lm().config.num_hidden_layers)
+    loss = root(ids, positions, mask)
+    loss.backward()
+    out[str(compile)] = {
+        "compiled": [isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in blocks],
+        "rows_path": last_block.last_layer(root.causal_lm().get_decoder()) is not None,
+        "loss": loss.item(),
+        "grads": {
+            n.replace("._orig_mod", ""): p.grad.norm().item() for n, p in root.named_parameters()
+        },
+    }
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_compile_on_cpu_leaves_the_last_block_eager_on_target_rows(tiny_model_dir: Path) -> None:
+    """On CPU, `compile: true` compiles every decoder block but the last, which keeps its
+    target-rows path (trainer/last_block.py: 1.077x the eager step, docs/performance.md); the
+    loss and every gradient equal the eager model's to float tolerance."""
+    runs = run_probe(_COMPILE_PROBE, str(tiny_model_dir))
+    eager, compiled = runs["False"], runs["True"]
+    assert not any(eager["compiled"])
+    assert compiled["compiled"] == [True] * (len(compiled["compiled"]) - 1) + [False]
+    assert eager["rows_path"] and compiled["rows_path"]
+    assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-5)
+    for name, norm in eager["grads"].items():
+        assert compiled["grads"][name] == pytest.approx(norm, rel=1e-4, abs=1e-7), name

@@ -88,9 +88,11 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile each decoder block (per-block keeps compile time flat in depth). None (the
     default) compiles on GPU, where it measured 1.29x eager on an H200 (benchmarks/gpu_check.sh,
-    52.8% vs 40.9% MFU), and runs eager on CPU, where compiling measured slower
-    (benchmarks/train_bench.py, `ratio_compile_vs_eager`; docs/performance.md). true on CPU is
-    honoured, with a warning."""
+    52.8% vs 40.9% MFU), and runs eager on CPU: there compiled steps are ~7% faster
+    (benchmarks/train_bench.py, `ratio_compile_vs_eager`; docs/performance.md) but every run
+    first builds C++ kernels (seconds, and a C++ compiler and Python's headers, which a fresh
+    Debian lacks), which CPU runs, short as tests and demos are, do not earn back. true on CPU
+    is refused where that toolchain is missing."""
     data_parallel: str = "auto"
     """How parameters spread over ranks. "shard": FSDP2 (ZeRO-3), each rank holds 1/world of the
     weights, gradients and AdamW state. "replicate": DDP (plain tensors): every rank holds the

@@ -8,6 +8,7 @@ import math
 import os
 import signal
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -211,12 +212,27 @@ def device_and_backend(config: TrainConfig) -> tuple[torch.device, str]:
         raise ValueError("backend=nccl needs GPUs; use backend=gloo (or auto) on CPU")
     if config.dtype == "bf16" and device.type == "cpu":
         log.warning("dtype=bf16 on CPU is slow and less exact; fp32 (auto) is the CPU default")
-    if config.compile and device.type == "cpu":
-        log.warning(
-            "compile=true on CPU: measured slower than eager (docs/performance.md); "
-            "it pays off on GPU"
+    if config.compile and device.type == "cpu" and (missing := cpu_compile_missing()):
+        raise ValueError(
+            f"compile=true on CPU builds C++ kernels when the run starts, and {missing}: install "
+            "it, or leave compile unset (eager, the CPU default)"
         )
     return device, backend
+
+
+def cpu_compile_missing() -> str | None:
+    """What torch.compile lacks here to build CPU kernels (None: nothing). Inductor compiles
+    them with the system's C++ compiler (`CXX`, else g++ or clang++) against Python's headers
+    (torch/_inductor/cpp_builder.py), which a fresh Debian does not have."""
+    import shutil
+    import sysconfig
+
+    compilers = [c for c in (os.environ.get("CXX"), "g++", "clang++") if c]
+    if not any(shutil.which(c) for c in compilers):
+        return "no C++ compiler is installed (apt-get install g++)"
+    if not (Path(sysconfig.get_path("include")) / "Python.h").exists():
+        return "Python's headers are not installed (apt-get install python3-dev)"
+    return None
 
 
 def build_optimizer(config: TrainConfig, model: torch.nn.Module, device: torch.device):
