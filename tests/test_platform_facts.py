@@ -34,6 +34,9 @@ def test_names_map_both_ways() -> None:
         ("NVIDIA L40S", 362),
         ("NVIDIA L4", 121),
         ("Tesla T4", 65),
+        ("Tesla V100-SXM2-16GB", 125),
+        ("Tesla V100-PCIE-16GB", 112),
+        ("Tesla V100S-PCIE-32GB", 130),
         ("NVIDIA GeForce RTX 4090", None),
     ],
 )

@@ -8,10 +8,9 @@ checks can import it.
 Sources: NVIDIA data sheets, dense (without 2:4 sparsity), bf16, or fp16 where the GPU has no
 bf16 -- H200 SXM and H100 SXM: 989.5 TFLOPS ("1,979 with sparsity"); H200 NVL and H100 NVL:
 835.5 ("1,671 with sparsity"); H100 PCIe: 756; A100: 312; L40S: 362 ("733 with sparsity"); L40:
-181 ("362 with sparsity"); L4: 121 ("242 with sparsity"); A10/A10G: 125; B200: 2,250 (DGX B200
-data sheet: 72 PFLOPS FP8 training per 8 GPUs, half for bf16 dense); T4: 65 fp16; V100: 125
-fp16. Checked 2026-12-05.
-"""
+181 ("362 with sparsity"); L4: 121 ("242 with sparsity"); A10/A10G: 125; B200: 2,250 (4.5
+PFLOPS FP8 dense per GPU, bf16 half of it); T4: 65 fp16; V100 SXM2: 125 fp16, V100 PCIe: 112,
+V100S: 130. Checked 2026-12-05. A MIG slice reports its whole GPU's name: set `peak_flops`."""
 
 from __future__ import annotations
 
@@ -28,6 +27,8 @@ PEAK_TENSOR_FLOPS = {
     "L4": 121e12,
     "B200": 2250e12,
     "T4": 65e12,
+    "V100S": 130e12,
+    "V100-PCIE": 112e12,
     "V100": 125e12,
 }
 """Keys are parts of CUDA device names ("NVIDIA H100 80GB HBM3"); a variant comes before the

@@ -107,6 +107,10 @@ class MemoryEstimate:
     activations: float
     logits: float
     overhead: float
+    gradients: float = 0.0
+    """The gradients' share of `trainable` (4 bytes per trainable parameter): freed after every
+    optimizer step (`zero_grad(set_to_none=True)`), so without gradient accumulation they grow
+    in backward as the activations are freed, and the two never peak together."""
 
     @property
     def total(self) -> float:
@@ -160,8 +164,10 @@ def estimate(
         weights = 4 * shape.params / shard + gathered
     if method == "full":
         trainable = 12 * shape.params / shard
+        gradients = 4 * shape.params / shard
     else:
         trainable = 16 * lora_params(shape, lora_rank, lora_targets)
+        gradients = trainable / 4
     tokens = seq_len * micro_batch_size
     mlp_scale = (2 * shape.hidden + 3 * shape.intermediate) / (2 * shape.hidden + 8 * shape.hidden)
     per_block = ACTIVATION_BYTES_PER_HIDDEN * shape.hidden * tokens * mlp_scale
@@ -172,7 +178,7 @@ def estimate(
     logits = 12 * shape.vocab * tokens * target_fraction
     live = weights + trainable + activations + logits
     overhead = OVERHEAD_FIXED + OVERHEAD_FRACTION * live
-    return MemoryEstimate(weights, trainable, activations, logits, overhead)
+    return MemoryEstimate(weights, trainable, activations, logits, overhead, gradients)
 
 
 def fits(estimate_: MemoryEstimate, gpu_memory_bytes: float) -> bool:
