@@ -32,6 +32,7 @@ def setup(config: TrainConfig) -> Run:
     if r.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, lambda *_: setattr(r, "stop_requested", True))
+    stop_with_agent()
     torch.manual_seed(config.seed)
     _data(r)
     r.model = build_model(config, r.model_dir, device)
@@ -218,6 +219,24 @@ def device_and_backend(config: TrainConfig) -> tuple[torch.device, str]:
             "it, or leave compile unset (eager, the CPU default)"
         )
     return device, backend
+
+
+def stop_with_agent() -> None:
+    """Have Linux send this worker SIGTERM (the preemption path: save, then stop) when the
+    torchrun agent that started it dies (`PR_SET_PDEATHSIG`). The agent stops its workers on its
+    own way out, but one that dies before it has (killed, or killed again while stopping them)
+    left its workers running, holding their ports and devices: tests/faults/test_orphans.py
+    found such a worker alive 40 minutes after its agent. Linux, under torchrun, only."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    agent = os.getppid()
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    if agent == 1 or os.getppid() != agent:  # the agent was gone before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def cpu_compile_missing() -> str | None:

@@ -51,13 +51,19 @@ def _start_train(
         "--output", str(tmp_path / "run"), "--max-steps", "50", "--run-id", run_id,
         "--set", "log_every=1", "--set", "tensorboard=false",
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=pause_env(1, str(ready)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # Started as from a terminal, SIGHUP at its default even when the tests run under `nohup`
+    # (which `llmft train` honours: an ignored SIGHUP stays ignored).
+    hangup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=pause_env(1, str(ready)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    finally:
+        signal.signal(signal.SIGHUP, hangup)
     started.append(proc)
     wait_for(lambda: (ready / "paused.rank0").exists() or proc.poll() is not None, "step 1")
     assert proc.poll() is None, f"llmft train ended early with {proc.returncode}"
@@ -136,3 +142,45 @@ def test_watchdog_stops_a_local_pipeline_run_whose_runner_was_killed(started, tm
     wait_for(lambda: _gone([child, etcd["pid"]]), "the watchdog to stop the run")
     wait_for(lambda: not (root / "pipeline-run").exists(), "the watchdog to clean the state")
     assert not Path(etcd["data_dir"]).exists()
+
+
+WORKER = """
+import os, signal, sys
+from pathlib import Path
+from trainer.startup import stop_with_agent
+
+out = Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: (out.joinpath("sigterm").touch(), os._exit(0)))
+stop_with_agent()
+out.joinpath("ready").touch()
+signal.pause()
+"""
+AGENT = """
+import os, signal, subprocess, sys
+from pathlib import Path
+
+out = Path(sys.argv[2])
+env = {**os.environ, "TORCHELASTIC_RUN_ID": "orphan-test"}  # as torchrun sets it for workers
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(out)], env=env)
+out.joinpath("worker.pid").write_text(str(worker.pid))
+signal.pause()
+"""
+
+
+def test_a_trainer_worker_stops_when_its_agent_dies_without_stopping_it(started, tmp_path: Path):
+    """An agent killed before it stopped its workers left a trainer worker running (the SIGKILL
+    test above found one 40 minutes later); the worker now gets SIGTERM, the trainer's preemption
+    signal, from Linux the moment its agent dies (`trainer.startup.stop_with_agent`)."""
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, WORKER, str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    started.append(agent)
+    wait_for(lambda: (tmp_path / "ready").exists() or agent.poll() is not None, "the worker")
+    assert agent.poll() is None
+    worker = int((tmp_path / "worker.pid").read_text())
+    agent.send_signal(signal.SIGKILL)
+    agent.wait()
+    wait_for(lambda: (tmp_path / "sigterm").exists(), "the worker's SIGTERM")
+    wait_for(lambda: _gone([worker]), "the worker to end")
