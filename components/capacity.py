@@ -14,9 +14,12 @@ and components/launchers/pytorchjob.py (node selectors and tolerations).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.run_params import choices
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 CAPACITIES: tuple[str, ...] = choices("capacity")
 """on-demand, spot, flex-start (the `capacity` run parameter's choices)."""
@@ -49,7 +52,7 @@ def trainer_overrides_for(capacity: str, overrides: Mapping[str, Any]) -> dict[s
     return values
 
 
-def planned_trainer_config(params: Any) -> Any:
+def planned_trainer_config(params: Any) -> TrainConfig:
     """The trainer config a run's parameters (`RunParams`) launch with, for what is estimated and
     checked before it starts: the capacity's overrides applied (`trainer_overrides_for`); model,
     data and output are placeholders (the train step resolves them)."""

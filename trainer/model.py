@@ -305,9 +305,9 @@ def _load_quantized(
 
     The base is loaded in the compute dtype: host memory is one copy of the model per process in
     that dtype while loading (bf16 on GPU: 14 GB for a 7B base, not fp32's 28); device memory
-    holds only the 4-bit base. NF4 is built from the
-    weights rounded to the compute dtype either way (`to_nf4`), so the base is the same as from
-    an fp32 load. Every rank quantizes the same weights the same way: nothing is broadcast.
+    holds only the 4-bit base. NF4 is built from the weights rounded to the compute dtype either
+    way (`to_nf4`), so the base is the same as from an fp32 load. Every rank quantizes the same
+    weights the same way: nothing is broadcast.
     """
     from trainer.quantize import quantize_blocks
 

@@ -93,10 +93,10 @@ def _check_fit_and_cost(run_params: Any, prices: Path | None, *, remote: bool) -
     """Refuse a run whose training cannot fit its GPUs (components/train_fit.py); print its cost
     estimate and refuse it over max_cost_usd (ValueError: exit 2)."""
     from components import cost
-    from components.validation import fit_errors
+    from components.train_fit import training_fit_error
 
-    for problem in fit_errors(run_params, run_params.base_model, remote=remote):
-        raise ValueError(problem)
+    if error := training_fit_error(run_params, run_params.base_model, remote=remote):
+        raise ValueError(error)
     table = cost.load_prices(str(prices)) if prices else None
     estimate = cost.estimate_for(run_params, remote=remote, prices=table)
     typer.echo("cost estimate (components/cost.py; an estimate, not a quote):")
