@@ -313,7 +313,7 @@ def losses_and_gradients(
         losses.sum().backward()
     finally:
         hook.remove()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return losses.detach(), grads, mlp_rows
 
 
@@ -457,3 +457,41 @@ def test_trainer_refuses_an_inexact_attention_with_exit_2(tmp_path) -> None:
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "soft-capping" in last and "attention=document" in last
+
+
+# --- RMSNorm as one autograd Function (trainer/rms_norm.py) -----------------------------------
+
+
+@pytest.mark.parametrize("family", LAST_BLOCK_FAMILIES)
+def test_rms_norm_function_equals_the_class(family: str, references: References) -> None:
+    """Installed on every norm of the family: the same losses bit for bit, the same gradients to
+    fp32 rounding, also with the norms frozen (LoRA); bf16 keeps the class's forward."""
+    from trainer import rms_norm
+
+    config = references.configs[family]
+    implementation = attn_implementation(TrainConfig(), config)
+    batch = packed_rows(LAYOUTS["short_documents"], seed=5, targets=0.4)
+    plain = CausalLMLoss(build(config, implementation, references[family][1])).train()
+    fused = CausalLMLoss(build(config, implementation, references[family][1])).train()
+    norms = [m for m in fused.modules() if type(m).__name__.endswith("RMSNorm")]
+    per_layer = 4 if family == "qwen3" else 2  # + the query and key norms
+    assert rms_norm.install(fused) == len(norms) == per_layer * config.num_hidden_layers + 1
+
+    for frozen in (False, True):
+        for model in (plain, fused):
+            for name, param in model.named_parameters():
+                param.requires_grad_(not (frozen and "norm" in name))
+        expected, expected_grads, _ = losses_and_gradients(plain, batch, on_targets=True)
+        got, got_grads, _ = losses_and_gradients(fused, batch, on_targets=True)
+        assert torch.equal(got, expected)
+        assert got_grads.keys() == expected_grads.keys()
+        for name, grad in expected_grads.items():
+            # Sums rounded in another order: within 1e-5 of the gradient's largest element.
+            scale = max(grad.abs().max().item(), 1.0)
+            torch.testing.assert_close(
+                got_grads[name], grad, rtol=0, atol=1e-5 * scale, msg=lambda m, n=name: f"{n}: {m}"
+            )
+
+    norm = norms[0].to(torch.bfloat16)
+    x = torch.randn(3, 5, norm.weight.shape[0], dtype=torch.bfloat16)
+    assert torch.equal(norm(x), type(norm).forward(norm, x))

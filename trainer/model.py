@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer import attention, last_block
+from trainer import attention, last_block, rms_norm
 from trainer.config import TrainConfig
 from trainer.meta_init import parameters_on_meta
 
@@ -375,6 +375,7 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
 
             lm = get_peft_model(lm, lora_config(config))
     root = CausalLMLoss(lm)
+    rms_norm.install(root)  # fp32 eager: one Function, not a dozen element-wise ops
     root.dpo_beta = config.dpo_beta
     root.replicated = replicates(
         config, sum(p.numel() for p in root.parameters()), dist.get_world_size()

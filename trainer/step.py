@@ -103,7 +103,12 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> StepResult:
         coefficient = 1.0 / units
         if r.config.max_grad_norm > 0 and norm_value > r.config.max_grad_norm:
             coefficient *= r.config.max_grad_norm / (norm_value + 1e-6)
-        torch._foreach_mul_(grads, coefficient)
+        if r.optimizer.defaults.get("fused"):
+            # The fused kernel divides each gradient by `grad_scale` as it reads it (AMP's
+            # unscaling): one pass over the gradients less than scaling them first.
+            r.optimizer.grad_scale = torch.tensor(1.0 / coefficient, device=device)
+        else:
+            torch._foreach_mul_(grads, coefficient)
         r.optimizer.step()
         r.scheduler.step()
     r.optimizer.zero_grad(set_to_none=True)
