@@ -25,6 +25,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from components.capacity import CAPACITIES
@@ -142,23 +143,33 @@ def model_size(model_dir: str) -> ModelSize:
 
 
 def model_config(model_dir: str) -> Any:
-    """The transformers config of the model at `model_dir` (local or any fsspec URI), read from
-    its config.json alone.
+    """The transformers config of the model at `model_dir`, read from its config.json alone: a
+    local directory, any fsspec URI, or a Hugging Face Hub id (only config.json is downloaded,
+    with the token huggingface_hub finds: HF_TOKEN or a saved login; `HF_ENDPOINT` and
+    `HF_HUB_OFFLINE` apply).
 
     Raises:
-        ValueError: no readable config.json there (a hub id offline, no credentials).
+        ValueError: no readable config.json there, saying why (offline, a gated model without
+            a token, no such file or repository).
     """
     from transformers import AutoConfig
 
+    from components.evaluation.loading import is_hub_id
     from trainer import storage
 
-    path = f"{model_dir.rstrip('/')}/config.json"
     try:
-        config_dict = json.loads(storage.read_text(path))
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"cannot read {path} for the cost estimate ({exc}): set model_parameters"
-        ) from None
+        if is_hub_id(model_dir):
+            from huggingface_hub import hf_hub_download
+
+            text = Path(hf_hub_download(model_dir, "config.json")).read_text()
+        else:
+            text = storage.read_text(f"{model_dir.rstrip('/')}/config.json")
+        config_dict = json.loads(text)
+    except Exception as exc:  # OSError, bad JSON, and the hub client's own HTTP and offline errors
+        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        if type(exc).__name__ == "GatedRepoError":
+            reason = "a gated model and no token here: set HF_TOKEN (a pipeline: hf_token_secret)"
+        raise ValueError(f"cannot read the config.json of {model_dir} ({reason})") from None
     return AutoConfig.for_model(**config_dict)
 
 
@@ -427,7 +438,10 @@ def estimate(
                 f"{shape.checkpoint_every_minutes:g} min)"
             )
     elif gpus:
-        notes.append("training time unknown: the model's size is (set model_parameters)")
+        notes.append(
+            "training time unknown: the model's size is unknown (its config.json cannot be "
+            "read here: set model_parameters)"
+        )
     else:
         notes.append("local training: runs on this machine, not priced")
     train_gpu_hours = (train_hours or 0.0) * gpus

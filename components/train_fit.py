@@ -19,9 +19,10 @@ everything on every GPU), or a GPU with more memory. Against the two GPU measure
 for a full fine-tune of a 1.1B Llama at 4 x 4096 tokens, 13.8 GB vs 18.4 for QLoRA at 4 x 2048
 (whose whole estimate, 19.7 GB, was 7% above); tests/test_train_fit.py holds them to that.
 
-Checked where the model's config.json can be read (a local directory, or gs:// inside the
-pipeline); a hub id, a .gguf file or an architecture without Llama-style config fields is left to
-the run.
+Checked where the model's config.json can be read: a local directory, gs:// inside the
+pipeline, or a Hugging Face Hub id (its config.json alone is downloaded, with the run's token).
+A .gguf file or an architecture without Llama-style config fields is left to the run; a config
+that cannot be read (offline, a gated model without a token) is too, with a warning.
 """
 
 from __future__ import annotations
@@ -127,9 +128,16 @@ def model_shape(base_model: str) -> ModelShape | None:
     """The memory model's view of the model at `base_model` (None when it cannot be read: the
     check is advisory, so any failure leaves the model to the run)."""
     from components.cost import model_config, size_of
+    from trainer.gguf import is_gguf
 
+    if is_gguf(base_model):
+        return None  # converted on each node; its config exists only then
     try:
         config = model_config(base_model)
+    except ValueError as exc:  # offline, gated without a token, no config.json: say so
+        log.warning("training fit not checked: %s", exc)
+        return None
+    try:
         text = config.get_text_config().to_dict()
         return ModelShape.from_hf_config(text, size_of(config).parameters)
     except Exception as exc:  # unusual architectures fail in many ways

@@ -222,3 +222,42 @@ def test_llmft_run_dry_run_refuses_it_before_anything_starts(llama3_8b: str) -> 
         "run", *_DRY_RUN_BACKENDS["vertex"], *_DRY_RUN_PARAMS, *extra, *fixed, "--dry-run"
     )
     assert result.exit_code == 0, result.output
+
+
+def test_a_hub_model_is_sized_from_its_config_json_alone(tmp_path) -> None:
+    """`base_model=owner/name`: config.json is downloaded (with the token), nothing else; a gated
+    model without a token is left to the run with a warning saying why."""
+    import os
+    import subprocess
+    import sys
+
+    from fakes.hf_hub import FakeHub
+
+    repo = "meta-llama/Meta-Llama-3-8B"
+    params = [f"{k}={v}" for k, v in ONE_L4.items() if k != "backend"]
+    args = [arg for p in [*params, f"base_model={repo}"] for arg in ("--param", p)]
+    command = [sys.executable, "-m", "pipelines.cli", "run", *_DRY_RUN_BACKENDS["vertex"]]
+    command += [*_DRY_RUN_PARAMS, *args, "--dry-run"]
+    files = {"config.json": json.dumps(LLAMA3_8B_CONFIG).encode(), "model.safetensors": b"x"}
+    with FakeHub({repo: files}, gated={repo}) as hub:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "HF_"))}
+        env |= {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}
+        env |= {"HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path), "NO_GCE_CHECK": "True"}
+        env |= {"GCE_METADATA_HOST": "127.0.0.1:1"}
+
+        def llmft_run(**extra_env: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                command, env=env | extra_env, capture_output=True, text=True, timeout=120
+            )
+
+        refused = llmft_run(HF_TOKEN="hf_test")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        error = refused.stdout + refused.stderr
+        assert "error: training does not fit NVIDIA_L4" in error, error
+        assert {path for path, _ in hub.files_served()} == {f"/{repo}/resolve/main/config.json"}
+        assert {auth for _, auth in hub.files_served()} == {"Bearer hf_test"}
+
+        unchecked = llmft_run(HF_HOME=str(tmp_path / "hf-no-token"))  # nothing cached either
+        output = unchecked.stdout + unchecked.stderr
+        assert unchecked.returncode == 0, output
+        assert f"fit not checked: cannot read the config.json of {repo} (a gated model" in output

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components import cost
+from components.evaluation.loading import is_hub_id
 from components.param_values import params_from_mapping
 from components.run_params import (
     LATEST_REGISTERED,
@@ -20,6 +21,7 @@ from components.run_params import (
     fields,
     raise_errors,
 )
+from components.secrets import load_hf_token
 from components.validation import data_errors, evaluation_errors, fit_errors
 
 
@@ -59,6 +61,8 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
     errors = params.errors(target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))
     base_model = resolve_model(params.base_model, params)
+    if is_hub_id(base_model):  # the fit check and the estimate read its config.json from the hub
+        load_hf_token(project=params.project, secret=params.hf_token_secret)
     raise_errors(
         evaluation_errors(params, base_model, remote=True, check_machine=request.target == "vertex")
         + fit_errors(params, base_model, remote=True)
