@@ -254,8 +254,7 @@ def test_a_hub_model_is_sized_from_its_config_json_alone(tmp_path) -> None:
         assert refused.returncode == 2, refused.stdout + refused.stderr
         error = refused.stdout + refused.stderr
         assert "error: training does not fit NVIDIA_L4" in error, error
-        assert {path for path, _ in hub.files_served()} == {f"/{repo}/resolve/main/config.json"}
-        assert {auth for _, auth in hub.files_served()} == {"Bearer hf_test"}
+        assert hub.downloads == [(f"/{repo}/resolve/main/config.json", "Bearer hf_test")]
 
         unchecked = llmft_run(HF_HOME=str(tmp_path / "hf-no-token"))  # nothing cached either
         output = unchecked.stdout + unchecked.stderr

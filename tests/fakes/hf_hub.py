@@ -10,50 +10,22 @@ at it with `HF_ENDPOINT=hub.url` (and `HF_HUB_OFFLINE=0`: the tests' default is 
 from __future__ import annotations
 
 import hashlib
-import http.server
-import threading
-from typing import Any
+
+from fakes.recording import LocalHttpServer, Recorded
 
 
-class FakeHub:
-    """`repos`: {"owner/name": {"config.json": bytes}}; `gated`: the repos that need a token.
-    `requests` records (method, path, Authorization header, status) of each request."""
+class FakeHub(LocalHttpServer):
+    """`repos`: {"owner/name": {"config.json": bytes}}; `gated`: the repos that need a token."""
 
     def __init__(self, repos: dict[str, dict[str, bytes]], gated: set[str] = frozenset()) -> None:
+        super().__init__()
         self.repos, self.gated = repos, set(gated)
-        self.requests: list[tuple[str, str, str | None, int]] = []
-        hub = self
+        self.downloads: list[tuple[str, str | None]] = []
+        """(path, Authorization header) of each file sent (a GET answered 200)."""
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self._answer(body=True)
-
-            def do_HEAD(self) -> None:
-                self._answer(body=False)
-
-            def _answer(self, body: bool) -> None:
-                auth = self.headers.get("Authorization")
-                status, data, headers = hub.resolve(self.path.split("?")[0], auth)
-                hub.requests.append((self.command, self.path, auth, status))
-                self.send_response(status)
-                for name, value in {**headers, "Content-Type": "application/json"}.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if body:
-                    self.wfile.write(data)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def resolve(self, path: str, auth: str | None) -> tuple[int, bytes, dict[str, str]]:
-        parts = path.strip("/").split("/")
+    def handle(self, rec: Recorded) -> tuple[int, bytes, dict[str, str]]:
+        auth = next((v for k, v in rec.headers.items() if k.lower() == "authorization"), None)
+        parts = rec.path.strip("/").split("/")
         if len(parts) < 5 or parts[2] != "resolve":  # e.g. the client's optional API lookups
             return 404, b'{"error": "Not found"}', {}
         repo, filename = "/".join(parts[:2]), "/".join(parts[4:])
@@ -64,19 +36,8 @@ class FakeHub:
             return 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}
         if filename not in files:
             return 404, b'{"error": "Entry not found"}', {"X-Error-Code": "EntryNotFound"}
+        if rec.method == "GET":
+            self.downloads.append((rec.path, auth))
         data = files[filename]
         etag = f'"{hashlib.sha1(data).hexdigest()}"'
         return 200, data, {"X-Repo-Commit": "0" * 40, "ETag": etag}
-
-    def files_served(self) -> list[tuple[str, str | None]]:
-        """(path, Authorization) of each file download (a GET answered 200)."""
-        return [(p, a) for m, p, a, s in self.requests if m == "GET" and s == 200]
-
-    def __enter__(self) -> FakeHub:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)

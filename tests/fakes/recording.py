@@ -124,15 +124,18 @@ class LocalHttpServer:
                     body = json.loads(raw)
                 rec = Recorded(self.command, url.path, query, body, files, dict(self.headers))
                 owner.requests.append(rec)
-                status, payload = owner.handle(rec)
+                status, payload, *headers = owner.handle(rec)
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
+                for name, value in (headers[0] if headers else {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if self.command != "HEAD":
+                    self.wfile.write(data)
 
-            do_GET = do_POST = do_DELETE = do_PATCH = _serve
+            do_GET = do_HEAD = do_POST = do_DELETE = do_PATCH = _serve
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -140,7 +143,8 @@ class LocalHttpServer:
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
 
-    def handle(self, rec: Recorded) -> tuple[int, Any]:
+    def handle(self, rec: Recorded) -> tuple[int, Any] | tuple[int, Any, dict[str, str]]:
+        """(status, JSON payload or bytes[, extra response headers]) for one request."""
         raise NotImplementedError
 
     def __enter__(self) -> LocalHttpServer:
