@@ -199,7 +199,7 @@ def test_model_size_is_read_from_config_json(tiny_model_dir: Path) -> None:
     assert size.parameters == total
     assert size.matmul_parameters == total - model.get_input_embeddings().weight.numel()
     assert (size.layers, size.hidden) == (config["num_hidden_layers"], config["hidden_size"])
-    with pytest.raises(ValueError, match="cannot read the config.json of .*missing"):
+    with pytest.raises(ValueError, match=r"cannot read the config\.json of .*missing"):
         cost.model_size(str(tiny_model_dir / "missing"))
 
 
