@@ -21,6 +21,7 @@ throughput model; a model whose size is unknown).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -144,13 +145,11 @@ def model_size(model_dir: str) -> ModelSize:
 
 def model_config(model_dir: str) -> Any:
     """The transformers config of the model at `model_dir`, read from its config.json alone: a
-    local directory, any fsspec URI, or a Hugging Face Hub id (only config.json is downloaded,
-    with the token huggingface_hub finds: HF_TOKEN or a saved login; `HF_ENDPOINT` and
-    `HF_HUB_OFFLINE` apply).
+    local directory, any fsspec URI, or a Hugging Face Hub id (`hub_config_text`).
 
     Raises:
         ValueError: no readable config.json there, saying why (offline, a gated model without
-            a token, no such file or repository).
+            a token or without access, no such file or repository, the Hub unreachable).
     """
     from transformers import AutoConfig
 
@@ -159,18 +158,58 @@ def model_config(model_dir: str) -> Any:
 
     try:
         if is_hub_id(model_dir):
-            from huggingface_hub import hf_hub_download
-
-            text = Path(hf_hub_download(model_dir, "config.json")).read_text()
+            text = hub_config_text(model_dir)
         else:
             text = storage.read_text(f"{model_dir.rstrip('/')}/config.json")
         config_dict = json.loads(text)
     except Exception as exc:  # OSError, bad JSON, and the hub client's own HTTP and offline errors
-        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-        if type(exc).__name__ == "GatedRepoError":
-            reason = "a gated model and no token here: set HF_TOKEN (a pipeline: hf_token_secret)"
-        raise ValueError(f"cannot read the config.json of {model_dir} ({reason})") from None
+        raise ValueError(f"cannot read the config.json of {model_dir} ({_why(exc)})") from None
     return AutoConfig.for_model(**config_dict)
+
+
+HUB_TIMEOUT_S = 10
+"""One attempt at the Hub, this long at most, before a Hub model's config.json is downloaded:
+huggingface_hub retries an unanswered request 6 times at 60 s each (~6.5 min per file), which
+would hold `llmft run` or the validate step on a network without a route to the Hub."""
+
+
+def hub_config_text(repo_id: str) -> str:
+    """A Hub model's config.json: from huggingface_hub's cache when it is there, else one bounded
+    request (`HUB_TIMEOUT_S`) and then the download. The answer, or the error, is kept for the
+    process: the fit check and the estimate both ask. The token is the one huggingface_hub finds
+    (HF_TOKEN or a saved login); `HF_ENDPOINT` and `HF_HUB_OFFLINE` apply."""
+    found = _hub_config(repo_id)
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+@functools.cache
+def _hub_config(repo_id: str) -> str | Exception:
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        try:
+            return Path(hf_hub_download(repo_id, "config.json", local_files_only=True)).read_text()
+        except LocalEntryNotFoundError:
+            pass
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=HUB_TIMEOUT_S)
+        return Path(hf_hub_download(repo_id, "config.json")).read_text()
+    except Exception as exc:  # the hub client's HTTP, offline and connection errors
+        return exc
+
+
+def _why(exc: Exception) -> str:
+    """What to tell a user whose model's config.json could not be read."""
+    from huggingface_hub import get_token
+    from huggingface_hub.errors import GatedRepoError
+
+    if isinstance(exc, GatedRepoError):
+        if get_token():
+            return "a gated model this token has no access to: accept its licence on the Hub"
+        return "a gated model and no token here: set HF_TOKEN (a pipeline: hf_token_secret)"
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 def size_of(config: Any) -> ModelSize:
@@ -370,6 +409,7 @@ def estimate(
     data_tokens: int | None = None,
     gpu_hour_price_usd: float = 0.0,
     prices: Mapping[str, Mapping[str, float]] | None = None,
+    model_unknown: str = "",
 ) -> Estimate:
     """The expected cost of `shape` per pipeline step (preprocess, train, evaluate).
 
@@ -381,6 +421,7 @@ def estimate(
             size (`tokens_from_bytes`); None: preprocessing is not estimated.
         gpu_hour_price_usd: overrides the table for the training GPUs.
         prices: the price table (default `GPU_HOUR_USD`).
+        model_unknown: why `model` is None, for the note (e.g. its config.json's read error).
     """
     tokens = shape.max_steps * shape.global_batch_rows * shape.seq_len
     cloud = shape.backend != "local"
@@ -439,8 +480,8 @@ def estimate(
             )
     elif gpus:
         notes.append(
-            "training time unknown: the model's size is unknown (its config.json cannot be "
-            "read here: set model_parameters)"
+            f"training time unknown: the model's size is unknown ({model_unknown or 'no size'}"
+            "): set model_parameters"
         )
     else:
         notes.append("local training: runs on this machine, not priced")
@@ -550,10 +591,8 @@ def budget_error(est: Estimate, max_cost_usd: float) -> str | None:
     if not max_cost_usd:
         return None
     if est.gpus and est.step("train").hours is None:
-        return (
-            f"max_cost_usd={max_cost_usd:g} needs a cost estimate, but the model's size is "
-            "unknown: set model_parameters"
-        )
+        why = "; ".join(n for n in est.notes if "training time unknown" in n)
+        return f"max_cost_usd={max_cost_usd:g} needs a cost estimate, but {why}"
     if est.usd > max_cost_usd:
         train = est.step("train")
         return (
@@ -658,13 +697,14 @@ def estimate_for(
     config.json (`base_model` when resolved, else the parameter), the data's tokens from the
     raw input's size (listable locally, and remotely when `remote`)."""
     model: ModelSize | None = None
+    model_unknown = ""
     if params.model_parameters:
         model = ModelSize.of_count(params.model_parameters)
     elif params.backend != "local":  # local training is not priced: no need to size the model
         try:
             model = model_size(base_model or params.base_model)
-        except (ValueError, OSError):
-            model = None
+        except (ValueError, OSError) as exc:
+            model, model_unknown = None, str(exc)
     size = input_bytes(params.train_data_uri, remote=remote)
     return estimate(
         shape_of(params),
@@ -672,4 +712,5 @@ def estimate_for(
         data_tokens=tokens_from_bytes(size) if size else None,
         gpu_hour_price_usd=params.gpu_hour_price_usd,
         prices=prices,
+        model_unknown=model_unknown,
     )

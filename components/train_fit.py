@@ -20,9 +20,10 @@ for a full fine-tune of a 1.1B Llama at 4 x 4096 tokens, 13.8 GB vs 18.4 for QLo
 (whose whole estimate, 19.7 GB, was 7% above); tests/test_train_fit.py holds them to that.
 
 Checked where the model's config.json can be read: a local directory, gs:// inside the
-pipeline, or a Hugging Face Hub id (its config.json alone is downloaded, with the run's token).
-A .gguf file or an architecture without Llama-style config fields is left to the run; a config
-that cannot be read (offline, a gated model without a token) is too, with a warning.
+pipeline, or a Hugging Face Hub id (its config.json alone is downloaded, with HF_TOKEN or a
+saved login; the pipeline reads `hf_token_secret`). A .gguf file or an architecture without
+Llama-style config fields is left to the run; so is a config that cannot be read (offline, a
+gated model without access, a `model_type` this transformers does not know), with a warning.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def model_shape(base_model: str) -> ModelShape | None:
         return None  # converted on each node; its config exists only then
     try:
         config = model_config(base_model)
-    except ValueError as exc:  # offline, gated without a token, no config.json: say so
+    except ValueError as exc:  # offline, gated, no config.json, an unknown model_type: say so
         log.warning("training fit not checked: %s", exc)
         return None
     try:

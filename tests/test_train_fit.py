@@ -226,7 +226,8 @@ def test_llmft_run_dry_run_refuses_it_before_anything_starts(llama3_8b: str) -> 
 
 def test_a_hub_model_is_sized_from_its_config_json_alone(tmp_path) -> None:
     """`base_model=owner/name`: config.json is downloaded (with the token), nothing else; a gated
-    model without a token is left to the run with a warning saying why."""
+    model without a token, or with one that has no access, is left to the run with a warning
+    saying which."""
     import os
     import subprocess
     import sys
@@ -239,7 +240,7 @@ def test_a_hub_model_is_sized_from_its_config_json_alone(tmp_path) -> None:
     command = [sys.executable, "-m", "pipelines.cli", "run", *_DRY_RUN_BACKENDS["vertex"]]
     command += [*_DRY_RUN_PARAMS, *args, "--dry-run"]
     files = {"config.json": json.dumps(LLAMA3_8B_CONFIG).encode(), "model.safetensors": b"x"}
-    with FakeHub({repo: files}, gated={repo}) as hub:
+    with FakeHub({repo: files}, gated={repo: "hf_test"}) as hub:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "HF_"))}
         env |= {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}
         env |= {"HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path), "NO_GCE_CHECK": "True"}
@@ -256,7 +257,21 @@ def test_a_hub_model_is_sized_from_its_config_json_alone(tmp_path) -> None:
         assert "error: training does not fit NVIDIA_L4" in error, error
         assert hub.downloads == [(f"/{repo}/resolve/main/config.json", "Bearer hf_test")]
 
-        unchecked = llmft_run(HF_HOME=str(tmp_path / "hf-no-token"))  # nothing cached either
+        for token, why in [({}, "and no token here"), ({"HF_TOKEN": "hf_other"}, "no access")]:
+            # A new cache each time: nothing cached either.
+            unchecked = llmft_run(HF_HOME=str(tmp_path / f"hf-{len(token)}"), **token)
+            output = unchecked.stdout + unchecked.stderr
+            assert unchecked.returncode == 0, output
+            read = f"fit not checked: cannot read the config.json of {repo} (a gated model"
+            assert read in output and why in output, output
+
+        # An outage: one request (huggingface_hub alone would retry it 5 times, up to 60 s each),
+        # kept for the estimate too.
+        hub.unavailable, hub.requests[:] = True, []
+        unchecked = llmft_run(HF_HOME=str(tmp_path / "hf-outage"), HF_TOKEN="hf_test")
         output = unchecked.stdout + unchecked.stderr
         assert unchecked.returncode == 0, output
-        assert f"fit not checked: cannot read the config.json of {repo} (a gated model" in output
+        assert "503" in output and "training time unknown" in output, output
+        assert [r.path for r in hub.requests if "/resolve/" in r.path] == [
+            f"/{repo}/resolve/main/config.json"
+        ]

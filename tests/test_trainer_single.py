@@ -202,3 +202,55 @@ def test_compile_on_cpu_leaves_the_last_block_eager_on_target_rows(tiny_model_di
     assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-5)
     for name, norm in eager["grads"].items():
         assert compiled["grads"][name] == pytest.approx(norm, rel=1e-4, abs=1e-7), name
+
+
+_SCALING_PROBE = """
+import json, sys, torch, torch.distributed as dist
+from trainer.config import TrainConfig
+from trainer.data import MicroBatch
+from trainer.model import build_model
+from trainer.run_state import Run
+from trainer.startup import build_optimizer
+from trainer.step import optimizer_step
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+ids = torch.randint(0, 200, (2, 64))
+positions = torch.cat([torch.arange(40), torch.arange(24)]).repeat(2, 1)
+micro = [MicroBatch(ids, positions, (torch.rand(2, 64) < 0.5).long())]
+out = {}
+for fused in (True, False):
+    # adam_eps 1: the update follows the gradient's scale (Adam alone is nearly scale-free)
+    config = TrainConfig(
+        model=sys.argv[1], data="d", output="o", lr=1e-2, max_grad_norm=0.5, adam_eps=1.0
+    )
+    device = torch.device("cpu")
+    run = Run(config=config, device=device, rank=0, world_size=1, output="o")
+    run.model = build_model(config, sys.argv[1], device)
+    run.optimizer = build_optimizer(config, run.model, device)
+    if not fused:  # the foreach kernel: the gradients are scaled by a pass of their own
+        for group in run.optimizer.param_groups:
+            group["fused"], group["foreach"] = False, True
+        run.optimizer.defaults["fused"] = False
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda step: 1.0)
+    norms = [optimizer_step(run, micro).grad_norm for _ in range(3)]
+    out[str(fused)] = {
+        "norms": norms,
+        "params": {n: p.detach().flatten()[:64].tolist() for n, p in run.model.named_parameters()},
+        "grad_scale_left": hasattr(run.optimizer, "grad_scale"),
+    }
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+def test_fused_adamw_unscales_as_the_scaling_pass_did(tiny_model_dir: Path) -> None:
+    """Fused AdamW divides by `grad_scale` what the foreach path multiplies by the coefficient
+    (1 / targets, clipped): three clipped steps give the same weights either way, and no scale
+    is left on the optimizer for a later step."""
+    runs = run_probe(_SCALING_PROBE, str(tiny_model_dir))
+    fused, foreach = runs["True"], runs["False"]
+    assert fused["norms"][0] > 0.5  # clipping applies
+    assert fused["norms"] == pytest.approx(foreach["norms"], rel=1e-4)
+    assert not fused["grad_scale_left"]
+    for name, values in foreach["params"].items():
+        assert fused["params"][name] == pytest.approx(values, rel=1e-4, abs=1e-6), name

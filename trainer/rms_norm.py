@@ -1,7 +1,7 @@
 """RMSNorm's forward and backward as one autograd Function, for fp32 runs outside torch.compile.
 
-transformers' RMSNorm (`weight * (x * rsqrt(mean(x^2) + eps))`) is six element-wise ops forward
-and about a dozen in autograd's backward, each a pass over the activations. On a CPU, where
+transformers' RMSNorm (`weight * (x * rsqrt(mean(x^2) + eps))`) is five element-wise ops and a
+mean forward and about a dozen ops in autograd's backward, each a pass over the activations. On a CPU, where
 small models run eager and element-wise passes are bound by memory traffic, that is ~2.5% of a
 step of the benchmark's 7M Llama (docs/performance.md, "RMSNorm as one autograd Function").
 Here the forward is the same ops in the same order (bit-identical output), and backward is five
@@ -11,7 +11,10 @@ passes: with y = x * r * w, r = rsqrt(mean(x^2) + eps) and g the gradient of y,
 
 (equal to autograd's to fp32 rounding). Compiled code (GPU's default) fuses the class's own ops
 better than a Function would let it, and bf16 would need the class's casts, so both keep the
-class's forward.
+class's forward. Where fp32 weights run under bf16 autocast (the replicated GPU layout: the
+residual stream stays fp32) the Function runs for the norms outside compiled blocks; autocast
+changes none of its forward ops (pow and rsqrt are fp32 under autocast, as in the class), and
+its backward runs with autocast off.
 
 Installed per module, like trainer/last_block.py: only instances of the classes listed below
 (their forward checked against transformers 5.24's sources: the same six lines in each), never
@@ -82,11 +85,14 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         normed, weight, r = ctx.saved_tensors
         grad_x = grad_w = None
-        if ctx.needs_input_grad[1]:  # frozen under LoRA
-            width = grad.shape[-1]
-            grad_w = torch.linalg.vecdot(grad.reshape(-1, width), normed.reshape(-1, width), dim=0)
-        if ctx.needs_input_grad[0]:
-            gw = grad * weight
-            mean = torch.linalg.vecdot(gw, normed).unsqueeze(-1).div_(grad.shape[-1])
-            grad_x = torch.addcmul(gw, normed, mean, value=-1).mul_(r)
+        with torch.autocast(grad.device.type, enabled=False):  # vecdot would run in bf16
+            if ctx.needs_input_grad[1]:  # frozen under LoRA
+                width = grad.shape[-1]
+                grad_w = torch.linalg.vecdot(
+                    grad.reshape(-1, width), normed.reshape(-1, width), dim=0
+                )
+            if ctx.needs_input_grad[0]:
+                gw = grad * weight
+                mean = torch.linalg.vecdot(gw, normed).unsqueeze(-1).div_(grad.shape[-1])
+                grad_x = torch.addcmul(gw, normed, mean, value=-1).mul_(r)
         return grad_x, grad_w, None

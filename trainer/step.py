@@ -104,12 +104,19 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> StepResult:
         if r.config.max_grad_norm > 0 and norm_value > r.config.max_grad_norm:
             coefficient *= r.config.max_grad_norm / (norm_value + 1e-6)
         if r.optimizer.defaults.get("fused"):
-            # The fused kernel divides each gradient by `grad_scale` as it reads it (AMP's
-            # unscaling): one pass over the gradients less than scaling them first.
-            r.optimizer.grad_scale = torch.tensor(1.0 / coefficient, device=device)
+            # The fused kernel divides each gradient by `grad_scale` (AMP's unscaling, fp32) in
+            # the pass it makes anyway: one read of the gradients less than scaling them first.
+            # Removed after the step, as GradScaler does: no later step may reuse it.
+            r.optimizer.grad_scale = torch.tensor(
+                1.0 / coefficient, dtype=torch.float32, device=device
+            )
+            try:
+                r.optimizer.step()
+            finally:
+                del r.optimizer.grad_scale
         else:
             torch._foreach_mul_(grads, coefficient)
-        r.optimizer.step()
+            r.optimizer.step()
         r.scheduler.step()
     r.optimizer.zero_grad(set_to_none=True)
     report = {name: value / units for name, value in zip(STATS[1:], extra, strict=True)}

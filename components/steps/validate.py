@@ -61,7 +61,9 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
     errors = params.errors(target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))
     base_model = resolve_model(params.base_model, params)
-    if is_hub_id(base_model):  # the fit check and the estimate read its config.json from the hub
+    if request.target == "vertex" and is_hub_id(base_model):
+        # The fit check and the estimate read its config.json from the Hub (KFP on GKE has
+        # HF_TOKEN from the Kubernetes Secret already; local runs need no token).
         load_hf_token(project=params.project, secret=params.hf_token_secret)
     raise_errors(
         evaluation_errors(params, base_model, remote=True, check_machine=request.target == "vertex")

@@ -1,8 +1,9 @@
 """A Hugging Face Hub on loopback: file downloads as the real hub answers them.
 
 `huggingface_hub.hf_hub_download` asks `HEAD {endpoint}/{repo}/resolve/{revision}/{file}` for the
-commit and ETag, then GETs the file. Gated repositories answer 401 with `X-Error-Code:
-GatedRepo` to a request without a token; unknown repositories and files 404 with
+commit and ETag, then GETs the file. Gated repositories answer with `X-Error-Code: GatedRepo`:
+401 to a request without a token, 403 to a token without access; unknown repositories and files
+404 with
 `RepoNotFound` / `EntryNotFound`, which is how the client tells its errors apart. Point a process
 at it with `HF_ENDPOINT=hub.url` (and `HF_HUB_OFFLINE=0`: the tests' default is offline).
 """
@@ -15,11 +16,16 @@ from fakes.recording import LocalHttpServer, Recorded
 
 
 class FakeHub(LocalHttpServer):
-    """`repos`: {"owner/name": {"config.json": bytes}}; `gated`: the repos that need a token."""
+    """`repos`: {"owner/name": {"config.json": bytes}}; `gated`: {"owner/name": the one token
+    granted access}."""
 
-    def __init__(self, repos: dict[str, dict[str, bytes]], gated: set[str] = frozenset()) -> None:
+    def __init__(
+        self, repos: dict[str, dict[str, bytes]], gated: dict[str, str] | None = None
+    ) -> None:
         super().__init__()
-        self.repos, self.gated = repos, set(gated)
+        self.repos, self.gated = repos, dict(gated or {})
+        self.unavailable = False
+        """Answer every file request 503 (an outage: huggingface_hub retries those)."""
         self.downloads: list[tuple[str, str | None]] = []
         """(path, Authorization header) of each file sent (a GET answered 200)."""
 
@@ -29,8 +35,11 @@ class FakeHub(LocalHttpServer):
         if len(parts) < 5 or parts[2] != "resolve":  # e.g. the client's optional API lookups
             return 404, b'{"error": "Not found"}', {}
         repo, filename = "/".join(parts[:2]), "/".join(parts[4:])
-        if repo in self.gated and not auth:
-            return 401, b'{"error": "Access restricted"}', {"X-Error-Code": "GatedRepo"}
+        if self.unavailable:
+            return 503, b'{"error": "Service unavailable"}', {}
+        if repo in self.gated and auth != f"Bearer {self.gated[repo]}":
+            status = 403 if auth else 401
+            return status, b'{"error": "Access restricted"}', {"X-Error-Code": "GatedRepo"}
         files = self.repos.get(repo)
         if files is None:
             return 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}
