@@ -254,3 +254,42 @@ def test_fused_adamw_unscales_as_the_scaling_pass_did(tiny_model_dir: Path) -> N
     assert not fused["grad_scale_left"]
     for name, values in foreach["params"].items():
         assert fused["params"][name] == pytest.approx(values, rel=1e-4, abs=1e-6), name
+
+
+@pytest.mark.parametrize(
+    ("workers", "rank", "threads", "expected"),
+    [
+        (2, 0, 1, [0]),
+        (2, 1, 1, [1]),
+        (1, 0, 1, [0, 1]),  # one worker keeps every core
+        (2, 1, 2, None),  # 2 threads would share 1 core: left unbound
+        (3, 2, 1, None),  # fewer cores than workers
+    ],
+)
+def test_cpu_workers_are_bound_to_their_own_cores(workers, rank, threads, expected) -> None:
+    """Under torchrun, local rank r of n takes the r-th slice of the cores it may use (here the
+    first two, as `taskset` would give them); the threads it starts later inherit that."""
+    probe = (
+        "import json, os, threading, torch\n"
+        "from trainer.startup import bind_cpu_cores\n"
+        "os.sched_setaffinity(0, {0, 1})\n"
+        "bound = bind_cpu_cores()\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
+        "t.start(); t.join()\n"
+        "print(json.dumps({'bound': bound, 'thread': seen[0]}))\n"
+    )
+    env = {
+        **os.environ, "TORCHELASTIC_RUN_ID": "t", "LOCAL_WORLD_SIZE": str(workers),
+        "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO),
+    }  # fmt: skip
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bound"] == expected
+    assert result["thread"] == (expected or [0, 1])

@@ -27,6 +27,8 @@ def setup(config: TrainConfig) -> Run:
     from trainer.model import build_model
 
     device, backend = device_and_backend(config)
+    if device.type == "cpu" and (cores := bind_cpu_cores()):
+        log.info("worker bound to CPU cores %s", ",".join(map(str, cores)))
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
     r = Run(config, device, dist.get_rank(), dist.get_world_size(), config.output.rstrip("/"))
     if r.rank != 0:
@@ -237,6 +239,31 @@ def stop_with_agent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
     if agent == 1 or os.getppid() != agent:  # the agent was gone before the signal was armed
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def bind_cpu_cores() -> list[int] | None:
+    """Bind this CPU worker to its own share of the cores it may use (None: left unbound).
+
+    Under torchrun, local rank r of n takes the r-th of n equal slices of
+    `os.sched_getaffinity(0)` (a `taskset` or container cpuset around torchrun is honoured); the
+    threads it starts later (intra-op, gloo) inherit it. Why: the ranks of a synchronous step
+    wait for the slowest one, and unbound the kernel moves workers and their gloo threads between
+    cores, each move stalling every rank: bound, the benchmark's trainer runs ~2% faster
+    (docs/performance.md). Left unbound with fewer cores than workers, or when a worker runs
+    more intra-op threads (OMP_NUM_THREADS) than its slice has cores. GPU workers are not bound."""
+    import sys
+
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    allowed = sorted(os.sched_getaffinity(0))
+    share = len(allowed) // workers
+    if share < 1 or torch.get_num_threads() > share or not 0 <= rank < workers:
+        return None
+    cores = allowed[rank * share : (rank + 1) * share]
+    os.sched_setaffinity(0, cores)
+    return cores
 
 
 def cpu_compile_missing() -> str | None:
