@@ -29,7 +29,9 @@ def secret_version_name(secret: str, project: str) -> str:
 
 
 def read_secret(version_name: str, client: Any = None) -> str | None:
-    """The secret's value, or None (with a note on stderr) when it is missing or not readable."""
+    """The secret's value, or None (with a note on stderr) when it is missing or not readable
+    (no credentials, no such secret, no access, or the service failing after its client's own
+    retries): the token is optional, and a step that needs it fails later saying so."""
     from google.api_core import exceptions
     from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import secretmanager
@@ -50,6 +52,14 @@ def read_secret(version_name: str, client: Any = None) -> str | None:
         print(
             f"[secrets] no access to {version_name}: grant the job's service account "
             "roles/secretmanager.secretAccessor on it; continuing without it",
+            file=sys.stderr,
+        )
+        return None
+    except (exceptions.GoogleAPICallError, exceptions.RetryError) as exc:  # after the retries
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(
+            f"[secrets] could not read {version_name} ({type(exc).__name__}: {first}): "
+            "continuing without it",
             file=sys.stderr,
         )
         return None

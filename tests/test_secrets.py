@@ -38,10 +38,16 @@ def test_secret_manager_read_is_optional() -> None:
         "/v1/projects/p/secrets/denied/versions/latest:access",
         (403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}),
     )
+    router.on(
+        "GET",
+        "/v1/projects/p/secrets/failing/versions/latest:access",
+        (500, {"error": {"code": 500, "message": "internal", "status": "INTERNAL"}}),
+    )
     client = _secret_manager(router)
     assert read_secret(name, client) == "the-value"
     assert read_secret("projects/p/secrets/missing/versions/latest", client) is None
     assert read_secret("projects/p/secrets/denied/versions/latest", client) is None
+    assert read_secret("projects/p/secrets/failing/versions/latest", client) is None
 
 
 def test_pipeline_tasks_load_the_token_only_when_needed(monkeypatch: pytest.MonkeyPatch) -> None:
