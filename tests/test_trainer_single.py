@@ -268,16 +268,20 @@ def test_fused_adamw_unscales_as_the_scaling_pass_did(tiny_model_dir: Path) -> N
 )
 def test_cpu_workers_are_bound_to_their_own_cores(workers, rank, threads, expected) -> None:
     """Under torchrun, local rank r of n takes the r-th slice of the cores it may use (here the
-    first two, as `taskset` would give them); the threads it starts later inherit that."""
+    first two this machine allows, as `taskset` would give them; numbered 0 and 1 below); the
+    threads it starts later inherit that."""
     probe = (
         "import json, os, threading, torch\n"
         "from trainer.startup import bind_cpu_cores\n"
-        "os.sched_setaffinity(0, {0, 1})\n"
+        "first_two = sorted(os.sched_getaffinity(0))[:2]\n"
+        "os.sched_setaffinity(0, first_two)\n"
         "bound = bind_cpu_cores()\n"
         "seen = []\n"
         "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
         "t.start(); t.join()\n"
-        "print(json.dumps({'bound': bound, 'thread': seen[0]}))\n"
+        "index = {core: i for i, core in enumerate(first_two)}\n"
+        "print(json.dumps({'bound': bound and [index[c] for c in bound],\n"
+        "                  'thread': [index[c] for c in seen[0]]}))\n"
     )
     env = {
         **os.environ, "TORCHELASTIC_RUN_ID": "t", "LOCAL_WORLD_SIZE": str(workers),
