@@ -230,9 +230,8 @@ def stop_with_agent() -> None:
     left its workers running, holding their ports and devices: tests/faults/test_orphans.py
     found such a worker alive 40 minutes after its agent. Linux, under torchrun, only."""
     import ctypes
-    import sys
 
-    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+    if not _torchrun_worker_on_linux():
         return
     agent = os.getppid()
     pr_set_pdeathsig = 1
@@ -251,9 +250,7 @@ def bind_cpu_cores() -> list[int] | None:
     cores, each move stalling every rank: bound, the benchmark's trainer runs ~2% faster
     (docs/performance.md). Left unbound with fewer cores than workers, or when a worker runs
     more intra-op threads (OMP_NUM_THREADS) than its slice has cores. GPU workers are not bound."""
-    import sys
-
-    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+    if not _torchrun_worker_on_linux():
         return None
     workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -264,6 +261,13 @@ def bind_cpu_cores() -> list[int] | None:
     cores = allowed[rank * share : (rank + 1) * share]
     os.sched_setaffinity(0, cores)
     return cores
+
+
+def _torchrun_worker_on_linux() -> bool:
+    """Whether this process is a torchrun worker on Linux (prctl and CPU affinity are Linux's)."""
+    import sys
+
+    return sys.platform.startswith("linux") and "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def cpu_compile_missing() -> str | None:
