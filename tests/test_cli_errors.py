@@ -223,10 +223,14 @@ def test_run_local_with_a_malformed_config(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def _fresh_llmft(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """A new process with no Google credentials and no KFP endpoint in its environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "KF_", "CLOUDSDK"))}
-    env |= {"HOME": str(cwd), "NO_GCE_CHECK": "True", "GCE_METADATA_HOST": "127.0.0.1:1"}
+def _fresh_llmft(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A new process with no Google credentials and no KFP endpoint in its environment (then
+    `env` on top)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "KF_", "CLOUDSDK"))}
+    base |= {"HOME": str(cwd), "NO_GCE_CHECK": "True", "GCE_METADATA_HOST": "127.0.0.1:1"}
+    env = base | (env or {})
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=120,

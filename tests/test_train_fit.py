@@ -228,28 +228,20 @@ def test_a_hub_model_is_sized_from_its_config_json_alone(tmp_path) -> None:
     """`base_model=owner/name`: config.json is downloaded (with the token), nothing else; a gated
     model without a token, or with one that has no access, is left to the run with a warning
     saying which."""
-    import os
-    import subprocess
-    import sys
-
     from fakes.hf_hub import FakeHub
+    from test_cli_errors import _fresh_llmft
 
     repo = "meta-llama/Meta-Llama-3-8B"
     params = [f"{k}={v}" for k, v in ONE_L4.items() if k != "backend"]
     args = [arg for p in [*params, f"base_model={repo}"] for arg in ("--param", p)]
-    command = [sys.executable, "-m", "pipelines.cli", "run", *_DRY_RUN_BACKENDS["vertex"]]
-    command += [*_DRY_RUN_PARAMS, *args, "--dry-run"]
+    command = ["run", *_DRY_RUN_BACKENDS["vertex"], *_DRY_RUN_PARAMS, *args, "--dry-run"]
     files = {"config.json": json.dumps(LLAMA3_8B_CONFIG).encode(), "model.safetensors": b"x"}
     with FakeHub({repo: files}, gated={repo: "hf_test"}) as hub:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "HF_"))}
-        env |= {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}
-        env |= {"HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path), "NO_GCE_CHECK": "True"}
-        env |= {"GCE_METADATA_HOST": "127.0.0.1:1"}
+        hub_env = {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}
 
-        def llmft_run(**extra_env: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                command, env=env | extra_env, capture_output=True, text=True, timeout=120
-            )
+        def llmft_run(HF_HOME: str = str(tmp_path / "hf"), HF_TOKEN: str = ""):
+            env = {**hub_env, "HF_HOME": HF_HOME, "HF_TOKEN": HF_TOKEN}  # "": no token
+            return _fresh_llmft(*command, env=env)
 
         refused = llmft_run(HF_TOKEN="hf_test")
         assert refused.returncode == 2, refused.stdout + refused.stderr

@@ -3,9 +3,9 @@
 `huggingface_hub.hf_hub_download` asks `HEAD {endpoint}/{repo}/resolve/{revision}/{file}` for the
 commit and ETag, then GETs the file. Gated repositories answer with `X-Error-Code: GatedRepo`:
 401 to a request without a token, 403 to a token without access; unknown repositories and files
-404 with
-`RepoNotFound` / `EntryNotFound`, which is how the client tells its errors apart. Point a process
-at it with `HF_ENDPOINT=hub.url` (and `HF_HUB_OFFLINE=0`: the tests' default is offline).
+404 with `RepoNotFound` / `EntryNotFound`, which is how the client tells its errors apart. Point
+a process at it with `HF_ENDPOINT=hub.url` (and `HF_HUB_OFFLINE=0`: the tests' default is
+offline).
 """
 
 from __future__ import annotations
