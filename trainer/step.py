@@ -103,24 +103,33 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> StepResult:
         coefficient = 1.0 / units
         if r.config.max_grad_norm > 0 and norm_value > r.config.max_grad_norm:
             coefficient *= r.config.max_grad_norm / (norm_value + 1e-6)
-        if r.optimizer.defaults.get("fused"):
-            # The fused kernel divides each gradient by `grad_scale` (AMP's unscaling, fp32) in
-            # the pass it makes anyway: one read of the gradients less than scaling them first.
-            # Removed after the step, as GradScaler does: no later step may reuse it.
-            r.optimizer.grad_scale = torch.tensor(
-                1.0 / coefficient, dtype=torch.float32, device=device
-            )
-            try:
-                r.optimizer.step()
-            finally:
-                del r.optimizer.grad_scale
-        else:
-            torch._foreach_mul_(grads, coefficient)
-            r.optimizer.step()
+        _scaled_step(r.optimizer, grads, coefficient, device)
         r.scheduler.step()
     r.optimizer.zero_grad(set_to_none=True)
     report = {name: value / units for name, value in zip(STATS[1:], extra, strict=True)}
     return StepResult(loss_value, norm_value, int(target_count), report if dpo else {})
+
+
+def _scaled_step(
+    optimizer: torch.optim.Optimizer,
+    grads: list[torch.Tensor],
+    coefficient: float,
+    device: torch.device,
+) -> None:
+    """AdamW's step on the gradients times `coefficient`. The fused kernel divides each gradient
+    by `grad_scale` (AMP's unscaling, fp32) in the pass it makes anyway: one read of the
+    gradients less than scaling them first. Removed after the step, as GradScaler does: no later
+    step may reuse it."""
+    if optimizer.defaults.get("fused"):
+        scale = torch.tensor(1.0 / coefficient, dtype=torch.float32, device=device)
+        optimizer.grad_scale = scale  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale  # type: ignore[attr-defined]
+    else:
+        torch._foreach_mul_(grads, coefficient)
+        optimizer.step()
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
