@@ -1,5 +1,5 @@
 # The one llmft image: every KFP component, the PyTorchJob workers and the Vertex CustomJob
-# replicas run it (components/image.py names it; the tag is the package version).
+# replicas run it (components/runtime/image.py names it; the tag is the package version).
 #
 # Build and push with Cloud Build (docs/deploy/README.md):
 #   gcloud builds submit --config docs/deploy/cloudbuild.yaml \
@@ -39,7 +39,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # GKE's device plugin mounts the NVIDIA driver at /usr/local/nvidia and sets no environment, so
 # without this the CUDA build of torch finds no libcuda.so.1 there and silently runs on CPU
-# (components/platform_facts.py: GKE_NVIDIA_LIBRARY_PATH, with its source; the test checks the
+# (components/platform/platform_facts.py: GKE_NVIDIA_LIBRARY_PATH, with its source; the test checks the
 # two agree). Vertex AI injects the driver itself; on a machine without GPUs the paths are absent
 # and harmless.
 ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib \

@@ -10,7 +10,7 @@
 
 Either way the manifest's `sources` records exactly what was read (commit sha, snapshot time).
 This module only parses and checks; it imports neither Beam nor `datasets`, so the run
-parameters' checks (components/param_checks.py) use it too.
+parameters' checks (components/params/param_checks.py) use it too.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def main() -> None:
 
     import torch.multiprocessing as mp
 
-    from components.ports import ReservedPort
+    from components.runtime.ports import ReservedPort
 
     print(f"load average before: {os.getloadavg()}", flush=True)
     port = ReservedPort()

@@ -184,14 +184,16 @@ def worker() -> None:
 def run_torchrun(backend: str, nnodes: int, nproc: int) -> dict[str, float]:
     """etcd start -> every rank of `nnodes` x `nproc` torchrun workers has all-reduced once."""
     from components.etcd import local as etcd_local
-    from components.ports import ReservedPort
+    from components.runtime.ports import ReservedPort
 
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         start = time.time()
         if backend == "c10d":
-            store_port = ReservedPort()  # held until the agents are done (components/ports.py)
+            store_port = (
+                ReservedPort()
+            )  # held until the agents are done (components/runtime/ports.py)
             endpoint = store_port.endpoint
         else:
             endpoint = etcd_local.start(run_id, root=out / "state", enable_v2=backend == "etcd-v2")

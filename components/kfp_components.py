@@ -4,7 +4,7 @@ Each body takes its parameters, exactly, as one frozen request of its step modul
 (components/steps/<step>.py) and calls that module's `run`; everything a step does lives there, in
 an importable, tested module (GCPC's habit), and its request's fields have the component's
 parameter names. All components share `llmft_component`: the project
-image (pinned tag, components/image.py) with the package preinstalled, so nothing is pip-installed
+image (pinned tag, components/runtime/image.py) with the package preinstalled, so nothing is pip-installed
 at run time (`install_kfp_package=False`), and `kfp.local`'s SubprocessRunner can run the same
 components on one machine.
 
@@ -17,8 +17,8 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output, OutputPath
 
-from components.image import DEFAULT_IMAGE
-from components.lineage import VertexModel
+from components.runtime.image import DEFAULT_IMAGE
+from components.serving.lineage import VertexModel
 
 _KFP_LAUNCH = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
 
@@ -50,7 +50,7 @@ def llmft_component(func):  # type: ignore[no-untyped-def]
 
 @llmft_component
 def validate_inputs(
-    # Every run parameter (components/run_params.py; tests/test_validation.py keeps this list
+    # Every run parameter (components/params/run_params.py; tests/test_validation.py keeps this list
     # equal to the schema's), plus the pipeline's target, the run's id and its schedule time.
     train_data_uri: str,
     base_model: str,

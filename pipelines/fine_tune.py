@@ -13,7 +13,7 @@
   pod labels, timeouts). Defaults: backend=gke, Dataflow preprocessing, training pods as the
   `llmft-trainer` Kubernetes service account (docs/deploy/rbac.yaml).
 - "local": what `llmft run --backend local` runs through kfp.local (never compiled).
-Each target's defaults (`TARGET_DEFAULTS` in components/run_params.py) are what a run launched
+Each target's defaults (`TARGET_DEFAULTS` in components/params/run_params.py) are what a run launched
 from the console with only data, base model, project, bucket and Dataflow account filled in needs
 (tests/test_compile.py checks it); `validate_inputs` receives the target and refuses a backend
 that cannot run there.
@@ -23,7 +23,7 @@ evaluation gets an accelerator (`eval_accelerator_type`, `eval_accelerator_count
 multi-billion-parameter model is scored in bf16 on a GPU.
 
 The parameters, their defaults and their console descriptions come from one schema,
-`components.run_params.RunParams`: the pipeline function's signature and its docstring `Args:` are
+`components.params.run_params.RunParams`: the pipeline function's signature and its docstring `Args:` are
 generated from it (pipelines/pipeline_interface.py; KFP reads both), so adding a parameter is one
 field there.
 
@@ -38,9 +38,9 @@ from typing import Any
 from kfp import dsl
 
 from components import kfp_components as c
-from components.param_checks import TARGETS as BUILD_TARGETS
-from components.run_params import TRAIN_TIMEOUT_MAX_S, RunParams, defaults
-from components.task_resources import KFP_STEP_REQUESTS, STEP_RESOURCES
+from components.params.param_checks import TARGETS as BUILD_TARGETS
+from components.params.run_params import TRAIN_TIMEOUT_MAX_S, RunParams, defaults
+from components.platform.task_resources import KFP_STEP_REQUESTS, STEP_RESOURCES
 from pipelines.pipeline_interface import pipeline_docstring, pipeline_signature
 from trainer.cuda_guard import EXPECT_CUDA_ENV
 

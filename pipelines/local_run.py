@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.run_identity import STATE_DIR_ENV
-from components.run_params import RunParams
+from components.params.run_params import RunParams
+from components.runtime.run_identity import STATE_DIR_ENV
 from pipelines.local_progress import RunWatcher, follow_file, watching
 
 QUICKSTART_PRESET: dict[str, Any] = {
     # Sized for the quickstart's tiny model and sample data, so the demo fine-tune finishes in a
     # few minutes on 2 CPU cores and still clearly beats the base model. Applied only when the run
     # uses the tiny model (no base_model given), under anything the user sets; every other
-    # parameter keeps its one default (components/run_params.py).
+    # parameter keeps its one default (components/params/run_params.py).
     "seq_len": 256,
     "nproc_per_node": 2,  # 2 nodes x 2 processes on CPU (the default, 0, is one per GPU)
     "max_steps": 120,
@@ -50,9 +50,9 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     written (`prepare_quickstart_assets` writes them after this check passes).
     """
     from components.etcd.local import EtcdNotFoundError, find_etcd
-    from components.param_values import params_from_mapping
-    from components.run_params import raise_errors
-    from components.validation import data_errors, model_errors
+    from components.params.param_values import params_from_mapping
+    from components.params.run_params import raise_errors
+    from components.preflight.validation import data_errors, model_errors
     from trainer import storage
 
     values: dict[str, Any] = {}
@@ -233,8 +233,8 @@ def _execute(
     from rich.live import Live
 
     from components.steps.cleanup import cleanup_local_state
-    from components.watchdog import Watchdog
     from pipelines.fine_tune import build_fine_tune
+    from pipelines.watchdog import Watchdog
 
     # SIGTERM (e.g. from a scheduler) and SIGHUP (the terminal closed) are handled like Ctrl-C so
     # the cleanup after this runs; a SIGKILL leaves it to the watchdog.

@@ -1,5 +1,5 @@
 """The `fine_tune` pipeline function's KFP interface, derived from the run parameters' schema
-(components/run_params.py): its signature (each parameter's KFP type and the target's default) and
+(components/params/run_params.py): its signature (each parameter's KFP type and the target's default) and
 its docstring, whose `Args:` the Vertex AI / KFP console shows as the parameter descriptions.
 """
 
@@ -9,7 +9,7 @@ import inspect
 import typing
 from typing import Literal
 
-from components.run_params import defaults, describe, fields, type_hints
+from components.params.run_params import defaults, describe, fields, type_hints
 
 
 def kfp_type(name: str) -> type:

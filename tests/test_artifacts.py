@@ -16,7 +16,7 @@ from pathlib import Path
 from kfp import dsl
 
 from components import kfp_components
-from components.artifacts import data_artifact_uri
+from components.runtime.artifacts import data_artifact_uri
 from trainer import storage
 
 

@@ -17,8 +17,8 @@ import yaml
 
 from components.launchers.customjob import build_custom_job
 from components.launchers.pytorchjob import build_pytorchjob
-from components.platform_facts import GKE_SPOT_POD_GRACE_S
-from components.run_params import RunParams
+from components.params.run_params import RunParams
+from components.platform.platform_facts import GKE_SPOT_POD_GRACE_S
 from components.steps.train import TrainRequest, backend_options, trainer_launch
 
 pytestmark = pytest.mark.unit
@@ -153,7 +153,7 @@ def test_capacity_parameter_rules() -> None:
 
 def test_flex_start_on_vertex_only_for_the_gpus_dws_offers() -> None:
     """Review P6: Vertex DWS needs L4, A100, H100, H200 or B200 (platform_facts)."""
-    from components.param_checks import check_flex_start_accelerator
+    from components.params.param_checks import check_flex_start_accelerator
 
     for gpu in (
         "NVIDIA_L4",

@@ -110,7 +110,7 @@ import sys
 from kfp import components, dsl, local
 validate = components.load_component_from_file({str(fresh / "components" / "validate_inputs.yaml")!r})
 local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root={str(tmp_path)!r}, raise_on_error=True)
-from components.run_params import defaults
+from components.params.run_params import defaults
 common = {{**defaults(), "seq_len": 128, "nodes": 1, "nproc_per_node": 1, "rdzv_backend": "c10d",
     "schedule_time": "2026-01-05T00:00:00Z", "target": "local", "run_id": "run-1"}}
 del common["train_data_uri"], common["base_model"]
@@ -171,7 +171,7 @@ def test_a_console_launch_with_defaults_passes_the_pipelines_validation(
 ):
     """Loaded the way the console does (defaults + the four required fields), the run passes
     the same checks validate_inputs runs, with the target the compiled pipeline passes it."""
-    from components.param_values import params_from_mapping
+    from components.params.param_values import params_from_mapping
 
     values, spec = _console_run(fresh, target)
     assert values["backend"] == backend
@@ -203,7 +203,7 @@ def test_a_default_cloud_run_gives_valid_dataflow_options(fresh: Path, target: s
 
     from beam_preprocess.dataflow import validate_dataflow_options
     from beam_preprocess.options import PreprocessConfig
-    from components.image import DEFAULT_IMAGE
+    from components.runtime.image import DEFAULT_IMAGE
     from components.steps.preprocess import PreprocessRequest, beam_argv
 
     values, _ = _console_run(fresh, target)
@@ -300,7 +300,7 @@ def test_kfp_tasks_request_what_the_stacks_nodes_can_allocate(fresh: Path):
     requests what a node of its pool in the stack's default settings can allocate (evaluate: the
     GPU pool; the rest: the CPU pool); its limits are kept (DirectRunner and evaluation may
     burst), and Vertex (which sizes machines from limits) gets no requests."""
-    from components.platform_facts import gke_allocatable, gke_fit_error
+    from components.platform.platform_facts import gke_allocatable, gke_fit_error
 
     pools = {"cpu": _stack_machine_type("cpu"), "gpu": _stack_machine_type("gpu")}
     for machine in pools.values():

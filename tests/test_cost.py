@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from components import cost
-from components.cost import ModelSize, RunShape
+from components.preflight import cost
+from components.preflight.cost import ModelSize, RunShape
 
 pytestmark = pytest.mark.unit
 
@@ -146,7 +146,7 @@ def test_prices_override_by_parameter_and_file(tmp_path: Path) -> None:
 
 def test_every_accelerator_has_its_capacity_prices() -> None:
     """On-demand and Spot for every GPU; flex-start only where Vertex offers it (review P4)."""
-    from components.platform_facts import ACCELERATORS, vertex_flex_start
+    from components.platform.platform_facts import ACCELERATORS, vertex_flex_start
 
     for gpu in ACCELERATORS:
         prices = cost.GPU_HOUR_USD[gpu.vertex_name]
@@ -266,7 +266,7 @@ def test_estimate_for_run_parameters_sizes_the_model_and_the_input(
 ) -> None:
     """From `RunParams`: the model's size from its config.json, the data's tokens from the raw
     input's size, the batch from the trainer's config, Spot's time-based checkpoints."""
-    from components.run_params import RunParams
+    from components.params.run_params import RunParams
 
     data = tmp_path / "train.jsonl"
     data.write_bytes(b"x" * 286_000)

@@ -34,10 +34,10 @@ def fresh_llmft(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def expected_total(**params: object) -> str:
-    """The estimate's total as `components/cost.py` computes it for the same parameters."""
-    from components import cost
-    from components.param_values import params_from_mapping
-    from components.run_params import RunParams
+    """The estimate's total as `components/preflight/cost.py` computes it for the same parameters."""
+    from components.params.param_values import params_from_mapping
+    from components.params.run_params import RunParams
+    from components.preflight import cost
 
     base = {"train_data_uri": "gs://b/d/*.jsonl", "base_model": "gs://b/m", "work_uri": "gs://b/w"}
     values = base | {"project": "my-project", "model_parameters": 8_000_000_000, "nodes": 2}

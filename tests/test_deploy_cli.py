@@ -16,7 +16,7 @@ from fakes.kfp_api import FakeKfp, FakeRegistry
 from fakes.vertex import FakeVertex
 from typer.testing import CliRunner
 
-from components.ports import ReservedPort
+from components.runtime.ports import ReservedPort
 from pipelines.cli import app
 
 REPO = Path(__file__).resolve().parents[1]

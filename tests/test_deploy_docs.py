@@ -1,6 +1,6 @@
 """docs/deploy/README.md against the facts it states: the IAM table is what the Pulumi program
 grants (run under Pulumi's mocks), the KFP backend floor and its table are
-components/platform_facts.py's, every Kubernetes platform-spec field and placeholder the compiled
+components/platform/platform_facts.py's, every Kubernetes platform-spec field and placeholder the compiled
 KFP pipeline uses has a floor there, and every finding of the cloud review is answered.
 
 A table that drifted is printed in full by the failing assertion: paste it between its markers."""
@@ -55,7 +55,7 @@ def grants_table() -> str:
 
 
 def kfp_floors_table() -> str:
-    from components.platform_facts import KFP_FEATURE_FLOORS, version_text
+    from components.platform.platform_facts import KFP_FEATURE_FLOORS, version_text
 
     lines = ["| feature the compiled KFP YAML uses | first KFP backend | source |", "|---|---|---|"]
     for feature, (version, source) in sorted(
@@ -77,7 +77,7 @@ def test_the_guides_iam_table_is_what_the_stack_grants() -> None:
 
 def test_the_guides_kfp_floor_is_the_facts() -> None:
     """N7: the floor the guide states is the newest feature's, and its table is the facts'."""
-    from components.platform_facts import kfp_backend_floor, version_text
+    from components.platform.platform_facts import kfp_backend_floor, version_text
 
     stated = re.findall(r"KFP backend (\d+\.\d+\.\d+) or later", GUIDE)
     assert stated and set(stated) == {version_text(kfp_backend_floor())}, stated
@@ -97,7 +97,7 @@ def _platform_fields(config: Any) -> set[str]:
 
 def test_every_platform_field_and_placeholder_of_the_compiled_kfp_yaml_has_a_floor() -> None:
     """N7: a feature the compiled pipeline starts to use cannot slip past the stated floor."""
-    from components.platform_facts import KFP_FEATURE_FLOORS, KFP_PLATFORM_FIELDS
+    from components.platform.platform_facts import KFP_FEATURE_FLOORS, KFP_PLATFORM_FIELDS
 
     text = COMPILED_KFP.read_text()
     _, platform = [d for d in yaml.safe_load_all(text) if d]
@@ -129,6 +129,10 @@ def test_no_compile_time_image_flag_is_claimed() -> None:
 
     compile_cmd = typer.main.get_command(app).commands["compile"]  # type: ignore[attr-defined]
     assert "--image" not in {opt for p in compile_cmd.params for opt in p.opts}
-    for path in [REPO / "components/image.py", *REPO.glob("docs/**/*.md"), REPO / "README.md"]:
+    for path in [
+        REPO / "components/runtime/image.py",
+        *REPO.glob("docs/**/*.md"),
+        REPO / "README.md",
+    ]:
         text = path.read_text()
         assert not re.search(r"compile[^.\n]*--image|--image[^.\n]*compile", text), path

@@ -132,7 +132,7 @@ def test_the_guide_from_pulumi_up_to_a_run(offline: None, tmp_path: Path) -> Non
 
 def _check_run(backend: str, params: dict[str, Any], outputs: dict[str, Any]) -> None:
     """The run gets the stack's names and the GPU pool's machines."""
-    from components.platform_facts import gke_accelerator
+    from components.platform.platform_facts import gke_accelerator
 
     assert params["work_uri"] == outputs["work_uri"]
     assert params["dataflow_service_account"] == outputs["dataflow_service_account"]

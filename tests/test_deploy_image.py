@@ -70,7 +70,7 @@ def test_image_is_a_dataflow_custom_container() -> None:
 
     assert f"--uid {IMAGE_UID}" in DOCKERFILE
     # The default Dataflow options point at this image.
-    from components.image import DEFAULT_IMAGE
+    from components.runtime.image import DEFAULT_IMAGE
     from components.steps.preprocess import PreprocessRequest, beam_argv
 
     request = PreprocessRequest(
@@ -115,7 +115,7 @@ def test_no_image_reference_floats_on_latest() -> None:
 
 
 def test_cloudbuild_pushes_the_image_the_components_use() -> None:
-    from components.image import DEFAULT_IMAGE, VERSION
+    from components.runtime.image import DEFAULT_IMAGE, VERSION
     from pipelines.cli import app
 
     build = yaml.safe_load((REPO / "docs/deploy/cloudbuild.yaml").read_text())
@@ -150,7 +150,7 @@ def _env(name: str) -> str:
 def test_gke_driver_mount_is_on_the_loader_path() -> None:
     """N1: GKE mounts the NVIDIA driver under /usr/local/nvidia and sets no env; without it on
     LD_LIBRARY_PATH the CUDA torch wheel finds no libcuda and trains on CPU."""
-    from components.platform_facts import GKE_NVIDIA_DIR, GKE_NVIDIA_LIBRARY_PATH
+    from components.platform.platform_facts import GKE_NVIDIA_DIR, GKE_NVIDIA_LIBRARY_PATH
 
     assert _env("LD_LIBRARY_PATH") == GKE_NVIDIA_LIBRARY_PATH
     assert _env("PATH").split(":")[0] == f"{GKE_NVIDIA_DIR}/bin"

@@ -382,7 +382,7 @@ def test_evaluation_win_rate_is_the_trainers_reward_accuracy_against_the_base(
 
 
 def test_run_parameters_pair_objective_dpo_with_preference_data() -> None:
-    from components.run_params import RunParams
+    from components.params.run_params import RunParams
 
     def errors(**values: Any) -> list[str]:
         return RunParams(train_data_uri="pairs.jsonl", base_model="m", **values).errors()

@@ -19,7 +19,7 @@ from components.evaluation.harness import (
     settings_errors,
     task_scores,
 )
-from components.run_params import RunParams
+from components.params.run_params import RunParams
 
 LOSSES = {"base_eval_loss": 2.0, "tuned_eval_loss": 1.5}
 
@@ -198,8 +198,8 @@ def test_parameter_count_reads_only_headers(tmp_path: Path) -> None:
 
 
 def test_validation_refuses_a_model_too_big_for_the_eval_machine(tmp_path: Path) -> None:
-    """`llmft run`'s check (components/validation.py): before training, on the user's machine."""
-    from components.validation import check_run_parameters
+    """`llmft run`'s check (components/preflight/validation.py): before training, on the user's machine."""
+    from components.preflight.validation import check_run_parameters
 
     model = tmp_path / "big"
     model.mkdir()

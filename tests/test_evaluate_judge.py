@@ -20,7 +20,7 @@ from google.protobuf.json_format import MessageToDict
 
 from components.evaluation.gate import GateThresholds, decide
 from components.evaluation.judge import PAIRWISE_METRICS, JudgeSettings, judge_pairwise
-from components.run_params import JudgeMetric, RunParams
+from components.params.run_params import JudgeMetric, RunParams
 
 PROMPTS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"]
 BASE = ["Paris is the capital.", "Blue", "5"]

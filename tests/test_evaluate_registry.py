@@ -1,4 +1,4 @@
-"""components/registry.py against the aiplatform SDK's own request objects, offline.
+"""components/serving/registry.py against the aiplatform SDK's own request objects, offline.
 
 The SDK's GAPIC ModelServiceClient is the cloud boundary: its methods are replaced by an in-memory
 registry that records every request proto (UploadModelRequest, ListModelsRequest, ...) and answers
@@ -15,7 +15,7 @@ from fakes.vertex import FakeModelService
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.types import model_service
 
-from components import registry
+from components.serving import registry
 
 PROJECT, LOCATION = "my-project", "us-central1"
 PARENT = f"projects/{PROJECT}/locations/{LOCATION}"
@@ -210,6 +210,6 @@ def test_untagged_serving_image_is_allowed_with_a_warning(
     fake_registry: FakeModelService, caplog: pytest.LogCaptureFixture
 ) -> None:
     image = "us-docker.pkg.dev/deeplearning-platform-release/gcr.io/huggingface-text-generation-inference-cu124.2-4.ubuntu2204.py311"
-    with caplog.at_level("WARNING", logger="components.registry"):
+    with caplog.at_level("WARNING", logger="components.serving.registry"):
         _register(serving_container_image_uri=image)
     assert "has no tag or digest" in caplog.text

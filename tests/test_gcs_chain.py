@@ -200,7 +200,7 @@ def following(chain: Chain, *args: str, env: dict[str, str] | None = None) -> It
 def _trainer_workers(run_id: str) -> list[int]:
     """PIDs of the trainer worker processes of a local run (not the torchrun agents)."""
     from components.launchers.run_processes import marked_pids
-    from components.run_identity import run_state_dir
+    from components.runtime.run_identity import run_state_dir
 
     pids = []
     # The marker is the run's state dir, under the LLMFT_STATE_DIR the chain's processes share.

@@ -16,7 +16,7 @@ import pytest
 import torch
 from packed_fixtures import read_jsonl, write_packed_dataset
 
-from components.ports import ReservedPort
+from components.runtime.ports import ReservedPort
 
 pytestmark = [
     pytest.mark.gpu,

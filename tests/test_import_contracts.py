@@ -59,15 +59,15 @@ def _check(contract_id: str, graph: grimp.ImportGraph, extra: tuple[str, str] | 
     ("contract_id", "importer", "imported"),
     [
         ("layers", "trainer.train", "beam_preprocess.pipeline"),
-        ("layers", "trainer.data", "components.artifacts"),
-        ("layers", "components.artifacts", "pipelines.cli"),
-        ("layers", "beam_preprocess.pipeline", "components.artifacts"),
+        ("layers", "trainer.data", "components.runtime.artifacts"),
+        ("layers", "components.runtime.artifacts", "pipelines.cli"),
+        ("layers", "beam_preprocess.pipeline", "components.runtime.artifacts"),
         ("layers", "beam_preprocess.pipeline", "trainer.train"),  # only the neutral modules
         ("neutral", "trainer.storage", "torch"),
         ("neutral", "trainer.packed_data.reader", "apache_beam"),
         ("neutral", "trainer.packed_data.format", "transformers"),
         ("neutral", "trainer.packed_data.format", "trainer.config"),
-        ("neutral", "trainer.storage", "components.artifacts"),
+        ("neutral", "trainer.storage", "components.runtime.artifacts"),
         ("evaluation", "components.evaluation.data", "beam_preprocess.records"),
     ],
 )

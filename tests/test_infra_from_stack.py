@@ -137,8 +137,8 @@ def test_from_stack_config_passes_a_dry_run(tmp_path, monkeypatch, name, backend
     """N4: the written config is one a run on either backend accepts: on KFP (trainer on GKE)
     the training pods' Kubernetes service account and the GPU pool's accelerators; on Vertex the
     trainer's email. `--dry-run` makes every check a submission makes, offline."""
-    from components.platform_facts import gke_accelerator
-    from components.run_params import RunParams
+    from components.params.run_params import RunParams
+    from components.platform.platform_facts import gke_accelerator
 
     monkeypatch.chdir(REPO)
     for var in ("GOOGLE_APPLICATION_CREDENTIALS", "KF_PIPELINES_ENDPOINT"):
@@ -180,7 +180,7 @@ def test_from_stack_config_drives_gke_from_vertex_with_the_trainer_ksa(tmp_path,
     """Review P4: on the vertex target the config gives `service_account` the trainer's email (for
     CustomJob replicas); training on GKE from Vertex Pipelines needs the pods' Kubernetes service
     account instead: the refusal names it, and the documented override passes."""
-    from components.run_params import TARGET_DEFAULTS
+    from components.params.run_params import TARGET_DEFAULTS
 
     monkeypatch.chdir(REPO)
     for var in ("GOOGLE_APPLICATION_CREDENTIALS", "KF_PIPELINES_ENDPOINT"):

@@ -170,7 +170,7 @@ def test_bucket_is_private_versioned_and_expires_scratch_only(vertex_stack):
 
 
 def test_repositories_and_image_names_match_the_code(vertex_stack):
-    from components.image import IMAGE_REPOSITORY, VERSION
+    from components.runtime.image import IMAGE_REPOSITORY, VERSION
 
     mocks, outputs = vertex_stack
     repos = {
@@ -187,7 +187,7 @@ def test_repositories_and_image_names_match_the_code(vertex_stack):
 
 
 def test_secret_is_created_without_a_value(vertex_stack):
-    from components.run_params import RunParams
+    from components.params.run_params import RunParams
 
     HF_TOKEN_SECRET = RunParams.hf_token_secret
 
@@ -352,7 +352,7 @@ def test_training_operator_is_the_vendored_pinned_release(gke_stack):
 
 def test_flex_template_spec_in_the_bucket(vertex_stack):
     from beam_preprocess.flex_template import metadata
-    from components.image import VERSION
+    from components.runtime.image import VERSION
 
     mocks, outputs = vertex_stack
     spec_object = mocks.named("flex-template-spec").inputs
@@ -469,7 +469,7 @@ def test_gpu_machine_must_host_the_kfp_evaluate_task():
     request passes `pulumi up`, and the task then stays Pending after training was paid for."""
     from llmft_infra.settings import parse_settings
 
-    from components.task_resources import KFP_STEP_REQUESTS
+    from components.platform.task_resources import KFP_STEP_REQUESTS
 
     cpu, memory = KFP_STEP_REQUESTS["evaluate"]
     base = {"project": PROJECT, "region": "us-central1"}

@@ -17,7 +17,7 @@ from fakes.recording import Recorded
 from components.launchers import TrainLaunch
 from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.pytorchjob import PyTorchJobOptions, job_name
-from components.run_identity import K8S_RUN_LABEL
+from components.runtime.run_identity import K8S_RUN_LABEL
 from trainer.config import TrainConfig
 
 RUN = "fine-tune-20261202-abc"
@@ -572,7 +572,7 @@ def test_cleanup_deletes_by_label_and_ignores_what_is_gone() -> None:
 def test_remote_gke_client_from_cluster_endpoint_and_token() -> None:
     from google.cloud import container_v1
 
-    from components.k8s_client import make_api_client
+    from components.runtime.k8s_client import make_api_client
 
     ca = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 

@@ -21,7 +21,7 @@ from google.cloud import aiplatform_v1
 from components.launchers import TrainLaunch
 from components.launchers.customjob import CustomJobOptions, build_custom_job
 from components.launchers.vertex import VertexLauncher, VertexOptions
-from components.ports import ReservedPort
+from components.runtime.ports import ReservedPort
 from trainer.config import TrainConfig
 
 RUN = "fine-tune-20261202-abc"

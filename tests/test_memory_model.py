@@ -17,7 +17,7 @@ from trainer.memory_model import (
 from trainer.quantize import nf4_bytes, to_nf4
 
 L4_BYTES = 24e9
-"""NVIDIA L4: 24 GB (the figure components/platform_facts.py will hold)."""
+"""NVIDIA L4: 24 GB (the figure components/platform/platform_facts.py will hold)."""
 
 
 def test_a_7b_qlora_run_fits_one_l4_and_lora_or_full_do_not() -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from components import platform_facts as facts
+from components.platform import platform_facts as facts
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import yaml
 
 from components.launchers import TrainLaunch
 from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, job_name
-from components.run_identity import K8S_RUN_LABEL
+from components.runtime.run_identity import K8S_RUN_LABEL
 from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_7b_4x4_etcd_v3_job_validates_and_passes_torchrun_args(
 
 def test_gpu_pods_get_the_driver_mount_and_expect_cuda_cpu_pods_neither() -> None:
     """N1: GKE mounts the driver at /usr/local/nvidia/lib64, off pip torch's loader path."""
-    from components.platform_facts import GKE_NVIDIA_LIBRARY_PATH
+    from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
 
     def env_of(options: PyTorchJobOptions) -> dict[str, str]:
         job = build_pytorchjob(launch=seven_b_launch(), options=options)

@@ -80,7 +80,7 @@ def test_role_grants_exactly_what_the_code_asks_for_and_kfp_needs() -> None:
     assert example["kfp"]["service_account"] == "llmft-pipeline"
     # N18: the training pods' account is bound to nothing (no Kubernetes API rights) and is the
     # kfp target's default for the PyTorchJob pods.
-    from components.run_params import RunParams
+    from components.params.run_params import RunParams
 
     assert trainer["metadata"]["name"] == RunParams.for_target("kfp").service_account
     assert trainer["metadata"]["name"] == example["kfp"]["parameters"]["service_account"]

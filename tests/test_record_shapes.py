@@ -271,7 +271,7 @@ def test_source_uris_parse_and_explain_mistakes():
 
 
 def test_run_parameters_share_the_shapes_choices_and_check_the_new_rules():
-    from components.run_params import RecordFormat, RunParams, ToolTurns
+    from components.params.run_params import RecordFormat, RunParams, ToolTurns
 
     assert typing.get_args(RecordFormat) == shapes.RECORD_FORMATS
     assert typing.get_args(ToolTurns) == shapes.TOOL_TURNS

@@ -24,7 +24,7 @@ from rendezvous_helpers import etcd_load, local_etcd
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from components.etcd import local as etcd_local
-from components.ports import ReservedPort
+from components.runtime.ports import ReservedPort
 from trainer.rendezvous.etcd_v3 import handler_entry_point
 from trainer.rendezvous.etcd_v3_client import (
     EtcdV3Client,

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from components.etcd import kubernetes as k8s_etcd
 from components.etcd import manifests as etcd_manifests
-from components.run_identity import K8S_RUN_LABEL, safe_run_id
+from components.runtime.run_identity import K8S_RUN_LABEL, safe_run_id
 
 RUN_ID = "fine-tune-20261202-abc"
 NS = "llmft"
@@ -351,7 +351,7 @@ def test_run_owner_is_the_kfp_runs_workflow(
     fake_api: Callable[[Responder], KubeApiServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     """A KFP task pod (KFP_POD_NAME) in the objects' namespace: its Argo Workflow owns them."""
-    from components import k8s_client
+    from components.runtime import k8s_client
 
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         assert path == f"/api/v1/namespaces/{NS}/pods/task-pod"

@@ -18,7 +18,7 @@ import pytest
 from rendezvous_helpers import agent_logs, local_etcd, start_agents, wait_agents
 
 from components.etcd import local as etcd_local
-from components.ports import ReservedPort
+from components.runtime.ports import ReservedPort
 from trainer.rendezvous.etcd_v3_client import EtcdV3Client
 from trainer.rendezvous.etcd_v3_config import DEFAULT_KEY_PREFIX
 from trainer.rendezvous.etcd_v3_lease import run_lease_id

@@ -1,4 +1,4 @@
-"""components/secrets.py against Secret Manager's REST API, answered at the HTTP boundary of a real
+"""components/runtime/secrets.py against Secret Manager's REST API, answered at the HTTP boundary of a real
 SecretManagerServiceClient (anonymous credentials, REST transport)."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def _secret_manager(router: Router) -> Any:
 
 
 def test_secret_manager_read_is_optional() -> None:
-    """components/secrets.py against Secret Manager's REST API (answered at the HTTP boundary):
+    """components/runtime/secrets.py against Secret Manager's REST API (answered at the HTTP boundary):
     the value when the secret exists, None (and a note) when it is missing or not readable."""
-    from components.secrets import read_secret, secret_version_name
+    from components.runtime.secrets import read_secret, secret_version_name
 
     name = secret_version_name("llmft-hf-token", "p")
     assert name == "projects/p/secrets/llmft-hf-token/versions/latest"
@@ -53,7 +53,7 @@ def test_secret_manager_read_is_optional() -> None:
 def test_pipeline_tasks_load_the_token_only_when_needed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tasks on Vertex (evaluate, preprocess) read the token by name into their own env; an
     HF_TOKEN already set (KFP mounts the Secret) or no project/secret (local) is left alone."""
-    from components.secrets import load_hf_token
+    from components.runtime.secrets import load_hf_token
 
     name = "projects/p/secrets/llmft-hf-token/versions/latest"
     router = Router()

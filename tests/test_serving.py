@@ -18,8 +18,13 @@ from fakes.vertex import FakeEndpoints, FakeModelService
 from google.auth.credentials import AnonymousCredentials
 from google.protobuf import json_format
 
-from components import serving
-from components.endpoints import DeployOptions, challenger_split, deploy_errors, deploy_version
+from components.serving import presets as serving
+from components.serving.endpoints import (
+    DeployOptions,
+    challenger_split,
+    deploy_errors,
+    deploy_version,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -99,7 +104,7 @@ def test_adapter_serving_is_refused_until_verified() -> None:
     """Review P1: upstream's api_server has no --lora-modules and the smoke prompt would not reach
     the adapter, so lora_serving=adapter is refused (RunParams and the serving container) with a
     message naming lora_serving=merged; the engine args never carry --lora-modules."""
-    from components.run_params import RunParams
+    from components.params.run_params import RunParams
 
     adapter = spec(lora=True, lora_serving="adapter", base_model_uri="gs://b/base", lora_rank=12)
     with pytest.raises(ValueError, match="lora_serving=merged"):
@@ -179,7 +184,7 @@ def _proto_json(request: Any) -> dict[str, Any]:
 def _register(run: str, metrics: dict[str, float]) -> tuple[str, Any]:
     from kfp.dsl import Metrics
 
-    from components.lineage import VertexModel
+    from components.serving.lineage import VertexModel
     from components.steps.register import RegisterRequest
     from components.steps.register import run as register
 
@@ -291,7 +296,7 @@ def test_replacing_never_rolls_back_the_tested_version() -> None:
     version keeps serving; a rollback's split names only models still deployed."""
     from google.api_core import exceptions
 
-    from components.endpoints import rollback
+    from components.serving.endpoints import rollback
 
     fake = FakeEndpoints(PARENT)
     name = fake.add_endpoint("tiny-llama-ft", {"111": 60, "222": 40})
@@ -377,7 +382,7 @@ def test_deploy_options_are_checked_against_platform_facts() -> None:
 
 
 def test_deploy_parameters_are_checked_up_front() -> None:
-    from components import param_checks
+    from components.params import param_checks
 
     def check(**overrides: Any) -> list[str]:
         kwargs: dict[str, Any] = dict(
@@ -478,7 +483,7 @@ def test_experiment_run_logs_params_and_final_metrics(
     from fakes.vertex import FakeMetadata
     from google.cloud.aiplatform import initializer
 
-    from components.experiments import log_experiment_run
+    from components.serving.experiments import log_experiment_run
 
     monkeypatch.setattr(initializer, "global_config", initializer._Config())
     fake = FakeMetadata().install(monkeypatch)

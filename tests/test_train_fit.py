@@ -1,4 +1,4 @@
-"""Training must fit its GPUs (components/train_fit.py): a Llama-3-8B-shaped config (config.json
+"""Training must fit its GPUs (components/preflight/train_fit.py): a Llama-3-8B-shaped config (config.json
 only: sized on the meta device) against the platform facts' GPU memory, by the CLI's checks and
 directly; every fix a refusal names is itself checked to pass."""
 
@@ -12,8 +12,8 @@ import re
 import pytest
 from test_cli_errors import _DRY_RUN_BACKENDS, _DRY_RUN_PARAMS, assert_user_error, llmft
 
-from components.run_params import RunParams
-from components.train_fit import training_fit_error
+from components.params.run_params import RunParams
+from components.preflight.train_fit import training_fit_error
 
 pytestmark = pytest.mark.unit
 
@@ -140,8 +140,8 @@ def test_the_refused_part_is_below_what_the_gpu_measured(
     a GPU, the refused part is below the measured peak (the whole estimate may be above it)."""
     from transformers import AutoConfig
 
-    from components.cost import size_of
-    from components.train_fit import Plan, fit_of
+    from components.preflight.cost import size_of
+    from components.preflight.train_fit import Plan, fit_of
     from trainer.config import TrainConfig
     from trainer.memory_model import ModelShape
 
@@ -187,7 +187,7 @@ def test_a_run_that_fits_only_without_the_allowance_is_warned_not_refused(
         **{**two_nodes, "accelerator_count": 8, "nodes": 2, "seq_len": 4096},
         trainer_overrides={"micro_batch_size": 3},
     )
-    with caplog.at_level(logging.WARNING, logger="components.train_fit"):
+    with caplog.at_level(logging.WARNING, logger="components.preflight.train_fit"):
         assert training_fit_error(params, llama3_8b, remote=False) is None
     assert "training may not fit NVIDIA_H100_80GB" in caplog.text
 

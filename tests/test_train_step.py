@@ -8,8 +8,8 @@ import json
 import pytest
 
 from components.launchers import TrainLaunch
-from components.param_values import params_from_mapping
-from components.run_identity import safe_run_id
+from components.params.param_values import params_from_mapping
+from components.runtime.run_identity import safe_run_id
 from components.steps.train import check_worker_readable, run_directory
 from trainer.config import TrainConfig
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from packed_fixtures import pack, read_jsonl, tokenize_record, write_packed_dataset
 
-from components.ports import ReservedPort
+from components.runtime.ports import ReservedPort
 from trainer.data import DataPosition, TrainBatches
 from trainer.packed_data.format import read_manifest
 

@@ -25,7 +25,7 @@ import pytest
 from packed_fixtures import read_jsonl, write_packed_dataset
 from trainer_pause.sitecustomize import pause_env
 
-from components.ports import ReservedPort
+from components.runtime.ports import ReservedPort
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 8
@@ -277,7 +277,7 @@ def test_preemption_rehearsal_time_checkpoint_then_resume(
     time-based checkpoint had landed before the SIGTERM; the rerun resumes from the newest
     complete one and its losses continue A's curve step for step; summary.json counts the starts
     and the preemptions that saved."""
-    from components.platform_facts import GKE_SPOT_POD_GRACE_S
+    from components.platform.platform_facts import GKE_SPOT_POD_GRACE_S
     from trainer.checkpoint import latest_checkpoint
 
     out = tmp_path / "run_spot"

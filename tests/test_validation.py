@@ -1,4 +1,4 @@
-"""Run parameters: one schema (components/run_params.py), everything else derived from it, and one
+"""Run parameters: one schema (components/params/run_params.py), everything else derived from it, and one
 validation that reports every problem at once, each saying what to change."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from components import kfp_components
-from components.param_values import field_errors, params_from_mapping
-from components.run_params import (
+from components.params.param_values import field_errors, params_from_mapping
+from components.params.run_params import (
     LATEST_REGISTERED,
     SCHEDULE_TIME_PLACEHOLDER,
     RunParams,
@@ -21,9 +21,9 @@ from components.run_params import (
     describe,
     fields,
 )
+from components.preflight.validation import check_run_parameters
 from components.steps.validate import ValidateRequest
 from components.steps.validate import run as validate_step
-from components.validation import check_run_parameters
 from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,10 +180,10 @@ def test_every_field_has_a_description_and_the_parameters_are_frozen() -> None:
 def test_each_default_is_written_once_in_the_code() -> None:
     """`git grep` finds each run default in one place (docs, tests and benchmarks aside)."""
     owners = {
-        '"kubeflow"': "components/run_params.py",
-        '"llmft-hf-token"': "components/run_params.py",
-        '"us-central1"': "components/run_params.py",
-        '"llmft-trainer"': "components/run_params.py",
+        '"kubeflow"': "components/params/run_params.py",
+        '"llmft-hf-token"': "components/params/run_params.py",
+        '"us-central1"': "components/params/run_params.py",
+        '"llmft-trainer"': "components/params/run_params.py",
         "lr: float = 2e-5": "trainer/config.py",  # learning_rate's default is the trainer's
         "1e-3": None,  # the old pipeline default, gone
     }
@@ -230,17 +230,17 @@ def test_forgetting_threshold_is_a_fraction(data_file: str) -> None:
 
 # -- named checks (issue 13) ---------------------------------------------------------------------
 
-from components.param_checks import (  # noqa: E402
+from components.params.param_checks import (  # noqa: E402
     check_backend_for_target,
     check_dataflow_service_account,
     check_eval_accelerator,
     check_not_a_token,
     check_nproc_per_node,
     check_pipeline_root,
-    check_placeholder_resolved,
     check_service_account,
     resolve_nproc_per_node,
 )
+from components.runtime.run_identity import check_placeholder_resolved  # noqa: E402
 
 TOKEN = "hf_" + "aBcD1234" * 5
 
@@ -302,7 +302,7 @@ def test_unresolved_placeholders_and_pipeline_roots():
     assert "unresolved KFP placeholder" in message
     # Review P3: substitution of the placeholder first appears in the 2.5.0 driver (#11599).
     assert "KFP >= 2.5.0 resolves the run id" in message
-    from components.run_identity import safe_run_id
+    from components.runtime.run_identity import safe_run_id
 
     with pytest.raises(ValueError, match="unresolved KFP placeholder"):
         safe_run_id("{{$.pipeline_job_uuid}}")
@@ -367,7 +367,7 @@ def test_machine_and_accelerators_are_checked_against_the_platform_facts(
 ) -> None:
     """N15: a combination the platform cannot schedule is refused by the first step (and by
     `llmft run --dry-run`), before Dataflow or any GPU is paid for."""
-    from components.param_checks import check_machine_accelerator
+    from components.params.param_checks import check_machine_accelerator
 
     errors = check_machine_accelerator(backend, machine, accelerator, count)
     assert any(expected in e for e in errors), errors
@@ -389,6 +389,6 @@ def test_machine_and_accelerators_are_checked_against_the_platform_facts(
 def test_schedulable_machine_and_accelerators_pass(
     backend: str, machine: str, accelerator: str, count: int
 ) -> None:
-    from components.param_checks import check_machine_accelerator
+    from components.params.param_checks import check_machine_accelerator
 
     assert check_machine_accelerator(backend, machine, accelerator, count) == []

@@ -3,7 +3,7 @@
 A launcher that gives a step GPUs (a PyTorchJob or CustomJob with accelerators, the pipeline's
 evaluate task with an accelerator) sets `LLMFT_EXPECT_CUDA=1` in its environment. When torch then
 sees no CUDA (on GKE: the driver mount missing from the loader path, see
-`components.platform_facts.GKE_NVIDIA_LIBRARY_PATH`), the
+`components.platform.platform_facts.GKE_NVIDIA_LIBRARY_PATH`), the
 step stops at once with this module's error instead of silently running on CPU with gloo or in
 fp32 for hours (issue 29, N1). Plain module, no torch import: the caller passes what it sees.
 """

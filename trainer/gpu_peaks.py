@@ -1,7 +1,7 @@
 """Peak dense tensor FLOP/s of each GPU model: the MFU denominator, held once.
 
 The trainer looks a GPU up by its CUDA device name (`trainer.metrics.peak_flops`); the platform
-table looks each Vertex/GKE accelerator up by the key it names (components/platform_facts.py,
+table looks each Vertex/GKE accelerator up by the key it names (components/platform/platform_facts.py,
 `Accelerator.cuda_name`), which is what the cost estimate uses. No torch here, so the launch
 checks can import it.
 

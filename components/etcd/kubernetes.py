@@ -68,7 +68,7 @@ def create_etcd(
         run_id: pipeline run id.
         namespace: target namespace.
         owner: ownerReference for the StatefulSet (the run's Workflow, see
-            `components.k8s_client.run_owner`); the Service and NetworkPolicy are owned by it.
+            `components.runtime.k8s_client.run_owner`); the Service and NetworkPolicy are owned by it.
         **options: forwarded to `build_etcd_statefulset` (image, storage_class, tls_secret, ...).
 
     Returns:

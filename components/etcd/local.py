@@ -29,9 +29,9 @@ from pathlib import Path
 
 import requests
 
-from components import lifeline
-from components.ports import LOOPBACK, ReservedPort
-from components.run_identity import run_state_dir, safe_run_id
+from components.runtime import lifeline
+from components.runtime.ports import LOOPBACK, ReservedPort
+from components.runtime.run_identity import run_state_dir, safe_run_id
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def start(
     executable = find_etcd(binary)
     path = state_file(run_id, root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Both ports stay reserved until etcd listens on them (see components/ports.py).
+    # Both ports stay reserved until etcd listens on them (see components/runtime/ports.py).
     with ReservedPort() as client_port, ReservedPort() as peer_port:
         log_file = str(path.parent / "etcd.log")
         proc, info = _spawn(

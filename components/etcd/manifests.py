@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.run_identity import (
+from components.runtime.run_identity import (
     K8S_RUN_LABEL,
     k8s_labels,
     k8s_selector,

@@ -19,5 +19,5 @@ Modules, one job each:
 
 The pipeline's `evaluate` step (components/steps/evaluate.py) calls run_evaluation.
 
-The registry side (upload a passing model, find the champion) is components/registry.py.
+The registry side (upload a passing model, find the champion) is components/serving/registry.py.
 """

@@ -203,7 +203,7 @@ class EvaluationRequest:
     """The training job's actual cost (the train step's cost.json), kept in metrics.json and
     shown in the report."""
     champion: str | None = None
-    """The currently registered model (see components.registry), evaluated the same way and
+    """The currently registered model (see components.serving.registry), evaluated the same way and
     compared against when `thresholds.compare_to_champion`."""
     thresholds: GateThresholds = field(default_factory=GateThresholds)
     """The quality gate's thresholds."""

@@ -9,7 +9,7 @@ Evaluation holds one model at a time in bf16 on its GPUs, sharded over all of th
 (`eval_accelerator_type` x `eval_accelerator_count`) that would. The parameter count is read from
 the safetensors headers (a few kilobytes per file, also on gs://), never from the weights.
 
-Memory per accelerator comes from the platform facts (`components.platform_facts.
+Memory per accelerator comes from the platform facts (`components.platform.platform_facts.
 accelerator_memory_gib`, issue 21) when that module is present; the callers may also pass it
 (`memory_per_device_gib`), e.g. measured from the GPUs the task actually got.
 """
@@ -39,14 +39,14 @@ DEVICE_COUNTS = (1, 2, 4, 8)
 
 def accelerator_memory_gib(name: str) -> float:
     """Memory of one accelerator (Vertex or GKE name), from the platform facts."""
-    from components.platform_facts import accelerator
+    from components.platform.platform_facts import accelerator
 
     return float(accelerator(name).memory_gib)
 
 
 def known_accelerators() -> tuple[str, ...]:
     """The accelerators a machine may be suggested from, smallest memory first (Vertex names)."""
-    from components.platform_facts import ACCELERATORS
+    from components.platform.platform_facts import ACCELERATORS
 
     return tuple(a.vertex_name for a in sorted(ACCELERATORS, key=lambda a: a.memory_gib))
 
@@ -76,7 +76,7 @@ def smallest_fitting(need_gib: float) -> Machine | None:
     """The machine with the least total accelerator memory that holds `need_gib` (fewest devices
     on a tie), or None when even the largest cannot. Only combinations some machine type carries
     (platform_facts: e.g. H200s come 8 to an a3-ultragpu-8g)."""
-    from components.platform_facts import machines_for
+    from components.platform.platform_facts import machines_for
 
     machines = [
         Machine(name, count, accelerator_memory_gib(name))

@@ -9,7 +9,7 @@ arguments whatever starts it.
 
 Why cleanup takes a run id rather than a handle: the pipeline's exit handler runs in another process
 (often another machine) and cannot consume the train step's outputs, so it finds what a run created
-from the run id alone (components/run_identity.py).
+from the run id alone (components/runtime/run_identity.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, ClassVar
 
-from components.run_identity import safe_run_id
-from components.run_params import RunParams, choices
+from components.launchers.vocab import DEFAULT_RDZV_BACKEND, RDZV_BACKENDS
+from components.runtime.run_identity import safe_run_id
 from trainer.config import TrainConfig
 
-RDZV_BACKENDS = choices("rdzv_backend")
 TRAINER_ENTRYPOINT: tuple[str, ...] = ("-m", "trainer")
 """What torchrun runs in every worker: the trainer package (`python -m trainer`)."""
 
@@ -61,7 +60,7 @@ class TrainLaunch:
     """Number of nodes (torchrun agents / pods / Vertex replicas)."""
     nproc_per_node: int = 1
     """Worker processes per node (usually one per GPU)."""
-    rdzv_backend: str = RunParams.rdzv_backend
+    rdzv_backend: str = DEFAULT_RDZV_BACKEND
     """torchrun rendezvous backend: etcd-v3 (our plugin), etcd-v2 (etcd's v2 API) or c10d."""
     rdzv_endpoint: str = ""
     """`host:port` of the rendezvous; empty lets the backend choose (see each launcher)."""

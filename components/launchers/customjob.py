@@ -9,7 +9,7 @@ others `is_host=0` rather than letting torch guess from hostnames, which differ 
 addresses.
 
 The Hugging Face token is never in the job spec: replicas get the Secret Manager secret's name
-(`HF_TOKEN_SECRET`) and read the value at start (components/secrets.py).
+(`HF_TOKEN_SECRET`) and read the value at start (components/runtime/secrets.py).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.image import DEFAULT_IMAGE
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
-from components.run_identity import resource_name, vertex_labels
-from components.run_params import RunParams
-from components.secrets import HF_TOKEN_SECRET_ENV
+from components.launchers.vocab import DEFAULT_ACCELERATOR_TYPE, DEFAULT_MACHINE_TYPE
+from components.runtime.image import DEFAULT_IMAGE
+from components.runtime.run_identity import resource_name, vertex_labels
+from components.runtime.secrets import HF_TOKEN_SECRET_ENV
 
 _PRIMARY_ADDRESS = (
     'python -c "import json,os; '
@@ -31,7 +31,7 @@ _PRIMARY_ADDRESS = (
 )
 _READ_HF_TOKEN = (
     f'if [ -n "${{{HF_TOKEN_SECRET_ENV}:-}}" ]; then '
-    f'HF_TOKEN="$(python -m components.secrets "${HF_TOKEN_SECRET_ENV}")"; '
+    f'HF_TOKEN="$(python -m components.runtime.secrets "${HF_TOKEN_SECRET_ENV}")"; '
     'if [ -n "$HF_TOKEN" ]; then export HF_TOKEN; else unset HF_TOKEN; fi; fi; '
 )
 
@@ -42,9 +42,9 @@ class CustomJobOptions:
 
     image: str = DEFAULT_IMAGE
     """The project image (pinned tag)."""
-    machine_type: str = RunParams.machine_type
+    machine_type: str = DEFAULT_MACHINE_TYPE
     """Compute Engine machine type of every replica."""
-    accelerator_type: str | None = RunParams.accelerator_type
+    accelerator_type: str | None = DEFAULT_ACCELERATOR_TYPE
     """Vertex accelerator name (e.g. NVIDIA_H100_80GB); None for CPU."""
     accelerator_count: int | None = None
     """Accelerators per replica (default: nproc_per_node)."""
@@ -82,7 +82,7 @@ class CustomJobOptions:
     encryption_key: str | None = None
     """Cloud KMS key the job and its outputs are encrypted with (the pipeline's CMEK key)."""
 
-    # --- capacity (components/capacity.py) -----------------------------------------------------
+    # --- capacity (components/platform/capacity.py) -----------------------------------------------------
     capacity: str = "on-demand"
     """on-demand, spot (`scheduling.strategy` SPOT) or flex-start (FLEX_START: Dynamic Workload
     Scheduler queues the job until its machines are free)."""
@@ -95,7 +95,7 @@ class CustomJobOptions:
 
     def capacity_errors(self) -> list[str]:
         """Problems of the capacity settings, each with what to change."""
-        from components.capacity import CAPACITIES
+        from components.platform.capacity import CAPACITIES
 
         errors = []
         if self.capacity not in CAPACITIES:
@@ -133,7 +133,7 @@ class CustomJobOptions:
                 "(e.g. NVIDIA_H100_80GB, NVIDIA_L4)"
             )
         else:  # the machine type fixes the GPUs: refused here, not by create_custom_job later
-            from components.platform_facts import machine_accelerator_errors
+            from components.platform.platform_facts import machine_accelerator_errors
 
             count = self.accelerators(launch) if accelerator else 0
             errors += machine_accelerator_errors(self.machine_type, accelerator or "", count)

@@ -50,7 +50,7 @@ from components.launchers.pytorchjob import (
     build_pytorchjob,
 )
 from components.launchers.pytorchjob_api import JobGone, PyTorchJobApi
-from components.run_identity import k8s_selector
+from components.runtime.run_identity import k8s_selector
 
 
 def job_times(job: Mapping[str, Any]) -> dict[str, str]:
@@ -75,7 +75,7 @@ class GkeOptions:
     """Remote GKE cluster `projects/P/locations/L/clusters/C` (from Vertex Pipelines); "" in a
     pod of the cluster or with a kubeconfig."""
     api_client: Any = None
-    """A `kubernetes.client.ApiClient`; default `components.k8s_client.make_api_client`."""
+    """A `kubernetes.client.ApiClient`; default `components.runtime.k8s_client.make_api_client`."""
     watch_s: float = 60.0
     """Length of one watch window: the job is watched from its last resourceVersion and, when
     quiet for this long, its pods are re-checked (unschedulable, crash loops)."""
@@ -111,7 +111,7 @@ class GkeLauncher(Launcher):
         options = options or GkeOptions()
         api_client = options.api_client
         if api_client is None:
-            from components.k8s_client import make_api_client
+            from components.runtime.k8s_client import make_api_client
 
             api_client = make_api_client(cluster=options.cluster)
         from kubernetes import client
@@ -140,7 +140,7 @@ class GkeLauncher(Launcher):
         warning = service_account_check(self.core, self.namespace, self.job_options.service_account)
         if warning:
             self.log(f"[gke] warning: {warning}")
-        from components.k8s_client import run_owner
+        from components.runtime.k8s_client import run_owner
 
         owner = run_owner(self.api_client, self.namespace)
         if owner and not self.job_options.owner:

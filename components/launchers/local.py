@@ -47,9 +47,9 @@ from components.launchers.base import (
     TrainLaunch,
 )
 from components.launchers.run_processes import MARKER_ENV, marked_pids, terminate_run_processes
-from components.lifeline import die_with_parent
-from components.ports import ReservedPort
-from components.run_identity import run_state_dir
+from components.runtime.lifeline import die_with_parent
+from components.runtime.ports import ReservedPort
+from components.runtime.run_identity import run_state_dir
 from trainer import storage
 
 STATE_FILE = "launcher.json"
@@ -193,7 +193,7 @@ class LocalLauncher(Launcher):
         if launch.rdzv_backend == "c10d":
             # The agent whose hostname matches the endpoint hosts the c10d store; on loopback the
             # first agent to bind wins and the others connect (torch retries as a client). The
-            # port stays reserved for the run (see components/ports.py), released in _finish.
+            # port stays reserved for the run (see components/runtime/ports.py), released in _finish.
             self._store_port = ReservedPort()
             return self._store_port.endpoint
         from components.etcd import local as etcd_local

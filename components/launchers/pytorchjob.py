@@ -34,11 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.image import DEFAULT_IMAGE
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
-from components.platform_facts import GKE_NVIDIA_LIBRARY_PATH
-from components.run_identity import k8s_labels, resource_name
-from components.run_params import K8S_LABEL_NAME, K8S_SUBDOMAIN_NAME, RunParams
+from components.launchers.vocab import DEFAULT_NAMESPACE, K8S_LABEL_NAME, K8S_SUBDOMAIN_NAME
+from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
+from components.runtime.image import DEFAULT_IMAGE
+from components.runtime.run_identity import k8s_labels, resource_name
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"
@@ -87,7 +87,7 @@ def parse_secret_ref(ref: str) -> tuple[str, str]:
 class PyTorchJobOptions:
     """How the PyTorchJob of a launch runs on the cluster (everything but what to run)."""
 
-    namespace: str = RunParams.namespace
+    namespace: str = DEFAULT_NAMESPACE
     """Namespace of the job (and of the Secrets it reads)."""
     image: str = DEFAULT_IMAGE
     """The project image (pinned tag)."""
@@ -139,7 +139,7 @@ class PyTorchJobOptions:
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels for the job and its pods (the run's labels are always set)."""
 
-    # --- capacity (components/capacity.py) -----------------------------------------------------
+    # --- capacity (components/platform/capacity.py) -----------------------------------------------------
     capacity: str = "on-demand"
     """on-demand; spot (node selector `cloud.google.com/gke-spot` + its toleration: a Spot node
     pool or Autopilot Spot Pods); flex-start (node selector `cloud.google.com/gke-flex-start`: a
@@ -176,7 +176,7 @@ class PyTorchJobOptions:
                 f"gpus_per_node={gpus} < nproc_per_node={launch.nproc_per_node}: one process "
                 "per GPU"
             )
-        from components.capacity import CAPACITIES
+        from components.platform.capacity import CAPACITIES
 
         if self.capacity not in CAPACITIES:
             errors.append(f"capacity={self.capacity!r}: choose one of {', '.join(CAPACITIES)}")

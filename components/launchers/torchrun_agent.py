@@ -1,7 +1,7 @@
 """`python -m components.launchers.torchrun_agent ARGS`: torchrun's agent (`torch.distributed.run
 ARGS`) that never hangs on its way out; what the local launcher starts on each node.
 
-When a local run's launcher dies (even by SIGKILL), its agents get SIGTERM (components.lifeline)
+When a local run's launcher dies (even by SIGKILL), its agents get SIGTERM (components.runtime.lifeline)
 and torch's agent stops its workers. But with `--tee` its log-tailing threads are not always told
 to stop on that path, and the interpreter's exit then waits for them forever: agents were found
 alive minutes later with the main thread in `concurrent.futures.thread._python_exit`, joining

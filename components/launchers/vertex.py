@@ -33,9 +33,9 @@ from components.launchers.base import (
     TrainLaunch,
 )
 from components.launchers.customjob import CustomJobOptions, build_custom_job
-from components.run_identity import VERTEX_RUN_LABEL, safe_run_id
-from components.run_params import RunParams
-from components.secrets import secret_version_name
+from components.launchers.vocab import DEFAULT_REGION
+from components.runtime.run_identity import VERTEX_RUN_LABEL, safe_run_id
+from components.runtime.secrets import secret_version_name
 
 
 def api_endpoint(location: str) -> str:
@@ -120,7 +120,7 @@ class VertexOptions:
 
     project: str
     """The Google Cloud project of the job."""
-    location: str = RunParams.region
+    location: str = DEFAULT_REGION
     """The region of the job."""
     job: CustomJobOptions = field(default_factory=CustomJobOptions)
     """The CustomJob's settings; a short `hf_token_secret` name is completed to

@@ -2,6 +2,6 @@
 
 A request is a frozen dataclass whose fields are the KFP component's parameters by the same names
 (components/kfp_components.py builds it from them and calls `run`); the run parameters' meanings
-and defaults stay in components/run_params.py. The steps, in pipeline order: validate,
+and defaults stay in components/params/run_params.py. The steps, in pipeline order: validate,
 preprocess, etcd, train, evaluate, register, cleanup.
 """

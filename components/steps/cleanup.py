@@ -23,7 +23,7 @@ from components.launchers.gke import GkeOptions
 from components.launchers.local import LocalOptions
 from components.launchers.pytorchjob import PyTorchJobOptions
 from components.launchers.vertex import VertexOptions
-from components.run_params import Backend, RunParams
+from components.params.run_params import Backend, RunParams
 from components.steps.train import BackendOptions, launcher, unknown_backend
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class CleanupRequest:
     """The run's `dsl.PipelineTaskFinalStatus` (`.state`); a failed or cancelled run's
     deployments are undone. None: not known (nothing is undeployed)."""
     endpoint_clients: Any = None
-    """Injected `components.endpoints.VertexClients` (tests); default: the region's."""
+    """Injected `components.serving.endpoints.VertexClients` (tests); default: the region's."""
 
     def backend_options(self) -> BackendOptions:
         """Where the run's resources live, as the backend's launcher options."""
@@ -100,7 +100,7 @@ def local_runs_by_liveness(state_root: str | os.PathLike[str]) -> tuple[list[str
     from components.etcd import local as etcd_local
     from components.launchers.local import STATE_FILE
     from components.launchers.run_processes import marked_pids
-    from components.lifeline import alive
+    from components.runtime.lifeline import alive
 
     root = Path(state_root)
     dead: list[str] = []
@@ -131,7 +131,7 @@ def undeploy_failed_run(request: CleanupRequest) -> list[str]:
     state = str(getattr(request.status, "state", "") or "").upper()
     if request.backend == "local" or not request.project or state not in FAILED_STATES:
         return []
-    from components.endpoints import VertexClients, undeploy_run
+    from components.serving.endpoints import VertexClients, undeploy_run
 
     clients = request.endpoint_clients or VertexClients.for_location(request.region)
     return undeploy_run(

@@ -2,11 +2,11 @@
 
 `run(DeployRequest)` is what the `deploy` KFP component calls, after `register`, when
 `deploy_endpoint` is set:
-- in the cloud, the registered version goes to the Vertex AI endpoint (components/endpoints.py:
+- in the cloud, the registered version goes to the Vertex AI endpoint (components/serving/endpoints.py:
   create or reuse, machine and accelerators, Spot, champion/challenger traffic, smoke prompt,
   rollback of what it deployed when anything fails);
 - in a local run (`local=True`), the exported model is served on this machine by a real
-  OpenAI-compatible server (`transformers serve`, components/local_serving.py), asked the smoke
+  OpenAI-compatible server (`transformers serve`, components/serving/local_serving.py), asked the smoke
   prompt, and stopped.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from components.endpoints import DeployOptions, VertexClients, deploy_version
-from components.lineage import RESOURCE_NAME_KEY, SERVED_MODEL_NAME_KEY
+from components.serving.endpoints import DeployOptions, VertexClients, deploy_version
+from components.serving.lineage import RESOURCE_NAME_KEY, SERVED_MODEL_NAME_KEY
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DeployRequest:
     """The `deploy` component's parameters (components/kfp_components.py), by the same names;
-    the run parameters' meanings are in components/run_params.py."""
+    the run parameters' meanings are in components/params/run_params.py."""
 
     model_uri: str
     """The exported model (the train step's `model_uri` output): served locally."""
@@ -75,7 +75,7 @@ def run(request: DeployRequest) -> tuple[str, str]:
         )
         return "", ""
     if request.local:
-        from components.local_serving import serve_and_smoke
+        from components.serving.local_serving import serve_and_smoke
         from trainer import storage
 
         model_dir = storage.normalize(request.model_uri)

@@ -18,7 +18,7 @@ from typing import Any
 
 from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
-from components.run_params import Backend, RdzvBackend, choices
+from components.params.run_params import Backend, RdzvBackend, choices
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def run(request: EtcdRequest) -> str:
         return etcd_local.start(
             request.run_id, enable_v2=enable_v2, detached=True, timeout_s=request.timeout_s
         )
-    from components.k8s_client import make_api_client, run_owner
+    from components.runtime.k8s_client import make_api_client, run_owner
 
     client = request.api_client
     if client is None:

@@ -18,11 +18,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from components.cost import COST_FILE
 from components.evaluation.evaluate import EvaluationRequest, run_evaluation
 from components.evaluation.gate import GateThresholds
 from components.evaluation.harness import HarnessSettings, parse_tasks
 from components.evaluation.judge import JudgeSettings
+from components.preflight.cost import COST_FILE
 from trainer import storage
 from trainer.config import TrainConfig
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class EvaluateRequest:
     """The `evaluate` component's parameters (components/kfp_components.py), by the same names;
-    each run parameter's meaning and default are in components/run_params.py."""
+    each run parameter's meaning and default are in components/params/run_params.py."""
 
     base_model: str
     tuned_model: Any
@@ -79,9 +79,9 @@ def run(request: EvaluateRequest) -> tuple[bool]:
     """The `evaluate` component: returns `(passed,)`, the gate's verdict.
 
     A gated hub base model needs the Hugging Face token: read from Secret Manager by name
-    (`hf_token_secret` in `project`) unless HF_TOKEN is already set (components/secrets.py).
+    (`hf_token_secret` in `project`) unless HF_TOKEN is already set (components/runtime/secrets.py).
     """
-    from components.secrets import load_hf_token
+    from components.runtime.secrets import load_hf_token
 
     load_hf_token(project=request.project, secret=request.hf_token_secret)
     if not logging.getLogger().handlers:

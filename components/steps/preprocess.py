@@ -16,7 +16,7 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.run_params import DataKind, RecordFormat, Runner, RunParams, ToolTurns
+from components.params.run_params import DataKind, RecordFormat, Runner, RunParams, ToolTurns
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +304,7 @@ _DATAFLOW_PARAMS = {
 @dataclass(frozen=True)
 class PreprocessRequest:
     """The `preprocess` component's parameters (components/kfp_components.py), by the same names;
-    each run parameter's meaning and default are in components/run_params.py."""
+    each run parameter's meaning and default are in components/params/run_params.py."""
 
     train_data_uri: str
     base_model: str
@@ -347,7 +347,7 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
     """The request's `beam_preprocess` flags, writing the dataset to `output_uri`.
 
     The base model's tokenizer tokenizes `train_data_uri` (the run parameters' names). The
-    dataset is written to the artifact's URI (components/artifacts.py says why `.uri`): a local
+    dataset is written to the artifact's URI (components/runtime/artifacts.py says why `.uri`): a local
     path under kfp.local, gs:// in the cloud (Dataflow workers cannot see the launcher's disk).
 
     On Dataflow: the workers run the project image (`sdk_container_image`, a Dataflow custom
@@ -358,8 +358,8 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
     apply everywhere. hf:// inputs are staged under `<work_uri>/staged/` (a cache shared by
     runs: one copy per dataset commit). The HF token is read at run time (`run`), never a flag.
     """
-    from components.image import DEFAULT_IMAGE
-    from components.run_identity import resource_name, safe_run_id
+    from components.runtime.image import DEFAULT_IMAGE
+    from components.runtime.run_identity import resource_name, safe_run_id
 
     params: dict[str, Any] = {}
     extra: list[str] = []
@@ -412,8 +412,8 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
 def run(request: PreprocessRequest) -> tuple[str]:
     """The `preprocess` component: write the dataset, its Markdown summary and gcp_resources,
     describe the Dataset artifact, and return `(dataset_uri,)`."""
-    from components.artifacts import data_artifact_uri
-    from components.secrets import load_hf_token
+    from components.runtime.artifacts import data_artifact_uri
+    from components.runtime.secrets import load_hf_token
 
     dataset = request.dataset
     dataset.uri = data_artifact_uri(

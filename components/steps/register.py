@@ -2,11 +2,11 @@
 
 `run(RegisterRequest)` is what the `register` KFP component calls (only when the gate passed and
 `register_model` is set). It
-1. uploads the exported model with the serving preset's container (components/serving.py: args,
-   ports, routes, env for the vLLM images; the registry calls are in components/registry.py);
+1. uploads the exported model with the serving preset's container (components/serving/presets.py: args,
+   ports, routes, env for the vLLM images; the registry calls are in components/serving/registry.py);
 2. attaches the evaluate step's metrics to the version as a model evaluation;
 3. moves the `champion` alias to the new version (the gate passed, or this step would not run);
-4. fills the `google.VertexModel` output artifact (components/lineage.py) that GCPC's deploy and
+4. fills the `google.VertexModel` output artifact (components/serving/lineage.py) that GCPC's deploy and
    batch-prediction components take.
 """
 
@@ -17,14 +17,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from components.lineage import (
+from components.serving.lineage import (
     CHAMPION_ALIAS,
     import_gate_evaluation,
     move_champion_alias,
     vertex_model_fields,
 )
-from components.registry import register_model, resolve_model
-from components.serving import ADAPTER_SUBDIR, ServingSpec, serving_container
+from components.serving.presets import ADAPTER_SUBDIR, ServingSpec, serving_container
+from components.serving.registry import register_model, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RegisterRequest:
     """The `register` component's parameters (components/kfp_components.py), by the same names;
-    each run parameter's meaning and default are in components/run_params.py."""
+    each run parameter's meaning and default are in components/params/run_params.py."""
 
     model_uri: str
     """The exported Hugging Face model (the train step's `model_uri` output)."""

@@ -24,8 +24,8 @@ from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.local import LocalLauncher, LocalOptions
 from components.launchers.pytorchjob import DEADLINE_GRACE_S, PyTorchJobOptions, deadline_for
 from components.launchers.vertex import VertexLauncher, VertexOptions
-from components.platform_facts import gke_accelerator
-from components.run_params import Backend, Capacity, RdzvBackend, choices
+from components.params.run_params import Backend, Capacity, RdzvBackend, choices
+from components.platform.platform_facts import gke_accelerator
 from trainer import storage
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ BackendOptions = LocalOptions | GkeOptions | VertexOptions
 @dataclass(frozen=True)
 class TrainRequest:
     """The `train` component's parameters (components/kfp_components.py), by the same names;
-    each run parameter's meaning and default are in components/run_params.py."""
+    each run parameter's meaning and default are in components/params/run_params.py."""
 
     backend: Backend
     run_id: str
@@ -96,7 +96,7 @@ def run(request: TrainRequest) -> tuple[str]:
     root, where `llmft run`'s step table finds its metrics.jsonl). `nproc_per_node=0` starts one
     process per accelerator.
     """
-    from components.artifacts import data_artifact_uri
+    from components.runtime.artifacts import data_artifact_uri
 
     model = request.model
     model.uri = data_artifact_uri(
@@ -108,7 +108,7 @@ def run(request: TrainRequest) -> tuple[str]:
     metadata |= record_actual_cost(request, metadata.pop("job_times"), launch.trainer.output)
     model.metadata.update(metadata)
     if request.experiment:
-        from components.experiments import log_experiment_run
+        from components.serving.experiments import log_experiment_run
 
         log_experiment_run(
             experiment=request.experiment,
@@ -136,7 +136,7 @@ def record_actual_cost(
 ) -> dict[str, Any]:
     """The training job's actual GPU-hours and cost, from its own start and end times, written to
     OUTPUT/cost.json (the evaluate step's report reads it) and returned for the Model's metadata."""
-    from components import cost
+    from components.preflight import cost
 
     cloud = request.backend != "local" and bool(request.accelerator_type)
     gpus = request.nodes * request.accelerator_count if cloud else 0
@@ -185,16 +185,16 @@ def experiment_params(request: TrainRequest) -> dict[str, Any]:
 def vertex_output_directory(request: TrainRequest) -> str:
     """The CustomJob's base_output_directory: Vertex puts AIP_TENSORBOARD_LOG_DIR (and
     AIP_MODEL_DIR, AIP_CHECKPOINT_DIR) under it."""
-    from components.run_identity import safe_run_id
+    from components.runtime.run_identity import safe_run_id
 
     return storage.join(request.work_uri, "runs", safe_run_id(request.run_id), "vertex")
 
 
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
     """What the request runs: the trainer's config (paths as the workers see them) on N x P."""
-    from components.capacity import trainer_overrides_for
-    from components.param_checks import resolve_nproc_per_node
-    from components.trainer_params import trainer_config
+    from components.params.param_checks import resolve_nproc_per_node
+    from components.params.trainer_params import trainer_config
+    from components.platform.capacity import trainer_overrides_for
 
     local = request.backend == "local"
     data = str(request.dataset_uri)
@@ -271,7 +271,11 @@ def gke_capacity(request: TrainRequest) -> dict[str, Any]:
     """PyTorchJobOptions for the capacity: on Spot the pods keep at least Kubernetes' default
     grace period (POD_TERMINATION_GRACE_S; a preemption itself gives only GKE_SPOT_POD_GRACE_S)
     and more restarts (the budget's deadline is `training_timeout_s`)."""
-    from components.capacity import POD_TERMINATION_GRACE_S, SPOT_RESTARTS_PER_NODE, preemptible
+    from components.platform.capacity import (
+        POD_TERMINATION_GRACE_S,
+        SPOT_RESTARTS_PER_NODE,
+        preemptible,
+    )
 
     options: dict[str, Any] = {"capacity": request.capacity}
     if preemptible(request.capacity):
@@ -286,7 +290,7 @@ def vertex_capacity(request: TrainRequest) -> dict[str, Any]:
     """CustomJobOptions for the capacity: on Spot a restarted replica restarts them all (the
     rendezvous needs every replica; they resume from the newest checkpoint). The budget's timeout
     is `training_timeout_s`."""
-    from components.capacity import preemptible
+    from components.platform.capacity import preemptible
 
     return {
         "capacity": request.capacity,
@@ -334,7 +338,7 @@ def train(
         ValueError: invalid options or inputs (all listed together), before anything starts.
         LaunchFailed: the run failed or was cancelled (with the reason and last log lines).
     """
-    from components.preflight import check_rendezvous, preflight
+    from components.preflight.launch_checks import check_rendezvous, preflight
 
     if isinstance(options, VertexOptions) and launch.rdzv_backend != "c10d":
         logger.warning(
@@ -425,7 +429,7 @@ def run_directory(*, backend: str, work_uri: str, run_id: str, model_dir: str) -
     """The trainer's run directory: `<work_uri>/runs/<run>/train` in the cloud (workers write it,
     a retry resumes from it) and for a local run with a remote `work_uri`; otherwise locally
     `<artifact dir>/../train-run`, beside the Model artifact."""
-    from components.run_identity import safe_run_id
+    from components.runtime.run_identity import safe_run_id
 
     if backend == "local" and not storage.is_remote(work_uri):
         return os.path.join(os.path.dirname(model_dir.rstrip("/")), "train-run")

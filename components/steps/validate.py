@@ -1,7 +1,7 @@
 """The pipeline's first step: check every run parameter, then resolve what the run reads.
 
 `run(ValidateRequest)` is what the `validate_inputs` KFP component calls. The rules live with the
-parameters (components/run_params.py) and are applied as in `llmft run` (components/validation.py),
+parameters (components/params/run_params.py) and are applied as in `llmft run` (components/preflight/validation.py),
 now with the run's schedule time and access to its data. Every problem is reported in one
 ValueError; a mistake is permanent, so the step is never retried.
 """
@@ -11,18 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components import cost
 from components.evaluation.loading import is_hub_id
-from components.param_values import params_from_mapping
-from components.run_params import (
+from components.params.param_values import params_from_mapping
+from components.params.run_params import (
     LATEST_REGISTERED,
     SCHEDULE_TIME_PLACEHOLDER,
     RunParams,
     fields,
     raise_errors,
 )
-from components.secrets import load_hf_token
-from components.validation import data_errors, evaluation_errors, fit_errors
+from components.preflight import cost
+from components.preflight.validation import data_errors, evaluation_errors, fit_errors
+from components.runtime.secrets import load_hf_token
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
         (base_model, train_data_uri, champion_model, budget_timeout_s, cost_estimate) for this
         run; `latest-registered` resolves to the newest registered version's URI (no champion yet
         on a first run gives ""); the timeout keeps the training job within max_cost_usd (0:
-        no budget); the estimate is printed and returned (components/cost.py).
+        no budget); the estimate is printed and returned (components/preflight/cost.py).
     """
     uri = str(request.train_data_uri)
     if SCHEDULE_TIME_PLACEHOLDER in uri:
@@ -70,7 +70,10 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
         + fit_errors(params, base_model, remote=True)
     )
     estimate = cost.estimate_for(params, remote=True, base_model=base_model)
-    print("cost estimate (components/cost.py; an estimate, not a quote):\n" + estimate.table())
+    print(
+        "cost estimate (components/preflight/cost.py; an estimate, not a quote):\n"
+        + estimate.table()
+    )
     raise_errors([e for e in [cost.budget_error(estimate, params.max_cost_usd)] if e])
     timeout_s = cost.budget_timeout_s(estimate, params.max_cost_usd)
     return base_model, uri, resolve_champion(params), timeout_s, estimate.to_dict()
@@ -80,7 +83,7 @@ def resolve_model(model: str, params: RunParams) -> str:
     """`model`, or for `latest-registered` the newest registered version's URI."""
     if model != LATEST_REGISTERED:
         return model
-    from components.registry import latest_registered_model_uri
+    from components.serving.registry import latest_registered_model_uri
 
     return latest_registered_model_uri(
         registered_model=params.registered_model, project=params.project, region=params.region

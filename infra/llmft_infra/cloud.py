@@ -313,7 +313,7 @@ def _grant_service_accounts(grants: Grants, cloud: Cloud) -> None:
     grants.account(accounts["dataflow"], "roles/iam.serviceAccountUser", "pipeline", pipeline)
 
     # Training replicas read the dataset and base model, write checkpoints and the model; on
-    # Vertex AI each replica reads the Hugging Face token at start (components/secrets.py), so a
+    # Vertex AI each replica reads the Hugging Face token at start (components/runtime/secrets.py), so a
     # gated model downloads there too.
     grants.bucket(bucket, "roles/storage.objectAdmin", "trainer", trainer)
     grants.secret(hf_token, "roles/secretmanager.secretAccessor", "trainer", trainer)

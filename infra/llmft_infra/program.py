@@ -18,7 +18,7 @@ from llmft_infra.settings import TRAINER_ACCOUNT, Settings, names
 
 def build_stack(settings: Settings) -> dict[str, Any]:
     """Create the resources; returns the stack outputs (plain values and pulumi Outputs)."""
-    from components.image import VERSION
+    from components.runtime.image import VERSION
 
     n = names()
     cloud, grants = build_cloud(settings, n)

@@ -4,7 +4,7 @@ Set them with `pulumi config set llmft:<key> <value>` (or copy `Pulumi.example.y
 `Pulumi.<stack>.yaml`). Every problem is reported in one ValueError, before anything is created.
 
 The names of what the stack creates are not settings: they come from the code that uses them
-(`names()` below reads docs/deploy/rbac.yaml, components/image.py and pipelines/fine_tune.py),
+(`names()` below reads docs/deploy/rbac.yaml, components/runtime/image.py and pipelines/fine_tune.py),
 so a name is never typed twice.
 """
 
@@ -16,10 +16,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from components.platform_facts import machine, machine_accelerator_errors
-from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
-from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION, TARGET_DEFAULTS, RunParams
-from components.task_resources import kfp_gpu_node_errors
+from components.params.run_params import (
+    K8S_LABEL_NAME,
+    PROJECT_ID,
+    REGION,
+    TARGET_DEFAULTS,
+    RunParams,
+)
+from components.platform.platform_facts import machine, machine_accelerator_errors
+from components.platform.task_resources import kfp_gpu_node_errors
+from components.runtime.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RBAC_FILE = REPO_ROOT / "docs" / "deploy" / "rbac.yaml"
@@ -54,7 +60,7 @@ class Names:
     rbac_namespace: str
     """Namespace rbac.yaml is written for (KFP's, `kubeflow`)."""
     docker_repository: str
-    """Artifact Registry Docker repository id (components/image.py's IMAGE_REPOSITORY)."""
+    """Artifact Registry Docker repository id (components/runtime/image.py's IMAGE_REPOSITORY)."""
     image_name: str
     """Image name inside that repository."""
     hf_token_secret: str
@@ -65,7 +71,7 @@ def names() -> Names:
     """Read the names from the files that define them."""
     import yaml
 
-    from components.image import IMAGE_REPOSITORY
+    from components.runtime.image import IMAGE_REPOSITORY
 
     docs = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d]
     binding = next(d for d in docs if d["kind"] == "RoleBinding")

@@ -22,7 +22,7 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except (ValueError, FileNotFoundError, PermissionError) as exc:
-            from components.param_checks import redact_tokens
+            from components.params.param_checks import redact_tokens
 
             # Messages quote what was typed; a token typed by mistake must not be echoed.
             typer.secho(f"error: {redact_tokens(str(exc))}", fg=typer.colors.RED, err=True)

@@ -34,7 +34,7 @@ def image_tag(
     full: Annotated[bool, typer.Option(help="Print repository:tag instead of the tag.")] = False,
 ) -> None:
     """Print the project image tag (the package version) for docs/deploy/cloudbuild.yaml."""
-    from components.image import DEFAULT_IMAGE, VERSION
+    from components.runtime.image import DEFAULT_IMAGE, VERSION
 
     typer.echo(DEFAULT_IMAGE if full else VERSION)
 

@@ -10,8 +10,8 @@ import datetime as dt
 import re
 from pathlib import Path
 
-from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
-from components.run_params import K8S_LABEL_NAME, PROJECT_ID, REGION
+from components.launchers.vocab import K8S_LABEL_NAME, PROJECT_ID, REGION
+from components.runtime.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
 from pipelines.deploy.config import (
     Backend,
     DeployConfig,

@@ -129,7 +129,7 @@ def kfp_host(settings: KfpSettings) -> str:
 def kfp_backend_error(host: str, tag_name: object) -> str | None:
     """Why the KFP backend of release `tag_name` (its healthz `tag_name`) cannot run the compiled
     pipeline as intended, or None. An unknown or unparseable tag is not judged."""
-    from components.platform_facts import kfp_backend_floor, version_text
+    from components.platform.platform_facts import kfp_backend_floor, version_text
 
     found = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", str(tag_name or ""))
     if not found:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from components.run_params import RunParams
+from components.params.run_params import RunParams
 
 Backend = Literal["vertex", "kfp"]
 Purpose = Literal["run", "schedule", "upload", "manage"]

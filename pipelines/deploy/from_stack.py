@@ -56,7 +56,7 @@ def config_from_stack(outputs: dict[str, Any]) -> dict[str, Any]:
     accelerator (in the Vertex naming the pipeline takes) and count go to the shared parameters,
     a combination that Vertex AI offers too.
     """
-    from components.platform_facts import accelerator
+    from components.platform.platform_facts import accelerator
 
     parameters: dict[str, Any] = {
         "project": outputs["project"],

@@ -90,8 +90,8 @@ def prepare_parameters(
         ValueError: every parameter problem at once; or a one-off run left the schedule-time
             placeholder unfilled (a recurring run keeps it for the pipeline to resolve).
     """
-    from components.param_checks import check_pipeline_root
-    from components.run_params import RunParams
+    from components.params.param_checks import check_pipeline_root
+    from components.params.run_params import RunParams
 
     params = dict(config.parameters)
     # The pipeline's own `backend` parameter says where the trainer runs (each compiled target
@@ -158,7 +158,7 @@ def _derived_defaults(
 
 
 def _run_fields() -> dict[str, Any]:
-    from components.run_params import fields
+    from components.params.run_params import fields
 
     return fields()
 
@@ -167,9 +167,9 @@ def _gpu_node_errors(params: dict[str, Any]) -> list[str]:
     """KFP on GKE: the evaluate task's request against the GPU pool's machine (`machine_type`),
     for every run, schedule and dry run (review of issue 29, P1): a pod no node can host stays
     Pending after training was paid for, and KFP has no pending timeout."""
-    from components.param_values import params_from_mapping
-    from components.run_params import RunParams, fields
-    from components.task_resources import kfp_gpu_node_errors
+    from components.params.param_values import params_from_mapping
+    from components.params.run_params import RunParams, fields
+    from components.platform.task_resources import kfp_gpu_node_errors
 
     known = {name: value for name, value in params.items() if name in fields()}
     run = params_from_mapping(known, base=RunParams.for_target("kfp"))
@@ -179,15 +179,15 @@ def _gpu_node_errors(params: dict[str, Any]) -> list[str]:
 def _run_parameter_errors(
     info: TemplateInfo | None, params: dict[str, Any], target: str
 ) -> list[str]:
-    """The pipeline's own first-step checks (components/run_params.py), run here first, over the
+    """The pipeline's own first-step checks (components/params/run_params.py), run here first, over the
     target's defaults (what the compiled template fills in for parameters not given).
 
     With our template (it declares every run parameter) all rules apply; with a template not yet
     fetched (a registry URI, a KFP pipeline version) the single-field rules of the values given;
     for any other template only the generic name/type checks of `parameter_errors`.
     """
-    from components.param_values import field_errors, params_from_mapping
-    from components.run_params import RunParams, fields
+    from components.params.param_values import field_errors, params_from_mapping
+    from components.params.run_params import RunParams, fields
 
     if info is None:
         return field_errors(params)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.run_params import SCHEDULE_TIME_PLACEHOLDER
+from components.params.run_params import SCHEDULE_TIME_PLACEHOLDER
 
 _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
     "STRING": (str,),

@@ -28,7 +28,7 @@ _AR_HOST = r"^https://[a-z0-9-]+-kfp\.pkg\.dev/"
 
 def default_tags() -> list[str]:
     """`v<package version>` and `latest` (a registry tag that moves; images never use it)."""
-    from components.image import VERSION
+    from components.runtime.image import VERSION
 
     return [f"v{VERSION}", "latest"]
 
@@ -107,7 +107,7 @@ def upload_to_kfp(
     namespace: str | None = None,
 ) -> KfpUpload:
     """Create the pipeline on first upload, otherwise add a version to it."""
-    from components.image import VERSION
+    from components.runtime.image import VERSION
 
     info = read_template(template)
     version_name = version_name or f"v{VERSION}-{info.sha256[:8]}"

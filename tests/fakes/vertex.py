@@ -280,7 +280,7 @@ class _Done:
 
 
 class FakeEndpoints:
-    """EndpointService and PredictionService in memory, for `components.endpoints.VertexClients`
+    """EndpointService and PredictionService in memory, for `components.serving.endpoints.VertexClients`
     (`clients()`): records every request proto and answers with real response protos.
 
     `answers` maps a deployed model id to what its server returns for a chat request (None:
@@ -299,7 +299,7 @@ class FakeEndpoints:
         self._ids = 0
 
     def clients(self) -> Any:
-        from components.endpoints import VertexClients
+        from components.serving.endpoints import VertexClients
 
         return VertexClients(endpoints=self, predictions=self)
 

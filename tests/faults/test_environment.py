@@ -156,7 +156,7 @@ def _train(model: Path, data: Path, out: Path, *extra: str, run_id: str):
 def _nothing_left_running(run_id: str) -> None:
     """No process of the run is alive and its local state is gone."""
     from components.launchers.run_processes import marked_pids
-    from components.run_identity import run_state_dir
+    from components.runtime.run_identity import run_state_dir
 
     state = run_state_dir(run_id)
     assert marked_pids(str(state)) == []

@@ -149,8 +149,8 @@ def test_train_a_second_run_is_refused_then_ctrl_c_then_the_same_command_resumes
     started, tiny_model_dir: Path, small_dataset: Path, tmp_path: Path
 ):
     from components.launchers.run_processes import marked_pids
-    from components.lifeline import alive
-    from components.run_identity import run_state_dir
+    from components.runtime.lifeline import alive
+    from components.runtime.run_identity import run_state_dir
 
     out, ready = tmp_path / "run", tmp_path / "ready"
     ready.mkdir()

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _gone(pids: list[int]) -> bool:
-    from components.lifeline import alive
+    from components.runtime.lifeline import alive
 
     return not any(alive(pid) for pid in pids)
 
@@ -41,7 +41,7 @@ def _start_train(
 ) -> tuple[subprocess.Popen, str, dict]:
     """`llmft train` (etcd-v3: it starts the run's own etcd) paused after step 1; returns the
     process, the run's marker and its etcd's recorded state, once the trainer is paused."""
-    from components.run_identity import run_state_dir
+    from components.runtime.run_identity import run_state_dir
 
     run_id = f"orphan-{uuid.uuid4().hex[:8]}"
     ready = tmp_path / "ready"
@@ -111,7 +111,7 @@ RUNNER = """
 import json, signal, subprocess, sys
 from pathlib import Path
 from components.etcd import local as etcd_local
-from components.watchdog import Watchdog
+from pipelines.watchdog import Watchdog
 
 root, ready = Path(sys.argv[1]), Path(sys.argv[2])
 Watchdog(root, root.parent / "watchdog.log").start()

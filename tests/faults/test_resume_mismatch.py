@@ -62,7 +62,7 @@ def test_resume_refuses_another_model_and_never_writes_into_the_model(
 def test_overwrite_is_the_way_out(tiny_model_dir: Path, tmp_path: Path, small_dataset: Path):
     """`--overwrite` passes the preflight and deletes only the checkpoints (checked without
     training again: the preflight and the deletion are what `llmft train --overwrite` adds)."""
-    from components.preflight import preflight
+    from components.preflight.launch_checks import preflight
     from trainer.config import TrainConfig
 
     run = tmp_path / "run"

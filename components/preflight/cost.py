@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.capacity import CAPACITIES
-from components.platform_facts import (
+from components.platform.capacity import CAPACITIES
+from components.platform.platform_facts import (
     GKE_SPOT_POD_GRACE_S,
     accelerator,
     unlisted_vertex_accelerator,
@@ -375,7 +375,7 @@ class Estimate:
         lines.append(
             f"{self.optimizer_steps} steps x {self.train_tokens // max(self.optimizer_steps, 1):,}"
             f" tokens = {self.train_tokens:,} tokens{epochs}; {self.capacity} capacity; prices "
-            f"written {PRICES_WRITTEN}, not checked online (components/cost.py)"
+            f"written {PRICES_WRITTEN}, not checked online (components/preflight/cost.py)"
         )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
@@ -433,7 +433,7 @@ def estimate(
     if unlisted:
         price = gpu_hour_price_usd
         notes.append(
-            f"{shape.accelerator_type} is not in components/platform_facts.py: training time "
+            f"{shape.accelerator_type} is not in components/platform/platform_facts.py: training time "
             "unknown" + ("" if price else ", and its price too (set gpu_hour_price_usd)")
         )
     else:
@@ -648,8 +648,8 @@ def actual_cost(
 
 def shape_of(params: Any) -> RunShape:
     """The `RunShape` of a `RunParams` (the trainer's own config gives batch and engine)."""
-    from components.capacity import planned_trainer_config
-    from components.param_checks import resolve_nproc_per_node
+    from components.params.param_checks import resolve_nproc_per_node
+    from components.params.trainer_params import planned_trainer_config
 
     config = planned_trainer_config(params)
     nproc = resolve_nproc_per_node(params.backend, params.nproc_per_node, params.accelerator_count)

@@ -1,8 +1,8 @@
 """The named cross-field checks of a run's parameters, each returning an error message or None.
 
-`RunParams.errors()` (components/run_params.py) calls them all, so the pipeline's first step,
+`RunParams.errors()` (components/params/run_params.py) calls them all, so the pipeline's first step,
 `llmft run` and `llmft run --target ...` apply the same rules; a few are also used where a run is
-submitted (`check_pipeline_root`) or named (`check_placeholder_resolved`). They take plain values
+submitted (`check_pipeline_root`) or named (`run_identity.check_placeholder_resolved`). They take plain values
 so that launchers and the CLI can call them without a `RunParams`.
 """
 
@@ -28,7 +28,6 @@ _KSA = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SECRET_NAME = re.compile(
     r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}(/versions/[A-Za-z0-9_-]+)?$"
 )
-PLACEHOLDER_START = "{{$."
 """How an unresolved KFP placeholder starts (a backend too old to resolve it passes it as is)."""
 
 
@@ -156,13 +155,13 @@ def check_dataflow_service_account(preprocess_runner: str, account: str) -> str 
 def check_machine_accelerator(
     backend: str, machine_type: str, accelerator_type: str, accelerator_count: int
 ) -> list[str]:
-    """The training machine and its GPUs, against components/platform_facts.py (issue 29 N15).
+    """The training machine and its GPUs, against components/platform/platform_facts.py (issue 29 N15).
 
     Vertex: the machine type fixes the GPU model and count (a3-highgpu-8g is 8 x H100 80GB).
     GKE: `machine_type` names the GPU node pool's machine; a pod may take part of a node, so
     the count must be at most what one node carries.
     """
-    from components.platform_facts import machine_accelerator_errors, node_gpu_errors
+    from components.platform.platform_facts import machine_accelerator_errors, node_gpu_errors
 
     if backend not in ("vertex", "gke"):
         return []
@@ -224,25 +223,11 @@ def check_pipeline_root(backend: str, pipeline_root: str | None) -> str | None:
     return None
 
 
-def check_placeholder_resolved(name: str, value: str) -> str | None:
-    """A literal `{{$.` means the backend did not resolve a KFP placeholder; using it would name
-    every run's resources alike."""
-    if PLACEHOLDER_START in value:
-        from components.platform_facts import KFP_FEATURE_FLOORS, version_text
-
-        floor = version_text(KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"][0])
-        return (
-            f"{name}={value!r} is an unresolved KFP placeholder: this backend is too old to "
-            f"resolve it (KFP >= {floor} resolves the run id; see docs/deploy/README.md)"
-        )
-    return None
-
-
 def check_gke_accelerator(backend: str, accelerator_type: str) -> str | None:
     """On GKE the accelerator becomes a node selector: the name must have a GKE label."""
     if backend != "gke":
         return None
-    from components.platform_facts import gke_accelerator
+    from components.platform.platform_facts import gke_accelerator
 
     try:
         gke_accelerator(accelerator_type)
@@ -373,7 +358,7 @@ def check_deploy(
     lora_serving: str,
 ) -> list[str]:
     """A cloud deployment deploys the registered version on a machine that carries the chosen
-    accelerators; a LoRA adapter is served only by the Model Garden image (components/serving.py).
+    accelerators; a LoRA adapter is served only by the Model Garden image (components/serving/presets.py).
     A local run (backend "local", which only the local runner runs) serves the exported model on
     its own machine instead."""
     errors = []
@@ -398,7 +383,7 @@ def check_deploy(
             "deploy_endpoint is set but register_model is false: the deploy step deploys the "
             "registered version; set register_model=true"
         )
-    from components.platform_facts import machine_accelerator_errors
+    from components.platform.platform_facts import machine_accelerator_errors
 
     count = accelerator_count if accelerator_type else 0
     errors += [
@@ -439,21 +424,9 @@ def check_eval_quality(
 # -- issue 30/32 review (P1, P6) ------------------------------------------------------------------
 
 
-def check_lora_serving(lora_serving: str) -> str | None:
-    """`lora_serving=adapter` is refused until it is verified on a real project: the Model Garden
-    image's `vllm.entrypoints.api_server` is not known to accept `--lora-modules` (upstream's
-    does not), and the smoke prompt would not reach the adapter (docs/deploy/README.md)."""
-    if lora_serving == "adapter":
-        return (
-            "lora_serving=adapter is not supported yet (serving an adapter from gs:// with the "
-            "Model Garden image is unverified): use lora_serving=merged"
-        )
-    return None
-
-
 def check_flex_start_accelerator(backend: str, capacity: str, accelerator_type: str) -> str | None:
     """Vertex AI runs flex-start (DWS) jobs only on some GPUs (platform_facts.VERTEX_FLEX_START_GPUS)."""
-    from components.platform_facts import VERTEX_FLEX_START_GPUS, vertex_flex_start
+    from components.platform.platform_facts import VERTEX_FLEX_START_GPUS, vertex_flex_start
 
     if backend != "vertex" or capacity != "flex-start":
         return None

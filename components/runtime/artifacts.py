@@ -22,7 +22,7 @@ GCS: kfp.local's pipeline root is always a local directory, so the data artifact
 
 from __future__ import annotations
 
-from components.run_identity import safe_run_id
+from components.runtime.run_identity import safe_run_id
 from trainer import storage
 
 

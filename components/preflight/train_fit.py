@@ -1,5 +1,5 @@
 """Will training fit the GPUs? trainer/memory_model.py's estimate of one training process,
-checked against the accelerator's memory (components/platform_facts.py) before anything starts.
+checked against the accelerator's memory (components/platform/platform_facts.py) before anything starts.
 
 Per GPU (one training process each), with the run's trainer settings (`trainer_overrides`,
 `quantize_base`) and world size (nodes x processes per node):
@@ -50,7 +50,7 @@ class Plan:
     """What the estimate reads of a run."""
 
     config: TrainConfig
-    """The trainer's config the run launches with (components.capacity.planned_trainer_config)."""
+    """The trainer's config the run launches with (components.params.trainer_params.planned_trainer_config)."""
     world_size: int
     seq_len: int
 
@@ -95,7 +95,7 @@ def training_fit_error(params: Any, base_model: str, *, remote: bool) -> str | N
         return None
     if "://" in base_model and not remote:
         return None  # read inside the pipeline, with its credentials
-    from components.platform_facts import accelerator
+    from components.platform.platform_facts import accelerator
 
     try:
         memory = accelerator(params.accelerator_type).memory_gib * GIB
@@ -128,7 +128,7 @@ def training_fit_error(params: Any, base_model: str, *, remote: bool) -> str | N
 def model_shape(base_model: str) -> ModelShape | None:
     """The memory model's view of the model at `base_model` (None when it cannot be read: the
     check is advisory, so any failure leaves the model to the run)."""
-    from components.cost import model_config, size_of
+    from components.preflight.cost import model_config, size_of
     from trainer.gguf import is_gguf
 
     if is_gguf(base_model):
@@ -147,8 +147,8 @@ def model_shape(base_model: str) -> ModelShape | None:
 
 
 def plan_of(params: Any) -> Plan:
-    from components.capacity import planned_trainer_config
-    from components.param_checks import resolve_nproc_per_node
+    from components.params.param_checks import resolve_nproc_per_node
+    from components.params.trainer_params import planned_trainer_config
 
     nproc = resolve_nproc_per_node(params.backend, params.nproc_per_node, params.accelerator_count)
     return Plan(planned_trainer_config(params), params.nodes * nproc, params.seq_len)

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from components.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE, vertex_labels
+from components.runtime.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE, vertex_labels
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Run parameters from loose values: a config file's `parameters:`, `--param KEY=VALUE` flags, a
-template's values. Each value is coerced to its field's type (components/run_params.py); unknown
+template's values. Each value is coerced to its field's type (components/params/run_params.py); unknown
 names and wrong types are reported together.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from difflib import get_close_matches
 from typing import Any
 
-from components.param_schema import coerce, field_error
-from components.run_params import RunParams, choices, fields, raise_errors, type_hints
+from components.params.param_schema import coerce, field_error
+from components.params.run_params import RunParams, choices, fields, raise_errors, type_hints
 
 
 def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = None) -> RunParams:

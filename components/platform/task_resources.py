@@ -7,7 +7,7 @@ GPU pool whose machine cannot host the evaluate task), so a number is never type
 
 from __future__ import annotations
 
-from components.platform_facts import gke_fit_error
+from components.platform.platform_facts import gke_fit_error
 
 STEP_RESOURCES: dict[str, tuple[str, str]] = {
     "validate-inputs": ("1", "4G"),
@@ -36,7 +36,7 @@ Kubernetes then defaults each request to its limit (kubernetes.io/docs/concepts/
 manage-resources-containers), so without these the preprocess pod asked for 8 CPU / 32G and fit
 no node of the stack's e2-standard-8 CPU pool (issue 29 N2), and the evaluate pod 12 CPU / 48G,
 which no g2-standard-12 or a2-highgpu-1g node can allocate (review of issue 29, P1).
-tests/test_compile.py checks them against `components.platform_facts.gke_allocatable`."""
+tests/test_compile.py checks them against `components.platform.platform_facts.gke_allocatable`."""
 
 
 def kfp_gpu_node_errors(gpu_machine_type: str) -> list[str]:
@@ -44,7 +44,7 @@ def kfp_gpu_node_errors(gpu_machine_type: str) -> list[str]:
 
     The scheduler places a pod by its request (`KFP_STEP_REQUESTS["evaluate"]`); a pool machine
     that cannot allocate it leaves the task Pending with no timeout after training was paid for.
-    A machine type outside components/platform_facts.py is not judged.
+    A machine type outside components/platform/platform_facts.py is not judged.
     """
     cpu, memory = KFP_STEP_REQUESTS["evaluate"]
     error = gke_fit_error("the evaluate task", cpu, memory, gpu_machine_type)

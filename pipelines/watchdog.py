@@ -3,12 +3,12 @@ ends, however it ends (SIGKILL included), stop every process of the run and clea
 
 Why a process of its own: the run's steps are kfp.local's processes and their children, which no
 parent-death signal reaches, and the etcd step's etcd must outlive its own task
-(components/lifeline.py has the other mechanism and the whole picture). Every process of the run
+(components/runtime/lifeline.py has the other mechanism and the whole picture). Every process of the run
 inherits `RUN_TREE_ENV=<state dir>`; this process waits for the runner's pid to end, then SIGTERMs
 whatever still carries the marker, SIGKILLs what is left after `GRACE_S`, and cleans the state
 dir (etcd and its data, launcher state), as the runner does itself when it ends normally.
 
-Run by the runner: `python -m components.watchdog WATCHED_PID STATE_DIR`.
+Run by the runner: `python -m pipelines.watchdog WATCHED_PID STATE_DIR`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from components.lifeline import RUN_TREE_ENV, wait_for_exit
+from components.runtime.lifeline import RUN_TREE_ENV, wait_for_exit
 
 GRACE_S = 15.0
 """How long the run's processes get to stop after SIGTERM before SIGKILL."""
@@ -85,7 +85,7 @@ def stop_run_tree(state_dir: str, *, grace_s: float = GRACE_S) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m components.watchdog WATCHED_PID STATE_DIR`: the watchdog process."""
+    """`python -m pipelines.watchdog WATCHED_PID STATE_DIR`: the watchdog process."""
     pid, state_dir = int(argv[0]), argv[1]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `Watchdog.stop`: nothing to do
     wait_for_exit(pid)

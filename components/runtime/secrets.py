@@ -5,7 +5,7 @@ stored in the run's spec and shown in the console. The Vertex launcher puts only
 resource name in the replica's env (`HF_TOKEN_SECRET`); each replica reads the value before
 torchrun starts:
 
-    HF_TOKEN="$(python -m components.secrets "$HF_TOKEN_SECRET")"
+    HF_TOKEN="$(python -m components.runtime.secrets "$HF_TOKEN_SECRET")"
 
 The value goes to stdout only (captured by the shell, never logged). The token is optional
 (public models need none): a secret that does not exist, or that the job's service account may
@@ -86,7 +86,7 @@ def load_hf_token(*, project: str, secret: str, client: Any = None) -> bool:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m components.secrets projects/P/secrets/NAME[/versions/V]")
+        print("usage: python -m components.runtime.secrets projects/P/secrets/NAME[/versions/V]")
         return 2
     value = read_secret(argv[0])
     if value:

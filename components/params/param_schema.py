@@ -1,6 +1,6 @@
 """The machinery of a parameter schema, apart from any one schema: a field's one default,
 description and rules (`param`), checked (`field_error`) and coerced from loose values (`coerce`).
-components/run_params.py declares the run parameters with it.
+components/params/run_params.py declares the run parameters with it.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ so launchers and etcd use it freely):
   etcd get SIGTERM the moment `llmft train` dies, even by SIGKILL; an agent then stops its
   workers. The signal follows the *thread* that started the child: start and follow a run on one
   thread (`Launcher.run` does).
-- `components.watchdog.Watchdog`: for `llmft run --backend local`, whose steps are kfp.local's processes and
+- `pipelines.watchdog.Watchdog`: for `llmft run --backend local`, whose steps are kfp.local's processes and
   grandchildren (no parent-death signal reaches those, and the etcd step's etcd must outlive its
   own task). Every process of the run inherits `RUN_TREE_ENV=<state dir>`; a small detached
-  process (`python -m components.watchdog WATCHED_PID STATE_DIR`) waits for the runner's pid to
+  process (`python -m pipelines.watchdog WATCHED_PID STATE_DIR`) waits for the runner's pid to
   end, then stops whatever still carries the marker and cleans the state dir (etcd and its
   data, launcher state), as the runner itself does when it ends normally.
 

@@ -18,12 +18,12 @@ Vertex copies the artifact to a bucket of its own and sets `AIP_STORAGE_URI`; th
 refer to it as `$(AIP_STORAGE_URI)` (Vertex expands `$(VAR)` in ModelContainerSpec args). For a
 LoRA run the model is either the merged export (`lora_serving=merged`, the default) or the base
 model plus the adapter written to `<export>/adapter` (`lora_serving=adapter`, `--enable-lora`).
-`lora_serving=adapter` is refused (param_checks.check_lora_serving) until it is verified on a real
+`lora_serving=adapter` is refused (check_lora_serving) until it is verified on a real
 project: upstream's `api_server` has no `--lora-modules`, and the Model Garden image is documented
 to take an adapter per request instead (docs/deploy/README.md).
 
 `transformers serve` (`local_server_command`) is the OpenAI-compatible server a local run starts
-on CPU for its smoke prompt (components/local_serving.py).
+on CPU for its smoke prompt (components/serving/local_serving.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from components.registry import ServingContainer
+from components.serving.registry import ServingContainer
 
 ServingPreset = Literal["vertex-vllm", "vllm-openai", "custom"]
 LoraServing = Literal["merged", "adapter"]
@@ -81,8 +81,6 @@ def serving_errors(spec: ServingSpec) -> list[str]:
     if spec.tensor_parallel_size < 1:
         errors.append(f"tensor_parallel_size={spec.tensor_parallel_size}: must be at least 1")
     if spec.lora and spec.lora_serving == "adapter":
-        from components.param_checks import check_lora_serving
-
         if unverified := check_lora_serving(spec.lora_serving):
             errors.append(unverified)
         if spec.preset != "vertex-vllm":
@@ -237,3 +235,15 @@ def local_server_command(model_dir: str, *, port: int, host: str = "127.0.0.1") 
         "--no-trust-remote-code",
         "--log-level=info",
     ]
+
+
+def check_lora_serving(lora_serving: str) -> str | None:
+    """`lora_serving=adapter` is refused until it is verified on a real project: the Model Garden
+    image's `vllm.entrypoints.api_server` is not known to accept `--lora-modules` (upstream's
+    does not), and the smoke prompt would not reach the adapter (docs/deploy/README.md)."""
+    if lora_serving == "adapter":
+        return (
+            "lora_serving=adapter is not supported yet (serving an adapter from gs:// with the "
+            "Model Garden image is unverified): use lora_serving=merged"
+        )
+    return None

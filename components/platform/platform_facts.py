@@ -241,7 +241,7 @@ def machine_accelerator_errors(machine_type: str, accelerator_name: str, count: 
     except ValueError as exc:
         if unlisted_vertex_accelerator(accelerator_name):
             _log.warning(
-                "%s is a Vertex AI accelerator that components/platform_facts.py (checked %s) "
+                "%s is a Vertex AI accelerator that components/platform/platform_facts.py (checked %s) "
                 "does not list: whether %d of them fit %s is left to Vertex AI",
                 accelerator_name,
                 CHECKED,

@@ -2,10 +2,10 @@
 prompt, stop the server: what the `deploy` step does for a local run.
 
 The server is `transformers serve` (the transformers `serving` extra: FastAPI + uvicorn), on CPU,
-on a loopback port held for it (components/ports.py). Readiness is its `/health` answering, and
+on a loopback port held for it (components/runtime/ports.py). Readiness is its `/health` answering, and
 the process dying first is a failure with its log's tail; the server is stopped whatever happens.
 
-Run by hand: `python -m components.local_serving MODEL_DIR`.
+Run by hand: `python -m components.serving.local_serving MODEL_DIR`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from components.ports import LOOPBACK, ReservedPort
-from components.serving import SMOKE_PROMPT, chat_answer, chat_body, local_server_command
+from components.runtime.ports import LOOPBACK, ReservedPort
+from components.serving.presets import SMOKE_PROMPT, chat_answer, chat_body, local_server_command
 
 log = logging.getLogger(__name__)
 

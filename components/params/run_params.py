@@ -5,14 +5,14 @@ Everything else is derived from `RunParams`:
 - the `fine_tune` pipeline's signature and the parameter descriptions the Vertex AI / KFP console
   shows (pipelines/pipeline_interface.py);
 - the checks of the pipeline's first step and of `llmft run` / `llmft schedule` (`RunParams.errors`,
-  with the named checks of components/param_checks.py), which report every problem at once;
+  with the named checks of components/params/param_checks.py), which report every problem at once;
 - the keys `--param KEY=VALUE` and a config file's `parameters:` accept, with their types
-  (components/param_values.py);
+  (components/params/param_values.py);
 - the defaults of a local run (pipelines/local_run.py) and of `llmft render pytorchjob`.
 
 Adding a parameter is one field below, with `param(default, description, rules...)`, plus passing it
 to the step that uses it. Rules that involve several fields are named checks in
-components/param_checks.py, which `RunParams.errors` calls.
+components/params/param_checks.py, which `RunParams.errors` calls.
 """
 
 from __future__ import annotations
@@ -22,10 +22,24 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from components import param_checks as checks
-from components.param_schema import field_error, literal_choices, param
-from components.serving import LoraServing, ServingPreset
-from components.trainer_params import trainer_override_errors
+from components.launchers.vocab import (
+    DEFAULT_ACCELERATOR_COUNT,
+    DEFAULT_ACCELERATOR_TYPE,
+    DEFAULT_MACHINE_TYPE,
+    DEFAULT_NAMESPACE,
+    DEFAULT_RDZV_BACKEND,
+    DEFAULT_REGION,
+    K8S_LABEL_NAME,
+    PROJECT_ID,
+    REGION,
+    RdzvBackend,
+)
+from components.params import param_checks as checks
+from components.params.param_schema import field_error, literal_choices, param
+from components.params.trainer_params import trainer_override_errors
+from components.platform.capacity import Capacity
+from components.runtime.run_identity import check_placeholder_resolved
+from components.serving.presets import LoraServing, ServingPreset, check_lora_serving
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
@@ -35,11 +49,9 @@ from trainer.packed_data.format import (
 )
 
 Backend = Literal["local", "gke", "vertex"]
-RdzvBackend = Literal["etcd-v3", "etcd-v2", "c10d"]
 Runner = Literal["DirectRunner", "DataflowRunner"]
 DataKind = Literal["instruction", "text", "preference"]
 """beam_preprocess.options.DATA_KINDS (a test keeps them equal)."""
-Capacity = Literal["on-demand", "spot", "flex-start"]
 RecordFormat = Literal["auto", "prompt_response", "alpaca", "chat", "sharegpt"]
 """beam_preprocess.shapes.RECORD_FORMATS (a test keeps them equal)."""
 ToolTurns = Literal["reject", "filter"]
@@ -63,17 +75,6 @@ TRAIN_TIMEOUT_MAX_S = 7 * 24 * 3600 - 3600
 """The longest `train_timeout_s`: an hour under 7 days (Vertex's own CustomJob default timeout),
 so that the jobs' deadline (this plus a short grace) stays within it; the KFP target bounds the
 train task a little above the jobs' deadline (pipelines/fine_tune.py)."""
-
-PROJECT_ID = (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a Google Cloud project id (6-30 lowercase chars)")
-REGION = (r"[a-z]+-[a-z]+[0-9]+", "a Google Cloud region such as us-central1")
-K8S_LABEL_NAME = (
-    r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
-    "a Kubernetes name (lowercase letters, digits and '-', at most 63 chars)",
-)
-K8S_SUBDOMAIN_NAME = (
-    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
-    "a Kubernetes object name (lowercase letters, digits, '-' and '.')",
-)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class RunParams:
         ge=0,
     )
     rdzv_backend: RdzvBackend = param(
-        "etcd-v3",
+        DEFAULT_RDZV_BACKEND,
         'Rendezvous backend: "etcd-v3" (per-run etcd, works on etcd 3.4+), "etcd-v2" or "c10d" '
         "(Vertex always rendezvouses with c10d at the primary replica).",
     )
@@ -217,7 +218,7 @@ class RunParams:
         pattern=PROJECT_ID,
     )
     region: str = param(
-        "us-central1",
+        DEFAULT_REGION,
         "Google Cloud region for Vertex AI, Dataflow and the Model Registry.",
         pattern=REGION,
     )
@@ -227,7 +228,7 @@ class RunParams:
         "runs only.",
     )
     namespace: str = param(
-        "kubeflow",
+        DEFAULT_NAMESPACE,
         "Kubernetes namespace for the per-run etcd and the PyTorchJob (gke backend).",
         pattern=K8S_LABEL_NAME,
     )
@@ -241,16 +242,18 @@ class RunParams:
         ),
     )
     machine_type: str = param(
-        "a3-highgpu-8g",
+        DEFAULT_MACHINE_TYPE,
         "Machine type per node: on Vertex AI each replica's (e.g. a3-highgpu-8g, which carries "
         "8 x NVIDIA_H100_80GB); on GKE the GPU node pool's, to check the accelerators fit.",
     )
     accelerator_type: str = param(
-        "NVIDIA_H100_80GB",
+        DEFAULT_ACCELERATOR_TYPE,
         "Accelerator per node: a Vertex name such as NVIDIA_H100_80GB; on GKE the matching "
         "gke-accelerator node selector is used. Empty for CPU-only training.",
     )
-    accelerator_count: int = param(8, "Accelerators per node (0 for CPU-only training).", ge=0)
+    accelerator_count: int = param(
+        DEFAULT_ACCELERATOR_COUNT, "Accelerators per node (0 for CPU-only training).", ge=0
+    )
     service_account: str = param(
         "",
         "Identity of the training job. Vertex: a service-account email (empty: the Vertex AI "
@@ -319,7 +322,7 @@ class RunParams:
     # --- serving, deployment and tracking (issue 30) -------------------------------------------
     serving_preset: ServingPreset = param(
         "vertex-vllm",
-        'How serving_image starts the model (components/serving.py): "vertex-vllm" (Vertex AI '
+        'How serving_image starts the model (components/serving/presets.py): "vertex-vllm" (Vertex AI '
         'Model Garden pytorch-vllm-serve image), "vllm-openai" (vLLM\'s own OpenAI server image), '
         'or "custom" (the image alone, e.g. a TGI image that reads AIP_STORAGE_URI itself).',
     )
@@ -388,7 +391,7 @@ class RunParams:
         le=TRAIN_TIMEOUT_MAX_S,
     )
 
-    # --- cost and capacity (components/cost.py, components/capacity.py) ------------------------
+    # --- cost and capacity (components/preflight/cost.py, components/platform/capacity.py) ------------------------
     capacity: Capacity = param(
         "on-demand",
         'How the training machines are obtained: "on-demand", "spot" (cheaper, preemptible: '
@@ -420,7 +423,7 @@ class RunParams:
     gpu_hour_price_usd: float = param(
         0.0,
         "Price of one GPU-hour (machine share included) for the estimate and the actual cost; "
-        "0 takes the dated price table in components/cost.py for accelerator_type and capacity.",
+        "0 takes the dated price table in components/preflight/cost.py for accelerator_type and capacity.",
         ge=0.0,
     )
     model_parameters: int = param(
@@ -507,7 +510,7 @@ class RunParams:
                 ),
                 checks.check_secret_name("hf_token_secret", self.hf_token_secret),
                 checks.check_chat_template(self.chat_template),
-                checks.check_placeholder_resolved("run id", run_id),
+                check_placeholder_resolved("run id", run_id),
                 checks.check_eval_accelerator(
                     target, self.eval_accelerator_type, self.eval_accelerator_count
                 ),
@@ -553,7 +556,7 @@ class RunParams:
             self.backend, self.capacity, self.accelerator_type
         ):
             errors.append(flex_error)
-        if lora_error := checks.check_lora_serving(self.lora_serving):
+        if lora_error := check_lora_serving(self.lora_serving):
             errors.append(lora_error)
         errors += checks.check_registry(
             latest=LATEST_REGISTERED,

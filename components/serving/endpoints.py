@@ -7,7 +7,7 @@
 2. when the endpoint already serves earlier versions, smoke-test the new one alone first: a
    shared endpoint routes each request at random by its split and offers no per-deployed-model
    route, so the version is deployed to a temporary endpoint of its own, sent one chat prompt
-   (components/serving.py), and removed (`smoke_alone`);
+   (components/serving/presets.py), and removed (`smoke_alone`);
 3. deploy the version on the chosen machine and accelerators (Spot allowed) with its share: the
    challenger gets `traffic_percent` and the earlier ones keep the rest in their proportions;
    with 100 it replaces them (undeployed best-effort afterwards). On an endpoint serving nothing
@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.run_identity import resource_name, vertex_labels
-from components.serving import ServingPreset, chat_answer, chat_body
+from components.runtime.run_identity import resource_name, vertex_labels
+from components.serving.presets import ServingPreset, chat_answer, chat_body
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class DeployOptions:
 
 def deploy_errors(options: DeployOptions) -> list[str]:
     """What Vertex would refuse about `options`, each with the fix ([] when fine)."""
-    from components.platform_facts import machine_accelerator_errors
+    from components.platform.platform_facts import machine_accelerator_errors
 
     errors = []
     if not options.endpoint:

@@ -1,7 +1,7 @@
 """Capacity types (on-demand, Spot, flex-start) and the defaults that change with them.
 
 On preemptible capacity (Spot) a machine can be taken with 30 s notice, of which a GKE pod gets
-`GKE_SPOT_POD_GRACE_S` (components/platform_facts.py): too short for a SIGTERM checkpoint of a
+`GKE_SPOT_POD_GRACE_S` (components/platform/platform_facts.py): too short for a SIGTERM checkpoint of a
 large model to gs://. So a Spot run also checkpoints by time (`SPOT_CHECKPOINT_MINUTES`, which
 bounds the work a preemption loses), restarts more often, and every restart resumes from the
 newest complete checkpoint. Flex-start (Dynamic Workload Scheduler) waits for its machines, then
@@ -14,15 +14,11 @@ and components/launchers/pytorchjob.py (node selectors and tolerations).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, get_args
 
-from components.run_params import choices
-
-if TYPE_CHECKING:
-    from trainer.config import TrainConfig
-
-CAPACITIES: tuple[str, ...] = choices("capacity")
-"""on-demand, spot, flex-start (the `capacity` run parameter's choices)."""
+Capacity = Literal["on-demand", "spot", "flex-start"]
+CAPACITIES: tuple[str, ...] = get_args(Capacity)
+"""The `capacity` run parameter's choices."""
 PREEMPTIBLE = ("spot",)
 """Capacity types whose machines can be taken away mid-run."""
 SPOT_CHECKPOINT_MINUTES = 10.0
@@ -34,7 +30,7 @@ preempted Spot node caps non-system pods at GKE_SPOT_POD_GRACE_S anyway, so a sh
 gains nothing there and only cuts the SIGTERM checkpoint window of every other termination
 (cancel, scale-down, node upgrade or drain). The train step does not know the checkpoint's size
 (the model is read by the workers), so no measured checkpoint time is added here: the cost
-estimate's note says when a SIGTERM checkpoint exceeds the Spot grace (components/cost.py)."""
+estimate's note says when a SIGTERM checkpoint exceeds the Spot grace (components/preflight/cost.py)."""
 SPOT_RESTARTS_PER_NODE = 10
 """PyTorchJob container restarts per node on Spot (on-demand keeps PyTorchJobOptions' 3): each
 preemption of a node costs one."""
@@ -50,21 +46,3 @@ def trainer_overrides_for(capacity: str, overrides: Mapping[str, Any]) -> dict[s
     if preemptible(capacity):
         values.setdefault("checkpoint_every_minutes", SPOT_CHECKPOINT_MINUTES)
     return values
-
-
-def planned_trainer_config(params: Any) -> TrainConfig:
-    """The trainer config a run's parameters (`RunParams`) launch with, for what is estimated and
-    checked before it starts: the capacity's overrides applied (`trainer_overrides_for`); model,
-    data and output are placeholders (the train step resolves them)."""
-    from components.trainer_params import trainer_config
-
-    return trainer_config(
-        trainer_overrides_for(params.capacity, params.trainer_overrides or {}),
-        max_steps=params.max_steps,
-        learning_rate=params.learning_rate,
-        quantize_base=params.quantize_base,
-        objective=params.objective,
-        model="m",
-        data="d",
-        output="o",
-    )

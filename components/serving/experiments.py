@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from components.run_identity import safe_run_id
+from components.runtime.run_identity import safe_run_id
 
 log = logging.getLogger(__name__)
 

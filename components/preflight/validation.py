@@ -1,6 +1,6 @@
 """Check a fine-tune run's parameters once, before anything is created or started.
 
-The rules live with the parameters (components/run_params.py); this module applies them where a
+The rules live with the parameters (components/params/run_params.py); this module applies them where a
 run begins: `check_run_parameters` in `llmft run` / `llmft schedule` (on the user's machine, before
 any credentials or server are needed) and the pipeline's first step (components/steps/validate.py:
 again, now with the run's schedule time and access to its data). Every problem is reported in one
@@ -14,8 +14,8 @@ import glob
 from collections.abc import Mapping
 from typing import Any
 
-from components.param_values import params_from_mapping
-from components.run_params import SCHEDULE_TIME_PLACEHOLDER, RunParams, raise_errors
+from components.params.param_values import params_from_mapping
+from components.params.run_params import SCHEDULE_TIME_PLACEHOLDER, RunParams, raise_errors
 
 
 def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
@@ -96,8 +96,8 @@ def check_run_parameters(values: Mapping[str, Any]) -> RunParams:
 
 
 def fit_errors(params: RunParams, base_model: str, *, remote: bool) -> list[str]:
-    """Training must fit its GPUs (components/train_fit.py), refused before money is spent."""
-    from components.train_fit import training_fit_error
+    """Training must fit its GPUs (components/preflight/train_fit.py), refused before money is spent."""
+    from components.preflight.train_fit import training_fit_error
 
     error = training_fit_error(params, base_model, remote=remote)
     return [error] if error else []

@@ -30,6 +30,24 @@ STATE_DIR_ENV = "LLMFT_STATE_DIR"
 _MAX = 40
 
 
+PLACEHOLDER_START = "{{$."
+"""How an unresolved KFP placeholder starts."""
+
+
+def check_placeholder_resolved(name: str, value: str) -> str | None:
+    """A literal `{{$.` means the backend did not resolve a KFP placeholder; using it would name
+    every run's resources alike."""
+    if PLACEHOLDER_START in value:
+        from components.platform.platform_facts import KFP_FEATURE_FLOORS, version_text
+
+        floor = version_text(KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"][0])
+        return (
+            f"{name}={value!r} is an unresolved KFP placeholder: this backend is too old to "
+            f"resolve it (KFP >= {floor} resolves the run id; see docs/deploy/README.md)"
+        )
+    return None
+
+
 def safe_run_id(run_id: str) -> str:
     """A run id usable as a label value and inside DNS-1123 names (lowercase, digits, '-').
 
@@ -39,8 +57,6 @@ def safe_run_id(run_id: str) -> str:
         raise ValueError(
             "run id is empty: pass the pipeline's run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)"
         )
-    from components.param_checks import check_placeholder_resolved
-
     if problem := check_placeholder_resolved("run id", run_id):
         raise ValueError(problem)  # hashing it would give every run of this backend one name
     cleaned = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")

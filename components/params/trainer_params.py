@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from components.platform.capacity import trainer_overrides_for
 from trainer.config import TrainConfig, config_from_mapping
 
 RESERVED: dict[str, str | None] = {
@@ -84,3 +85,19 @@ def trainer_override_errors(
     except ValueError as exc:
         return [f"trainer_overrides: {exc}"]
     return [f"trainer_overrides: {e}" for e in config.errors()]
+
+
+def planned_trainer_config(params: Any) -> TrainConfig:
+    """The trainer config a run's parameters (`RunParams`) launch with, for what is estimated and
+    checked before it starts: the capacity's overrides applied (`trainer_overrides_for`); model,
+    data and output are placeholders (the train step resolves them)."""
+    return trainer_config(
+        trainer_overrides_for(params.capacity, params.trainer_overrides or {}),
+        max_steps=params.max_steps,
+        learning_rate=params.learning_rate,
+        quantize_base=params.quantize_base,
+        objective=params.objective,
+        model="m",
+        data="d",
+        output="o",
+    )

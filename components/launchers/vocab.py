@@ -1,0 +1,30 @@
+"""What a launch is made of, apart from any run schema: the rendezvous backends, the default
+shape of a training job, and the names Kubernetes and Google Cloud accept.
+
+The launchers build jobs from these alone (an import-linter contract keeps them off
+`components.params`); the run parameters (components/params/run_params.py) take their choices and
+defaults from here, so each is written once.
+"""
+
+from typing import Literal, get_args
+
+RdzvBackend = Literal["etcd-v3", "etcd-v2", "c10d"]
+RDZV_BACKENDS: tuple[str, ...] = get_args(RdzvBackend)
+DEFAULT_RDZV_BACKEND: RdzvBackend = "etcd-v3"
+
+DEFAULT_REGION = "us-central1"
+DEFAULT_NAMESPACE = "kubeflow"
+DEFAULT_MACHINE_TYPE = "a3-highgpu-8g"
+DEFAULT_ACCELERATOR_TYPE = "NVIDIA_H100_80GB"
+DEFAULT_ACCELERATOR_COUNT = 8
+
+PROJECT_ID = (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a Google Cloud project id (6-30 lowercase chars)")
+REGION = (r"[a-z]+-[a-z]+[0-9]+", "a Google Cloud region such as us-central1")
+K8S_LABEL_NAME = (
+    r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+    "a Kubernetes name (lowercase letters, digits and '-', at most 63 chars)",
+)
+K8S_SUBDOMAIN_NAME = (
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
+    "a Kubernetes object name (lowercase letters, digits, '-' and '.')",
+)
