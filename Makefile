@@ -63,7 +63,8 @@ format: install  ## apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix components pipelines trainer beam_preprocess infra tests benchmarks
 	$(VENV)/bin/ruff format components pipelines trainer beam_preprocess infra tests benchmarks
 
-compile: install  ## regenerate compiled/ from the pipeline source
+compile: install  ## regenerate components/kfp_components.py from the steps, then compiled/ from the pipeline
+	$(PY) -m pipelines.component_source
 	$(VENV)/bin/llmft compile --target all --output-dir compiled
 
 clean:  ## remove the venv and run outputs

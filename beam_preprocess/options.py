@@ -15,17 +15,12 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_preprocess import data_shape
+from beam_preprocess.data_shape import DataShape
 from beam_preprocess.readers import FORMATS
-from beam_preprocess.shapes import (
-    FIELD_NAMES,
-    RECORD_FORMATS,
-    TOOL_TURNS,
-    Shape,
-    field_error,
-    shape_error,
-)
+from beam_preprocess.shapes import FIELD_NAMES, Shape, field_error, shape_error
 from beam_preprocess.sources import source_errors
-from beam_preprocess.template_library import NAMED_TEMPLATES, template_error
+from beam_preprocess.template_library import template_error
 from beam_preprocess.tokenize import OVERLONG_POLICIES
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
@@ -35,7 +30,6 @@ from trainer.packed_data.format import (
     SEQ_LEN_MIN,
 )
 
-DATA_KINDS = ("instruction", "text", PREFERENCE_KIND)
 GLOB_CHARS = "*?[]"
 """Characters Beam's file systems read as a pattern: refused in --output, which is matched and
 deleted by pattern while the dataset is committed (`out[1]` would fail only after all the work)."""
@@ -82,14 +76,6 @@ def _io_arguments(add: Callable[..., None]) -> None:
     )
     add("--seq-len", dest="seq_len", type=int, default=None, help="Tokens per packed row.")
     add(
-        "--data-kind",
-        dest="data_kind",
-        default="instruction",
-        choices=DATA_KINDS,
-        help="instruction: prompt/response or chat messages; text: plain causal-LM text; "
-        "preference: {prompt, chosen, rejected} pairs for DPO (beam_preprocess/pairs.py).",
-    )
-    add(
         "--input-format",
         dest="input_format",
         default="auto",
@@ -99,51 +85,9 @@ def _io_arguments(add: Callable[..., None]) -> None:
 
 
 def _record_arguments(add: Callable[..., None]) -> None:
-    """Which fields hold the text, and how records are split into train and eval."""
-    add(
-        "--record-format",
-        dest="record_format",
-        default="auto",
-        choices=RECORD_FORMATS,
-        help="Shape of instruction records (beam_preprocess/shapes.py): auto (per record: "
-        "messages, conversations, instruction+output, else prompt/response), prompt_response, alpaca (instruction/input/output), "
-        "chat (OpenAI role/content), sharegpt (conversations of from/value).",
-    )
-    for name, what in (
-        ("prompt", "the prompt (alpaca: instruction)"),
-        ("response", "the response (alpaca: output)"),
-        ("messages", "a conversation (chat: messages, sharegpt: conversations)"),
-        ("text", "plain text"),
-        ("system", "an optional system prompt"),
-    ):
-        add(
-            f"--{name}-field",
-            dest=f"{name}_field",
-            default="",
-            help=f"Field holding {what}; empty: the record format's default.",
-        )
-    add(
-        "--tool-turns",
-        dest="tool_turns",
-        default="reject",
-        choices=TOOL_TURNS,
-        help="Conversations with tool calls or tool results: reject (rejected/) or filter "
-        "(filtered/); never trained on silently.",
-    )
-    add(
-        "--chat-template",
-        dest="chat_template",
-        default="",
-        help=f"Chat template instead of the tokenizer's: a name ({', '.join(NAMED_TEMPLATES)}) "
-        "or a Jinja template string; needed for base models without one.",
-    )
-    add(
-        "--bigquery-query",
-        dest="bigquery_query",
-        default="",
-        help="For a bq://PROJECT.DATASET.TABLE input: a SQL query whose {table} is replaced by "
-        "the table pinned at the run's snapshot time (default: every row).",
-    )
+    """Which fields hold the text (the data settings, beam_preprocess/data_shape.py), and how
+    records are split into train and eval."""
+    data_shape.add_arguments(add)
     add(
         "--stage-dir",
         dest="stage_dir",
@@ -270,9 +214,9 @@ class PreprocessOptions(PipelineOptions):
         add_preprocess_arguments(parser)
 
 
-@dataclass(frozen=True)
-class PreprocessConfig:
-    """Validated settings the transforms run with."""
+@dataclass(frozen=True, kw_only=True)
+class PreprocessConfig(DataShape):
+    """Validated settings the transforms run with: the data settings (`DataShape`) and these."""
 
     inputs: tuple[str, ...]
     """File patterns (local paths, globs, gs://)."""
@@ -282,21 +226,7 @@ class PreprocessConfig:
     """Tokenizer directory or hub name, loaded once per worker."""
     seq_len: int
     """Tokens per packed row."""
-    data_kind: str = "instruction"
-    """One of DATA_KINDS: "instruction", "text" or "preference"."""
     input_format: str = "auto"
-    record_format: str = "auto"
-    """Shape of instruction records (beam_preprocess.shapes.RECORD_FORMATS)."""
-    prompt_field: str = ""
-    """Empty field names mean the record format's default (beam_preprocess.shapes)."""
-    response_field: str = ""
-    messages_field: str = ""
-    text_field: str = ""
-    system_field: str = ""
-    tool_turns: str = "reject"
-    chat_template: str = ""
-    """A named template (beam_preprocess.template_library) or Jinja; empty: the tokenizer's."""
-    bigquery_query: str = ""
     stage_dir: str = ""
     eval_fraction: float = EVAL_FRACTION_DEFAULT
     """Held-out fraction, decided by a salted hash of the prompt (text), so reruns agree."""
@@ -376,21 +306,12 @@ class PreprocessConfig:
         if overlong == "auto":
             overlong = "split" if o.data_kind == "text" else "drop"
         return cls(
+            **data_shape.from_options(o),
             inputs=inputs,
             output=o.output.rstrip("/"),
             tokenizer=o.tokenizer,
             seq_len=o.seq_len,
-            data_kind=o.data_kind,
             input_format=o.input_format,
-            record_format=o.record_format,
-            prompt_field=o.prompt_field,
-            response_field=o.response_field,
-            messages_field=o.messages_field,
-            text_field=o.text_field,
-            system_field=o.system_field,
-            tool_turns=o.tool_turns,
-            chat_template=o.chat_template,
-            bigquery_query=o.bigquery_query,
             stage_dir=o.stage_dir,
             eval_fraction=o.eval_fraction,
             split_seed=o.split_seed,

@@ -31,9 +31,7 @@ from beam_preprocess import pairs
 from beam_preprocess.records import has_lone_surrogate
 from trainer.packed_data.format import PREFERENCE_KIND
 
-RECORD_FORMATS = ("auto", "prompt_response", "alpaca", "chat", "sharegpt")
 """Shapes of instruction records (text data always reads one text field)."""
-TOOL_TURNS = ("reject", "filter")
 """What becomes of a conversation with tool turns (a `tool`/`function` message, or an assistant
 message with `tool_calls`/`function_call`): rejected (rejected/, counts towards
 max_rejected_fraction) or filtered (filtered/, a policy), both with the reason `tool_turns`. They

@@ -40,6 +40,7 @@ from kfp import dsl
 from components import kfp_components as c
 from components.params.param_checks import TARGETS as BUILD_TARGETS
 from components.params.run_params import TRAIN_TIMEOUT_MAX_S, RunParams, defaults
+from components.params.step_params import inputs_of
 from components.platform.task_resources import KFP_STEP_REQUESTS, STEP_RESOURCES
 from pipelines.pipeline_interface import pipeline_docstring, pipeline_signature
 from trainer.cuda_guard import EXPECT_CUDA_ENV
@@ -107,14 +108,8 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
 
 def _cleanup(p: RunParams, run_id: str) -> Any:
     """The exit handler: deletes everything labelled with the run id, whatever happened."""
-    cleanup_task = c.cleanup(
-        backend=p.backend,
-        run_id=run_id,
-        namespace=p.namespace,
-        gke_cluster=p.gke_cluster,
-        project=p.project,
-        region=p.region,
-    ).set_caching_options(False)
+    cleanup_task = c.cleanup(**inputs_of(p, "cleanup"), run_id=run_id)
+    cleanup_task.set_caching_options(False)
     cleanup_task.set_display_name("cleanup")
     return cleanup_task
 
@@ -122,7 +117,7 @@ def _cleanup(p: RunParams, run_id: str) -> Any:
 def _validate(p: RunParams, run_id: str, target: str, schedule_time: bool) -> Any:
     """First step: every parameter checked (and "latest-registered" resolved) before work starts."""
     return c.validate_inputs(
-        **p.as_dict(),
+        **inputs_of(p, "validate_inputs"),
         target=target,
         run_id=run_id,
         schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER if schedule_time else "",
@@ -134,41 +129,19 @@ def _preprocess(p: RunParams, run_id: str, validated: Any) -> Any:
     # No retry: Beam and Dataflow retry failed bundles themselves; what fails the step
     # (bad input, a rejected-fraction over the limit, no training rows) is permanent.
     return c.preprocess(
-        train_data_uri=validated.outputs["train_data_uri"],
-        base_model=validated.outputs["base_model"],
-        data_kind=p.data_kind,
-        seq_len=p.seq_len,
-        eval_fraction=p.eval_fraction,
-        runner=p.preprocess_runner,
-        project=p.project,
-        region=p.region,
-        work_uri=p.work_uri,
+        **inputs_of(
+            p,
+            "preprocess",
+            train_data_uri=validated.outputs["train_data_uri"],
+            base_model=validated.outputs["base_model"],
+        ),
         run_id=run_id,
-        dataflow_options=p.dataflow_options,
-        dataflow_service_account=p.dataflow_service_account,
-        hf_token_secret=p.hf_token_secret,
-        record_format=p.record_format,
-        prompt_field=p.prompt_field,
-        response_field=p.response_field,
-        messages_field=p.messages_field,
-        text_field=p.text_field,
-        system_field=p.system_field,
-        tool_turns=p.tool_turns,
-        chat_template=p.chat_template,
-        bigquery_query=p.bigquery_query,
     )
 
 
 def _etcd_up(p: RunParams, run_id: str, prep: Any) -> Any:
     """The run's rendezvous etcd, started only once the data is ready."""
-    etcd = c.etcd_up(
-        backend=p.backend,
-        run_id=run_id,
-        rdzv_backend=p.rdzv_backend,
-        namespace=p.namespace,
-        gke_cluster=p.gke_cluster,
-        project=p.project,
-    ).set_caching_options(False)
+    etcd = c.etcd_up(**inputs_of(p, "etcd_up"), run_id=run_id).set_caching_options(False)
     etcd.after(prep)  # start the per-run etcd only once its data is ready
     etcd.set_retry(num_retries=2, backoff_duration="10s")
     return etcd
@@ -177,38 +150,11 @@ def _etcd_up(p: RunParams, run_id: str, prep: Any) -> Any:
 def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, etcd: Any) -> Any:
     """Launch and follow the training job on the chosen backend."""
     trained = c.train(
-        backend=p.backend,
+        **inputs_of(p, "train", base_model=validated.outputs["base_model"]),
         run_id=run_id,
-        base_model=validated.outputs["base_model"],
         dataset_uri=prep.outputs["dataset_uri"],  # by URI: not downloaded into the launcher pod
         rdzv_endpoint=etcd.output,
-        rdzv_backend=p.rdzv_backend,
-        nodes=p.nodes,
-        nproc_per_node=p.nproc_per_node,
-        max_steps=p.max_steps,
-        learning_rate=p.learning_rate,
-        trainer_overrides=p.trainer_overrides,
-        quantize_base=p.quantize_base,
-        objective=p.objective,
-        project=p.project,
-        region=p.region,
-        work_uri=p.work_uri,
-        namespace=p.namespace,
-        gke_cluster=p.gke_cluster,
-        machine_type=p.machine_type,
-        accelerator_type=p.accelerator_type,
-        accelerator_count=p.accelerator_count,
-        service_account=p.service_account,
-        hf_token_secret=p.hf_token_secret,
-        train_timeout_s=p.train_timeout_s,
-        capacity=p.capacity,
-        max_wait_minutes=p.max_wait_minutes,
-        reservation=p.reservation,
-        gpu_hour_price_usd=p.gpu_hour_price_usd,
         budget_timeout_s=validated.outputs["budget_timeout_s"],
-        tensorboard=p.tensorboard,
-        experiment=p.experiment,
-        encryption_key=p.encryption_key,
     ).set_caching_options(False)
     if target != "local":
         # Safe to retry: the trainer resumes from its latest complete checkpoint. Not locally:
@@ -221,28 +167,18 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
 def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any) -> Any:
     """Base vs tuned with the quality gate, on a GPU except in the local build."""
     evaluated = c.evaluate(
-        base_model=validated.outputs["base_model"],
+        **inputs_of(
+            p,
+            "evaluate",
+            base_model=validated.outputs["base_model"],
+            champion_model=validated.outputs["champion_model"],
+            # The declared machine (memory check before loading) exists on Vertex only; on KFP any
+            # GPU node serves and locally this machine's devices do: both are measured at run time.
+            eval_accelerator_type=p.eval_accelerator_type if target == "vertex" else "",
+            eval_accelerator_count=p.eval_accelerator_count if target == "vertex" else 0,
+        ),
         tuned_model=trained.outputs["model"],
         dataset=prep.outputs["dataset"],
-        max_eval_examples=p.max_eval_examples,
-        min_loss_improvement=p.min_loss_improvement,
-        min_exact_match=p.min_exact_match,
-        champion_model=validated.outputs["champion_model"],
-        min_general_retained=p.min_general_retained,
-        project=p.project,
-        hf_token_secret=p.hf_token_secret,
-        region=p.region,
-        # The declared machine (memory check before loading) exists on Vertex only; on KFP any
-        # GPU node serves and locally this machine's devices do: both are measured at run time.
-        eval_accelerator_type=p.eval_accelerator_type if target == "vertex" else "",
-        eval_accelerator_count=p.eval_accelerator_count if target == "vertex" else 0,
-        eval_tasks=p.eval_tasks,
-        eval_num_fewshot=p.eval_num_fewshot,
-        eval_limit=p.eval_limit,
-        max_task_regression=p.max_task_regression,
-        judge_metric=p.judge_metric,
-        judge_min_win_rate=p.judge_min_win_rate,
-        objective=p.objective,
     )
     if target == "vertex":
         evaluated.set_accelerator_type(p.eval_accelerator_type)
@@ -263,18 +199,9 @@ def _register(
     exported model on its own machine instead. Returns (register task, deploy task), None for
     a task this target does not have."""
     deploy_args = dict(
+        **inputs_of(p, "deploy"),
         model_uri=trained.outputs["model_uri"],  # by URI: nothing downloaded into the pod
         run_id=run_id,
-        project=p.project,
-        region=p.region,
-        serving_preset=p.serving_preset,
-        deploy_endpoint=p.deploy_endpoint,
-        deploy_machine_type=p.deploy_machine_type,
-        deploy_accelerator_type=p.deploy_accelerator_type,
-        deploy_accelerator_count=p.deploy_accelerator_count,
-        deploy_spot=p.deploy_spot,
-        deploy_traffic_percent=p.deploy_traffic_percent,
-        encryption_key=p.encryption_key,
         local=target == "local",
     )
     if target == "local":
@@ -287,18 +214,10 @@ def _register(
     with dsl.If(evaluated.outputs["passed"] == True, name="passed-gate"):  # noqa: E712, SIM117
         with dsl.If(p.register_model == True, name="register-enabled"):  # noqa: E712
             registered = c.register(
+                **inputs_of(p, "register", base_model=validated.outputs["base_model"]),
                 model_uri=trained.outputs["model_uri"],  # by URI: the registry reads gs://
-                base_model=validated.outputs["base_model"],
                 metrics=evaluated.outputs["metrics"],
                 run_id=run_id,
-                project=p.project,
-                region=p.region,
-                registered_model=p.registered_model,
-                serving_image=p.serving_image,
-                serving_preset=p.serving_preset,
-                lora_serving=p.lora_serving,
-                seq_len=p.seq_len,
-                deploy_accelerator_count=p.deploy_accelerator_count,
             ).set_caching_options(False)
             with dsl.If(p.deploy_endpoint != "", name="deploy-enabled"):
                 deployed = c.deploy(

@@ -19,6 +19,8 @@ from components.launchers.customjob import build_custom_job
 from components.launchers.pytorchjob import build_pytorchjob
 from components.params.run_params import RunParams
 from components.platform.platform_facts import GKE_SPOT_POD_GRACE_S
+from components.steps.component_spec import request_of
+from components.steps.train import COMPONENT as TRAIN_STEP
 from components.steps.train import TrainRequest, backend_options, trainer_launch
 
 pytestmark = pytest.mark.unit
@@ -69,7 +71,7 @@ def request(backend: str, **changes: Any) -> TrainRequest:
         "model": SimpleNamespace(uri="gs://b/root/model"),
         "gcp_resources": "",
     }
-    return TrainRequest(**(values | changes))
+    return request_of(TRAIN_STEP, **(values | changes))
 
 
 def custom_job_parts(**changes: Any) -> dict[str, Any]:

@@ -204,13 +204,14 @@ def test_a_default_cloud_run_gives_valid_dataflow_options(fresh: Path, target: s
     from beam_preprocess.dataflow import validate_dataflow_options
     from beam_preprocess.options import PreprocessConfig
     from components.runtime.image import DEFAULT_IMAGE
-    from components.steps.preprocess import PreprocessRequest, beam_argv
+    from components.steps.component_spec import request_of
+    from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
+    from components.steps.preprocess import beam_argv
 
     values, _ = _console_run(fresh, target)
-    request = PreprocessRequest(
-        train_data_uri=values["train_data_uri"], base_model=values["base_model"],
+    request = request_of(PREPROCESS_STEP, train_data_uri=values["train_data_uri"], base_model=values["base_model"],
         data_kind=values["data_kind"], seq_len=int(values["seq_len"]),
-        eval_fraction=values["eval_fraction"], runner=values["preprocess_runner"],
+        eval_fraction=values["eval_fraction"], preprocess_runner=values["preprocess_runner"],
         project=values["project"], region=values["region"], work_uri=values["work_uri"],
         run_id="llmft-fine-tune-20261203", dataflow_options=values["dataflow_options"],
         dataflow_service_account="preprocess@my-project.iam.gserviceaccount.com",

@@ -1,6 +1,6 @@
 """Cancellation reaches the step: KFP runs a lightweight component as `sh -ec '...; python3 -m
 kfp.dsl.executor_main ...'`, and dash does not forward SIGTERM to that child. Our components exec
-Python instead (components/kfp_components.py: exec_python). Both commands are run here for real,
+Python instead (components/lightweight.py: exec_python). Both commands are run here for real,
 under a real `sh`, and sent SIGTERM the way the kubelet signals a container's PID 1.
 
 No `from __future__ import annotations` here: KFP reads the component's annotations as types."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kfp import dsl
 
-from components.kfp_components import exec_python, llmft_component
+from components.lightweight import exec_python, llmft_component
 
 
 def wait_for_term(marker_dir: str) -> None:

@@ -71,11 +71,12 @@ def test_image_is_a_dataflow_custom_container() -> None:
     assert f"--uid {IMAGE_UID}" in DOCKERFILE
     # The default Dataflow options point at this image.
     from components.runtime.image import DEFAULT_IMAGE
-    from components.steps.preprocess import PreprocessRequest, beam_argv
+    from components.steps.component_spec import request_of
+    from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
+    from components.steps.preprocess import beam_argv
 
-    request = PreprocessRequest(
-        train_data_uri="gs://bkt/d/*.jsonl", base_model="gs://bkt/m", data_kind="text", seq_len=64,
-        eval_fraction=0.1, runner="DataflowRunner", project="my-project", region="us-central1",
+    request = request_of(PREPROCESS_STEP, train_data_uri="gs://bkt/d/*.jsonl", base_model="gs://bkt/m", data_kind="text", seq_len=64,
+        eval_fraction=0.1, preprocess_runner="DataflowRunner", project="my-project", region="us-central1",
         work_uri="gs://bkt/w", run_id="r", dataflow_options={}, dataflow_service_account="",
         hf_token_secret="", dataset=None, summary=None, gcp_resources="",
     )  # fmt: skip

@@ -160,17 +160,16 @@ def test_register_collects_all_errors(fake_registry: FakeModelService) -> None:
 
 def test_register_the_trained_model_by_uri(fake_registry: FakeModelService) -> None:
     """The `register` component's entry: display name -> new model, then versions of it."""
-    from components.steps.register import RegisterRequest
+    from components.steps.component_spec import request_of
+    from components.steps.register import COMPONENT as REGISTER_STEP
     from components.steps.register import run as register
 
-    first = register(RegisterRequest(
-        model_uri="gs://bucket/runs/run-1/train/model", base_model="gs://bucket/base",
+    first = register(request_of(REGISTER_STEP, model_uri="gs://bucket/runs/run-1/train/model", base_model="gs://bucket/base",
         run_id="run-1", project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft",
         serving_image=IMAGE,
     ))  # fmt: skip
     assert first == f"{PARENT}/models/1000@1"
-    second = register(RegisterRequest(
-        model_uri="gs://bucket/runs/run-2/train/model", base_model="", run_id="run-2",
+    second = register(request_of(REGISTER_STEP, model_uri="gs://bucket/runs/run-2/train/model", base_model="", run_id="run-2",
         project=PROJECT, region=LOCATION, registered_model="tiny-llama-ft", serving_image=IMAGE,
     ))  # fmt: skip
     assert second == f"{PARENT}/models/1000@2"
@@ -182,8 +181,7 @@ def test_register_the_trained_model_by_uri(fake_registry: FakeModelService) -> N
     assert uploads[1].model.display_name == "tiny-llama-ft"
     assert uploads[1].model.labels["llmft-run-id"] == "run-2"
     # By resource name too, and "latest-registered" resolves to the newest files.
-    third = register(RegisterRequest(
-        model_uri="gs://bucket/runs/run-3/train/model", base_model="", run_id="run-3",
+    third = register(request_of(REGISTER_STEP, model_uri="gs://bucket/runs/run-3/train/model", base_model="", run_id="run-3",
         project=PROJECT, region=LOCATION, registered_model=f"{PARENT}/models/1000", serving_image=IMAGE,
     ))  # fmt: skip
     assert third == f"{PARENT}/models/1000@3"

@@ -302,11 +302,14 @@ def test_evaluate_reads_and_writes_gcs(chain: Chain) -> None:
 
 
 def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelService) -> None:
-    from components.steps.register import RegisterRequest, run
+    from components.steps.component_spec import request_of
+    from components.steps.register import COMPONENT as REGISTER_STEP
+    from components.steps.register import run
 
     summary = json.loads(storage.read_text(chain.uri("run/summary.json")))
     name = run(
-        RegisterRequest(
+        request_of(
+            REGISTER_STEP,
             model_uri=summary["model_dir"],
             base_model=summary["base_model"],
             run_id="gcs-chain",

@@ -3,13 +3,11 @@ with the exact text the model sees and the tokens it is trained on."""
 
 from __future__ import annotations
 
-import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from beam_preprocess import shapes
 from beam_preprocess.shapes import Invalid, Shape, example_of
 
 pytestmark = pytest.mark.unit
@@ -271,10 +269,12 @@ def test_source_uris_parse_and_explain_mistakes():
 
 
 def test_run_parameters_share_the_shapes_choices_and_check_the_new_rules():
-    from components.params.run_params import RecordFormat, RunParams, ToolTurns
+    from beam_preprocess.data_shape import DataShape
+    from components.params.run_params import RunParams, choices
 
-    assert typing.get_args(RecordFormat) == shapes.RECORD_FORMATS
-    assert typing.get_args(ToolTurns) == shapes.TOOL_TURNS
+    # One definition: the run parameters are preprocessing's data settings (DataShape).
+    assert issubclass(RunParams, DataShape)
+    assert choices("tool_turns") == ("reject", "filter")
     params = RunParams(
         train_data_uri="bq://my-project.sft.pairs",
         base_model="m",
@@ -294,15 +294,18 @@ def test_run_parameters_share_the_shapes_choices_and_check_the_new_rules():
 
 def test_the_preprocess_step_passes_shape_options_on_every_runner():
     """`beam_argv` drops Dataflow-only options locally; the record shape is not one of them."""
-    from components.steps.preprocess import PreprocessRequest, beam_argv
+    from components.steps.component_spec import request_of
+    from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
+    from components.steps.preprocess import beam_argv
 
-    request = PreprocessRequest(
+    request = request_of(
+        PREPROCESS_STEP,
         train_data_uri="hf://datasets/o/n:train",
         base_model="tok",
         data_kind="instruction",
         seq_len=128,
         eval_fraction=0.1,
-        runner="DirectRunner",
+        preprocess_runner="DirectRunner",
         project="",
         region="",
         work_uri="/runs/work",

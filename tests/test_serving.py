@@ -185,12 +185,14 @@ def _register(run: str, metrics: dict[str, float]) -> tuple[str, Any]:
     from kfp.dsl import Metrics
 
     from components.serving.lineage import VertexModel
-    from components.steps.register import RegisterRequest
+    from components.steps.component_spec import request_of
+    from components.steps.register import COMPONENT as REGISTER_STEP
     from components.steps.register import run as register
 
     vertex_model = VertexModel(name="vertex_model", uri="", metadata={})
     name = register(
-        RegisterRequest(
+        request_of(
+            REGISTER_STEP,
             model_uri=f"gs://bucket/runs/{run}/model",
             base_model="gs://bucket/base",
             metrics=Metrics(name="metrics", uri="", metadata=metrics),
@@ -448,10 +450,11 @@ def test_custom_job_gets_tensorboard_and_cmek(golden: Any) -> None:
 
 
 def test_train_request_sets_tensorboard_output_and_key() -> None:
-    from components.steps.train import TrainRequest, backend_options
+    from components.steps.component_spec import request_of
+    from components.steps.train import COMPONENT as TRAIN_STEP
+    from components.steps.train import backend_options
 
-    request = TrainRequest(
-        backend="vertex", run_id="run-7", base_model="gs://b/base", dataset_uri="gs://b/d",
+    request = request_of(TRAIN_STEP, backend="vertex", run_id="run-7", base_model="gs://b/base", dataset_uri="gs://b/d",
         rdzv_endpoint="", rdzv_backend="c10d", nodes=1, nproc_per_node=0, max_steps=10,
         learning_rate=1e-4, trainer_overrides={}, project=PROJECT, region=LOCATION,
         work_uri="gs://b/work", namespace="kubeflow", gke_cluster="", machine_type="a3-highgpu-8g",
@@ -535,7 +538,9 @@ def test_cleanup_of_a_failed_run_undeploys_what_it_deployed(golden: Any) -> None
     """A deploy step killed before its rollback: the exit handler undoes its deployments."""
     from types import SimpleNamespace
 
-    from components.steps.cleanup import CleanupRequest, undeploy_failed_run
+    from components.steps.cleanup import COMPONENT as CLEANUP_STEP
+    from components.steps.cleanup import undeploy_failed_run
+    from components.steps.component_spec import request_of
 
     fake = FakeEndpoints(PARENT)
     shared = fake.add_endpoint("shared", {"111": 100})
@@ -545,8 +550,7 @@ def test_cleanup_of_a_failed_run_undeploys_what_it_deployed(golden: Any) -> None
     fake.requests.clear()
 
     def cleanup(state: str) -> list[str]:
-        request = CleanupRequest(
-            backend="vertex", run_id="run-2", project=PROJECT, region=LOCATION,
+        request = request_of(CLEANUP_STEP, backend="vertex", run_id="run-2", project=PROJECT, region=LOCATION,
             status=SimpleNamespace(state=state), endpoint_clients=fake.clients(),
         )  # fmt: skip
         return undeploy_failed_run(request)

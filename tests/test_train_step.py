@@ -43,7 +43,8 @@ def test_cloud_workers_cannot_read_kfps_default_artifact_store() -> None:
 
 
 def _request(backend: str, **changes: object):
-    from components.steps.train import TrainRequest
+    from components.steps.component_spec import request_of
+    from components.steps.train import COMPONENT as TRAIN_STEP
 
     fields = dict(
         backend=backend, run_id="r1", base_model="gs://b/m", dataset_uri="gs://b/d",
@@ -55,7 +56,7 @@ def _request(backend: str, **changes: object):
         reservation="", gpu_hour_price_usd=0.0, budget_timeout_s=0, quantize_base="none",
         objective="sft", model=None, gcp_resources="",
     )  # fmt: skip
-    return TrainRequest(**{**fields, **changes})  # type: ignore[arg-type]
+    return request_of(TRAIN_STEP, **{**fields, **changes})  # type: ignore[arg-type]
 
 
 def test_the_jobs_carry_the_train_timeout_plus_a_grace() -> None:

@@ -22,7 +22,8 @@ from components.params.run_params import (
     fields,
 )
 from components.preflight.validation import check_run_parameters
-from components.steps.validate import ValidateRequest
+from components.steps.component_spec import request_of
+from components.steps.validate import COMPONENT as VALIDATE_STEP
 from components.steps.validate import run as validate_step
 from trainer.config import TrainConfig
 
@@ -52,7 +53,7 @@ def test_all_errors_are_reported_together(data_file: str) -> None:
     assert len(errors) == 4, errors
     assert any("choose one of local, gke, vertex" in e for e in errors)
     with pytest.raises(ValueError, match="4 invalid run parameter"):
-        validate_step(ValidateRequest(schedule_time="", **defaults() | bad))
+        validate_step(request_of(VALIDATE_STEP, schedule_time="", **defaults() | bad))
 
 
 def test_types_and_unknown_names_are_reported_together() -> None:
@@ -66,7 +67,7 @@ def test_types_and_unknown_names_are_reported_together() -> None:
 
 def test_one_rule_per_parameter_everywhere() -> None:
     """The bounds the issue found disagreeing now come from one place."""
-    from beam_preprocess.options import DATA_KINDS
+    from beam_preprocess.data_shape import DATA_KINDS
     from trainer.packed_data.format import SEQ_LEN_MIN
 
     assert RunParams.learning_rate == TrainConfig.lr  # the trainer's default, not a second one
@@ -130,19 +131,21 @@ def test_schedule_time_fills_the_data_window(tmp_path: Path) -> None:
         "train_data_uri": f"{tmp_path}/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl",
     }
     base, uri, champion, timeout_s, estimate = validate_step(
-        ValidateRequest(schedule_time="2026-12-01T00:00:00Z", **params)
+        request_of(VALIDATE_STEP, schedule_time="2026-12-01T00:00:00Z", **params)
     )
     assert (base, uri, champion) == ("m", f"{window}/*.jsonl", "")
     assert timeout_s == 0 and estimate["usd"] == 0.0  # local: not priced, no budget
     with pytest.raises(ValueError, match="not started by a schedule"):
-        validate_step(ValidateRequest(schedule_time="", **params))
+        validate_step(request_of(VALIDATE_STEP, schedule_time="", **params))
 
 
 def test_champion_latest_registered_needs_a_model_name(data_file: str) -> None:
     with pytest.raises(ValueError, match="registered_model is empty"):
         validate_step(
-            ValidateRequest(
-                schedule_time="", **defaults() | good(data_file, champion_model=LATEST_REGISTERED)
+            request_of(
+                VALIDATE_STEP,
+                schedule_time="",
+                **defaults() | good(data_file, champion_model=LATEST_REGISTERED),
             )
         )
 
@@ -180,9 +183,9 @@ def test_every_field_has_a_description_and_the_parameters_are_frozen() -> None:
 def test_each_default_is_written_once_in_the_code() -> None:
     """`git grep` finds each run default in one place (docs, tests and benchmarks aside)."""
     owners = {
-        '"kubeflow"': "components/params/run_params.py",
+        '"kubeflow"': "components/launchers/vocab.py",
         '"llmft-hf-token"': "components/params/run_params.py",
-        '"us-central1"': "components/params/run_params.py",
+        '"us-central1"': "components/launchers/vocab.py",
         '"llmft-trainer"': "components/params/run_params.py",
         "lr: float = 2e-5": "trainer/config.py",  # learning_rate's default is the trainer's
         "1e-3": None,  # the old pipeline default, gone

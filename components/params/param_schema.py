@@ -23,6 +23,7 @@ def param(
     le: float | None = None,
     lt: float | None = None,
     pattern: tuple[str, str] | None = None,
+    steps: tuple[str, ...] = (),
 ) -> Any:
     """A `RunParams` field: its one default, its description and its per-field rules.
 
@@ -32,8 +33,12 @@ def param(
         required: an empty value is an error (the default "" then means "must be given").
         ge, gt, le, lt: numeric bounds.
         pattern: (regex, what it must look like); checked on non-empty strings.
+        steps: the pipeline steps that take it (their component names, besides validate_inputs,
+            which takes every parameter): each becomes an input of those steps' components and
+            is wired from the pipeline's parameter (components/params/step_params.py).
     """
     rules = {"help": " ".join(help.split()), "required": required, "pattern": pattern}
+    rules |= {"steps": steps}
     rules |= {"ge": ge, "gt": gt, "le": le, "lt": lt}
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=rules)
@@ -48,7 +53,7 @@ def literal_choices(hint: Any) -> tuple[str, ...]:
 def field_error(f: Field[Any], value: Any, options: tuple[str, ...]) -> str | None:
     """The problem with one field's value by its own rules (choices, required, bounds,
     pattern), or None."""
-    rules = f.metadata
+    rules = {"required": False, "pattern": None, **dict.fromkeys(_BOUNDS), **f.metadata}
     if options and value not in options:
         return f"{f.name}={value!r}: choose one of {', '.join(options)}"
     if rules["required"] and not str(value).strip():

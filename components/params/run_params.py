@@ -22,6 +22,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from beam_preprocess.data_shape import SETTINGS, DataShape
 from components.launchers.vocab import (
     DEFAULT_ACCELERATOR_COUNT,
     DEFAULT_ACCELERATOR_TYPE,
@@ -50,12 +51,6 @@ from trainer.packed_data.format import (
 
 Backend = Literal["local", "gke", "vertex"]
 Runner = Literal["DirectRunner", "DataflowRunner"]
-DataKind = Literal["instruction", "text", "preference"]
-"""beam_preprocess.options.DATA_KINDS (a test keeps them equal)."""
-RecordFormat = Literal["auto", "prompt_response", "alpaca", "chat", "sharegpt"]
-"""beam_preprocess.shapes.RECORD_FORMATS (a test keeps them equal)."""
-ToolTurns = Literal["reject", "filter"]
-"""beam_preprocess.shapes.TOOL_TURNS (a test keeps them equal)."""
 QuantizeBase = Literal["none", "nf4"]
 Objective = Literal["sft", "dpo"]
 JudgeMetric = Literal[
@@ -78,8 +73,10 @@ train task a little above the jobs' deadline (pipelines/fine_tune.py)."""
 
 
 @dataclass(frozen=True)
-class RunParams:
-    """Every parameter of one fine-tune run (the `fine_tune` pipeline's inputs)."""
+class RunParams(DataShape):
+    """Every parameter of one fine-tune run (the `fine_tune` pipeline's inputs): the data settings
+    preprocessing defines (`DataShape`: data_kind, record_format, the field names, tool_turns,
+    chat_template, bigquery_query) and these."""
 
     # --- data ----------------------------------------------------------------------------------
     train_data_uri: str = param(
@@ -90,110 +87,89 @@ class RunParams:
         "BigQuery table bq://PROJECT.DATASET.TABLE (Dataflow). For scheduled runs it may contain "
         "the schedule-time placeholder so each run reads its own window.",
         required=True,
+        steps=("preprocess",),
     )
     base_model: str = param(
         "",
         "Model to fine-tune: a local path, a gs:// URI of a Hugging Face model directory, a hub "
         f'id, or "{LATEST_REGISTERED}" to continue from the latest version of registered_model.',
         required=True,
+        steps=("preprocess", "train", "evaluate", "register"),
     )
     backend: Backend = param(
         "local",
         'Where training runs: "local" (torchrun agents on this machine), "gke" (Kubeflow '
         'PyTorchJob) or "vertex" (Vertex AI CustomJob).',
+        steps=("etcd_up", "train", "cleanup"),
     )
-    data_kind: DataKind = param(
-        "instruction",
-        '"instruction" for prompt/response or chat messages records, "text" for plain '
-        'causal-LM text, "preference" for {prompt, chosen, rejected} pairs (objective dpo).',
+    seq_len: int = param(
+        512,
+        "Tokens per packed training row.",
+        ge=SEQ_LEN_MIN,
+        le=SEQ_LEN_MAX,
+        steps=("preprocess", "register"),
     )
-    seq_len: int = param(512, "Tokens per packed training row.", ge=SEQ_LEN_MIN, le=SEQ_LEN_MAX)
     eval_fraction: float = param(
         EVAL_FRACTION_DEFAULT,
         "Fraction of records held out for evaluation (deterministic by content hash).",
         gt=0.0,
         lt=EVAL_FRACTION_MAX,
+        steps=("preprocess",),
     )
     preprocess_runner: Runner = param(
         "DirectRunner",
         'Beam runner for preprocessing: "DirectRunner" (in the task) or "DataflowRunner" (workers '
         "run the project image; temp and staging files under work_uri).",
+        steps=("preprocess",),
     )
     dataflow_options: dict = param(  # type: ignore[type-arg]
         {},
         'Extra Dataflow options, e.g. {"max_num_workers": 20, "machine_type": "n2-standard-8", '
         '"subnetwork": "..."}.',
+        steps=("preprocess",),
     )
     dataflow_service_account: str = param(
         "",
         "Service-account email the Dataflow workers run as; required with DataflowRunner (the "
         "Compute Engine default account has no roles under secure-by-default IAM).",
+        steps=("preprocess",),
     )
 
     # --- data sources and record shapes (issue 33) -----------------------------------------------
-    record_format: RecordFormat = param(
-        "auto",
-        'Shape of instruction records: "auto" (detected per record: messages, conversations, '
-        "instruction+output, else prompt/response), "
-        '"prompt_response", "alpaca" (instruction, optional input, output), "chat" (OpenAI '
-        '[{role, content}]) or "sharegpt" (conversations of {from, value}); docs/preprocess.md.',
-    )
-    prompt_field: str = param(
-        "",
-        'Field holding the prompt; empty: the format\'s default ("prompt", alpaca "instruction").',
-    )
-    response_field: str = param(
-        "",
-        'Field holding the response; empty: the format\'s default ("response", alpaca "output").',
-    )
-    messages_field: str = param(
-        "",
-        'Field holding a conversation; empty: the format\'s default ("messages", sharegpt '
-        '"conversations").',
-    )
-    text_field: str = param("", 'Field holding plain text (data_kind "text"); empty: "text".')
-    system_field: str = param(
-        "", 'Field holding an optional system prompt, prepended as a system turn; empty: "system".'
-    )
-    tool_turns: ToolTurns = param(
-        "reject",
-        'Conversations with tool calls or tool results: "reject" (counted in rejected/) or '
-        '"filter" (counted in filtered/); they are never trained on.',
-    )
-    chat_template: str = param(
-        "",
-        'Chat template replacing the tokenizer\'s own (needed for base models without one): "chatml", '
-        '"alpaca", or a Jinja template string; empty uses the tokenizer\'s.',
-    )
-    bigquery_query: str = param(
-        "",
-        "For train_data_uri bq://PROJECT.DATASET.TABLE: a SQL query naming the table as {table} "
-        "(read at the run's snapshot time, recorded in the manifest); empty reads every row.",
-    )
 
     # --- training ------------------------------------------------------------------------------
     nodes: int = param(
-        2, "Training nodes (torchrun agents / PyTorchJob replicas / CustomJob replicas).", ge=1
+        2,
+        "Training nodes (torchrun agents / PyTorchJob replicas / CustomJob replicas).",
+        ge=1,
+        steps=("train",),
     )
     nproc_per_node: int = param(
         0,
         "Training processes per node; 0 starts one per accelerator (accelerator_count) on GPU "
         "machines, 1 on CPU.",
         ge=0,
+        steps=("train",),
     )
     rdzv_backend: RdzvBackend = param(
         DEFAULT_RDZV_BACKEND,
         'Rendezvous backend: "etcd-v3" (per-run etcd, works on etcd 3.4+), "etcd-v2" or "c10d" '
         "(Vertex always rendezvouses with c10d at the primary replica).",
+        steps=("etcd_up", "train"),
     )
-    max_steps: int = param(200, "Optimizer steps to train for.", ge=1)
+    max_steps: int = param(200, "Optimizer steps to train for.", ge=1, steps=("train",))
     learning_rate: float = param(
-        TrainConfig.lr, "Peak learning rate (AdamW, warmup then cosine decay).", gt=0.0, lt=1.0
+        TrainConfig.lr,
+        "Peak learning rate (AdamW, warmup then cosine decay).",
+        gt=0.0,
+        lt=1.0,
+        steps=("train",),
     )
     trainer_overrides: dict = param(  # type: ignore[type-arg]
         {},
         'Any other trainer setting by name (docs/trainer.md), e.g. {"micro_batch_size": 8, '
         '"lora_rank": 16}.',
+        steps=("train",),
     )
 
     # --- QLoRA and preference tuning (issue 34) -------------------------------------------------
@@ -202,6 +178,7 @@ class RunParams:
         'Base weights during training: "nf4" keeps the decoder blocks\' linear weights in 4-bit '
         "NormalFloat and trains LoRA adapters on them (QLoRA: a 7B model fits one 24 GB L4; needs "
         'lora_rank in trainer_overrides); "none" keeps them in full precision.',
+        steps=("train",),
     )
     objective: Objective = param(
         "sft",
@@ -209,6 +186,7 @@ class RunParams:
         "Optimization on {prompt, chosen, rejected} pairs (data_kind preference; reference = the "
         "base with the LoRA adapters disabled: needs lora_rank in trainer_overrides); evaluation "
         "then reports the win rate on held-out pairs.",
+        steps=("train", "evaluate"),
     )
 
     # --- where it runs -------------------------------------------------------------------------
@@ -216,21 +194,25 @@ class RunParams:
         "",
         "Google Cloud project id (cloud backends, Dataflow, Model Registry).",
         pattern=PROJECT_ID,
+        steps=("preprocess", "train", "evaluate", "register", "deploy", "cleanup"),
     )
     region: str = param(
         DEFAULT_REGION,
         "Google Cloud region for Vertex AI, Dataflow and the Model Registry.",
         pattern=REGION,
+        steps=("preprocess", "train", "evaluate", "register", "deploy", "cleanup"),
     )
     work_uri: str = param(
         "",
         "gs:// prefix for run files shared between steps (Dataflow temp, checkpoints); cloud "
         "runs only.",
+        steps=("preprocess", "train"),
     )
     namespace: str = param(
         DEFAULT_NAMESPACE,
         "Kubernetes namespace for the per-run etcd and the PyTorchJob (gke backend).",
         pattern=K8S_LABEL_NAME,
+        steps=("etcd_up", "train", "cleanup"),
     )
     gke_cluster: str = param(
         "",
@@ -240,31 +222,39 @@ class RunParams:
             r"projects/[^/]+/locations/[^/]+/clusters/[^/]+",
             "projects/P/locations/L/clusters/C",
         ),
+        steps=("etcd_up", "train", "cleanup"),
     )
     machine_type: str = param(
         DEFAULT_MACHINE_TYPE,
         "Machine type per node: on Vertex AI each replica's (e.g. a3-highgpu-8g, which carries "
         "8 x NVIDIA_H100_80GB); on GKE the GPU node pool's, to check the accelerators fit.",
+        steps=("train",),
     )
     accelerator_type: str = param(
         DEFAULT_ACCELERATOR_TYPE,
         "Accelerator per node: a Vertex name such as NVIDIA_H100_80GB; on GKE the matching "
         "gke-accelerator node selector is used. Empty for CPU-only training.",
+        steps=("train",),
     )
     accelerator_count: int = param(
-        DEFAULT_ACCELERATOR_COUNT, "Accelerators per node (0 for CPU-only training).", ge=0
+        DEFAULT_ACCELERATOR_COUNT,
+        "Accelerators per node (0 for CPU-only training).",
+        ge=0,
+        steps=("train",),
     )
     service_account: str = param(
         "",
         "Identity of the training job. Vertex: a service-account email (empty: the Vertex AI "
         "Custom Code Service Agent). GKE: the Kubernetes service account of the PyTorchJob pods, "
         "bound to a Google service account by Workload Identity (required).",
+        steps=("train",),
     )
     hf_token_secret: str = param(
         "llmft-hf-token",
         'Name of the Kubernetes Secret (key "token", GKE) or Secret Manager secret (Vertex, read '
         "at run time) holding a Hugging Face token; optional (public models need none); never "
         "the token itself.",
+        steps=("preprocess", "train", "evaluate"),
     )
 
     # --- evaluation and registry ---------------------------------------------------------------
@@ -272,16 +262,21 @@ class RunParams:
         "NVIDIA_L4",
         "Accelerator of the evaluation step on Vertex AI (e.g. NVIDIA_L4, NVIDIA_A100_80GB for "
         "30B+ models); on KFP any GPU node serves it. Evaluation runs in bf16 on a GPU.",
+        steps=("evaluate",),
     )
     eval_accelerator_count: int = param(
-        1, "GPUs for the evaluation step (at least 1 in the cloud).", ge=0
+        1, "GPUs for the evaluation step (at least 1 in the cloud).", ge=0, steps=("evaluate",)
     )
     max_eval_examples: int = param(
-        200, "Held-out prompts to generate answers for (bounds evaluation time).", ge=1
+        200,
+        "Held-out prompts to generate answers for (bounds evaluation time).",
+        ge=1,
+        steps=("evaluate",),
     )
     min_loss_improvement: float = param(
         0.0,
         "Quality gate: the tuned eval loss must be below the base's by at least this much.",
+        steps=("evaluate",),
     )
     min_exact_match: float = param(
         0.0,
@@ -289,6 +284,7 @@ class RunParams:
         "this.",
         ge=0.0,
         le=1.0,
+        steps=("evaluate",),
     )
     min_general_retained: float = param(
         0.0,
@@ -297,6 +293,7 @@ class RunParams:
         "the check; use it for pretrained bases and recurring fine-tunes).",
         ge=0.0,
         le=1.0,
+        steps=("evaluate",),
     )
     register_model: bool = param(
         False, "Upload the tuned model to Vertex AI Model Registry when it passes the gate."
@@ -305,18 +302,21 @@ class RunParams:
         "",
         "Vertex AI model (resource name or display name) to add versions to or take "
         f'"{LATEST_REGISTERED}" from.',
+        steps=("register",),
     )
     champion_model: str = param(
         "",
         "Optional model the tuned one must also beat: a model URI, or "
         f'"{LATEST_REGISTERED}" for the newest version of registered_model (recurring '
         "fine-tunes); empty skips the comparison.",
+        steps=("evaluate",),
     )
     serving_image: str = param(
         "",
         "Serving container image (pinned tag) for the registered model, started as "
         "serving_preset says (e.g. Model Garden's pytorch-vllm-serve image for vertex-vllm); "
         "required when register_model is true.",
+        steps=("register",),
     )
 
     # --- serving, deployment and tracking (issue 30) -------------------------------------------
@@ -325,34 +325,47 @@ class RunParams:
         'How serving_image starts the model (components/serving/presets.py): "vertex-vllm" (Vertex AI '
         'Model Garden pytorch-vllm-serve image), "vllm-openai" (vLLM\'s own OpenAI server image), '
         'or "custom" (the image alone, e.g. a TGI image that reads AIP_STORAGE_URI itself).',
+        steps=("register", "deploy"),
     )
     lora_serving: LoraServing = param(
         "merged",
         'For a LoRA run: serve the "merged" model, or the base model plus the "adapter" with '
         "vLLM --enable-lora (refused until verified on a real project: docs/deploy/README.md).",
+        steps=("register",),
     )
     deploy_endpoint: str = param(
         "",
         "Deploy the registered version to this Vertex AI endpoint (resource name or display name; "
         "created when missing) and send it a smoke prompt; empty: no deployment. A local run "
         "serves the model on this machine instead (any non-empty value).",
+        steps=("deploy",),
     )
     deploy_machine_type: str = param(
-        "g2-standard-12", "Machine type serving the deployed model (e.g. g2-standard-12 + 1 L4)."
+        "g2-standard-12",
+        "Machine type serving the deployed model (e.g. g2-standard-12 + 1 L4).",
+        steps=("deploy",),
     )
     deploy_accelerator_type: str = param(
-        "NVIDIA_L4", "Accelerator of the serving machine (Vertex name); empty for CPU."
+        "NVIDIA_L4",
+        "Accelerator of the serving machine (Vertex name); empty for CPU.",
+        steps=("deploy",),
     )
     deploy_accelerator_count: int = param(
-        1, "Accelerators per serving replica (vLLM shards the model over them).", ge=0
+        1,
+        "Accelerators per serving replica (vLLM shards the model over them).",
+        ge=0,
+        steps=("register", "deploy"),
     )
-    deploy_spot: bool = param(False, "Serve on Spot VMs (cheaper; replicas may be preempted).")
+    deploy_spot: bool = param(
+        False, "Serve on Spot VMs (cheaper; replicas may be preempted).", steps=("deploy",)
+    )
     deploy_traffic_percent: int = param(
         100,
         "Traffic share of the new version when the endpoint already serves earlier versions "
         "(champion/challenger); 100 replaces them once the smoke prompt passed.",
         ge=1,
         le=100,
+        steps=("deploy",),
     )
     tensorboard: str = param(
         "",
@@ -362,12 +375,14 @@ class RunParams:
             r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+",
             "projects/P/locations/L/tensorboards/ID",
         ),
+        steps=("train",),
     )
     experiment: str = param(
         "",
         "Vertex AI Experiment that gets a run with this run's parameters and final metrics; "
         "empty: none.",
         pattern=(r"[a-z0-9][a-z0-9-]{0,127}", "lowercase letters, digits and '-'"),
+        steps=("train",),
     )
     encryption_key: str = param(
         "",
@@ -377,6 +392,7 @@ class RunParams:
             r"projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+",
             "projects/P/locations/L/keyRings/R/cryptoKeys/K",
         ),
+        steps=("train", "deploy"),
     )
 
     # --- cloud launch limits (issue 29) --------------------------------------------------------
@@ -389,6 +405,7 @@ class RunParams:
         "killed first.",
         ge=60,
         le=TRAIN_TIMEOUT_MAX_S,
+        steps=("train",),
     )
 
     # --- cost and capacity (components/preflight/cost.py, components/platform/capacity.py) ------------------------
@@ -397,6 +414,7 @@ class RunParams:
         'How the training machines are obtained: "on-demand", "spot" (cheaper, preemptible: '
         'checkpoints every few minutes and restarts that resume) or "flex-start" (Dynamic '
         "Workload Scheduler: waits for capacity, then runs unpreempted at a discount).",
+        steps=("train",),
     )
     max_cost_usd: float = param(
         0.0,
@@ -410,6 +428,7 @@ class RunParams:
         "capacity=flex-start on Vertex AI: how long the job may wait for its machines before it "
         "fails (0: Vertex's default).",
         ge=0,
+        steps=("train",),
     )
     reservation: str = param(
         "",
@@ -419,12 +438,14 @@ class RunParams:
             r"projects/[^/]+/zones/[^/]+/reservations/[^/]+",
             "projects/P/zones/Z/reservations/NAME",
         ),
+        steps=("train",),
     )
     gpu_hour_price_usd: float = param(
         0.0,
         "Price of one GPU-hour (machine share included) for the estimate and the actual cost; "
         "0 takes the dated price table in components/preflight/cost.py for accelerator_type and capacity.",
         ge=0.0,
+        steps=("train",),
     )
     model_parameters: int = param(
         0,
@@ -440,12 +461,19 @@ class RunParams:
         "mmlu,arc_easy,hellaswag,gsm8k; the project ships llmft_facts_mc and llmft_facts_gen "
         "over local data); empty runs none. The harness's tasks download their data from the "
         "Hugging Face Hub.",
+        steps=("evaluate",),
     )
     eval_num_fewshot: int = param(
-        -1, "Few-shot examples per harness prompt; -1 uses each task's own default.", ge=-1
+        -1,
+        "Few-shot examples per harness prompt; -1 uses each task's own default.",
+        ge=-1,
+        steps=("evaluate",),
     )
     eval_limit: int = param(
-        0, "Documents per harness task (the first N, bounds evaluation time); 0 runs all.", ge=0
+        0,
+        "Documents per harness task (the first N, bounds evaluation time); 0 runs all.",
+        ge=0,
+        steps=("evaluate",),
     )
     max_task_regression: float = param(
         100.0,
@@ -454,11 +482,13 @@ class RunParams:
         "tasks without gating.",
         ge=0.0,
         le=100.0,
+        steps=("evaluate",),
     )
     judge_metric: JudgeMetric = param(
         "",
         "Pairwise judge of base vs tuned answers to the held-out prompts by the Vertex AI Gen AI "
         'evaluation service, with this pairwise metric (e.g. "text_quality"); empty: no judge.',
+        steps=("evaluate",),
     )
     judge_min_win_rate: float = param(
         0.0,
@@ -466,6 +496,7 @@ class RunParams:
         "half) must be at least this (0 disables the check).",
         ge=0.0,
         le=1.0,
+        steps=("evaluate",),
     )
 
     @classmethod
@@ -485,58 +516,46 @@ class RunParams:
             if (e := field_error(f, getattr(self, f.name), choices(f.name)))
         ]
         errors += [e for k, v in self.as_dict().items() if (e := checks.check_not_a_token(k, v))]
-        errors += trainer_override_errors(
-            self.trainer_overrides,
-            max_steps=self.max_steps,
-            learning_rate=self.learning_rate,
-            quantize_base=self.quantize_base,
-            objective=self.objective,
-        )
-        errors += [
-            e
-            for e in (
-                checks.check_backend_for_target(self.backend, target),
-                checks.check_nproc_per_node(
-                    self.backend, self.nproc_per_node, self.accelerator_count
-                ),
-                checks.check_service_account(
-                    self.backend,
-                    self.service_account,
-                    TARGET_DEFAULTS["kfp"]["service_account"],
-                ),
-                checks.check_objective_data(self.objective, self.data_kind),
-                checks.check_dataflow_service_account(
-                    self.preprocess_runner, self.dataflow_service_account
-                ),
-                checks.check_secret_name("hf_token_secret", self.hf_token_secret),
-                checks.check_chat_template(self.chat_template),
-                check_placeholder_resolved("run id", run_id),
-                checks.check_eval_accelerator(
-                    target, self.eval_accelerator_type, self.eval_accelerator_count
-                ),
-            )
-            if e
+        errors += [e for e in self._single_errors(target, run_id) if e]
+        errors += self._data_errors()
+        errors += self._launch_errors()
+        errors += self._quality_and_serving_errors()
+        return errors
+
+    def _single_errors(self, target: str, run_id: str) -> list[str | None]:
+        """The named checks that each give one problem or None."""
+        return [
+            checks.check_backend_for_target(self.backend, target),
+            checks.check_nproc_per_node(self.backend, self.nproc_per_node, self.accelerator_count),
+            checks.check_service_account(
+                self.backend, self.service_account, TARGET_DEFAULTS["kfp"]["service_account"]
+            ),
+            checks.check_objective_data(self.objective, self.data_kind),
+            checks.check_dataflow_service_account(
+                self.preprocess_runner, self.dataflow_service_account
+            ),
+            checks.check_secret_name("hf_token_secret", self.hf_token_secret),
+            checks.check_chat_template(self.chat_template),
+            check_placeholder_resolved("run id", run_id),
+            checks.check_eval_accelerator(
+                target, self.eval_accelerator_type, self.eval_accelerator_count
+            ),
+            checks.check_gke_accelerator(self.backend, self.accelerator_type),
+            checks.check_capacity(
+                self.backend, self.capacity, self.reservation, self.max_wait_minutes
+            ),
+            checks.check_flex_start_accelerator(
+                self.backend, self.capacity, self.accelerator_type
+            ),
+            check_lora_serving(self.lora_serving),
         ]
-        fields = {
-            "prompt_field": self.prompt_field,
-            "response_field": self.response_field,
-            "messages_field": self.messages_field,
-            "text_field": self.text_field,
-            "system_field": self.system_field,
-        }
-        errors += checks.check_record_format(self.data_kind, self.record_format, fields)
-        errors += checks.check_machine_accelerator(
-            self.backend, self.machine_type, self.accelerator_type, self.accelerator_count
-        )
+
+    def _data_errors(self) -> list[str]:
+        """The records: their shape, their source, and where cloud runs keep them."""
+        fields = {name: getattr(self, name) for name in SETTINGS if name.endswith("_field")}
+        errors = checks.check_record_format(self.data_kind, self.record_format, fields)
         errors += checks.check_data_source(
             self.train_data_uri, self.bigquery_query, self.preprocess_runner
-        )
-        errors += checks.check_eval_quality(
-            eval_tasks=self.eval_tasks,
-            max_task_regression=self.max_task_regression,
-            judge_metric=self.judge_metric,
-            judge_min_win_rate=self.judge_min_win_rate,
-            project=self.project,
         )
         errors += checks.check_cloud_locations(
             cloud=self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner",
@@ -545,19 +564,30 @@ class RunParams:
             work_uri=self.work_uri,
             train_data_uri=self.train_data_uri,
         )
-        if gke_error := checks.check_gke_accelerator(self.backend, self.accelerator_type):
-            errors.append(gke_error)
-        if capacity_error := checks.check_capacity(
-            self.backend, self.capacity, self.reservation, self.max_wait_minutes
-        ):
-            errors.append(capacity_error)
-        # --- issue 30/32 review: flex-start GPUs, adapter serving ---
-        if flex_error := checks.check_flex_start_accelerator(
-            self.backend, self.capacity, self.accelerator_type
-        ):
-            errors.append(flex_error)
-        if lora_error := check_lora_serving(self.lora_serving):
-            errors.append(lora_error)
+        return errors
+
+    def _launch_errors(self) -> list[str]:
+        """The training job: its trainer settings and the machines it asks for."""
+        errors = trainer_override_errors(
+            self.trainer_overrides,
+            max_steps=self.max_steps,
+            learning_rate=self.learning_rate,
+            quantize_base=self.quantize_base,
+            objective=self.objective,
+        )
+        return errors + checks.check_machine_accelerator(
+            self.backend, self.machine_type, self.accelerator_type, self.accelerator_count
+        )
+
+    def _quality_and_serving_errors(self) -> list[str]:
+        """The quality gate, the registry and the endpoint."""
+        errors = checks.check_eval_quality(
+            eval_tasks=self.eval_tasks,
+            max_task_regression=self.max_task_regression,
+            judge_metric=self.judge_metric,
+            judge_min_win_rate=self.judge_min_win_rate,
+            project=self.project,
+        )
         errors += checks.check_registry(
             latest=LATEST_REGISTERED,
             models=(self.base_model, self.champion_model),
@@ -565,7 +595,7 @@ class RunParams:
             registered_model=self.registered_model,
             serving_image=self.serving_image,
         )
-        errors += checks.check_deploy(
+        return errors + checks.check_deploy(
             backend=self.backend,
             deploy_endpoint=self.deploy_endpoint,
             register_model=self.register_model,
@@ -575,7 +605,6 @@ class RunParams:
             serving_preset=self.serving_preset,
             lora_serving=self.lora_serving,
         )
-        return errors
 
     def check(self) -> RunParams:
         """Raise one ValueError listing every problem; return self when valid."""

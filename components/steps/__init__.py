@@ -1,7 +1,7 @@
 """The pipeline's steps, one module each, each with one entry point: `run(<Step>Request)`.
 
-A request is a frozen dataclass whose fields are the KFP component's parameters by the same names
-(components/kfp_components.py builds it from them and calls `run`); the run parameters' meanings
-and defaults stay in components/params/run_params.py. The steps, in pipeline order: validate,
-preprocess, etcd, train, evaluate, register, cleanup.
+A step's request is its specification (components/steps/component_spec.py): `params`, the run
+parameters the step takes, and its own inputs and outputs; its `COMPONENT` names the KFP
+component generated from it (components/kfp_components.py). The steps, in pipeline order:
+validate, preprocess, etcd, train, evaluate, register, deploy, cleanup.
 """

@@ -23,7 +23,9 @@ from components.launchers.gke import GkeOptions
 from components.launchers.local import LocalOptions
 from components.launchers.pytorchjob import PyTorchJobOptions
 from components.launchers.vertex import VertexOptions
-from components.params.run_params import Backend, RunParams
+from components.params.run_params import RunParams
+from components.params.step_params import for_step
+from components.steps.component_spec import StepComponent, component_input
 from components.steps.train import BackendOptions, launcher, unknown_backend
 
 logger = logging.getLogger(__name__)
@@ -31,40 +33,46 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CleanupRequest:
-    """The `cleanup` component's parameters (components/kfp_components.py), by the same names,
-    plus what tests and the local runner set."""
+    """The `cleanup` component: its run parameters and the run's id and final status, plus what
+    tests and the local runner set."""
 
-    backend: Backend
-    run_id: str
-    namespace: str = RunParams.namespace
-    gke_cluster: str = ""
-    project: str = ""
-    region: str = RunParams.region
+    params: RunParams
+    """The run parameters the cleanup step takes (`steps=(...)` in components/params/run_params.py;
+    components/params/step_params.py `for_step`)."""
+    run_id: str = component_input("str")
+    status: Any = component_input("dsl.PipelineTaskFinalStatus", default=None)
+    """The run's `dsl.PipelineTaskFinalStatus` (`.state`); a failed or cancelled run's
+    deployments are undone. None: not known (nothing is undeployed)."""
     api_client: Any = None
     """An injected `kubernetes.client.ApiClient` (gke; tests); default: built from gke_cluster."""
     vertex_client: Any = None
     """An injected `aiplatform_v1.JobServiceClient` (vertex; tests)."""
     state_root: str | None = None
     """The local state root (default: $LLMFT_STATE_DIR or <tmp>/llmft-runs)."""
-    # --- serving (issue 30) ---
-    status: Any = None
-    """The run's `dsl.PipelineTaskFinalStatus` (`.state`); a failed or cancelled run's
-    deployments are undone. None: not known (nothing is undeployed)."""
     endpoint_clients: Any = None
     """Injected `components.serving.endpoints.VertexClients` (tests); default: the region's."""
 
     def backend_options(self) -> BackendOptions:
         """Where the run's resources live, as the backend's launcher options."""
-        if self.backend == "local":
+        p = self.params
+        if p.backend == "local":
             return LocalOptions(state_root=self.state_root)
-        if self.backend == "gke":
-            job = PyTorchJobOptions(namespace=self.namespace)
-            return GkeOptions(job=job, cluster=self.gke_cluster, api_client=self.api_client)
-        if self.backend == "vertex":
-            return VertexOptions(
-                project=self.project, location=self.region, client=self.vertex_client
-            )
-        raise unknown_backend(self.backend)
+        if p.backend == "gke":
+            job = PyTorchJobOptions(namespace=p.namespace)
+            return GkeOptions(job=job, cluster=p.gke_cluster, api_client=self.api_client)
+        if p.backend == "vertex":
+            return VertexOptions(project=p.project, location=p.region, client=self.vertex_client)
+        raise unknown_backend(p.backend)
+
+
+COMPONENT = StepComponent(
+    name="cleanup",
+    request=CleanupRequest,
+    returns=None,
+    doc="""Exit handler: delete everything that carries this run's label; ignore what is gone. A
+failed or cancelled run's deployments to Vertex AI endpoints are undeployed.
+""",
+)
 
 
 def run(request: CleanupRequest) -> list[str]:
@@ -75,7 +83,9 @@ def run(request: CleanupRequest) -> list[str]:
         logger.info("cleanup of run %s: %s", request.run_id, item)
     if not removed:
         logger.info(
-            "cleanup of run %s: nothing left to remove on %s", request.run_id, request.backend
+            "cleanup of run %s: nothing left to remove on %s",
+            request.run_id,
+            request.params.backend,
         )
     return removed
 
@@ -89,7 +99,13 @@ def cleanup_local_state(state_root: str | os.PathLike[str]) -> list[str]:
     removed: list[str] = []
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         # Directory names are safe run ids, and safe_run_id is idempotent on them.
-        removed += run(CleanupRequest(backend="local", run_id=run_dir.name, state_root=str(root)))
+        removed += run(
+            CleanupRequest(
+                params=for_step("cleanup", backend="local"),
+                run_id=run_dir.name,
+                state_root=str(root),
+            )
+        )
     return removed
 
 
@@ -129,11 +145,18 @@ def undeploy_failed_run(request: CleanupRequest) -> list[str]:
     """Undeploy what the deploy step of a failed or cancelled run left on Vertex AI endpoints
     (it rolls back itself, unless it was killed first). Only cloud runs deploy to endpoints."""
     state = str(getattr(request.status, "state", "") or "").upper()
-    if request.backend == "local" or not request.project or state not in FAILED_STATES:
+    if (
+        request.params.backend == "local"
+        or not request.params.project
+        or state not in FAILED_STATES
+    ):
         return []
     from components.serving.endpoints import VertexClients, undeploy_run
 
-    clients = request.endpoint_clients or VertexClients.for_location(request.region)
+    clients = request.endpoint_clients or VertexClients.for_location(request.params.region)
     return undeploy_run(
-        clients, project=request.project, location=request.region, run_id=request.run_id
+        clients,
+        project=request.params.project,
+        location=request.params.region,
+        run_id=request.run_id,
     )

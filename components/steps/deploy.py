@@ -18,40 +18,48 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from components.params.run_params import RunParams
 from components.serving.endpoints import DeployOptions, VertexClients, deploy_version
 from components.serving.lineage import RESOURCE_NAME_KEY, SERVED_MODEL_NAME_KEY
+from components.steps.component_spec import StepComponent, component_input
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DeployRequest:
-    """The `deploy` component's parameters (components/kfp_components.py), by the same names;
-    the run parameters' meanings are in components/params/run_params.py."""
+    """The `deploy` component: its run parameters and its own inputs and outputs."""
 
-    model_uri: str
+    params: RunParams
+    """The run parameters the deploy step takes (`steps=(...)` in components/params/run_params.py;
+    components/params/step_params.py `for_step`)."""
+    model_uri: str = component_input("str")
     """The exported model (the train step's `model_uri` output): served locally."""
-    vertex_model: Any
+    run_id: str = component_input("str")
+    local: bool = component_input("bool")
+    """Serve on this machine (the local pipeline) instead of a Vertex endpoint."""
+    vertex_model: Any = component_input("Input[VertexModel]", optional=True, default=None)
     """The register step's `google.VertexModel` artifact (`.metadata["resourceName"]`:
     `projects/P/locations/L/models/M@V`); None in a local run."""
-    run_id: str
-    project: str
-    region: str
-    serving_preset: str
-    deploy_endpoint: str
-    deploy_machine_type: str
-    deploy_accelerator_type: str
-    deploy_accelerator_count: int
-    deploy_spot: bool
-    deploy_traffic_percent: int
-    encryption_key: str
-    local: bool
-    """Serve on this machine (the local pipeline) instead of a Vertex endpoint."""
-    gate_passed: bool = True
+    gate_passed: bool = component_input("bool", optional=True, default=True)
     """The evaluate step's verdict (the local pipeline passes it; the cloud ones run the step
     only when it passed)."""
     clients: Any = None
     """Injected `VertexClients` (tests); default: the GAPIC clients of `region`."""
+
+
+COMPONENT = StepComponent(
+    name="deploy",
+    request=DeployRequest,
+    returns=(("endpoint", "str"), ("answer", "str")),
+    doc="""Deploy the registered version to a Vertex AI endpoint (or, in a local run, serve the model
+on this machine) and send it a smoke chat prompt; fail when it does not answer.
+
+Returns:
+    endpoint: the endpoint's resource name (locally: the server's chat URL).
+    answer: the model's answer to the smoke prompt.
+""",
+)
 
 
 def _raise_on_sigterm() -> None:
@@ -67,7 +75,7 @@ def run(request: DeployRequest) -> tuple[str, str]:
     """Deploy (or serve locally) and smoke-test; returns (endpoint or server URL, answer)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not request.deploy_endpoint or not request.gate_passed:
+    if not request.params.deploy_endpoint or not request.gate_passed:
         # Only the local pipeline runs this step unconditionally (see pipelines/fine_tune.py).
         log.info(
             "nothing to deploy: %s",
@@ -91,20 +99,20 @@ def run(request: DeployRequest) -> tuple[str, str]:
     deployment = deploy_version(
         version=version,
         options=DeployOptions(
-            endpoint=request.deploy_endpoint,
-            machine_type=request.deploy_machine_type,
-            accelerator_type=request.deploy_accelerator_type,
-            accelerator_count=request.deploy_accelerator_count,
-            spot=request.deploy_spot,
-            traffic_percent=request.deploy_traffic_percent,
-            encryption_key=request.encryption_key,
+            endpoint=request.params.deploy_endpoint,
+            machine_type=request.params.deploy_machine_type,
+            accelerator_type=request.params.deploy_accelerator_type,
+            accelerator_count=request.params.deploy_accelerator_count,
+            spot=request.params.deploy_spot,
+            traffic_percent=request.params.deploy_traffic_percent,
+            encryption_key=request.params.encryption_key,
         ),
-        preset=request.serving_preset,  # type: ignore[arg-type]
+        preset=request.params.serving_preset,  # type: ignore[arg-type]
         served_model_name=str(metadata.get(SERVED_MODEL_NAME_KEY) or ""),
-        project=request.project,
-        location=request.region,
+        project=request.params.project,
+        location=request.params.region,
         run_id=request.run_id,
-        clients=request.clients or VertexClients.for_location(request.region),
+        clients=request.clients or VertexClients.for_location(request.params.region),
     )
     log.info(
         "deployed %s to %s as %s; traffic %s",

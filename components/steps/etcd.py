@@ -18,24 +18,21 @@ from typing import Any
 
 from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
-from components.params.run_params import Backend, RdzvBackend, choices
+from components.params.run_params import RunParams, choices
+from components.steps.component_spec import StepComponent, component_input
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class EtcdRequest:
-    """The `etcd_up` component's parameters (components/kfp_components.py), by the same names,
-    plus the gke backend's settings that are not run parameters."""
+    """The `etcd_up` component: its run parameters and the run id, plus the gke backend's
+    settings that are not run parameters."""
 
-    backend: Backend
-    run_id: str
-    rdzv_backend: RdzvBackend
-    """etcd-v3 | etcd-v2 (switches etcd's v2 API on) | c10d (no etcd at all)."""
-    namespace: str
-    gke_cluster: str
-    project: str
-    """Unused: the component takes it so that its signature matches its siblings'."""
+    params: RunParams
+    """The run parameters the etcd_up step takes (`steps=(...)` in components/params/run_params.py;
+    components/params/step_params.py `for_step`)."""
+    run_id: str = component_input("str")
     storage_class: str | None = None
     """PVC StorageClass for etcd's data, e.g. an SSD class (gke; default emptyDir)."""
     tls_secret: str | None = None
@@ -48,12 +45,25 @@ class EtcdRequest:
     def errors(self) -> list[str]:
         errors = []
         for name in ("backend", "rdzv_backend"):
-            value, allowed = getattr(self, name), choices(name)
+            value, allowed = getattr(self.params, name), choices(name)
             if value not in allowed:
                 errors.append(f"{name}={value!r}: choose one of {', '.join(allowed)}")
-        if self.backend == "gke" and not self.namespace:
+        if self.params.backend == "gke" and not self.params.namespace:
             errors.append("namespace is empty: the gke backend creates etcd in that namespace")
         return errors
+
+
+COMPONENT = StepComponent(
+    name="etcd_up",
+    request=EtcdRequest,
+    returns="str",
+    doc="""Start this run's etcd (a local process, or a StatefulSet + ClusterIP Service on GKE).
+
+Returns:
+    The rendezvous endpoint `host:port` ("" for c10d and on Vertex, which rendezvous at the
+    primary replica).
+""",
+)
 
 
 def run(request: EtcdRequest) -> str:
@@ -64,17 +74,17 @@ def run(request: EtcdRequest) -> str:
     errors = request.errors()
     if errors:
         raise ValueError("; ".join(errors))
-    if request.rdzv_backend == "c10d":
+    if request.params.rdzv_backend == "c10d":
         logger.info("rdzv_backend=c10d rendezvouses at the first node: no etcd started")
         return ""
-    if request.backend == "vertex":
+    if request.params.backend == "vertex":
         logger.info(
             "backend=vertex: no etcd (a CustomJob cannot reach a per-run etcd service); the "
             "Vertex launcher rendezvouses with c10d at the primary replica"
         )
         return ""
-    enable_v2 = request.rdzv_backend == "etcd-v2"
-    if request.backend == "local":
+    enable_v2 = request.params.rdzv_backend == "etcd-v2"
+    if request.params.backend == "local":
         return etcd_local.start(
             request.run_id, enable_v2=enable_v2, detached=True, timeout_s=request.timeout_s
         )
@@ -82,8 +92,8 @@ def run(request: EtcdRequest) -> str:
 
     client = request.api_client
     if client is None:
-        client = make_api_client(cluster=request.gke_cluster)
-    run_id, namespace = request.run_id, request.namespace
+        client = make_api_client(cluster=request.params.gke_cluster)
+    run_id, namespace = request.run_id, request.params.namespace
     endpoint = k8s_etcd.create_etcd(
         client,
         run_id=run_id,

@@ -22,7 +22,9 @@ from components.evaluation.evaluate import EvaluationRequest, run_evaluation
 from components.evaluation.gate import GateThresholds
 from components.evaluation.harness import HarnessSettings, parse_tasks
 from components.evaluation.judge import JudgeSettings
+from components.params.run_params import RunParams
 from components.preflight.cost import COST_FILE
+from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
 from trainer.config import TrainConfig
 
@@ -31,39 +33,32 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EvaluateRequest:
-    """The `evaluate` component's parameters (components/kfp_components.py), by the same names;
-    each run parameter's meaning and default are in components/params/run_params.py."""
+    """The `evaluate` component: its run parameters and its own inputs and outputs."""
 
-    base_model: str
-    tuned_model: Any
+    params: RunParams
+    """The run parameters the evaluate step takes (`steps=(...)` in components/params/run_params.py;
+    components/params/step_params.py `for_step`)."""
+    tuned_model: Any = component_input("Input[Model]")
     """The Model artifact of the train step (`.uri`, `.metadata`)."""
-    dataset: Any
+    dataset: Any = component_input("Input[Dataset]")
     """The packed Dataset artifact (by `.uri`)."""
-    max_eval_examples: int
-    min_loss_improvement: float
-    min_exact_match: float
-    champion_model: str
-    min_general_retained: float
-    project: str
-    hf_token_secret: str
-    metrics: Any
+    metrics: Any = component_input("Output[Metrics]")
     """The Metrics artifact the finite scalars are logged to (`.log_metric`)."""
-    report: Any
+    report: Any = component_input("Output[HTML]")
     """The HTML artifact the report goes to (by `.path`)."""
-    # Issue 31's parameters; the defaults (also those of `llmft evaluate`) leave them all off.
-    region: str = ""
-    """Vertex AI region of the judge (the run's `region`)."""
-    eval_accelerator_type: str = ""
-    """The task's accelerator as the pipeline set it ("" in the local build: no memory check)."""
-    eval_accelerator_count: int = 0
-    eval_tasks: str = ""
-    eval_num_fewshot: int = -1
-    eval_limit: int = 0
-    max_task_regression: float = 100.0
-    judge_metric: str = ""
-    judge_min_win_rate: float = 0.0
-    objective: str = TrainConfig.objective
-    """The run's objective: "dpo" adds the win rate on the held-out preference pairs."""
+
+
+COMPONENT = StepComponent(
+    name="evaluate",
+    request=EvaluateRequest,
+    returns=(("passed", "bool"),),
+    doc="""Evaluate the base and the tuned model on the eval split; write Metrics, an HTML report and
+the quality gate's verdict (objective=dpo: with the win rate on the held-out pairs).
+
+Returns:
+    passed: whether the tuned model meets the thresholds (and beats the champion, if given).
+""",
+)
 
 
 def harness_settings(tasks: str, num_fewshot: int, limit: int) -> HarnessSettings:
@@ -83,7 +78,7 @@ def run(request: EvaluateRequest) -> tuple[bool]:
     """
     from components.runtime.secrets import load_hf_token
 
-    load_hf_token(project=request.project, secret=request.hf_token_secret)
+    load_hf_token(project=request.params.project, secret=request.params.hf_token_secret)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     metadata = request.tuned_model.metadata
@@ -93,34 +88,38 @@ def run(request: EvaluateRequest) -> tuple[bool]:
     train_cost = f"{run_dir}/{COST_FILE}" if run_dir else ""
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         thresholds = GateThresholds(
-            min_loss_improvement=request.min_loss_improvement,
-            min_exact_match=request.min_exact_match,
-            min_general_retained=request.min_general_retained,
-            max_task_regression=request.max_task_regression,
-            judge_min_win_rate=request.judge_min_win_rate,
+            min_loss_improvement=request.params.min_loss_improvement,
+            min_exact_match=request.params.min_exact_match,
+            min_general_retained=request.params.min_general_retained,
+            max_task_regression=request.params.max_task_regression,
+            judge_min_win_rate=request.params.judge_min_win_rate,
         )
         result = run_evaluation(
             EvaluationRequest(
-                base=request.base_model,
+                base=request.params.base_model,
                 tuned=tuned,
                 data_dir=storage.normalize(request.dataset.uri),
                 output_dir=out,
-                max_examples=request.max_eval_examples,
+                max_examples=request.params.max_eval_examples,
                 train_metrics=train_metrics
                 if train_metrics and storage.exists(train_metrics)
                 else None,
                 train_cost=train_cost if train_cost and storage.exists(train_cost) else None,
-                champion=request.champion_model or None,
+                champion=request.params.champion_model or None,
                 thresholds=thresholds,
-                accelerator_type=request.eval_accelerator_type,
-                accelerator_count=request.eval_accelerator_count,
+                accelerator_type=request.params.eval_accelerator_type,
+                accelerator_count=request.params.eval_accelerator_count,
                 harness=harness_settings(
-                    request.eval_tasks, request.eval_num_fewshot, request.eval_limit
+                    request.params.eval_tasks,
+                    request.params.eval_num_fewshot,
+                    request.params.eval_limit,
                 ),
                 judge=JudgeSettings(
-                    metric=request.judge_metric, project=request.project, region=request.region
+                    metric=request.params.judge_metric,
+                    project=request.params.project,
+                    region=request.params.region,
                 ),
-                objective=request.objective,
+                objective=request.params.objective,
                 dpo_beta=float(metadata.get("dpo_beta") or TrainConfig.dpo_beta),
                 quantize_base=str(metadata.get("quantize_base") or TrainConfig.quantize_base),
                 compute_dtype=str(metadata.get("compute_dtype") or TrainConfig.dtype),

@@ -16,7 +16,10 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.params.run_params import DataKind, RecordFormat, Runner, RunParams, ToolTurns
+from beam_preprocess import data_shape
+from beam_preprocess.data_shape import DataShape
+from components.params.run_params import RunParams
+from components.steps.component_spec import StepComponent, component_input
 
 log = logging.getLogger(__name__)
 
@@ -39,35 +42,18 @@ def build_argv(
     seq_len: int,
     runner: str = RunParams.preprocess_runner,
     eval_fraction: float = RunParams.eval_fraction,
-    data_kind: str = RunParams.data_kind,
+    shape: DataShape | None = None,
     max_rejected_fraction: float = 0.1,
     train_on_prompt: bool = False,
     overwrite: bool = True,
     num_workers: int = 0,
-    project: str = "",
-    region: str = "",
-    temp_location: str = "",
-    staging_location: str = "",
-    service_account: str = "",
-    network: str = "",
-    subnetwork: str = "",
-    machine_type: str = "",
-    max_num_workers: int = 0,
-    sdk_container_image: str = "",
-    job_name: str = "",
-    record_format: str = RunParams.record_format,
-    fields: dict[str, str] | None = None,
-    tool_turns: str = RunParams.tool_turns,
-    chat_template: str = "",
-    bigquery_query: str = "",
     stage_dir: str = "",
+    beam_options: dict[str, Any] | None = None,
     extra_args: list[str] | None = None,
 ) -> list[str]:
-    """Component parameters -> `beam_preprocess` flags (empty values are left to Beam's defaults).
-
-    `fields` maps prompt/response/messages/text/system to a record field name (empty ones: the
-    record format's default).
-    """
+    """`beam_preprocess` flags: the dataset's own, the data settings of `shape` (any `DataShape`,
+    e.g. the run parameters: each setting is its own flag, beam_preprocess/data_shape.py), and
+    Beam's pipeline options from `beam_options` (empty values left to Beam's defaults)."""
     argv = [
         f"--input={input_uri}",
         f"--output={output_uri}",
@@ -75,37 +61,18 @@ def build_argv(
         f"--seq-len={seq_len}",
         f"--runner={runner}",
         f"--eval-fraction={eval_fraction}",
-        f"--data-kind={data_kind}",
         f"--max-rejected-fraction={max_rejected_fraction}",
+        *data_shape.as_flags(shape or DataShape()),
     ]
-    argv += [f"--record-format={record_format}", f"--tool-turns={tool_turns}"]
-    argv += [f"--{name}-field={value}" for name, value in (fields or {}).items() if value]
-    shaping = {
-        "chat-template": chat_template,
-        "bigquery-query": bigquery_query,
-        "stage-dir": stage_dir,
-    }
-    argv += [f"--{flag}={value}" for flag, value in shaping.items() if value]
+    if stage_dir:
+        argv.append(f"--stage-dir={stage_dir}")
     if train_on_prompt:
         argv.append("--train-on-prompt")
     if overwrite:
         argv.append("--overwrite")
     if runner == "DirectRunner" and num_workers:
         argv.append(f"--direct_num_workers={num_workers}")
-    optional = {
-        "project": project,
-        "region": region,
-        "temp_location": temp_location,
-        "staging_location": staging_location,
-        "service_account_email": service_account,
-        "network": network,
-        "subnetwork": subnetwork,
-        "machine_type": machine_type,
-        "max_num_workers": max_num_workers,
-        "sdk_container_image": sdk_container_image,
-        "job_name": job_name,
-    }
-    argv += [f"--{flag}={value}" for flag, value in optional.items() if value]
+    argv += [f"--{flag}={value}" for flag, value in (beam_options or {}).items() if value]
     return argv + list(extra_args or [])
 
 
@@ -286,11 +253,11 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_DATAFLOW_PARAMS = {
+_DATAFLOW_OPTIONS = {
     "temp_location": "temp_location",
     "staging_location": "staging_location",
-    "service_account": "service_account",
-    "service_account_email": "service_account",
+    "service_account": "service_account_email",
+    "service_account_email": "service_account_email",
     "network": "network",
     "subnetwork": "subnetwork",
     "machine_type": "machine_type",
@@ -298,49 +265,45 @@ _DATAFLOW_PARAMS = {
     "sdk_container_image": "sdk_container_image",
     "job_name": "job_name",
 }
-"""dataflow_options keys that map onto build_argv parameters; other keys pass through as flags."""
+"""dataflow_options keys that override the step's own Dataflow options (by Beam's flag name);
+other keys pass through as flags."""
 
 
 @dataclass(frozen=True)
 class PreprocessRequest:
-    """The `preprocess` component's parameters (components/kfp_components.py), by the same names;
-    each run parameter's meaning and default are in components/params/run_params.py."""
+    """The `preprocess` component: its run parameters and its own inputs and outputs."""
 
-    train_data_uri: str
-    base_model: str
-    """Its tokenizer tokenizes the records."""
-    data_kind: DataKind
-    seq_len: int
-    eval_fraction: float
-    runner: Runner
-    """The `preprocess_runner` run parameter."""
-    project: str
-    region: str
-    work_uri: str
-    run_id: str
-    dataflow_options: dict[str, Any]
-    dataflow_service_account: str
-    hf_token_secret: str
-    dataset: Any
+    params: RunParams
+    """The run parameters the preprocess step takes (`steps=(...)` in components/params/run_params.py;
+    components/params/step_params.py `for_step`)."""
+    run_id: str = component_input("str")
+    dataset: Any = component_input("Output[Dataset]")
     """The Dataset artifact written (by `.uri`; its `.metadata` is set here)."""
-    summary: Any
+    summary: Any = component_input("Output[Markdown]")
     """The Markdown artifact the summary goes to (by `.path`)."""
-    gcp_resources: str
+    gcp_resources: str = component_input("OutputPath(str)")
     """Path of the component's gcp_resources output (always written; empty for local runs)."""
-    # Record shape and sources (issue 33); defaults as the run parameters'.
-    record_format: RecordFormat = RunParams.record_format
-    prompt_field: str = ""
-    response_field: str = ""
-    messages_field: str = ""
-    text_field: str = ""
-    system_field: str = ""
-    tool_turns: ToolTurns = RunParams.tool_turns
-    chat_template: str = ""
-    bigquery_query: str = ""
 
     @property
     def dataflow(self) -> bool:
-        return self.runner in ("DataflowRunner", "dataflow")
+        return self.params.preprocess_runner in ("DataflowRunner", "dataflow")
+
+
+COMPONENT = StepComponent(
+    name="preprocess",
+    request=PreprocessRequest,
+    returns=(("dataset_uri", "str"),),
+    doc="""Turn raw records into packed, tokenized Parquet shards with Apache Beam.
+
+Runs the Beam pipeline in-process (DirectRunner) or submits it to Dataflow and waits; the
+Dataflow job is written to `gcp_resources` (the console's link to it); cancelling the
+pipeline cancels the job through this step's SIGTERM handler.
+
+Returns:
+    dataset_uri: the Dataset artifact's URI, for steps that only pass it on (a string is
+        not downloaded into their pod the way an input artifact is).
+""",
+)
 
 
 def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
@@ -361,52 +324,44 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
     from components.runtime.image import DEFAULT_IMAGE
     from components.runtime.run_identity import resource_name, safe_run_id
 
-    params: dict[str, Any] = {}
+    p = request.params
+    options: dict[str, Any] = {}
     extra: list[str] = []
-    for key, value in (request.dataflow_options or {}).items():
-        if key in _DATAFLOW_PARAMS:
-            params[_DATAFLOW_PARAMS[key]] = value
+    for key, value in (p.dataflow_options or {}).items():
+        if key in _DATAFLOW_OPTIONS:
+            options[_DATAFLOW_OPTIONS[key]] = value
         elif isinstance(value, bool):
             extra.append(f"--{key}" if value else f"--no_{key}")
         else:
             extra.append(f"--{key}={value}")
-    dataflow = request.dataflow
-    if dataflow:
-        if request.work_uri.startswith("gs://"):
-            files = f"{request.work_uri.rstrip('/')}/dataflow/{safe_run_id(request.run_id)}"
-            params.setdefault("temp_location", f"{files}/tmp")
-            params.setdefault("staging_location", f"{files}/staging")
-        params.setdefault("job_name", resource_name("preprocess", request.run_id))
-        params.setdefault("sdk_container_image", DEFAULT_IMAGE)
+    if request.dataflow:
+        if p.work_uri.startswith("gs://"):
+            files = f"{p.work_uri.rstrip('/')}/dataflow/{safe_run_id(request.run_id)}"
+            options.setdefault("temp_location", f"{files}/tmp")
+            options.setdefault("staging_location", f"{files}/staging")
+        options.setdefault("job_name", resource_name("preprocess", request.run_id))
+        options.setdefault("sdk_container_image", DEFAULT_IMAGE)
         if not any(flag.startswith("--sdk_location") for flag in extra):
             extra.append("--sdk_location=container")  # the image has Beam: stage no SDK
-        if request.dataflow_service_account:
-            params.setdefault("service_account", request.dataflow_service_account)
+        if p.dataflow_service_account:
+            options.setdefault("service_account_email", p.dataflow_service_account)
+        options.update(project=p.project, region=p.region)
     else:
         # Dataflow settings mean nothing to the local runner; its own (direct_*) still apply.
-        params = {}
+        options = {}
         extra = [flag for flag in extra if flag.startswith("--direct_")]
-    params.update(
-        input_uri=request.train_data_uri,
+    return build_argv(
+        input_uri=p.train_data_uri,
         output_uri=output_uri,
-        tokenizer=request.base_model,
-        seq_len=request.seq_len,
-        runner=request.runner,
-        eval_fraction=request.eval_fraction,
-        data_kind=request.data_kind,
-        project=request.project if dataflow else "",
-        region=request.region if dataflow else "",
-        record_format=request.record_format,
-        fields={
-            name: getattr(request, f"{name}_field")
-            for name in ("prompt", "response", "messages", "text", "system")
-        },
-        tool_turns=request.tool_turns,
-        chat_template=request.chat_template,
-        bigquery_query=request.bigquery_query,
-        stage_dir=f"{request.work_uri.rstrip('/')}/staged" if request.work_uri else "",
+        tokenizer=p.base_model,
+        seq_len=p.seq_len,
+        runner=p.preprocess_runner,
+        eval_fraction=p.eval_fraction,
+        shape=p,
+        stage_dir=f"{p.work_uri.rstrip('/')}/staged" if p.work_uri else "",
+        beam_options=options,
+        extra_args=extra,
     )
-    return build_argv(extra_args=extra, **params)
 
 
 def run(request: PreprocessRequest) -> tuple[str]:
@@ -417,10 +372,10 @@ def run(request: PreprocessRequest) -> tuple[str]:
 
     dataset = request.dataset
     dataset.uri = data_artifact_uri(
-        dataset.uri, work_uri=request.work_uri, run_id=request.run_id, name="dataset"
+        dataset.uri, work_uri=request.params.work_uri, run_id=request.run_id, name="dataset"
     )
     # The tokenizer may be a gated hub model; the token comes from Secret Manager by name.
-    load_hf_token(project=request.project, secret=request.hf_token_secret)
+    load_hf_token(project=request.params.project, secret=request.params.hf_token_secret)
     argv = beam_argv(request, dataset.uri)
     with open(request.gcp_resources, "w") as f:
         f.write(json.dumps({"resources": []}))

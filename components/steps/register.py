@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from components.params.run_params import RunParams
 from components.serving.lineage import (
     CHAMPION_ALIAS,
     import_gate_evaluation,
@@ -25,37 +26,46 @@ from components.serving.lineage import (
 )
 from components.serving.presets import ADAPTER_SUBDIR, ServingSpec, serving_container
 from components.serving.registry import register_model, resolve_model
+from components.steps.component_spec import StepComponent, component_input
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RegisterRequest:
-    """The `register` component's parameters (components/kfp_components.py), by the same names;
-    each run parameter's meaning and default are in components/params/run_params.py."""
+    """The `register` component: its run parameters and its own inputs and outputs."""
 
-    model_uri: str
+    params: RunParams
+    """The run parameters the register step takes (`steps=(...)` in components/params/run_params.py;
+    components/params/step_params.py `for_step`)."""
+    model_uri: str = component_input("str")
     """The exported Hugging Face model (the train step's `model_uri` output)."""
-    base_model: str
-    """What it was fine-tuned from (for the version's description; "" to leave it out)."""
-    run_id: str
-    project: str
-    region: str
-    registered_model: str
-    """The registry model to add a version to (resource name, id, or display name; a new
-    display name creates the model)."""
-    serving_image: str
-    serving_preset: str = "vertex-vllm"
-    lora_serving: str = "merged"
-    seq_len: int = 512
-    deploy_accelerator_count: int = 1
-    metrics: Any = None
+    run_id: str = component_input("str")
+    metrics: Any = component_input("Input[Metrics]", default=None)
     """The evaluate step's Metrics artifact (`.metadata`: the gate's metrics); None skips the
     model evaluation."""
-    vertex_model: Any = None
+    vertex_model: Any = component_input("Output[VertexModel]", default=None)
     """The `google.VertexModel` output artifact (`.uri`, `.metadata`), filled here."""
     credentials: Any = None
     """Google credentials (tests pass anonymous ones); default: Application Default."""
+
+
+COMPONENT = StepComponent(
+    name="register",
+    request=RegisterRequest,
+    returns="str",
+    doc="""Upload the tuned model to Vertex AI Model Registry (a new version of `registered_model`)
+with the serving preset's container, attach the gate's metrics as its model evaluation and
+move the `champion` alias to it.
+
+The model comes by URI: the registry reads it from gs://; an input artifact would first be
+downloaded whole into this small pod.
+
+Returns:
+    The registered model version's resource name (also the `google.VertexModel` output that
+    GCPC's deploy and batch-prediction components take).
+""",
+)
 
 
 def served_model_name(display_name: str) -> str:
@@ -76,21 +86,21 @@ def lora_rank(model_uri: str) -> int:
 def serving_spec(request: RegisterRequest, *, model_uri: str, display_name: str) -> ServingSpec:
     """The serving preset's inputs for this run's export. The adapter is looked for only when
     it is to be served (a merged export serves the same way whether LoRA trained it or not)."""
-    rank = lora_rank(model_uri) if request.lora_serving == "adapter" else 0
-    if request.lora_serving == "adapter" and not rank:
+    rank = lora_rank(model_uri) if request.params.lora_serving == "adapter" else 0
+    if request.params.lora_serving == "adapter" and not rank:
         raise ValueError(
             f"lora_serving=adapter but {model_uri} holds no {ADAPTER_SUBDIR}/: the run trained no "
             "LoRA adapter (set lora_rank in trainer_overrides, or use lora_serving=merged)"
         )
-    base = request.base_model
+    base = request.params.base_model
     return ServingSpec(
-        preset=request.serving_preset,  # type: ignore[arg-type]
-        image=request.serving_image,
+        preset=request.params.serving_preset,  # type: ignore[arg-type]
+        image=request.params.serving_image,
         served_model_name=served_model_name(display_name),
-        max_model_len=request.seq_len,
-        tensor_parallel_size=max(1, request.deploy_accelerator_count),
+        max_model_len=request.params.seq_len,
+        tensor_parallel_size=max(1, request.params.deploy_accelerator_count),
         lora=rank > 0,
-        lora_serving=request.lora_serving,  # type: ignore[arg-type]
+        lora_serving=request.params.lora_serving,  # type: ignore[arg-type]
         base_model_uri=base,
         lora_rank=rank,
     )
@@ -121,14 +131,14 @@ def _alias_holders(client: Any, model: str, alias: str) -> list[str]:
 def run(request: RegisterRequest) -> str:
     """Upload the exported model at `model_uri` as a new version; return the version's name."""
     parent, display_name = resolve_model(
-        model=request.registered_model,
-        project=request.project,
-        location=request.region,
+        model=request.params.registered_model,
+        project=request.params.project,
+        location=request.params.region,
         credentials=request.credentials,
     )
     description = f"fine-tuned by llmft run {request.run_id}"
-    if request.base_model:
-        description += f" from {request.base_model}"
+    if request.params.base_model:
+        description += f" from {request.params.base_model}"
     spec = serving_spec(request, model_uri=request.model_uri, display_name=display_name)
     serving = serving_container(spec)
     version = register_model(
@@ -136,13 +146,13 @@ def run(request: RegisterRequest) -> str:
         display_name=display_name,
         serving=serving,
         run_id=request.run_id,
-        project=request.project,
-        location=request.region,
+        project=request.params.project,
+        location=request.params.region,
         parent_model=parent,
         description=description,
         credentials=request.credentials,
     )
-    client = _model_client(request.region, request.credentials)
+    client = _model_client(request.params.region, request.credentials)
     if request.metrics is not None:
         import_gate_evaluation(
             client,
@@ -158,7 +168,7 @@ def run(request: RegisterRequest) -> str:
     )
     if request.vertex_model is not None:
         uri, fields = vertex_model_fields(
-            version.versioned_name, request.region, spec.served_model_name
+            version.versioned_name, request.params.region, spec.served_model_name
         )
         request.vertex_model.uri = uri
         request.vertex_model.metadata.update(fields)

@@ -24,8 +24,9 @@ from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.local import LocalLauncher, LocalOptions
 from components.launchers.pytorchjob import DEADLINE_GRACE_S, PyTorchJobOptions, deadline_for
 from components.launchers.vertex import VertexLauncher, VertexOptions
-from components.params.run_params import Backend, Capacity, RdzvBackend, choices
+from components.params.run_params import RunParams, choices
 from components.platform.platform_facts import gke_accelerator
+from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
 
 logger = logging.getLogger(__name__)
@@ -36,53 +37,38 @@ BackendOptions = LocalOptions | GkeOptions | VertexOptions
 
 @dataclass(frozen=True)
 class TrainRequest:
-    """The `train` component's parameters (components/kfp_components.py), by the same names;
-    each run parameter's meaning and default are in components/params/run_params.py."""
+    """The `train` component: its run parameters and its own inputs and outputs."""
 
-    backend: Backend
-    run_id: str
-    base_model: str
-    dataset_uri: str
+    params: RunParams
+    """The run parameters the train step takes (`steps=(...)` in components/params/run_params.py;
+    components/params/step_params.py `for_step`)."""
+    run_id: str = component_input("str")
+    dataset_uri: str = component_input("str")
     """The packed dataset (the preprocess step's `dataset_uri` output)."""
-    rdzv_endpoint: str
+    rdzv_endpoint: str = component_input("str")
     """The etcd step's output ("" lets the launcher choose)."""
-    rdzv_backend: RdzvBackend
-    nodes: int
-    nproc_per_node: int
-    max_steps: int
-    learning_rate: float
-    trainer_overrides: Mapping[str, Any]
-    quantize_base: str
-    objective: str
-    project: str
-    region: str
-    work_uri: str
-    namespace: str
-    gke_cluster: str
-    machine_type: str
-    accelerator_type: str
-    accelerator_count: int
-    service_account: str
-    hf_token_secret: str
-    train_timeout_s: int
-    """The launcher cancels the job after this long; the job carries it too, plus a grace."""
-    capacity: Capacity
-    max_wait_minutes: int
-    reservation: str
-    gpu_hour_price_usd: float
-    budget_timeout_s: int
+    budget_timeout_s: int = component_input("int")
     """The training job's timeout from the budget (the validate step's output; 0: none)."""
-    model: Any
+    model: Any = component_input("Output[Model]")
     """The Model artifact written: its `.uri` and `.metadata` are set here."""
-    gcp_resources: str
+    gcp_resources: str = component_input("OutputPath(str)")
     """Path of the component's gcp_resources output (Vertex: cancel with the pipeline)."""
-    # --- TensorBoard, Experiments and CMEK (issue 30) ---
-    tensorboard: str = ""
-    """Vertex AI TensorBoard instance the CustomJob uploads its events to ("" for none)."""
-    experiment: str = ""
-    """Vertex AI Experiment that gets a run with the parameters and final metrics ("" none)."""
-    encryption_key: str = ""
-    """Cloud KMS key of the CustomJob ("" for Google-managed encryption)."""
+
+
+COMPONENT = StepComponent(
+    name="train",
+    request=TrainRequest,
+    returns=(("model_uri", "str"),),
+    doc="""Fine-tune with FSDP2 on N nodes x P processes: local torchrun agents, a PyTorchJob on GKE or
+a Vertex AI CustomJob. Exports a Hugging Face model directory as the Model artifact.
+
+The dataset comes by URI (the workers read it; an input artifact would first be downloaded
+into this small launcher pod).
+
+Returns:
+    model_uri: where the exported Hugging Face model is (the Model artifact's files).
+""",
+)
 
 
 def run(request: TrainRequest) -> tuple[str]:
@@ -100,21 +86,21 @@ def run(request: TrainRequest) -> tuple[str]:
 
     model = request.model
     model.uri = data_artifact_uri(
-        model.uri, work_uri=request.work_uri, run_id=request.run_id, name="model"
+        model.uri, work_uri=request.params.work_uri, run_id=request.run_id, name="model"
     )
     launch = trainer_launch(request, model.uri)
     options = backend_options(request)
     metadata = train(launch, options, timeout_s=training_timeout_s(request))
     metadata |= record_actual_cost(request, metadata.pop("job_times"), launch.trainer.output)
     model.metadata.update(metadata)
-    if request.experiment:
+    if request.params.experiment:
         from components.serving.experiments import log_experiment_run
 
         log_experiment_run(
-            experiment=request.experiment,
+            experiment=request.params.experiment,
             run_id=request.run_id,
-            project=request.project,
-            location=request.region,
+            project=request.params.project,
+            location=request.params.region,
             params=experiment_params(request),
             metrics=model.metadata,
         )
@@ -125,7 +111,7 @@ def training_timeout_s(request: TrainRequest) -> int:
     """When the launcher cancels the job: `train_timeout_s`, or earlier when the budget leaves
     less (`budget_timeout_s`), so that the job's own deadline (`DEADLINE_GRACE_S` later, for a
     launcher killed before it could cancel) still falls within the budget."""
-    timeout = request.train_timeout_s
+    timeout = request.params.train_timeout_s
     if request.budget_timeout_s:
         timeout = min(timeout, max(request.budget_timeout_s - DEADLINE_GRACE_S, 60))
     return timeout
@@ -138,11 +124,13 @@ def record_actual_cost(
     OUTPUT/cost.json (the evaluate step's report reads it) and returned for the Model's metadata."""
     from components.preflight import cost
 
-    cloud = request.backend != "local" and bool(request.accelerator_type)
-    gpus = request.nodes * request.accelerator_count if cloud else 0
+    cloud = request.params.backend != "local" and bool(request.params.accelerator_type)
+    gpus = request.params.nodes * request.params.accelerator_count if cloud else 0
     price = (
         cost.gpu_hour_price(
-            request.accelerator_type, request.capacity, override=request.gpu_hour_price_usd
+            request.params.accelerator_type,
+            request.params.capacity,
+            override=request.params.gpu_hour_price_usd,
         )
         if gpus
         else 0.0
@@ -152,7 +140,7 @@ def record_actual_cost(
         ended=times["ended_at"],
         gpus=gpus,
         gpu_hour_usd=price,
-        capacity=request.capacity,
+        capacity=request.params.capacity,
     )
     summary_path = output.rstrip("/") + "/summary.json"
     if storage.exists(summary_path):
@@ -166,17 +154,17 @@ def record_actual_cost(
 def experiment_params(request: TrainRequest) -> dict[str, Any]:
     """The run's training parameters as Vertex Experiments records them (scalars only)."""
     params: dict[str, Any] = {
-        "backend": request.backend,
-        "base_model": request.base_model,
-        "nodes": request.nodes,
-        "nproc_per_node": request.nproc_per_node,
-        "max_steps": request.max_steps,
-        "learning_rate": request.learning_rate,
-        "machine_type": request.machine_type,
-        "accelerator_type": request.accelerator_type,
-        "accelerator_count": request.accelerator_count,
+        "backend": request.params.backend,
+        "base_model": request.params.base_model,
+        "nodes": request.params.nodes,
+        "nproc_per_node": request.params.nproc_per_node,
+        "max_steps": request.params.max_steps,
+        "learning_rate": request.params.learning_rate,
+        "machine_type": request.params.machine_type,
+        "accelerator_type": request.params.accelerator_type,
+        "accelerator_count": request.params.accelerator_count,
     }
-    for key, value in sorted((request.trainer_overrides or {}).items()):
+    for key, value in sorted((request.params.trainer_overrides or {}).items()):
         if isinstance(value, str | int | float) and not isinstance(value, bool):
             params[f"trainer.{key}"] = value
     return params
@@ -187,7 +175,7 @@ def vertex_output_directory(request: TrainRequest) -> str:
     AIP_MODEL_DIR, AIP_CHECKPOINT_DIR) under it."""
     from components.runtime.run_identity import safe_run_id
 
-    return storage.join(request.work_uri, "runs", safe_run_id(request.run_id), "vertex")
+    return storage.join(request.params.work_uri, "runs", safe_run_id(request.run_id), "vertex")
 
 
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
@@ -196,75 +184,77 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
     from components.params.trainer_params import trainer_config
     from components.platform.capacity import trainer_overrides_for
 
-    local = request.backend == "local"
+    local = request.params.backend == "local"
     data = str(request.dataset_uri)
     if not local:
         check_worker_readable(data)
     export_dir = storage.normalize(model_uri) if local else model_uri
     output = run_directory(
-        backend=request.backend,
-        work_uri=request.work_uri,
+        backend=request.params.backend,
+        work_uri=request.params.work_uri,
         run_id=request.run_id,
         model_dir=export_dir,
     )
     trainer = trainer_config(
-        trainer_overrides_for(request.capacity, request.trainer_overrides or {}),
-        max_steps=request.max_steps,
-        learning_rate=request.learning_rate,
-        quantize_base=request.quantize_base,
-        objective=request.objective,
-        model=request.base_model,
+        trainer_overrides_for(request.params.capacity, request.params.trainer_overrides or {}),
+        max_steps=request.params.max_steps,
+        learning_rate=request.params.learning_rate,
+        quantize_base=request.params.quantize_base,
+        objective=request.params.objective,
+        model=request.params.base_model,
         data=storage.normalize(data) if local else data,
         output=output,
     )
     return TrainLaunch(
         run_id=request.run_id,
         trainer=dataclasses.replace(trainer, export_dir=export_dir),
-        nodes=request.nodes,
+        nodes=request.params.nodes,
         nproc_per_node=resolve_nproc_per_node(
-            request.backend, request.nproc_per_node, request.accelerator_count
+            request.params.backend, request.params.nproc_per_node, request.params.accelerator_count
         ),
-        rdzv_backend=request.rdzv_backend,
+        rdzv_backend=request.params.rdzv_backend,
         rdzv_endpoint=request.rdzv_endpoint,
     )
 
 
 def backend_options(request: TrainRequest) -> BackendOptions:
     """The request's backend, with the run parameters that concern it."""
-    if request.backend == "gke":
+    if request.params.backend == "gke":
         job = PyTorchJobOptions(
-            namespace=request.namespace,
-            accelerator=gke_accelerator(request.accelerator_type),
-            gpus_per_node=request.accelerator_count or None,
-            service_account=request.service_account or None,
-            hf_token_secret=request.hf_token_secret or None,
+            namespace=request.params.namespace,
+            accelerator=gke_accelerator(request.params.accelerator_type),
+            gpus_per_node=request.params.accelerator_count or None,
+            service_account=request.params.service_account or None,
+            hf_token_secret=request.params.hf_token_secret or None,
             # Ends the job on the cluster even if this step is killed before it can cancel.
             active_deadline_seconds=deadline_for(training_timeout_s(request)),
             **gke_capacity(request),
         )
-        return GkeOptions(job=job, cluster=request.gke_cluster)
-    if request.backend == "vertex":
+        return GkeOptions(job=job, cluster=request.params.gke_cluster)
+    if request.params.backend == "vertex":
         custom_job = CustomJobOptions(
-            machine_type=request.machine_type,
-            accelerator_type=request.accelerator_type or None,
-            accelerator_count=request.accelerator_count or None,
-            service_account=request.service_account or None,
-            hf_token_secret=request.hf_token_secret or None,
+            machine_type=request.params.machine_type,
+            accelerator_type=request.params.accelerator_type or None,
+            accelerator_count=request.params.accelerator_count or None,
+            service_account=request.params.service_account or None,
+            hf_token_secret=request.params.hf_token_secret or None,
             timeout_s=deadline_for(training_timeout_s(request)),
             **vertex_capacity(request),
-            tensorboard=request.tensorboard or None,
-            base_output_directory=vertex_output_directory(request) if request.tensorboard else None,
-            encryption_key=request.encryption_key or None,
+            tensorboard=request.params.tensorboard or None,
+            base_output_directory=vertex_output_directory(request)
+            if request.params.tensorboard
+            else None,
+            encryption_key=request.params.encryption_key or None,
         )
         return VertexOptions(
-            project=request.project,
-            location=request.region,
+            project=request.params.project,
+            location=request.params.region,
             job=custom_job,
             gcp_resources_path=request.gcp_resources or None,
         )
-    if request.backend == "local":
+    if request.params.backend == "local":
         return LocalOptions()
-    raise unknown_backend(request.backend)
+    raise unknown_backend(request.params.backend)
 
 
 def gke_capacity(request: TrainRequest) -> dict[str, Any]:
@@ -277,8 +267,8 @@ def gke_capacity(request: TrainRequest) -> dict[str, Any]:
         preemptible,
     )
 
-    options: dict[str, Any] = {"capacity": request.capacity}
-    if preemptible(request.capacity):
+    options: dict[str, Any] = {"capacity": request.params.capacity}
+    if preemptible(request.params.capacity):
         options |= {
             "termination_grace_s": POD_TERMINATION_GRACE_S,
             "restarts_per_node": SPOT_RESTARTS_PER_NODE,
@@ -293,10 +283,10 @@ def vertex_capacity(request: TrainRequest) -> dict[str, Any]:
     from components.platform.capacity import preemptible
 
     return {
-        "capacity": request.capacity,
-        "max_wait_s": request.max_wait_minutes * 60 or None,
-        "reservation": request.reservation or None,
-        "restart_job_on_worker_restart": preemptible(request.capacity),
+        "capacity": request.params.capacity,
+        "max_wait_s": request.params.max_wait_minutes * 60 or None,
+        "reservation": request.params.reservation or None,
+        "restart_job_on_worker_restart": preemptible(request.params.capacity),
     }
 
 

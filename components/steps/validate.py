@@ -23,19 +23,45 @@ from components.params.run_params import (
 from components.preflight import cost
 from components.preflight.validation import data_errors, evaluation_errors, fit_errors
 from components.runtime.secrets import load_hf_token
+from components.steps.component_spec import StepComponent, component_input
 
 
 @dataclass(frozen=True)
-class ValidateRequest(RunParams):
-    """The `validate_inputs` component's parameters: every run parameter (`RunParams`, with its
-    one default) plus where and when the run happens."""
+class ValidateRequest:
+    """The `validate_inputs` component: every run parameter plus where and when the run happens."""
 
-    target: str = ""
+    params: RunParams
+    """The run parameters the validate_inputs step takes (`steps=(...)` in components/params/run_params.py;
+    components/params/step_params.py `for_step`)."""
+    target: str = component_input("str", default="")
     """The pipeline's compile target (local, vertex, kfp; "" skips the target's rules)."""
-    run_id: str = ""
+    run_id: str = component_input("str", default="")
     """The run's id (checked resolved: an unresolved placeholder is an error)."""
-    schedule_time: str = ""
+    schedule_time: str = component_input("str", default="")
     """The schedule time that fills the placeholder in `train_data_uri` ("" when unscheduled)."""
+
+
+COMPONENT = StepComponent(
+    name="validate_inputs",
+    request=ValidateRequest,
+    returns=(
+        ("base_model", "str"),
+        ("train_data_uri", "str"),
+        ("champion_model", "str"),
+        ("budget_timeout_s", "int"),
+        ("cost_estimate", "dict"),
+    ),
+    doc="""Check every run parameter before anything costly starts; resolve what a run reads;
+estimate the run's cost and refuse it over max_cost_usd.
+
+Returns:
+    base_model: the model to start from (`latest-registered` resolved to a model URI).
+    train_data_uri: the data URI with the schedule-time placeholder filled in.
+    champion_model: the model to beat besides the base ("" for none).
+    budget_timeout_s: the training job's timeout that keeps it within max_cost_usd (0: none).
+    cost_estimate: expected GPU-hours, wall hours and USD per pipeline step.
+""",
+)
 
 
 def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
@@ -47,7 +73,7 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
         on a first run gives ""); the timeout keeps the training job within max_cost_usd (0:
         no budget); the estimate is printed and returned (components/preflight/cost.py).
     """
-    uri = str(request.train_data_uri)
+    uri = str(request.params.train_data_uri)
     if SCHEDULE_TIME_PLACEHOLDER in uri:
         schedule_time = request.schedule_time
         if not schedule_time or SCHEDULE_TIME_PLACEHOLDER in schedule_time:
@@ -56,7 +82,7 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
                 "by a schedule: submit it with `llmft run --schedule-time ...` or give a fixed URI"
             )
         uri = uri.replace(SCHEDULE_TIME_PLACEHOLDER, schedule_time)
-    values = {name: getattr(request, name) for name in fields()}
+    values = {name: getattr(request.params, name) for name in fields()}
     params = params_from_mapping({**values, "train_data_uri": uri})
     errors = params.errors(target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))

@@ -342,6 +342,7 @@ def cleanup_cmd(
 ) -> None:
     """Remove what a local run left: its processes (torchrun agents, trainers, etcd), the ports
     they held, its etcd data dir and its state. Without --run-id: every run whose launcher is gone."""
+    from components.params.step_params import for_step
     from components.runtime.run_identity import state_root
     from components.steps.cleanup import CleanupRequest, local_runs_by_liveness, run
 
@@ -351,7 +352,11 @@ def cleanup_cmd(
     if run_id is None:
         runs, live = local_runs_by_liveness(root)
     for name in runs:
-        removed = run(CleanupRequest(backend="local", run_id=name, state_root=root))
+        removed = run(
+            CleanupRequest(
+                params=for_step("cleanup", backend="local"), run_id=name, state_root=root
+            )
+        )
         for line in removed or [f"nothing left of run {name}"]:
             typer.echo(line)
     for name in live:
