@@ -110,9 +110,7 @@ def add_arguments(add: Callable[..., None]) -> None:
 def as_flags(values: Any) -> list[str]:
     """The settings of `values` (any object with their attributes) as flags; empty strings are
     left out (the flag's default is empty too)."""
-    return [
-        f"{flag(name)}={value}" for name in SETTINGS if (value := getattr(values, name)) != ""
-    ]
+    return [f"{flag(name)}={value}" for name in SETTINGS if (value := getattr(values, name)) != ""]
 
 
 def from_options(options: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.params.run_checks import run_errors
 from components.params.run_params import RunParams
 from components.runtime.run_identity import STATE_DIR_ENV
 from pipelines.local_progress import RunWatcher, follow_file, watching
@@ -51,7 +52,7 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     """
     from components.etcd.local import EtcdNotFoundError, find_etcd
     from components.params.param_values import params_from_mapping
-    from components.params.run_params import raise_errors
+    from components.params.run_checks import raise_errors
     from components.preflight.validation import data_errors, model_errors
     from trainer import storage
 
@@ -71,7 +72,7 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
         quickstart |= QUICKSTART_PRESET
     given = {k: v for k, v in values.items() if not (k in quickstart and v == "")}
     resolved = params_from_mapping({**quickstart, **given})
-    errors = resolved.errors()
+    errors = run_errors(resolved)
     for key, value in resolved.as_dict().items():
         if "python3" in json.dumps(value):
             # kfp.local's SubprocessRunner replaces "python3" everywhere in a task's command line.

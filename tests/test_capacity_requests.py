@@ -17,6 +17,7 @@ import yaml
 
 from components.launchers.customjob import build_custom_job
 from components.launchers.pytorchjob import build_pytorchjob
+from components.params.run_checks import run_errors
 from components.params.run_params import RunParams
 from components.platform.platform_facts import GKE_SPOT_POD_GRACE_S
 from components.steps.component_spec import request_of
@@ -142,7 +143,9 @@ def test_capacity_parameter_rules() -> None:
     def errors(**kw: Any) -> list[str]:
         base = {"train_data_uri": "gs://b/d.jsonl", "base_model": "gs://b/m", "project": "proj-1"}
         params = RunParams(**(base | {"work_uri": "gs://b/w"} | kw))
-        return [e for e in params.errors() if "capacity" in e or "reservation" in e or "wait" in e]
+        return [
+            e for e in run_errors(params) if "capacity" in e or "reservation" in e or "wait" in e
+        ]
 
     assert errors(backend="vertex", capacity="spot") == []
     assert errors(backend="vertex", capacity="flex-start", max_wait_minutes=60) == []
@@ -178,4 +181,4 @@ def test_flex_start_on_vertex_only_for_the_gpus_dws_offers() -> None:
         **base, work_uri="gs://b/w", backend="vertex", capacity="flex-start",
         machine_type="n1-standard-8", accelerator_type="NVIDIA_TESLA_T4", accelerator_count=1,
     )  # fmt: skip
-    assert any("offers flex-start only" in e for e in t4.errors())
+    assert any("offers flex-start only" in e for e in run_errors(t4))

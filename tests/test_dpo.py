@@ -17,6 +17,7 @@ from packed_fixtures import read_jsonl
 
 from beam_preprocess.pairs import PairError, normalize, pack_pairs, row_of, tokenize_pair
 from beam_preprocess.preference import write_dataset
+from components.params.run_checks import run_errors
 from trainer.packed_data.format import PAIR_COLUMN, read_manifest
 from trainer.packed_data.reader import read_split
 
@@ -385,7 +386,7 @@ def test_run_parameters_pair_objective_dpo_with_preference_data() -> None:
     from components.params.run_params import RunParams
 
     def errors(**values: Any) -> list[str]:
-        return RunParams(train_data_uri="pairs.jsonl", base_model="m", **values).errors()
+        return run_errors(RunParams(train_data_uri="pairs.jsonl", base_model="m", **values))
 
     lora = {"trainer_overrides": {"lora_rank": 8}}
     assert errors(objective="dpo", data_kind="preference", **lora) == []

@@ -19,6 +19,7 @@ from components.evaluation.harness import (
     settings_errors,
     task_scores,
 )
+from components.params.run_checks import run_errors
 from components.params.run_params import RunParams
 
 LOSSES = {"base_eval_loss": 2.0, "tuned_eval_loss": 1.5}
@@ -143,10 +144,10 @@ def test_tags_and_groups_without_a_score_are_refused_before_any_model(tmp_path: 
 
 def test_run_parameters_check_the_task_gate() -> None:
     common = {"train_data_uri": "d.jsonl", "base_model": "m"}
-    errors = RunParams(**common, max_task_regression=2.0).errors()
+    errors = run_errors(RunParams(**common, max_task_regression=2.0))
     assert any("eval_tasks is empty" in e for e in errors), errors
-    assert not any("eval_tasks" in e for e in RunParams(**common, eval_tasks="mmlu").errors())
-    errors = RunParams(**common, eval_num_fewshot=-2, eval_limit=-1).errors()
+    assert not any("eval_tasks" in e for e in run_errors(RunParams(**common, eval_tasks="mmlu")))
+    errors = run_errors(RunParams(**common, eval_num_fewshot=-2, eval_limit=-1))
     assert any("eval_num_fewshot" in e for e in errors) and any("eval_limit" in e for e in errors)
 
 

@@ -20,6 +20,7 @@ from google.protobuf.json_format import MessageToDict
 
 from components.evaluation.gate import GateThresholds, decide
 from components.evaluation.judge import PAIRWISE_METRICS, JudgeSettings, judge_pairwise
+from components.params.run_checks import run_errors
 from components.params.run_params import JudgeMetric, RunParams
 
 PROMPTS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"]
@@ -105,9 +106,9 @@ def test_judge_settings_and_run_parameters_agree() -> None:
     assert JudgeSettings().errors() == [] and not JudgeSettings().enabled
     assert "use one of" in JudgeSettings(metric="nope", project="p").errors()[0]
     assert "project or region is empty" in JudgeSettings(metric="fluency").errors()[0]
-    errors = RunParams(train_data_uri="d.jsonl", base_model="m", judge_min_win_rate=0.5).errors()
+    errors = run_errors(RunParams(train_data_uri="d.jsonl", base_model="m", judge_min_win_rate=0.5))
     assert any("judge_metric is empty" in e for e in errors), errors
-    errors = RunParams(train_data_uri="d.jsonl", base_model="m", judge_metric="fluency").errors()
+    errors = run_errors(RunParams(train_data_uri="d.jsonl", base_model="m", judge_metric="fluency"))
     assert any("runs in Vertex AI" in e for e in errors), errors
 
 

@@ -189,7 +189,8 @@ def test_examples_from_prompt_response_and_messages(tmp_path: Path) -> None:
 
 def test_unreachable_hub_id_is_a_clear_error() -> None:
     """conftest keeps the suite offline, so a Hub id that is not cached cannot load."""
-    from components.evaluation.loading import is_hub_id, read_tokenizer
+    from components.evaluation.loading import read_tokenizer
+    from components.runtime.model_location import is_hub_id
 
     assert is_hub_id("someorg/some-model")
     assert not is_hub_id("/abs/path") and not is_hub_id("gs://b/m") and not is_hub_id("a/b/c")

@@ -69,6 +69,13 @@ def _check(contract_id: str, graph: grimp.ImportGraph, extra: tuple[str, str] | 
         ("neutral", "trainer.packed_data.format", "trainer.config"),
         ("neutral", "trainer.storage", "components.runtime.artifacts"),
         ("evaluation", "components.evaluation.data", "beam_preprocess.records"),
+        ("rooms", "components.platform.capacity", "components.params.run_params"),
+        ("rooms", "components.runtime.lifeline", "components.launchers.local"),
+        ("rooms", "components.params.run_params", "components.preflight.cost"),
+        ("rooms", "components.serving.presets", "components.params.param_checks"),
+        ("launchers", "components.launchers.base", "components.params.run_params"),
+        ("launchers", "components.launchers.pytorchjob", "components.steps.train"),
+        ("launchers", "components.etcd.manifests", "components.preflight.cost"),
     ],
 )
 def test_a_deliberate_violation_breaks_the_contract(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from beam_preprocess.shapes import Invalid, Shape, example_of
+from components.params.run_checks import run_errors
 
 pytestmark = pytest.mark.unit
 
@@ -283,13 +284,13 @@ def test_run_parameters_share_the_shapes_choices_and_check_the_new_rules():
         data_kind="text",
         record_format="alpaca",
     )
-    errors = "\n".join(params.errors())
+    errors = "\n".join(run_errors(params))
     assert "record_format: record format 'alpaca' shapes instruction data" in errors
     assert "chat_template: 'chatlm' is neither a named template" in errors
     assert "name the table as {table}" in errors
     assert "set preprocess_runner=DataflowRunner" in errors
     hf = RunParams(train_data_uri="hf://datasets/o/n@main:train", base_model="m")
-    assert hf.errors() == []
+    assert run_errors(hf) == []
 
 
 def test_the_preprocess_step_passes_shape_options_on_every_runner():

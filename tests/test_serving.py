@@ -18,6 +18,7 @@ from fakes.vertex import FakeEndpoints, FakeModelService
 from google.auth.credentials import AnonymousCredentials
 from google.protobuf import json_format
 
+from components.params.run_checks import run_errors
 from components.serving import presets as serving
 from components.serving.endpoints import (
     DeployOptions,
@@ -111,9 +112,9 @@ def test_adapter_serving_is_refused_until_verified() -> None:
         serving.serving_container(adapter)
     assert not any("--lora-modules" in a for a in serving._vllm_common(adapter, "m"))
     assert "--enable-lora" in serving._vllm_common(adapter, "m")
-    errors = RunParams(lora_serving="adapter").errors()
+    errors = run_errors(RunParams(lora_serving="adapter"))
     assert any("lora_serving=adapter is not supported" in e and "merged" in e for e in errors)
-    assert not any("lora_serving" in e for e in RunParams().errors())
+    assert not any("lora_serving" in e for e in run_errors(RunParams()))
     merged = serving.serving_container(spec(lora=True, lora_serving="merged", lora_rank=12))
     assert "--enable-lora" not in (merged.args or [])
 

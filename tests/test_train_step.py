@@ -9,6 +9,7 @@ import pytest
 
 from components.launchers import TrainLaunch
 from components.params.param_values import params_from_mapping
+from components.params.run_checks import run_errors
 from components.runtime.run_identity import safe_run_id
 from components.steps.train import check_worker_readable, run_directory
 from trainer.config import TrainConfig
@@ -32,7 +33,7 @@ def test_the_model_artifact_is_the_export_and_the_run_dir_is_under_work_uri() ->
     args = TrainLaunch(run_id="r1", trainer=trainer).trainer_args()
     config = json.loads(args[args.index("--config-json") + 1])
     assert config["output"] == run and config["export_dir"] == "gs://bkt/root/model"
-    errors = params_from_mapping({"trainer_overrides": {"export_dir": "x"}}).errors()
+    errors = run_errors(params_from_mapping({"trainer_overrides": {"export_dir": "x"}}))
     assert "trainer_overrides.export_dir: the pipeline sets it" in "\n".join(errors)
 
 

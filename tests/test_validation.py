@@ -12,6 +12,7 @@ import pytest
 
 from components import kfp_components
 from components.params.param_values import field_errors, params_from_mapping
+from components.params.run_checks import run_errors
 from components.params.run_params import (
     LATEST_REGISTERED,
     SCHEDULE_TIME_PLACEHOLDER,
@@ -49,7 +50,7 @@ def test_valid_parameters_have_no_errors(data_file: str) -> None:
 
 def test_all_errors_are_reported_together(data_file: str) -> None:
     bad = good(data_file, backend="k8s", nodes=0, seq_len=4, train_data_uri=" ")
-    errors = params_from_mapping(bad).errors()
+    errors = run_errors(params_from_mapping(bad))
     assert len(errors) == 4, errors
     assert any("choose one of local, gke, vertex" in e for e in errors)
     with pytest.raises(ValueError, match="4 invalid run parameter"):
@@ -72,7 +73,7 @@ def test_one_rule_per_parameter_everywhere() -> None:
 
     assert RunParams.learning_rate == TrainConfig.lr  # the trainer's default, not a second one
     assert choices("data_kind") == DATA_KINDS  # the Literal spells the preprocessing's choices
-    assert params_from_mapping({"seq_len": SEQ_LEN_MIN - 1}).errors()[2:] == [
+    assert run_errors(params_from_mapping({"seq_len": SEQ_LEN_MIN - 1}))[2:] == [
         f"seq_len={SEQ_LEN_MIN - 1}: use a value >= {SEQ_LEN_MIN} and <= 131072"
     ]
     assert TrainConfig(model="m", data="d", output="o", seq_len=SEQ_LEN_MIN - 1).errors()
@@ -82,36 +83,38 @@ def test_one_rule_per_parameter_everywhere() -> None:
 
 
 def test_cloud_runs_need_project_bucket_and_remote_data(data_file: str) -> None:
-    joined = "\n".join(params_from_mapping(good(data_file, backend="vertex")).errors())
+    joined = "\n".join(run_errors(params_from_mapping(good(data_file, backend="vertex"))))
     assert "project is empty" in joined and "work_uri" in joined
     assert "upload the data to gs://" in joined
-    gke = params_from_mapping(good(data_file, backend="gke", accelerator_type="H100")).errors()
+    gke = run_errors(params_from_mapping(good(data_file, backend="gke", accelerator_type="H100")))
     assert any(e.startswith("accelerator_type: accelerator 'H100'") for e in gke), gke
 
 
 def test_register_needs_a_pinned_serving_image_and_a_model_name(data_file: str) -> None:
     params = params_from_mapping(good(data_file, register_model=True, serving_image="img:latest"))
-    errors = params.errors()
+    errors = run_errors(params)
     assert any("registered_model is empty" in e for e in errors)
     assert any("uses :latest: pin a version" in e for e in errors)
 
 
 def test_kubernetes_names_and_trainer_overrides_are_checked_up_front(data_file: str) -> None:
     overrides = {"micro_batch_size": -1, "dtype": "fp8", "lr": 1.0, "bogus": 1}
-    errors = params_from_mapping(
-        good(data_file, namespace="ML", hf_token_secret="HF TOKEN", trainer_overrides=overrides)
-    ).errors()
+    errors = run_errors(
+        params_from_mapping(
+            good(data_file, namespace="ML", hf_token_secret="HF TOKEN", trainer_overrides=overrides)
+        )
+    )
     joined = "\n".join(errors)
     assert "namespace='ML' is not a Kubernetes name" in joined
     assert "hf_token_secret='HF TOKEN': give a secret's name" in joined
     assert "trainer_overrides.lr: set the run parameter learning_rate instead" in joined
-    errors = params_from_mapping(
-        good(data_file, trainer_overrides={"micro_batch_size": -1, "bogus": 1})
-    ).errors()
+    errors = run_errors(
+        params_from_mapping(good(data_file, trainer_overrides={"micro_batch_size": -1, "bogus": 1}))
+    )
     assert errors == ["trainer_overrides: invalid trainer config: unknown field 'bogus'"]
-    errors = params_from_mapping(
-        good(data_file, trainer_overrides={"micro_batch_size": 0})
-    ).errors()
+    errors = run_errors(
+        params_from_mapping(good(data_file, trainer_overrides={"micro_batch_size": 0}))
+    )
     assert errors == ["trainer_overrides: micro_batch_size must be >= 1 (got 0)"]
 
 
@@ -226,13 +229,14 @@ def test_preprocess_is_not_retried_in_the_compiled_pipeline() -> None:
 
 
 def test_forgetting_threshold_is_a_fraction(data_file: str) -> None:
-    assert params_from_mapping(good(data_file, min_general_retained=0.9)).errors() == []
-    errors = params_from_mapping(good(data_file, min_general_retained=1.5)).errors()
+    assert run_errors(params_from_mapping(good(data_file, min_general_retained=0.9))) == []
+    errors = run_errors(params_from_mapping(good(data_file, min_general_retained=1.5)))
     assert any(e.startswith("min_general_retained=1.5") for e in errors), errors
 
 
 # -- named checks (issue 13) ---------------------------------------------------------------------
 
+from components.launchers.vocab import resolve_nproc_per_node  # noqa: E402
 from components.params.param_checks import (  # noqa: E402
     check_backend_for_target,
     check_dataflow_service_account,
@@ -241,7 +245,6 @@ from components.params.param_checks import (  # noqa: E402
     check_nproc_per_node,
     check_pipeline_root,
     check_service_account,
-    resolve_nproc_per_node,
 )
 from components.runtime.run_identity import check_placeholder_resolved  # noqa: E402
 
@@ -250,7 +253,7 @@ TOKEN = "hf_" + "aBcD1234" * 5
 
 def test_a_token_is_refused_in_any_parameter_and_never_echoed(data_file: str):
     params = good(data_file, hf_token_secret=TOKEN, trainer_overrides={"hub_token": TOKEN})
-    errors = params_from_mapping(params).errors()
+    errors = run_errors(params_from_mapping(params))
     assert sum("looks like a Hugging Face token" in e for e in errors) == 2
     assert not any(TOKEN in e for e in errors)
     assert check_not_a_token("hf_token_secret", "llmft-hf-token") is None
@@ -322,7 +325,7 @@ def test_the_schema_validation_applies_the_named_checks(data_file: str):
         machine_type="g2-standard-96",
     )  # fmt: skip
     params = params_from_mapping(cloud)
-    assert params.errors(target="kfp", run_id="run-1") == []
+    assert run_errors(params, target="kfp", run_id="run-1") == []
     assert params.nproc_per_node == 0  # one per accelerator
     problems = {
         "backend": ("local", "cannot run from a kfp pipeline"),
@@ -335,11 +338,11 @@ def test_the_schema_validation_applies_the_named_checks(data_file: str):
         "accelerator_count": (9, "no GKE node carries more than 8"),
     }
     for name, (value, message) in problems.items():
-        errors = dataclasses.replace(params, **{name: value}).errors(target="kfp")
+        errors = run_errors(dataclasses.replace(params, **{name: value}), target="kfp")
         assert any(message in e for e in errors), (name, errors)
     assert any(
         "unresolved KFP placeholder" in e
-        for e in params.errors(target="kfp", run_id="{{$.pipeline_job_uuid}}")
+        for e in run_errors(params, target="kfp", run_id="{{$.pipeline_job_uuid}}")
     )
     assert RunParams.for_target("kfp").service_account == "llmft-trainer"
     assert RunParams.for_target("vertex").backend == "vertex"

@@ -18,14 +18,13 @@ to "disk") is accepted too; the tests shard on CPU that way.
 from __future__ import annotations
 
 import logging
-import os
-import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from components.runtime.model_location import is_hub_id
 from trainer import storage
 from trainer.gguf import is_gguf
 
@@ -152,15 +151,6 @@ def pick_device(device: str | None = None) -> tuple[Any, Any]:
         )
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     return dev, dtype
-
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def is_hub_id(path: str) -> bool:
-    """`org/name` that is not a local path: a Hugging Face Hub model id (the pipeline accepts
-    them as base models; from_pretrained downloads them, with HF_TOKEN from the environment)."""
-    return bool(_HUB_ID.match(path)) and not os.path.exists(path)
 
 
 def _hub_error(path: str, what: str, exc: Exception) -> ValueError:

@@ -28,3 +28,11 @@ K8S_SUBDOMAIN_NAME = (
     r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
     "a Kubernetes object name (lowercase letters, digits, '-' and '.')",
 )
+
+
+def resolve_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count: int) -> int:
+    """The processes per node to start: `nproc_per_node`, or for 0 one per accelerator (1 on
+    CPU machines and locally)."""
+    if nproc_per_node > 0:
+        return nproc_per_node
+    return accelerator_count if backend != "local" and accelerator_count > 0 else 1

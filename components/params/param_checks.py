@@ -70,14 +70,6 @@ def check_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count: i
     )
 
 
-def resolve_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count: int) -> int:
-    """The processes per node to start: `nproc_per_node`, or for 0 one per accelerator (1 on
-    CPU machines and locally)."""
-    if nproc_per_node > 0:
-        return nproc_per_node
-    return accelerator_count if backend != "local" and accelerator_count > 0 else 1
-
-
 def check_objective_data(objective: str, data_kind: str) -> str | None:
     """DPO trains on preference pairs (`data_kind=preference`, preprocessing's `preference`
     shape), and preference pairs train only with DPO (the trainer refuses either mismatch, but

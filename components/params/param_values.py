@@ -11,7 +11,8 @@ from difflib import get_close_matches
 from typing import Any
 
 from components.params.param_schema import coerce, field_error
-from components.params.run_params import RunParams, choices, fields, raise_errors, type_hints
+from components.params.run_checks import raise_errors
+from components.params.run_params import RunParams, choices, fields, type_hints
 
 
 def params_from_mapping(values: Mapping[str, Any], *, base: RunParams | None = None) -> RunParams:

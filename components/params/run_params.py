@@ -22,7 +22,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from beam_preprocess.data_shape import SETTINGS, DataShape
+from beam_preprocess.data_shape import DataShape
 from components.launchers.vocab import (
     DEFAULT_ACCELERATOR_COUNT,
     DEFAULT_ACCELERATOR_TYPE,
@@ -35,12 +35,9 @@ from components.launchers.vocab import (
     REGION,
     RdzvBackend,
 )
-from components.params import param_checks as checks
-from components.params.param_schema import field_error, literal_choices, param
-from components.params.trainer_params import trainer_override_errors
+from components.params.param_schema import literal_choices, param
 from components.platform.capacity import Capacity
-from components.runtime.run_identity import check_placeholder_resolved
-from components.serving.presets import LoraServing, ServingPreset, check_lora_serving
+from components.serving.presets import LoraServing, ServingPreset
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
@@ -504,113 +501,6 @@ class RunParams(DataShape):
         """The defaults of a pipeline target (`TARGET_DEFAULTS`)."""
         return dataclasses.replace(cls(), **TARGET_DEFAULTS[target])
 
-    def errors(self, *, target: str = "", run_id: str = "") -> list[str]:
-        """Every problem with these parameters, each saying what to change; [] when valid.
-
-        `target` is where the pipeline runs (local, vertex, kfp; "" skips the target's rules): the
-        compiled pipeline passes its own. `run_id` is the run's resolved id, when known.
-        """
-        errors = [
-            e
-            for f in dataclasses.fields(self)
-            if (e := field_error(f, getattr(self, f.name), choices(f.name)))
-        ]
-        errors += [e for k, v in self.as_dict().items() if (e := checks.check_not_a_token(k, v))]
-        errors += [e for e in self._single_errors(target, run_id) if e]
-        errors += self._data_errors()
-        errors += self._launch_errors()
-        errors += self._quality_and_serving_errors()
-        return errors
-
-    def _single_errors(self, target: str, run_id: str) -> list[str | None]:
-        """The named checks that each give one problem or None."""
-        return [
-            checks.check_backend_for_target(self.backend, target),
-            checks.check_nproc_per_node(self.backend, self.nproc_per_node, self.accelerator_count),
-            checks.check_service_account(
-                self.backend, self.service_account, TARGET_DEFAULTS["kfp"]["service_account"]
-            ),
-            checks.check_objective_data(self.objective, self.data_kind),
-            checks.check_dataflow_service_account(
-                self.preprocess_runner, self.dataflow_service_account
-            ),
-            checks.check_secret_name("hf_token_secret", self.hf_token_secret),
-            checks.check_chat_template(self.chat_template),
-            check_placeholder_resolved("run id", run_id),
-            checks.check_eval_accelerator(
-                target, self.eval_accelerator_type, self.eval_accelerator_count
-            ),
-            checks.check_gke_accelerator(self.backend, self.accelerator_type),
-            checks.check_capacity(
-                self.backend, self.capacity, self.reservation, self.max_wait_minutes
-            ),
-            checks.check_flex_start_accelerator(
-                self.backend, self.capacity, self.accelerator_type
-            ),
-            check_lora_serving(self.lora_serving),
-        ]
-
-    def _data_errors(self) -> list[str]:
-        """The records: their shape, their source, and where cloud runs keep them."""
-        fields = {name: getattr(self, name) for name in SETTINGS if name.endswith("_field")}
-        errors = checks.check_record_format(self.data_kind, self.record_format, fields)
-        errors += checks.check_data_source(
-            self.train_data_uri, self.bigquery_query, self.preprocess_runner
-        )
-        errors += checks.check_cloud_locations(
-            cloud=self.backend in ("gke", "vertex") or self.preprocess_runner == "DataflowRunner",
-            project=self.project,
-            region=self.region,
-            work_uri=self.work_uri,
-            train_data_uri=self.train_data_uri,
-        )
-        return errors
-
-    def _launch_errors(self) -> list[str]:
-        """The training job: its trainer settings and the machines it asks for."""
-        errors = trainer_override_errors(
-            self.trainer_overrides,
-            max_steps=self.max_steps,
-            learning_rate=self.learning_rate,
-            quantize_base=self.quantize_base,
-            objective=self.objective,
-        )
-        return errors + checks.check_machine_accelerator(
-            self.backend, self.machine_type, self.accelerator_type, self.accelerator_count
-        )
-
-    def _quality_and_serving_errors(self) -> list[str]:
-        """The quality gate, the registry and the endpoint."""
-        errors = checks.check_eval_quality(
-            eval_tasks=self.eval_tasks,
-            max_task_regression=self.max_task_regression,
-            judge_metric=self.judge_metric,
-            judge_min_win_rate=self.judge_min_win_rate,
-            project=self.project,
-        )
-        errors += checks.check_registry(
-            latest=LATEST_REGISTERED,
-            models=(self.base_model, self.champion_model),
-            register_model=self.register_model,
-            registered_model=self.registered_model,
-            serving_image=self.serving_image,
-        )
-        return errors + checks.check_deploy(
-            backend=self.backend,
-            deploy_endpoint=self.deploy_endpoint,
-            register_model=self.register_model,
-            machine_type=self.deploy_machine_type,
-            accelerator_type=self.deploy_accelerator_type,
-            accelerator_count=self.deploy_accelerator_count,
-            serving_preset=self.serving_preset,
-            lora_serving=self.lora_serving,
-        )
-
-    def check(self) -> RunParams:
-        """Raise one ValueError listing every problem; return self when valid."""
-        raise_errors(self.errors())
-        return self
-
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
@@ -627,15 +517,6 @@ TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
 """Per-target defaults of the parameters whose right value depends on where the pipeline runs
 (the fields' own defaults are the local runner's): a run launched from the console with only
 data, base model, project, bucket and Dataflow account filled in must pass (tests/test_compile.py)."""
-
-
-def raise_errors(errors: list[str]) -> None:
-    """One ValueError listing every problem (the CLI prints it after `error:`)."""
-    if errors:
-        raise ValueError(
-            f"{len(errors)} invalid run parameter(s):\n"
-            + "\n".join(f"  - {checks.redact_tokens(e)}" for e in errors)
-        )
 
 
 def fields() -> dict[str, dataclasses.Field[Any]]:

@@ -153,7 +153,7 @@ def model_config(model_dir: str) -> Any:
     """
     from transformers import AutoConfig
 
-    from components.evaluation.loading import is_hub_id
+    from components.runtime.model_location import is_hub_id
     from trainer import storage
 
     try:
@@ -648,7 +648,7 @@ def actual_cost(
 
 def shape_of(params: Any) -> RunShape:
     """The `RunShape` of a `RunParams` (the trainer's own config gives batch and engine)."""
-    from components.params.param_checks import resolve_nproc_per_node
+    from components.launchers.vocab import resolve_nproc_per_node
     from components.params.trainer_params import planned_trainer_config
 
     config = planned_trainer_config(params)

@@ -147,7 +147,7 @@ def model_shape(base_model: str) -> ModelShape | None:
 
 
 def plan_of(params: Any) -> Plan:
-    from components.params.param_checks import resolve_nproc_per_node
+    from components.launchers.vocab import resolve_nproc_per_node
     from components.params.trainer_params import planned_trainer_config
 
     nproc = resolve_nproc_per_node(params.backend, params.nproc_per_node, params.accelerator_count)

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.params.param_values import params_from_mapping
-from components.params.run_params import SCHEDULE_TIME_PLACEHOLDER, RunParams, raise_errors
+from components.params.run_checks import raise_errors, run_errors
+from components.params.run_params import SCHEDULE_TIME_PLACEHOLDER, RunParams
 
 
 def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
@@ -86,7 +87,7 @@ def evaluation_errors(
 def check_run_parameters(values: Mapping[str, Any]) -> RunParams:
     """Parameters from a config file / `--param`s, checked: every problem in one ValueError."""
     params = params_from_mapping(values)
-    errors = params.errors() + data_errors(params.train_data_uri, remote=False)
+    errors = run_errors(params) + data_errors(params.train_data_uri, remote=False)
     check_machine = params.backend != "local"
     raise_errors(
         errors

@@ -95,7 +95,7 @@ def resolve_tokenizer(argv: list[str]) -> list[str]:
         parser.add_argument(flag, default="")
     known, _ = parser.parse_known_args(argv)
     from beam_preprocess.pipeline import DATAFLOW_RUNNERS
-    from components.evaluation.loading import is_hub_id
+    from components.runtime.model_location import is_hub_id
     from trainer.gguf import is_gguf
 
     dataflow = known.runner in DATAFLOW_RUNNERS

@@ -180,7 +180,7 @@ def vertex_output_directory(request: TrainRequest) -> str:
 
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
     """What the request runs: the trainer's config (paths as the workers see them) on N x P."""
-    from components.params.param_checks import resolve_nproc_per_node
+    from components.launchers.vocab import resolve_nproc_per_node
     from components.params.trainer_params import trainer_config
     from components.platform.capacity import trainer_overrides_for
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components.evaluation.loading import is_hub_id
 from components.params.param_values import params_from_mapping
+from components.params.run_checks import raise_errors, run_errors
 from components.params.run_params import (
     LATEST_REGISTERED,
     SCHEDULE_TIME_PLACEHOLDER,
     RunParams,
     fields,
-    raise_errors,
 )
 from components.preflight import cost
 from components.preflight.validation import data_errors, evaluation_errors, fit_errors
+from components.runtime.model_location import is_hub_id
 from components.runtime.secrets import load_hf_token
 from components.steps.component_spec import StepComponent, component_input
 
@@ -84,7 +84,7 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
         uri = uri.replace(SCHEDULE_TIME_PLACEHOLDER, schedule_time)
     values = {name: getattr(request.params, name) for name in fields()}
     params = params_from_mapping({**values, "train_data_uri": uri})
-    errors = params.errors(target=request.target, run_id=request.run_id)
+    errors = run_errors(params, target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))
     base_model = resolve_model(params.base_model, params)
     if request.target == "vertex" and is_hub_id(base_model):

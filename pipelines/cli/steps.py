@@ -61,7 +61,7 @@ def train_cmd(
 
     from components.launchers.base import LaunchCancelled, LaunchFailed, TrainLaunch
     from components.launchers.local import LocalOptions
-    from components.params.param_checks import resolve_nproc_per_node
+    from components.launchers.vocab import resolve_nproc_per_node
     from components.steps.train import train
 
     if backend != "local":
@@ -144,7 +144,7 @@ def render_pytorchjob(
     """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
     from components.launchers.base import TrainLaunch
     from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, to_yaml
-    from components.params.param_checks import resolve_nproc_per_node
+    from components.launchers.vocab import resolve_nproc_per_node
     from components.platform.platform_facts import gke_accelerator
     from components.runtime.image import DEFAULT_IMAGE
 

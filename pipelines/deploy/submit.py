@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from components.params.run_checks import run_errors
 from pipelines.deploy.checks import validate
 from pipelines.deploy.clients import (
     cloud_errors,
@@ -194,7 +195,7 @@ def _run_parameter_errors(
     if not set(fields()) <= set(info.parameters):
         return []
     base = RunParams.for_target(target)
-    return params_from_mapping(params, base=base).errors(target=target)
+    return run_errors(params_from_mapping(params, base=base), target=target)
 
 
 def vertex_parameters(
