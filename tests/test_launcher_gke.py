@@ -204,6 +204,7 @@ def launcher(
         GkeLauncher(
             GkeOptions(
                 job=PyTorchJobOptions(namespace="ml", accelerator="nvidia-l4"),
+                job_api="pytorchjob",
                 api_client=api_client,
                 **kwargs,
             ),
@@ -704,7 +705,9 @@ def test_a_missing_service_account_is_a_clear_error_before_anything_starts() -> 
     job = PyTorchJobOptions(
         namespace="ml", accelerator="nvidia-l4", service_account="llmft-pipeline"
     )
-    gke = GkeLauncher(GkeOptions(job=job, api_client=api_client), log=lambda line: None)
+    gke = GkeLauncher(
+        GkeOptions(job=job, job_api="pytorchjob", api_client=api_client), log=lambda line: None
+    )
     with pytest.raises(ValueError, match="service account ml/llmft-pipeline does not exist"):
         gke.start(small_launch())
     assert router.sent("POST", JOBS) == []

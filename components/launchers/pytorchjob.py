@@ -35,7 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
-from components.launchers.vocab import DEFAULT_NAMESPACE, K8S_LABEL_NAME, K8S_SUBDOMAIN_NAME
+from components.launchers.vocab import (
+    DEFAULT_NAMESPACE,
+    K8S_LABEL_NAME,
+    K8S_SUBDOMAIN_NAME,
+    KUEUE_QUEUE_LABEL,
+)
 from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
 from components.runtime.image import DEFAULT_IMAGE
 from components.runtime.run_identity import k8s_labels, resource_name
@@ -138,6 +143,11 @@ class PyTorchJobOptions:
     """Gang scheduling's priority class."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels for the job and its pods (the run's labels are always set)."""
+    kueue_queue: str | None = None
+    """Kueue LocalQueue (in `namespace`) that admits the job whole or not at all: the job gets
+    the `kueue.x-k8s.io/queue-name` label and is created suspended; Kueue unsuspends it once
+    quota for every pod is reserved. A PyTorchJob needs Kueue's `kubeflow.org/pytorchjob`
+    integration enabled (off in Kueue's default configuration); a TrainJob's is on."""
 
     # --- capacity (components/platform/capacity.py) -----------------------------------------------------
     capacity: str = "on-demand"
@@ -184,6 +194,10 @@ class PyTorchJobOptions:
             errors.append(f"termination_grace_s={self.termination_grace_s}: cannot be negative")
         if (self.scheduling_queue or self.priority_class) and not self.gang_scheduling:
             errors.append("scheduling_queue/priority_class need gang_scheduling=True")
+        if self.kueue_queue and self.gang_scheduling:
+            errors.append("kueue_queue and gang_scheduling: Kueue admits the job whole; choose one")
+        if self.kueue_queue and not re.fullmatch(K8S_LABEL_NAME[0], self.kueue_queue):
+            errors.append(f"kueue_queue={self.kueue_queue!r} is not {K8S_LABEL_NAME[1]}")
         for name, ref in self.secrets().items():
             secret, key = parse_secret_ref(ref)
             if not re.fullmatch(K8S_SUBDOMAIN_NAME[0], secret):
@@ -230,7 +244,10 @@ def build_pytorchjob(
     name = job_name(launch.run_id)
     run_labels = {**options.labels, **k8s_labels(launch.run_id, "trainer")}
     endpoint = rendezvous_endpoint(launch, options.namespace)
-    metadata: dict[str, Any] = {"name": name, "namespace": options.namespace, "labels": run_labels}
+    job_labels = dict(run_labels)
+    if options.kueue_queue:  # on the job only: Kueue reads it there, the pods need not carry it
+        job_labels[KUEUE_QUEUE_LABEL] = options.kueue_queue
+    metadata: dict[str, Any] = {"name": name, "namespace": options.namespace, "labels": job_labels}
     if options.owner:
         metadata["ownerReferences"] = [dict(options.owner)]
     return {
@@ -333,7 +350,7 @@ def _pod_spec(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) ->
         ]
     if launch.nodes > 1:
         pod_spec["affinity"] = same_zone_affinity(launch.run_id)
-    _schedule_capacity(pod_spec, options)
+    schedule_capacity(pod_spec, options)
     return pod_spec
 
 
@@ -381,7 +398,7 @@ GKE_FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
 dws-flex-start-training)."""
 
 
-def _schedule_capacity(pod_spec: dict[str, Any], options: PyTorchJobOptions) -> None:
+def schedule_capacity(pod_spec: dict[str, Any], options: PyTorchJobOptions) -> None:
     """Select Spot or flex-start nodes (tolerating the Spot taint), and set the grace period."""
     label = {"spot": GKE_SPOT_LABEL, "flex-start": GKE_FLEX_START_LABEL}.get(options.capacity)
     if label:
@@ -419,6 +436,8 @@ def _run_policy(launch: TrainLaunch, options: PyTorchJobOptions) -> dict[str, An
         run_policy["backoffLimit"] = backoff_limit_for(launch.nodes, options.restarts_per_node)
     if options.active_deadline_seconds is not None:
         run_policy["activeDeadlineSeconds"] = options.active_deadline_seconds
+    if options.kueue_queue:
+        run_policy["suspend"] = True  # Kueue's webhook would set it; Kueue unsuspends on admission
     if options.gang_scheduling:
         policy: dict[str, Any] = {"minAvailable": min_nodes_of(launch, options)}
         if options.scheduling_queue:
