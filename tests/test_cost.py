@@ -187,6 +187,24 @@ def test_actual_cost_from_the_job_times() -> None:
     )
     assert actual["hours"] == 1.5 and actual["gpu_hours"] == 24.0
     assert actual["cost_usd"] == pytest.approx(93.6)
+    assert actual["queue_wait_s"] == 0
+
+
+def test_time_queued_in_kueue_is_recorded_apart_and_not_billed() -> None:
+    """A job suspended in a Kueue queue holds no GPU: 30 of its 90 minutes were queued."""
+    from components.evaluation.outputs import cost_details
+
+    actual = cost.actual_cost(
+        started="2026-12-04T10:00:00+00:00",
+        ended="2026-12-04T11:30:00+00:00",
+        gpus=16,
+        gpu_hour_usd=3.9,
+        capacity="spot",
+        queued_s=1800,
+    )
+    assert actual["queue_wait_s"] == 1800 and actual["hours"] == 1.0
+    assert actual["gpu_hours"] == 16.0 and actual["cost_usd"] == pytest.approx(62.4)
+    assert cost_details(actual)["waiting in the Kueue queue"] == "1800 s (not billed)"
 
 
 def test_model_size_is_read_from_config_json(tiny_model_dir: Path) -> None:

@@ -353,7 +353,7 @@ class GkeLauncher(Launcher):
         if self._cancelled:
             return CANCELLED, "cancelled"
         limit = self.queue_timeout_s
-        if limit is not None and clock.queued(time.monotonic()) > limit:
+        if limit is not None and clock.queued(time.monotonic()) >= limit:
             self.jobs.delete(self.name)
             queue = self.job_options.kueue_queue or "(none named)"
             return FAILED, (

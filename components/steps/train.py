@@ -132,7 +132,7 @@ def training_timeout_s(request: TrainRequest) -> int:
 
 
 def record_actual_cost(
-    request: TrainRequest, times: Mapping[str, str], output: str
+    request: TrainRequest, times: Mapping[str, Any], output: str
 ) -> dict[str, Any]:
     """The training job's actual GPU-hours and cost, from its own start and end times, written to
     OUTPUT/cost.json (the evaluate step's report reads it) and returned for the Model's metadata."""
@@ -153,6 +153,7 @@ def record_actual_cost(
         gpus=gpus,
         gpu_hour_usd=price,
         capacity=request.capacity,
+        queued_s=float(times.get("queued_s") or 0.0),
     )
     summary_path = output.rstrip("/") + "/summary.json"
     if storage.exists(summary_path):
@@ -370,6 +371,7 @@ def train(
         read_summary(output), output=output, launch=launch, backend=runner.backend
     )
     times = {k: result.details[k] for k in ("started_at", "ended_at")}
+    times["queued_s"] = result.details.get("queued_s", 0.0)  # GKE: waiting in a Kueue queue
     return {**metadata, "job_times": times}
 
 
