@@ -155,7 +155,7 @@ TIERS = {
         "test_deploy_vertex.py", "test_evaluate_registry.py", "test_evaluate_units.py",
         "test_evaluate_judge.py", "test_evaluate_gate_tasks.py",
         "test_flex_template.py", "test_infra_from_stack.py", "test_infra_policy.py",
-        "test_infra_stack.py", "test_launcher_gke.py", "test_launcher_vertex.py",
+        "test_infra_stack.py", "test_launcher_gke.py", "test_launcher_trainjob.py", "test_launcher_vertex.py",
         "test_pytorchjob_manifest.py", "test_trainjob_manifest.py", "test_rbac.py", "test_secrets.py",
         "test_rendezvous_kubernetes.py", "test_train_step.py", "test_trainer_config.py",
         "test_validation.py", "test_import_contracts.py", "test_packed_data.py",
