@@ -296,7 +296,7 @@ def test_a_job_never_admitted_fails_after_the_queue_timeout() -> None:
         watched(r, trainjob(condition("Suspended"), suspend=True))
         r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
 
-    gke, router, lines = launcher(setup, follow_logs=False, queue_timeout_s=0)
+    gke, router, _ = launcher(setup, follow_logs=False, queue_timeout_s=0)
     result = gke.run(small_launch(), timeout=30)
     assert result.status == "failed"
     assert "was not admitted by Kueue queue llmft within 0s" in result.message
