@@ -429,3 +429,14 @@ def test_cleanup_deletes_the_runs_jobs_of_either_api_by_label() -> None:
     for path in (JOBS, V1_JOBS):
         [listing] = router.sent("GET", path)
         assert listing.query["labelSelector"] == f"{K8S_RUN_LABEL}={RUN}"
+
+
+def test_the_validate_steps_check_is_one_line_naming_what_to_install() -> None:
+    from components.preflight.launch_checks import gke_job_api_errors
+
+    api_client, router = fake_kube()
+    [error] = gke_job_api_errors("auto", api_client=api_client)
+    assert "install Kubeflow Trainer v2" in error and "Training Operator v1" in error
+    serves(router, "trainjob")
+    assert gke_job_api_errors("auto", api_client=api_client) == []
+    assert "does not serve PyTorchJob" in gke_job_api_errors("pytorchjob", api_client=api_client)[0]

@@ -251,7 +251,8 @@ class GkeLauncher(Launcher):
         launch, kind = self.launch, self._flavor()
         started = time.monotonic()
         clock = _WaitClock(timeout=timeout, deadline=None if timeout is None else started + timeout)
-        status, message, details = FAILED, "", {}
+        status, message = FAILED, ""
+        details: dict[str, Any] = {}
         updates = self.jobs.updates(self.name, watch_s=self.watch_s)
         try:
             for job in updates:
