@@ -277,6 +277,24 @@ def test_the_jobs_own_start_and_end_are_read_from_each_backend() -> None:
     assert gke.job_times({"status": {"startTime": "2026-12-04T10:00:00Z"}}) == {
         "started_at": "2026-12-04T10:00:00+00:00"
     }
+    # Kueue suspended it: v1.9 resets startTime on each resume, so the span starts at creation
+    # and the launcher's queued_s is what is left out.
+    queued = {
+        "metadata": {"creationTimestamp": "2026-12-04T09:00:00Z"},
+        "status": {**status, "conditions": [{"type": "Suspended", "status": "False"}]},
+    }
+    assert gke.job_times(queued)["started_at"] == "2026-12-04T09:00:00+00:00"
+    from components.launchers.trainjob_api import trainjob_times
+
+    trainjob = {
+        "metadata": {"creationTimestamp": "2026-12-04T09:00:00Z"},
+        "status": {"conditions": [{"type": "Complete", "status": "True",
+                                   "lastTransitionTime": "2026-12-04T11:30:00Z"}]},
+    }  # fmt: skip
+    assert trainjob_times(trainjob) == {
+        "started_at": "2026-12-04T09:00:00+00:00",
+        "ended_at": "2026-12-04T11:30:00+00:00",
+    }
 
 
 def test_estimate_for_run_parameters_sizes_the_model_and_the_input(

@@ -48,14 +48,24 @@ def pytorchjob_state(job: Mapping[str, Any]) -> JobState:
 
 
 def pytorchjob_times(job: Mapping[str, Any]) -> dict[str, str]:
-    """The PyTorchJob's own start and completion (status.startTime, completionTime), where set."""
+    """The PyTorchJob's own start and completion (status.startTime, completionTime), where set.
+
+    A job Kueue suspended starts from its creation instead: Training Operator v1.9 resets
+    startTime on every resume (kubeflow/trainer v1.9.3, pkg/controller.v1/common/job.go
+    `ReconcileJobs`), which would drop the time run before a preemption, and the launcher
+    subtracts the time it saw the job queued (`queued_s`) from the whole span itself."""
     import datetime as dt
 
     status = job.get("status") or {}
+    fields = {"started_at": status.get("startTime"), "ended_at": status.get("completionTime")}
+    suspended = any(c.get("type") == "Suspended" for c in status.get("conditions") or [])
+    created = (job.get("metadata") or {}).get("creationTimestamp")
+    if suspended and created:
+        fields["started_at"] = created
     return {
-        key: dt.datetime.fromisoformat(status[field].replace("Z", "+00:00")).isoformat()
-        for key, field in (("started_at", "startTime"), ("ended_at", "completionTime"))
-        if status.get(field)
+        key: dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).isoformat()
+        for key, stamp in fields.items()
+        if stamp
     }
 
 
