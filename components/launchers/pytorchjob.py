@@ -285,11 +285,24 @@ def rendezvous_endpoint(launch: TrainLaunch, namespace: str) -> str:
 
 def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -> dict[str, Any]:
     """The `pytorch` container: torchrun with explicit flags, env, Secrets, resources."""
+    gpus = options.gpus(launch)
+    return {
+        "name": CONTAINER,
+        "image": options.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": torchrun_command(launch, endpoint, min_nodes_of(launch, options)),
+        "env": container_env(options, gpus),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "resources": container_resources(options, gpus),
+    }
+
+
+def torchrun_command(launch: TrainLaunch, endpoint: str, min_nodes: int) -> list[str]:
+    """`python -m torch.distributed.run` with every flag explicit, then the trainer (both APIs)."""
     torchrun = launch.torchrun_args(endpoint)
-    min_nodes = min_nodes_of(launch, options)
     if min_nodes != launch.nodes:
         torchrun[0] = f"--nnodes={min_nodes}:{launch.nodes}"
-    command = [
+    return [
         "python",
         "-m",
         "torch.distributed.run",
@@ -297,7 +310,11 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
         *launch.entrypoint,
         *launch.trainer_args(),
     ]
-    gpus = options.gpus(launch)
+
+
+def container_env(options: PyTorchJobOptions, gpus: int) -> list[dict[str, Any]]:
+    """The training container's env: torchrun's, the GPU pod's, the options', then Secrets by
+    reference (secretKeyRef; the HF token optional), never a value."""
     env: list[dict[str, Any]] = [
         {"name": key, "value": value}
         for key, value in {**TORCHRUN_ENV, **gpu_env(gpus), **options.env}.items()
@@ -308,6 +325,11 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
         if env_name == "HF_TOKEN" and ref == options.hf_token_secret:
             key_ref["optional"] = True  # like the task pods': public models need no token
         env.append({"name": env_name, "valueFrom": {"secretKeyRef": key_ref}})
+    return env
+
+
+def container_resources(options: PyTorchJobOptions, gpus: int) -> dict[str, Any]:
+    """GPU limits, and cpu/memory requests = limits where set."""
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
     if gpus:
@@ -316,15 +338,7 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
         limits["cpu"] = requests["cpu"] = options.cpu
     if options.memory:
         limits["memory"] = requests["memory"] = options.memory
-    return {
-        "name": CONTAINER,
-        "image": options.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": command,
-        "env": env,
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-        "resources": {k: v for k, v in (("limits", limits), ("requests", requests)) if v},
-    }
+    return {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
 
 
 def _pod_spec(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -> dict[str, Any]:
@@ -474,24 +488,3 @@ def _kubernetes_value_errors(options: PyTorchJobOptions) -> list[str]:
         if value is not None and value < 0:
             errors.append(f"{name}={value}: cannot be negative")
     return errors
-
-
-def to_yaml(manifest: Mapping[str, Any]) -> str:
-    """YAML for `kubectl apply -f`: no anchors, and strings that YAML 1.2 (kubectl) would read as
-    numbers (`2e-05`, `1000` in a command) are quoted so they stay strings."""
-    import yaml
-
-    number = re.compile(
-        r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|0x[0-9a-fA-F]+|0o[0-7]+"
-    )
-
-    class Dumper(yaml.SafeDumper):
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
-
-    def represent_str(dumper: yaml.SafeDumper, value: str) -> Any:
-        style = "'" if number.fullmatch(value) else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-    Dumper.add_representer(str, represent_str)
-    return str(yaml.dump(dict(manifest), Dumper=Dumper, sort_keys=False))

@@ -54,17 +54,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.launchers.base import TORCHRUN_ENV, TrainLaunch
+from components.launchers.base import TrainLaunch
 from components.launchers.pytorchjob import (
     GKE_ACCELERATOR_LABEL,
     GPU_RESOURCE,
     IMAGE_UID,
     PyTorchJobOptions,
-    gpu_env,
+    container_env,
+    container_resources,
     job_name,
-    parse_secret_ref,
     same_zone_affinity,
     schedule_capacity,
+    torchrun_command,
 )
 from components.launchers.vocab import KUEUE_QUEUE_LABEL
 from components.runtime.image import DEFAULT_IMAGE
@@ -244,42 +245,16 @@ def rendezvous_endpoint(launch: TrainLaunch, namespace: str) -> str:
 
 
 def _trainer(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -> dict[str, Any]:
-    """`spec.trainer`: the image, torchrun with explicit flags, env and Secrets, resources."""
-    command = [
-        "python",
-        "-m",
-        "torch.distributed.run",
-        *launch.torchrun_args(endpoint),
-        *launch.entrypoint,
-        *launch.trainer_args(),
-    ]
+    """`spec.trainer`: the image, the PyTorchJob's torchrun command, env and Secrets, resources."""
     gpus = options.gpus(launch)
-    env: list[dict[str, Any]] = [
-        {"name": key, "value": value}
-        for key, value in {**TORCHRUN_ENV, **gpu_env(gpus), **options.env}.items()
-    ]
-    for env_name, ref in options.secrets().items():
-        secret, key = parse_secret_ref(ref)
-        key_ref: dict[str, Any] = {"name": secret, "key": key}
-        if env_name == "HF_TOKEN" and ref == options.hf_token_secret:
-            key_ref["optional"] = True  # public models need no token
-        env.append({"name": env_name, "valueFrom": {"secretKeyRef": key_ref}})
-    limits: dict[str, Any] = {}
-    requests: dict[str, Any] = {}
-    if gpus:
-        limits[GPU_RESOURCE] = gpus
-    if options.cpu:
-        limits["cpu"] = requests["cpu"] = options.cpu
-    if options.memory:
-        limits["memory"] = requests["memory"] = options.memory
     trainer: dict[str, Any] = {
         "image": options.image,
-        "command": command,
-        "env": env,
+        "command": torchrun_command(launch, endpoint, launch.nodes),
+        "env": container_env(options, gpus),
         "numNodes": launch.nodes,
         "numProcPerNode": launch.nproc_per_node,
     }
-    resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    resources = container_resources(options, gpus)
     if resources:
         trainer["resourcesPerNode"] = resources
     return trainer

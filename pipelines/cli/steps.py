@@ -146,7 +146,8 @@ def render_pytorchjob(
     set_: SetOpt = None,
 ) -> None:
     """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
-    from components.launchers.pytorchjob import build_pytorchjob, to_yaml
+    from components.launchers.k8s_yaml import to_yaml
+    from components.launchers.pytorchjob import build_pytorchjob
 
     launch, options = _render_inputs(locals())
     job = build_pytorchjob(launch=launch, options=options)
@@ -181,7 +182,7 @@ def render_trainjob(
 ) -> None:
     """Print the TrainJob (Kubeflow Trainer v2) a GKE run would create, as YAML; `--runtimes`:
     the ClusterTrainingRuntimes infra installs for it (docs/deploy/trainjob-runtimes.yaml)."""
-    from components.launchers.pytorchjob import to_yaml
+    from components.launchers.k8s_yaml import to_yaml
     from components.launchers.trainjob import (
         build_cluster_training_runtime,
         build_trainjob,
