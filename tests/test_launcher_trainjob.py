@@ -177,6 +177,8 @@ def test_auto_on_a_v2_cluster_runs_a_queued_trainjob_to_success(golden: Any) -> 
              pods(node(0, "Succeeded", terminated=("Completed", 0)),
                   node(1, "Succeeded", terminated=("Completed", 0))))  # fmt: skip
         r.on("GET", f"{PODS}/{NAME}-node-0-0-a0/log", (200, b"step 1 loss 2.0\nexported model\n"))
+        r.on("GET", "/api/v1/namespaces/ml/events", workload_events(
+            (f"trainjob-{NAME}-a1b2c", "Pending", QUOTA)))  # fmt: skip
 
     gke, router, lines = launcher(setup)
     result = gke.run(small_launch(), timeout=30)
@@ -193,6 +195,7 @@ def test_auto_on_a_v2_cluster_runs_a_queued_trainjob_to_success(golden: Any) -> 
     assert adopt.body["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
     assert any("the cluster serves TrainJob" in line for line in lines)
     assert any("waiting in Kueue queue llmft" in line for line in lines)
+    assert f"[gke] {NAME}: Kueue: Pending: {QUOTA}" in lines
     assert any("admitted after" in line for line in lines)
     assert f"[{NAME}-node-0-0-a0] exported model" in lines
     [log] = router.sent("GET", f"{PODS}/{NAME}-node-0-0-a0/log")
@@ -290,16 +293,40 @@ def test_the_launchers_own_timeout_deletes_a_running_job() -> None:
     assert len(router.sent("DELETE", f"{JOBS}/{NAME}")) == 1
 
 
-def test_a_job_never_admitted_fails_after_the_queue_timeout() -> None:
+def workload_events(*items: tuple[str, str, str]) -> tuple[int, dict]:
+    """Events Kueue's scheduler records on Workloads (name, reason, message)."""
+    return 200, {
+        "kind": "EventList", "apiVersion": "v1", "metadata": {},
+        "items": [{"metadata": {"name": f"w{i}"}, "type": "Normal", "reason": reason,
+                   "message": message, "involvedObject": {"kind": "Workload", "name": obj}}
+                  for i, (obj, reason, message) in enumerate(items)],
+    }  # fmt: skip
+
+
+QUOTA = "couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu"
+
+
+def test_a_job_never_admitted_fails_after_the_queue_timeout_saying_why() -> None:
+    """Kueue's reason (its event on the job's Workload, `trainjob-<name>-<hash>`) is in the
+    step's log and the failure; another job's Workload is not mistaken for this one's."""
+
     def setup(r: Any) -> None:
         r.on("POST", JOBS, lambda req: (201, req.body))
         watched(r, trainjob(condition("Suspended"), suspend=True))
+        r.on("GET", "/api/v1/namespaces/ml/events", workload_events(
+            (f"trainjob-{NAME}-a1b2c", "Pending", QUOTA),
+            ("trainjob-someone-else-d3e4f", "Pending", "another job's reason"),
+        ))  # fmt: skip
         r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
 
-    gke, router, _ = launcher(setup, follow_logs=False, queue_timeout_s=0)
+    gke, router, lines = launcher(setup, follow_logs=False, queue_timeout_s=0)
     result = gke.run(small_launch(), timeout=30)
     assert result.status == "failed"
     assert "was not admitted by Kueue queue llmft within 0s" in result.message
+    assert f"Pending: {QUOTA}" in result.message and "another job" not in result.message
+    assert f"[gke] {NAME}: Kueue: Pending: {QUOTA}" in lines
+    [events] = router.sent("GET", "/api/v1/namespaces/ml/events")
+    assert events.query["fieldSelector"] == "involvedObject.kind=Workload"
     assert router.sent("DELETE", f"{JOBS}/{NAME}") and not router.sent("GET", PODS)
 
 

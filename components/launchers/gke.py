@@ -50,6 +50,7 @@ from components.launchers.k8s_diagnostics import (
     FAILING_REASONS,
     PodProblem,
     event_problems,
+    kueue_workload_reason,
     pod_problems,
     service_account_check,
     summarize,
@@ -106,6 +107,7 @@ class _WaitClock:
     succeeded_since: float | None = None
     queued_since: float | None = None
     queued_s: float = 0.0
+    queue_reason: str = ""
     restarts: int = 0
 
     def queued(self, now: float) -> float:
@@ -353,15 +355,33 @@ class GkeLauncher(Launcher):
     def _queue_verdict(self, clock: _WaitClock) -> tuple[str, str] | None:
         if self._cancelled:
             return CANCELLED, "cancelled"
+        reason = self._queue_reason()
+        if reason and reason != clock.queue_reason:
+            clock.queue_reason = reason
+            self.log(f"[gke] {self.name}: Kueue: {reason}")
         limit = self.queue_timeout_s
         if limit is not None and clock.queued(time.monotonic()) >= limit:
             self.jobs.delete(self.name)
             queue = self.job_options.kueue_queue or "(none named)"
+            why = clock.queue_reason or "its ClusterQueue's quota, or a job ahead of it"
             return FAILED, (
                 f"{self._flavor().kind} {self.name} was not admitted by Kueue queue {queue} "
-                f"within {limit:.0f}s (its ClusterQueue's quota, or a job ahead of it); deleted"
+                f"within {limit:.0f}s ({why}); deleted"
             )
         return None
+
+    def _queue_reason(self) -> str:
+        """What Kueue last said of the job's Workload (quota, a job ahead), from its events;
+        best effort: "" when they cannot be read."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            events = self.core.list_namespaced_event(
+                self.namespace, field_selector="involvedObject.kind=Workload"
+            ).items
+        except ApiException:
+            return ""
+        return kueue_workload_reason(events, self._flavor().kind, self.name)
 
     def _problem(self, phase: str, pods: list[Any], clock: _WaitClock) -> str:
         """Why the job must be stopped now ("" to keep waiting): a pod that cannot run, one
