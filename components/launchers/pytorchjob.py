@@ -17,8 +17,7 @@ Design choices:
 - `runPolicy.backoffLimit`: the operator (v1.9, `PastBackoffLimit`) fails the job once the
   container restarts summed over all running pods reach it (`sum >= limit`), so it is
   `restarts_per_node x nodes + 1`: every node may use its configured restarts, even all at once.
-- Pods run as the image's unprivileged user (uid 1000): the image itself runs as root because
-  Dataflow's worker boot needs it.
+- Pods run as the image's user uid 1000 (the image runs as root: Dataflow's worker boot needs it).
 - GPU pods get GKE's driver mount on the loader path (`GKE_NVIDIA_LIBRARY_PATH`, else pip torch
   sees no CUDA) and `LLMFT_EXPECT_CUDA=1`, so a trainer that still sees no GPU stops at once
   instead of training on CPU while the GPUs are billed (trainer/cuda_guard.py).
@@ -343,11 +342,21 @@ def container_resources(options: PyTorchJobOptions, gpus: int) -> dict[str, Any]
 
 def _pod_spec(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -> dict[str, Any]:
     """Each worker pod: the container, /dev/shm, the image's user, the GPU node pool."""
-    pod_spec: dict[str, Any] = {
+    return {
         "containers": [_container(launch, options, endpoint)],
-        "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}
-        ],
+        "volumes": [shm_volume(options)],
+        **pod_placement(launch, options),
+    }
+
+
+def shm_volume(options: PyTorchJobOptions) -> dict[str, Any]:
+    """The memory-backed /dev/shm, `dshm`."""
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}
+
+
+def pod_placement(launch: TrainLaunch, options: PyTorchJobOptions) -> dict[str, Any]:
+    """A training pod's user, service account, GPU pool, zone and capacity (both APIs')."""
+    pod_spec: dict[str, Any] = {
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": IMAGE_UID,

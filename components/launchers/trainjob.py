@@ -56,15 +56,12 @@ from typing import Any
 
 from components.launchers.base import TrainLaunch
 from components.launchers.pytorchjob import (
-    GKE_ACCELERATOR_LABEL,
-    GPU_RESOURCE,
-    IMAGE_UID,
     PyTorchJobOptions,
     container_env,
     container_resources,
     job_name,
-    same_zone_affinity,
-    schedule_capacity,
+    pod_placement,
+    shm_volume,
     torchrun_command,
 )
 from components.launchers.vocab import KUEUE_QUEUE_LABEL
@@ -265,29 +262,12 @@ def _runtime_patch(
 ) -> dict[str, Any]:
     """Our runtimePatch: the pods' labels and placement, /dev/shm, the image's user."""
     pod_spec: dict[str, Any] = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": IMAGE_UID,
-            "runAsGroup": IMAGE_UID,
-            "fsGroup": IMAGE_UID,
-        },
-        "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}
-        ],
+        **pod_placement(launch, options),
+        "volumes": [shm_volume(options)],
         "containers": [
             {"name": CONTAINER, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
         ],
     }
-    if options.service_account:
-        pod_spec["serviceAccountName"] = options.service_account
-    if options.accelerator:
-        pod_spec["nodeSelector"] = {GKE_ACCELERATOR_LABEL: options.accelerator}
-        pod_spec["tolerations"] = [
-            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-        ]
-    if launch.nodes > 1:
-        pod_spec["affinity"] = same_zone_affinity(launch.run_id)
-    schedule_capacity(pod_spec, options)
     pod_template = {"metadata": {"labels": dict(run_labels)}, "spec": pod_spec}
     replicated_job = {"name": CONTAINER, "template": {"spec": {"template": pod_template}}}
     return {
