@@ -26,6 +26,7 @@ written from a whole run in update mode."""
 
 RBAC_SOURCES = (
     "test_launcher_gke.py",
+    "test_launcher_trainjob.py",
     "test_rendezvous_kubernetes.py",
     "test_rendezvous_local_etcd.py",
 )

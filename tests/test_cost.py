@@ -187,6 +187,24 @@ def test_actual_cost_from_the_job_times() -> None:
     )
     assert actual["hours"] == 1.5 and actual["gpu_hours"] == 24.0
     assert actual["cost_usd"] == pytest.approx(93.6)
+    assert actual["queue_wait_s"] == 0
+
+
+def test_time_queued_in_kueue_is_recorded_apart_and_not_billed() -> None:
+    """A job suspended in a Kueue queue holds no GPU: 30 of its 90 minutes were queued."""
+    from components.evaluation.outputs import cost_details
+
+    actual = cost.actual_cost(
+        started="2026-12-04T10:00:00+00:00",
+        ended="2026-12-04T11:30:00+00:00",
+        gpus=16,
+        gpu_hour_usd=3.9,
+        capacity="spot",
+        queued_s=1800,
+    )
+    assert actual["queue_wait_s"] == 1800 and actual["hours"] == 1.0
+    assert actual["gpu_hours"] == 16.0 and actual["cost_usd"] == pytest.approx(62.4)
+    assert cost_details(actual)["waiting in the Kueue queue"] == "1800 s (not billed)"
 
 
 def test_model_size_is_read_from_config_json(tiny_model_dir: Path) -> None:
@@ -258,6 +276,24 @@ def test_the_jobs_own_start_and_end_are_read_from_each_backend() -> None:
     }
     assert gke.job_times({"status": {"startTime": "2026-12-04T10:00:00Z"}}) == {
         "started_at": "2026-12-04T10:00:00+00:00"
+    }
+    # Kueue suspended it: v1.9 resets startTime on each resume, so the span starts at creation
+    # and the launcher's queued_s is what is left out.
+    queued = {
+        "metadata": {"creationTimestamp": "2026-12-04T09:00:00Z"},
+        "status": {**status, "conditions": [{"type": "Suspended", "status": "False"}]},
+    }
+    assert gke.job_times(queued)["started_at"] == "2026-12-04T09:00:00+00:00"
+    from components.launchers.trainjob_api import trainjob_times
+
+    trainjob = {
+        "metadata": {"creationTimestamp": "2026-12-04T09:00:00Z"},
+        "status": {"conditions": [{"type": "Complete", "status": "True",
+                                   "lastTransitionTime": "2026-12-04T11:30:00Z"}]},
+    }  # fmt: skip
+    assert trainjob_times(trainjob) == {
+        "started_at": "2026-12-04T09:00:00+00:00",
+        "ended_at": "2026-12-04T11:30:00+00:00",
     }
 
 

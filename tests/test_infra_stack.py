@@ -522,3 +522,63 @@ def test_the_entry_point_runs_the_program_with_the_stack_config():
         "other-project-llmft",
         "europe-west4",
     )
+
+
+def test_trainer_v2_and_kueue_come_from_their_pinned_charts(gke_stack):
+    """Issue 47: Trainer v2 and Kueue from their released charts, our runtimes, and queues that
+    admit a training job whole (what infra/llmft_infra/kubeflow.py cites)."""
+    from components.launchers.trainjob import build_cluster_training_runtime, runtime_restarts
+
+    mocks, _ = gke_stack
+    releases = {r.name: r.inputs for r in mocks.of_type("kubernetes:helm.sh/v3:Release")}
+    trainer, kueue = releases["kubeflow-trainer"], releases["kueue"]
+    assert (trainer["chart"], trainer["version"], trainer["namespace"]) == (
+        "oci://ghcr.io/kubeflow/charts/kubeflow-trainer", "2.3.0", "kubeflow-system")  # fmt: skip
+    assert trainer["values"] == {"jobset": {"install": True}}
+    assert (kueue["chart"], kueue["version"], kueue["namespace"]) == (
+        "oci://registry.k8s.io/kueue/charts/kueue", "0.19.2", "kueue-system")  # fmt: skip
+    config = yaml.safe_load(kueue["values"]["managerConfig"]["controllerManagerConfigYaml"])
+    assert config["kind"] == "Configuration"
+    assert "trainer.kubeflow.org/trainjob" in config["integrations"]["frameworks"]
+    # The Training Operator is installed too (GKE_CONFIG's default): Kueue manages PyTorchJobs.
+    assert "kubeflow.org/pytorchjob" in config["integrations"]["frameworks"]
+    assert "manageJobsWithoutQueueName" not in config  # etcd and KFP pods are never queued
+
+    runtimes = mocks.of_type("kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
+    expected = [build_cluster_training_runtime(restarts=r) for r in runtime_restarts()]
+    assert [{"metadata": r.inputs["metadata"], "spec": r.inputs["spec"]} for r in runtimes] == [
+        {"metadata": e["metadata"], "spec": e["spec"]} for e in expected
+    ]
+    assert all(mocks.depends_on[r.name] == ["kubeflow-trainer"] for r in runtimes)
+
+    (flavor,) = mocks.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor")
+    assert flavor.inputs["spec"] == {
+        "nodeLabels": {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    }
+    (cluster_queue,) = mocks.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue")
+    # The GPU pool: 2 nodes at most in its one zone, 2 L4s each.
+    assert cluster_queue.inputs["spec"]["resourceGroups"] == [
+        {"coveredResources": ["nvidia.com/gpu"],
+         "flavors": [{"name": "llmft-gpu",
+                      "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]}]}
+    ]  # fmt: skip
+    assert cluster_queue.inputs["spec"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}
+    }
+    (local_queue,) = mocks.of_type("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
+    assert local_queue.inputs["metadata"] == {"name": "llmft", "namespace": "kubeflow"}
+    assert local_queue.inputs["spec"] == {"clusterQueue": "llmft-gpus"}
+
+
+def test_gpu_quota_follows_the_pool_and_both_installs_can_be_skipped():
+    from llmft_infra.kubeflow import gpu_quota
+    from llmft_infra.settings import GkeSettings, parse_settings
+
+    assert gpu_quota(GkeSettings(location="us-central1", gpu_max_nodes=2)) == 2 * 3 * 8
+    assert gpu_quota(GkeSettings(location="us-central1-a", gpu_max_nodes=2)) == 2 * 1 * 8
+    assert gpu_quota(GkeSettings(location="us-central1", gpu_node_locations=("us-central1-a",
+                                 "us-central1-b"), gpu_max_nodes=1)) == 16  # fmt: skip
+    settings = {"trainer_v2": False, "kueue": False, "training_operator": False}
+    mocks, _ = run_stack(parse_settings({**GKE_CONFIG, "gke": {**GKE_CONFIG["gke"], **settings}}))
+    assert not mocks.of_type("kubernetes:helm.sh/v3:Release")
+    assert not [r for r in mocks.resources if r.typ.startswith("kubernetes:kueue")]

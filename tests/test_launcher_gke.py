@@ -204,6 +204,7 @@ def launcher(
         GkeLauncher(
             GkeOptions(
                 job=PyTorchJobOptions(namespace="ml", accelerator="nvidia-l4"),
+                job_api="pytorchjob",
                 api_client=api_client,
                 **kwargs,
             ),
@@ -704,7 +705,51 @@ def test_a_missing_service_account_is_a_clear_error_before_anything_starts() -> 
     job = PyTorchJobOptions(
         namespace="ml", accelerator="nvidia-l4", service_account="llmft-pipeline"
     )
-    gke = GkeLauncher(GkeOptions(job=job, api_client=api_client), log=lambda line: None)
+    gke = GkeLauncher(
+        GkeOptions(job=job, job_api="pytorchjob", api_client=api_client), log=lambda line: None
+    )
     with pytest.raises(ValueError, match="service account ml/llmft-pipeline does not exist"):
         gke.start(small_launch())
     assert router.sent("POST", JOBS) == []
+
+
+def test_a_pytorchjob_in_a_kueue_queue_waits_suspended_then_runs() -> None:
+    """Issue 47: with kueue_queue the PyTorchJob is created suspended and labelled for the queue;
+    while Kueue keeps `runPolicy.suspend` no pod is looked for and the wait is `queued_s`."""
+
+    def suspended(condition: str | None, suspend: bool, **kwargs: Any) -> dict[str, Any]:
+        job = job_status(condition, **kwargs)
+        return {**job, "spec": {"runPolicy": {"suspend": suspend}}}
+
+    def setup(r: Any) -> None:
+        r.on("POST", JOBS, lambda req: (201, req.body))
+        watched(
+            r,
+            (200, suspended("Suspended", True)),
+            (200, suspended("Running", False)),
+            (200, suspended("Succeeded", False, worker={"succeeded": 2})),
+        )
+        r.on("GET", "/api/v1/namespaces/ml/pods", pods(pod(0, "Succeeded"), pod(1, "Succeeded")))
+
+    api_client, router = fake_kube()
+    setup(router)
+    RunEtcd().routes(router)
+    router.on("GET", "/api/v1/namespaces/ml/serviceaccounts/default", (200, SERVICE_ACCOUNT))
+    lines: list[str] = []
+    job = PyTorchJobOptions(namespace="ml", accelerator="nvidia-l4", kueue_queue="llmft")
+    gke = GkeLauncher(
+        GkeOptions(job=job, job_api="pytorchjob", api_client=api_client, follow_logs=False),
+        log=lines.append,
+    )
+    result = gke.run(small_launch(), timeout=30)
+    assert result.ok, result.describe()
+    [create] = router.sent("POST", JOBS)
+    assert create.body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "llmft"
+    assert create.body["spec"]["runPolicy"]["suspend"] is True
+    assert any("waiting in Kueue queue llmft" in line for line in lines)
+    assert any("admitted after" in line for line in lines)
+    assert result.details["queued_s"] >= 0
+    # The list (suspended) asked for no pods: the first pod listing follows the first watch.
+    order = [(q.method, q.path, q.query.get("watch")) for q in router.requests]
+    first_pods = order.index(("GET", "/api/v1/namespaces/ml/pods", None))
+    assert order.index(("GET", JOBS, "True")) < first_pods

@@ -349,4 +349,6 @@ def cost_details(cost: dict[str, Any]) -> dict[str, str]:
     }
     if cost.get("attempts") is not None:
         details["training starts / preemptions"] = f"{cost['attempts']} / {cost['preemptions']}"
+    if cost.get("queue_wait_s"):
+        details["waiting in the Kueue queue"] = f"{cost['queue_wait_s']:.0f} s (not billed)"
     return details

@@ -1,17 +1,26 @@
-"""GKE backend: the run as a Kubeflow Training Operator v1 PyTorchJob, submitted and followed.
+"""GKE backend: the run as a Kubeflow Trainer v2 TrainJob or a Training Operator v1 PyTorchJob,
+submitted and followed.
 
-The manifest comes from `components/launchers/pytorchjob.py` (a pure builder) and reaches the
-cluster through `components/launchers/pytorchjob_api.py` (create idempotently, delete, watch);
-`GkeLauncher` follows the run (status conditions, the rank-0 pod's log, pod failure reasons) and
-judges it, deletes the job on SIGTERM and cleans up by label.
+The manifest comes from a pure builder (`components/launchers/trainjob.py` or `pytorchjob.py`)
+and reaches the cluster through `trainjob_api.py` / `pytorchjob_api.py` (create idempotently,
+delete, watch); `components/launchers/gke_jobs.py` says how each API reports its state.
+`GkeLauncher` follows the run (conditions, the rank-0 node's log, pod failure reasons, the time
+it waits in a Kueue queue) and judges it, deletes the job on SIGTERM and cleans up by label.
 
 Design choices:
+- `job_api` (auto | trainjob | pytorchjob): `auto` asks the cluster's discovery which CRDs it
+  serves and prefers TrainJob (Kubeflow's current API; v1 is kept on its release-1.9 branch).
 - A Worker-only elastic PyTorchJob is marked Succeeded as soon as one worker succeeds, so success
-  is judged here from every replica (each worker pod succeeded).
+  is judged here from every replica (each worker pod succeeded); a TrainJob's Complete already
+  means every node's pod succeeded (components/launchers/trainjob_api.py).
 - The job is followed with a watch that resumes from the last resourceVersion (a 410 Gone lists
   again); each quiet watch window re-checks the pods. A job the operator marks Succeeded while a
   worker still runs or restarts is failed after `succeeded_grace_s` (or at once when that worker
   is crash-looping) instead of being waited on forever.
+- A job suspended in a Kueue queue (or preempted by Kueue: suspended again) is waiting, not
+  running: the step's log says so, the time is reported as `queued_s` (the cost record bills
+  only the rest), the launcher's own timeout does not run meanwhile (as a TrainJob's
+  activeDeadlineSeconds restarts on resume), and `queue_timeout_s` bounds the wait.
 """
 
 from __future__ import annotations
@@ -30,47 +39,42 @@ from components.launchers.base import (
     LogSink,
     TrainLaunch,
 )
+from components.launchers.gke_jobs import (
+    FLAVORS,
+    JobFlavor,
+    flavor,
+    pytorchjob_times,
+    restart_attempt,
+)
 from components.launchers.k8s_diagnostics import (
     FAILING_REASONS,
     PodProblem,
-    all_workers_succeeded,
     event_problems,
-    job_condition,
+    kueue_workload_reason,
     pod_problems,
     service_account_check,
     summarize,
 )
 from components.launchers.pod_logs import RankZeroLog
-from components.launchers.pytorchjob import (
-    GROUP,
-    JOB_NAME_LABEL,
-    KIND,
-    VERSION,
-    PyTorchJobOptions,
-    build_pytorchjob,
-)
-from components.launchers.pytorchjob_api import JobGone, PyTorchJobApi
+from components.launchers.pytorchjob import PyTorchJobOptions
+from components.launchers.pytorchjob_api import JobGone
+from components.launchers.trainjob_api import resolve_job_api
+from components.launchers.vocab import DEFAULT_JOB_API
 from components.runtime.run_identity import k8s_selector
 
-
-def job_times(job: Mapping[str, Any]) -> dict[str, str]:
-    """The PyTorchJob's own start and completion (status.startTime, completionTime), where set."""
-    import datetime as dt
-
-    status = job.get("status") or {}
-    return {
-        key: dt.datetime.fromisoformat(status[field].replace("Z", "+00:00")).isoformat()
-        for key, field in (("started_at", "startTime"), ("ended_at", "completionTime"))
-        if status.get(field)
-    }
+job_times = pytorchjob_times
+"""A PyTorchJob's own start and completion times (kept under its old name)."""
 
 
 @dataclass(frozen=True)
 class GkeOptions:
-    """Where and how the GKE backend runs a PyTorchJob (`GkeLauncher`)."""
+    """Where and how the GKE backend runs a training job (`GkeLauncher`)."""
 
     job: PyTorchJobOptions = field(default_factory=PyTorchJobOptions)
-    """The PyTorchJob's settings; its `namespace` is where the job and the run's etcd live."""
+    """The job's settings (either API); its `namespace` is where the job and the run's etcd
+    live."""
+    job_api: str = DEFAULT_JOB_API
+    """auto | trainjob | pytorchjob (components/launchers/vocab.py `JobApi`)."""
     cluster: str = ""
     """Remote GKE cluster `projects/P/locations/L/clusters/C` (from Vertex Pipelines); "" in a
     pod of the cluster or with a kubeconfig."""
@@ -82,6 +86,9 @@ class GkeOptions:
     pending_timeout_s: float = 1800.0
     """Fail when a pod stays unschedulable this long (a GPU node pool that cannot scale up
     otherwise keeps the run pending until activeDeadlineSeconds)."""
+    queue_timeout_s: float | None = None
+    """Fail when the job waits in its Kueue queue (suspended) longer than this in all; None:
+    as long as it takes (the queue decides)."""
     succeeded_grace_s: float = 600.0
     """How long workers may still run after the operator marked the job Succeeded (an elastic
     job is Succeeded when any worker is) before the run fails."""
@@ -98,11 +105,20 @@ class _WaitClock:
     last_phase: str = ""
     pending_since: float | None = None
     succeeded_since: float | None = None
+    queued_since: float | None = None
+    queued_s: float = 0.0
+    queue_reason: str = ""
+    restarts: int = 0
+
+    def queued(self, now: float) -> float:
+        """Seconds queued so far (the current wait included)."""
+        return self.queued_s + (now - self.queued_since if self.queued_since else 0.0)
 
 
 class GkeLauncher(Launcher):
-    """Runs a PyTorchJob on a GKE (or any Kubernetes) cluster with the Training Operator; `options`
-    say where and how (`GkeOptions`), `log` is the sink for progress and the rank-0 log."""
+    """Runs a TrainJob (Kubeflow Trainer v2) or a PyTorchJob (Training Operator v1) on a GKE (or
+    any Kubernetes) cluster; `options` say where and how (`GkeOptions`), `log` is the sink for
+    progress and the rank-0 log."""
 
     backend = "gke"
 
@@ -118,25 +134,43 @@ class GkeLauncher(Launcher):
 
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
-        self.jobs = PyTorchJobApi(
-            client.CustomObjectsApi(api_client), options.job.namespace, log=self.log
-        )
+        self.custom = client.CustomObjectsApi(api_client)
+        self.job_api = options.job_api
+        self.flavor: JobFlavor | None = FLAVORS.get(options.job_api)
         self.job_options = options.job
         self.namespace = options.job.namespace
         self.watch_s = options.watch_s
         self.pending_timeout_s = options.pending_timeout_s
+        self.queue_timeout_s = options.queue_timeout_s
         self.succeeded_grace_s = options.succeeded_grace_s
+        self.follow_logs = options.follow_logs
         self.name = ""
         self.manifest: dict[str, Any] = {}
-        self._logs = RankZeroLog(self.core, log=self.log) if options.follow_logs else None
+        self._logs: RankZeroLog | None = None
         self._cancelled = False
+
+    @property
+    def jobs(self) -> Any:
+        """The chosen API's jobs (`JobApi`); the API is resolved on first use."""
+        return self._flavor().api_class(self.custom, self.namespace, log=self.log)
+
+    def _flavor(self) -> JobFlavor:
+        if self.flavor is None:  # auto: what the cluster serves, TrainJob first
+            self.flavor = flavor(resolve_job_api(self.job_api, self.custom))
+            self.log(f"[gke] gke_job_api={self.job_api}: the cluster serves {self.flavor.kind}")
+        return self.flavor
 
     # ---- start --------------------------------------------------------------------------------
 
     def start(self, launch: TrainLaunch) -> None:
         self.launch = launch
-        self.manifest = build_pytorchjob(launch=launch, options=self.job_options)
+        kind = self._flavor()
+        self.manifest = kind.manifest(launch, self.job_options)
         self.name = self.manifest["metadata"]["name"]
+        if self.follow_logs:
+            self._logs = RankZeroLog(
+                self.core, log=self.log, index_label=kind.index_label, container=kind.container
+            )
         warning = service_account_check(self.core, self.namespace, self.job_options.service_account)
         if warning:
             self.log(f"[gke] warning: {warning}")
@@ -154,15 +188,15 @@ class GkeLauncher(Launcher):
             from components.etcd.kubernetes import adopt_etcd
 
             job_ref = {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": KIND,
+                "apiVersion": kind.api_version,
+                "kind": kind.kind,
                 "name": self.name,
                 "uid": uid,
             }
             if adopt_etcd(
                 self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref
             ):
-                self.log(f"[gke] the run's etcd now belongs to PyTorchJob {self.name} (its TTL)")
+                self.log(f"[gke] the run's etcd now belongs to {kind.kind} {self.name} (its TTL)")
 
     def _uses_run_etcd(self, launch: TrainLaunch) -> bool:
         from components.etcd.manifests import etcd_endpoint
@@ -173,16 +207,17 @@ class GkeLauncher(Launcher):
     def _ensure_etcd(self, launch: TrainLaunch, owner: dict[str, Any] | None) -> None:
         """The run's etcd, present and ready before the job rendezvouses on it.
 
-        A PyTorchJob that adopted etcd (`adopt_etcd`) takes it along when deleted (a Failed or
-        timed-out job, the replace in `PyTorchJobApi.create`, a SIGTERM), and only the etcd_up
+        A job that adopted etcd (`adopt_etcd`) takes it along when deleted (a Failed or
+        timed-out job, the replace in `JobApi.create`, a SIGTERM), and only the etcd_up
         step creates it: a retried train task would rendezvous on nothing. So the job's
         ownership is dropped before anything can delete it, and etcd is (re)created, reusing
         what exists, as the etcd_up step does (components/steps/etcd.py)."""
         from components.etcd.kubernetes import create_etcd, release_etcd, wait_etcd_ready
 
         run_id, namespace = launch.run_id, self.namespace
-        if release_etcd(self.api_client, run_id=run_id, namespace=namespace, owner_kind=KIND):
-            self.log("[gke] the run's etcd no longer belongs to an earlier PyTorchJob")
+        kind = self._flavor().kind
+        if release_etcd(self.api_client, run_id=run_id, namespace=namespace, owner_kind=kind):
+            self.log(f"[gke] the run's etcd no longer belongs to an earlier {kind}")
         create_etcd(
             self.api_client,
             run_id=run_id,
@@ -195,11 +230,8 @@ class GkeLauncher(Launcher):
     # ---- wait ---------------------------------------------------------------------------------
 
     def _pods(self) -> list[Any]:
-        return list(
-            self.core.list_namespaced_pod(
-                self.namespace, label_selector=f"{JOB_NAME_LABEL}={self.name}"
-            ).items
-        )
+        selector = self._flavor().pod_selector(self.name)
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
 
     def _events(self, pods: list[Any]) -> list[Any]:
         events: list[Any] = []
@@ -218,67 +250,149 @@ class GkeLauncher(Launcher):
     def wait(self, *, timeout: float | None = None) -> LaunchResult:
         if self.launch is None or not self.name:
             raise RuntimeError("start() a run before wait()")
-        launch = self.launch
+        launch, kind = self.launch, self._flavor()
         started = time.monotonic()
         clock = _WaitClock(timeout=timeout, deadline=None if timeout is None else started + timeout)
-        status, message, details = FAILED, "", {}
+        status, message = FAILED, ""
+        details: dict[str, Any] = {}
         updates = self.jobs.updates(self.name, watch_s=self.watch_s)
         try:
             for job in updates:
-                phase, reason, text = job_condition(job)
-                if phase != clock.last_phase:
-                    self.log(
-                        f"[gke] {self.name}: {phase or 'Pending'}"
-                        + (f" ({reason})" if reason else "")
-                    )
-                    clock.last_phase = phase
-                pods = self._pods()
-                if self._logs is not None:
+                state = kind.state(job)
+                queued = self._queue(state.phase == "Queued", clock)
+                pods = [] if queued else self._pods()
+                self._log_phase(state.phase or _pods_phase(pods), state.reason, clock)
+                if self._logs is not None and not queued:
                     self._logs.follow(self.namespace, pods)
-                workers = job.get("status", {}).get("replicaStatuses", {}).get("Worker", {})
-                details = {"job": self.name, "condition": phase, "replicas": workers}
-                details |= job_times(job)
-                verdict = self._verdict(phase, f"{reason}: {text}", workers, pods, clock)
+                self._log_restarts(pods, clock)
+                details = {"job": self.name, "api": kind.api, "condition": state.phase}
+                details |= {"replicas": kind.replicas(job), **kind.times(job)}
+                details["queued_s"] = round(clock.queued(time.monotonic()), 3)
+                verdict = self._verdict(job, state.phase, state.reason, state.message, pods, clock)
                 if verdict is not None:
                     status, message = verdict
                     break
         except JobGone:
             status = CANCELLED if self._cancelled else FAILED
-            message = f"PyTorchJob {self.namespace}/{self.name} was deleted while running"
+            message = f"{kind.kind} {self.namespace}/{self.name} was deleted while running"
         finally:
             updates.close()
             if self._logs is not None:
                 self._logs.stop()
+        details["queued_s"] = round(clock.queued(time.monotonic()), 3)
         return self.result(launch, status, message, started=started, details=details)
+
+    def _log_phase(self, phase: str, reason: str, clock: _WaitClock) -> None:
+        if phase != clock.last_phase:
+            self.log(
+                f"[gke] {self.name}: {phase or 'Pending'}" + (f" ({reason})" if reason else "")
+            )
+            clock.last_phase = phase
+
+    def _queue(self, queued: bool, clock: _WaitClock) -> bool:
+        """Count the time the job is suspended in its Kueue queue (none of it is running time:
+        the launcher's deadline moves by as much); say when it starts and ends."""
+        now = time.monotonic()
+        queue = self.job_options.kueue_queue or "(none named)"
+        if queued and clock.queued_since is None:
+            clock.queued_since = now
+            again = " again (preempted)" if clock.last_phase not in ("", "Queued") else ""
+            self.log(
+                f"[gke] {self.name}: waiting{again} in Kueue queue {queue} for the whole job to "
+                "be admitted (suspended; not billed, not counted against the timeout)"
+            )
+        elif not queued and clock.queued_since is not None:
+            waited = now - clock.queued_since
+            clock.queued_s += waited
+            clock.queued_since = None
+            if clock.deadline is not None:
+                clock.deadline += waited
+            self.log(
+                f"[gke] {self.name}: admitted after {waited:.0f}s in the queue "
+                f"({clock.queued_s:.0f}s queued in all)"
+            )
+        return queued
+
+    def _log_restarts(self, pods: list[Any], clock: _WaitClock) -> None:
+        attempt = restart_attempt(pods)
+        if attempt > clock.restarts:
+            clock.restarts = attempt
+            problems = summarize(self.diagnose(pods)) or "no pod reason reported"
+            self.log(f"[gke] {self.name}: every node restarted (attempt {attempt}): {problems}")
 
     def _verdict(
         self,
+        job: Mapping[str, Any],
         phase: str,
         reason: str,
-        workers: Mapping[str, Any],
+        text: str,
         pods: list[Any],
         clock: _WaitClock,
     ) -> tuple[str, str] | None:
         """(status, message) once the run has ended or must be stopped; None to keep waiting.
         Every way of stopping it here deletes the job first."""
         assert self.launch is not None
-        nodes = self.launch.nodes
+        kind, nodes = self._flavor(), self.launch.nodes
         if phase == "Failed":
             problems = self.diagnose(pods)
-            message = f"PyTorchJob {self.name} failed: {reason}".rstrip(": ")
-            # cleanPodPolicy None keeps the pods, and running or crash-looping ones hold their
-            # GPUs: delete the job (its logs were diagnosed above) rather than wait for cleanup.
+            message = f"{kind.kind} {self.name} failed: {reason}: {text}".rstrip(": ")
+            # Failed jobs may keep pods (cleanPodPolicy None; a JobSet until its TTL), running or
+            # crash-looping ones holding GPUs: delete the job (its pods were diagnosed above).
             self.jobs.delete(self.name)
             return FAILED, message + (f"; {summarize(problems)}" if problems else "")
-        if all_workers_succeeded(workers, pods, nodes):
+        if phase == "Queued":
+            return self._queue_verdict(clock)
+        if kind.succeeded(job, pods, nodes):
             return SUCCEEDED, f"all {nodes} workers succeeded"
+        message = self._problem(phase, pods, clock)
+        if not message and clock.deadline is not None and time.monotonic() > clock.deadline:
+            message = f"timed out after {clock.timeout:.0f}s; deleted {kind.kind} {self.name}"
+        if message:
+            self.jobs.delete(self.name)
+            return FAILED, message
+        return (CANCELLED, "cancelled") if self._cancelled else None
+
+    def _queue_verdict(self, clock: _WaitClock) -> tuple[str, str] | None:
+        if self._cancelled:
+            return CANCELLED, "cancelled"
+        reason = self._queue_reason()
+        if reason and reason != clock.queue_reason:
+            clock.queue_reason = reason
+            self.log(f"[gke] {self.name}: Kueue: {reason}")
+        limit = self.queue_timeout_s
+        if limit is not None and clock.queued(time.monotonic()) >= limit:
+            self.jobs.delete(self.name)
+            queue = self.job_options.kueue_queue or "(none named)"
+            why = clock.queue_reason or "its ClusterQueue's quota, or a job ahead of it"
+            return FAILED, (
+                f"{self._flavor().kind} {self.name} was not admitted by Kueue queue {queue} "
+                f"within {limit:.0f}s ({why}); deleted"
+            )
+        return None
+
+    def _queue_reason(self) -> str:
+        """What Kueue last said of the job's Workload (quota, a job ahead), from its events;
+        best effort: "" when they cannot be read."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            events = self.core.list_namespaced_event(
+                self.namespace, field_selector="involvedObject.kind=Workload"
+            ).items
+        except ApiException:
+            return ""
+        return kueue_workload_reason(events, self._flavor().kind, self.name)
+
+    def _problem(self, phase: str, pods: list[Any], clock: _WaitClock) -> str:
+        """Why the job must be stopped now ("" to keep waiting): a pod that cannot run, one
+        unschedulable too long, or workers that never finish after an early Succeeded."""
         problems = [p for pod in pods for p in pod_problems(pod)]
         message = ""
         if phase == "Succeeded":
             message = self._succeeded_early(pods, problems, clock)
         fatal = [p for p in problems if p.fatal]
         if not message and fatal:
-            message = f"PyTorchJob {self.name} cannot run: {summarize(fatal)}"
+            message = f"{self._flavor().kind} {self.name} cannot run: {summarize(fatal)}"
         unschedulable = [p for p in problems if p.reason == "Unschedulable"]
         if not unschedulable:
             clock.pending_since = None
@@ -287,15 +401,10 @@ class GkeLauncher(Launcher):
             if time.monotonic() - clock.pending_since > self.pending_timeout_s:
                 events = event_problems(self._events(pods))
                 message = (
-                    f"PyTorchJob {self.name} unschedulable for over "
+                    f"{self._flavor().kind} {self.name} unschedulable for over "
                     f"{self.pending_timeout_s:.0f}s: {summarize(unschedulable + events)}"
                 )
-        if not message and clock.deadline is not None and time.monotonic() > clock.deadline:
-            message = f"timed out after {clock.timeout:.0f}s; deleted PyTorchJob {self.name}"
-        if message:
-            self.jobs.delete(self.name)
-            return FAILED, message
-        return (CANCELLED, "cancelled") if self._cancelled else None
+        return message
 
     def _succeeded_early(
         self, pods: list[Any], problems: list[PodProblem], clock: _WaitClock
@@ -315,7 +424,7 @@ class GkeLauncher(Launcher):
             why = " (failing)" if failing else f" within {self.succeeded_grace_s:.0f}s"
             what = f"worker pod(s) {', '.join(unfinished)} did not finish{why}"
         return (
-            f"PyTorchJob {self.name} is marked Succeeded but {what}; "
+            f"{self._flavor().kind} {self.name} is marked Succeeded but {what}; "
             f"{summarize(self.diagnose(pods))}"
         )
 
@@ -324,17 +433,34 @@ class GkeLauncher(Launcher):
     def cancel(self) -> None:
         self._cancelled = True
         if self.name and self.jobs.delete(self.name):
-            self.log(f"[gke] deleted PyTorchJob {self.namespace}/{self.name}")
+            self.log(f"[gke] deleted {self._flavor().kind} {self.namespace}/{self.name}")
 
     def cleanup(self, run_id: str) -> list[str]:
-        """Delete the run's PyTorchJobs (by label) and its etcd objects; 404s are ignored."""
+        """Delete the run's jobs of either API (by label; an API the cluster does not serve has
+        none) and its etcd objects; 404s are ignored."""
+        from kubernetes.client.exceptions import ApiException
+
         removed: list[str] = []
-        for item in self.jobs.list(k8s_selector(run_id)):
-            name = item["metadata"]["name"]
-            if self.jobs.delete(name, item["metadata"].get("namespace")):
-                removed.append(f"PyTorchJob {self.namespace}/{name}")
+        apis = [self._flavor()] if self.job_api in FLAVORS else list(FLAVORS.values())
+        for kind in apis:
+            jobs = kind.api_class(self.custom, self.namespace, log=self.log)
+            try:
+                items = jobs.list(k8s_selector(run_id))
+            except ApiException as exc:
+                if exc.status != 404:  # 404: this API is not served here
+                    raise
+                items = []
+            for item in items:
+                name = item["metadata"]["name"]
+                if jobs.delete(name, item["metadata"].get("namespace")):
+                    removed.append(f"{kind.kind} {self.namespace}/{name}")
         removed += _cleanup_etcd(self.api_client, run_id, self.namespace)
         return removed
+
+
+def _pods_phase(pods: list[Any]) -> str:
+    """Running once any pod runs (a TrainJob has no Running condition), else Pending."""
+    return "Running" if any(p.status and p.status.phase == "Running" for p in pods) else ""
 
 
 def _cleanup_etcd(api_client: Any, run_id: str, namespace: str) -> list[str]:

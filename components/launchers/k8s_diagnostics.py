@@ -178,3 +178,27 @@ def service_account_check(core: Any, namespace: str, name: str | None) -> str | 
         f"service account {namespace}/{account} has no {WORKLOAD_IDENTITY_ANNOTATION} "
         "annotation: reading gs:// will fail with 403 unless the node's service account may"
     )
+
+
+# -- a job waiting in a Kueue queue ----------------------------------------------------------
+
+
+def kueue_workload_reason(events: Iterable[Any], kind: str, name: str) -> str:
+    """The latest thing Kueue said of the job's Workload ("" if nothing yet), e.g. `Pending:
+    couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu ...`.
+
+    Kueue names a job's Workload `<kind>-<job name>` (cut to its maximum length) + `-` + a 5
+    character hash (kubernetes-sigs/kueue v0.19.2, pkg/controller/jobframework/
+    workload_names.go), and its scheduler records why a Workload waits as events on it
+    (pkg/scheduler/scheduler.go): read with the events permission the launcher has already,
+    rather than a Role rule for Workloads."""
+    owner = f"{kind.lower()}-{name}"
+    latest = ""
+    for event in events:
+        obj = event.involved_object
+        if obj is None or obj.kind != "Workload" or not obj.name:
+            continue
+        prefix = obj.name[: -len("-xxxxx")] if len(obj.name) > 6 else ""
+        if prefix and owner.startswith(prefix):
+            latest = f"{event.reason}: {event.message}" if event.message else str(event.reason)
+    return latest

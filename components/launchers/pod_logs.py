@@ -1,4 +1,5 @@
-"""Stream the log of a PyTorchJob's worker 0 to the launcher's log sink, again after each restart.
+"""Stream the log of a training job's node 0 (a PyTorchJob's worker 0, a TrainJob's completion
+index 0) to the launcher's log sink, again after each restart.
 
 Logs are best effort: the job's status decides the result, so a stream that breaks only says so.
 """
@@ -15,17 +16,27 @@ from components.launchers.pytorchjob import CONTAINER, REPLICA_INDEX_LABEL
 class RankZeroLog:
     """Follows worker 0's current container (a new stream per restart) on a daemon thread."""
 
-    def __init__(self, core: Any, *, log: LogSink) -> None:
+    def __init__(
+        self,
+        core: Any,
+        *,
+        log: LogSink,
+        index_label: str = REPLICA_INDEX_LABEL,
+        container: str = CONTAINER,
+    ) -> None:
         self.core = core
         """A `kubernetes.client.CoreV1Api`."""
         self.log = log
+        self.index_label = index_label
+        """The pod label holding the node index (node 0's log is followed)."""
+        self.container = container
         self._key: tuple[str, int] = ("", -1)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def follow(self, namespace: str, pods: list[Any]) -> None:
         """Start following worker 0 if it runs (or ran) and is not followed yet."""
-        first = [p for p in pods if (p.metadata.labels or {}).get(REPLICA_INDEX_LABEL) == "0"]
+        first = [p for p in pods if (p.metadata.labels or {}).get(self.index_label) == "0"]
         if (
             not first
             or first[0].status is None
@@ -53,7 +64,7 @@ class RankZeroLog:
 
         try:
             response = self.core.read_namespaced_pod_log(
-                pod, namespace, container=CONTAINER, follow=True, _preload_content=False
+                pod, namespace, container=self.container, follow=True, _preload_content=False
             )
             buffer = b""
             for chunk in response.stream(4096):

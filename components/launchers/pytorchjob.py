@@ -17,8 +17,7 @@ Design choices:
 - `runPolicy.backoffLimit`: the operator (v1.9, `PastBackoffLimit`) fails the job once the
   container restarts summed over all running pods reach it (`sum >= limit`), so it is
   `restarts_per_node x nodes + 1`: every node may use its configured restarts, even all at once.
-- Pods run as the image's unprivileged user (uid 1000): the image itself runs as root because
-  Dataflow's worker boot needs it.
+- Pods run as the image's user uid 1000 (the image runs as root: Dataflow's worker boot needs it).
 - GPU pods get GKE's driver mount on the loader path (`GKE_NVIDIA_LIBRARY_PATH`, else pip torch
   sees no CUDA) and `LLMFT_EXPECT_CUDA=1`, so a trainer that still sees no GPU stops at once
   instead of training on CPU while the GPUs are billed (trainer/cuda_guard.py).
@@ -35,7 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
-from components.launchers.vocab import DEFAULT_NAMESPACE, K8S_LABEL_NAME, K8S_SUBDOMAIN_NAME
+from components.launchers.vocab import (
+    DEFAULT_NAMESPACE,
+    K8S_LABEL_NAME,
+    K8S_SUBDOMAIN_NAME,
+    KUEUE_QUEUE_LABEL,
+)
 from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
 from components.runtime.image import DEFAULT_IMAGE
 from components.runtime.run_identity import k8s_labels, resource_name
@@ -138,6 +142,11 @@ class PyTorchJobOptions:
     """Gang scheduling's priority class."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels for the job and its pods (the run's labels are always set)."""
+    kueue_queue: str | None = None
+    """Kueue LocalQueue (in `namespace`) that admits the job whole or not at all: the job gets
+    the `kueue.x-k8s.io/queue-name` label and is created suspended; Kueue unsuspends it once
+    quota for every pod is reserved. A PyTorchJob needs Kueue's `kubeflow.org/pytorchjob`
+    integration enabled (off in Kueue's default configuration); a TrainJob's is on."""
 
     # --- capacity (components/platform/capacity.py) -----------------------------------------------------
     capacity: str = "on-demand"
@@ -184,6 +193,10 @@ class PyTorchJobOptions:
             errors.append(f"termination_grace_s={self.termination_grace_s}: cannot be negative")
         if (self.scheduling_queue or self.priority_class) and not self.gang_scheduling:
             errors.append("scheduling_queue/priority_class need gang_scheduling=True")
+        if self.kueue_queue and self.gang_scheduling:
+            errors.append("kueue_queue and gang_scheduling: Kueue admits the job whole; choose one")
+        if self.kueue_queue and not re.fullmatch(K8S_LABEL_NAME[0], self.kueue_queue):
+            errors.append(f"kueue_queue={self.kueue_queue!r} is not {K8S_LABEL_NAME[1]}")
         for name, ref in self.secrets().items():
             secret, key = parse_secret_ref(ref)
             if not re.fullmatch(K8S_SUBDOMAIN_NAME[0], secret):
@@ -230,7 +243,10 @@ def build_pytorchjob(
     name = job_name(launch.run_id)
     run_labels = {**options.labels, **k8s_labels(launch.run_id, "trainer")}
     endpoint = rendezvous_endpoint(launch, options.namespace)
-    metadata: dict[str, Any] = {"name": name, "namespace": options.namespace, "labels": run_labels}
+    job_labels = dict(run_labels)
+    if options.kueue_queue:  # on the job only: Kueue reads it there, the pods need not carry it
+        job_labels[KUEUE_QUEUE_LABEL] = options.kueue_queue
+    metadata: dict[str, Any] = {"name": name, "namespace": options.namespace, "labels": job_labels}
     if options.owner:
         metadata["ownerReferences"] = [dict(options.owner)]
     return {
@@ -268,11 +284,24 @@ def rendezvous_endpoint(launch: TrainLaunch, namespace: str) -> str:
 
 def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -> dict[str, Any]:
     """The `pytorch` container: torchrun with explicit flags, env, Secrets, resources."""
+    gpus = options.gpus(launch)
+    return {
+        "name": CONTAINER,
+        "image": options.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": torchrun_command(launch, endpoint, min_nodes_of(launch, options)),
+        "env": container_env(options, gpus),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "resources": container_resources(options, gpus),
+    }
+
+
+def torchrun_command(launch: TrainLaunch, endpoint: str, min_nodes: int) -> list[str]:
+    """`python -m torch.distributed.run` with every flag explicit, then the trainer (both APIs)."""
     torchrun = launch.torchrun_args(endpoint)
-    min_nodes = min_nodes_of(launch, options)
     if min_nodes != launch.nodes:
         torchrun[0] = f"--nnodes={min_nodes}:{launch.nodes}"
-    command = [
+    return [
         "python",
         "-m",
         "torch.distributed.run",
@@ -280,7 +309,11 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
         *launch.entrypoint,
         *launch.trainer_args(),
     ]
-    gpus = options.gpus(launch)
+
+
+def container_env(options: PyTorchJobOptions, gpus: int) -> list[dict[str, Any]]:
+    """The training container's env: torchrun's, the GPU pod's, the options', then Secrets by
+    reference (secretKeyRef; the HF token optional), never a value."""
     env: list[dict[str, Any]] = [
         {"name": key, "value": value}
         for key, value in {**TORCHRUN_ENV, **gpu_env(gpus), **options.env}.items()
@@ -291,6 +324,11 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
         if env_name == "HF_TOKEN" and ref == options.hf_token_secret:
             key_ref["optional"] = True  # like the task pods': public models need no token
         env.append({"name": env_name, "valueFrom": {"secretKeyRef": key_ref}})
+    return env
+
+
+def container_resources(options: PyTorchJobOptions, gpus: int) -> dict[str, Any]:
+    """GPU limits, and cpu/memory requests = limits where set."""
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
     if gpus:
@@ -299,24 +337,26 @@ def _container(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -
         limits["cpu"] = requests["cpu"] = options.cpu
     if options.memory:
         limits["memory"] = requests["memory"] = options.memory
-    return {
-        "name": CONTAINER,
-        "image": options.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": command,
-        "env": env,
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-        "resources": {k: v for k, v in (("limits", limits), ("requests", requests)) if v},
-    }
+    return {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
 
 
 def _pod_spec(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -> dict[str, Any]:
     """Each worker pod: the container, /dev/shm, the image's user, the GPU node pool."""
-    pod_spec: dict[str, Any] = {
+    return {
         "containers": [_container(launch, options, endpoint)],
-        "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}
-        ],
+        "volumes": [shm_volume(options)],
+        **pod_placement(launch, options),
+    }
+
+
+def shm_volume(options: PyTorchJobOptions) -> dict[str, Any]:
+    """The memory-backed /dev/shm, `dshm`."""
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}
+
+
+def pod_placement(launch: TrainLaunch, options: PyTorchJobOptions) -> dict[str, Any]:
+    """A training pod's user, service account, GPU pool, zone and capacity (both APIs')."""
+    pod_spec: dict[str, Any] = {
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": IMAGE_UID,
@@ -333,7 +373,7 @@ def _pod_spec(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) ->
         ]
     if launch.nodes > 1:
         pod_spec["affinity"] = same_zone_affinity(launch.run_id)
-    _schedule_capacity(pod_spec, options)
+    schedule_capacity(pod_spec, options)
     return pod_spec
 
 
@@ -381,7 +421,7 @@ GKE_FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
 dws-flex-start-training)."""
 
 
-def _schedule_capacity(pod_spec: dict[str, Any], options: PyTorchJobOptions) -> None:
+def schedule_capacity(pod_spec: dict[str, Any], options: PyTorchJobOptions) -> None:
     """Select Spot or flex-start nodes (tolerating the Spot taint), and set the grace period."""
     label = {"spot": GKE_SPOT_LABEL, "flex-start": GKE_FLEX_START_LABEL}.get(options.capacity)
     if label:
@@ -419,6 +459,8 @@ def _run_policy(launch: TrainLaunch, options: PyTorchJobOptions) -> dict[str, An
         run_policy["backoffLimit"] = backoff_limit_for(launch.nodes, options.restarts_per_node)
     if options.active_deadline_seconds is not None:
         run_policy["activeDeadlineSeconds"] = options.active_deadline_seconds
+    if options.kueue_queue:
+        run_policy["suspend"] = True  # Kueue's webhook would set it; Kueue unsuspends on admission
     if options.gang_scheduling:
         policy: dict[str, Any] = {"minAvailable": min_nodes_of(launch, options)}
         if options.scheduling_queue:
@@ -455,24 +497,3 @@ def _kubernetes_value_errors(options: PyTorchJobOptions) -> list[str]:
         if value is not None and value < 0:
             errors.append(f"{name}={value}: cannot be negative")
     return errors
-
-
-def to_yaml(manifest: Mapping[str, Any]) -> str:
-    """YAML for `kubectl apply -f`: no anchors, and strings that YAML 1.2 (kubectl) would read as
-    numbers (`2e-05`, `1000` in a command) are quoted so they stay strings."""
-    import yaml
-
-    number = re.compile(
-        r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|0x[0-9a-fA-F]+|0o[0-7]+"
-    )
-
-    class Dumper(yaml.SafeDumper):
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
-
-    def represent_str(dumper: yaml.SafeDumper, value: str) -> Any:
-        style = "'" if number.fullmatch(value) else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-    Dumper.add_representer(str, represent_str)
-    return str(yaml.dump(dict(manifest), Dumper=Dumper, sort_keys=False))

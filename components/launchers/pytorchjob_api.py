@@ -1,8 +1,10 @@
-"""The PyTorchJob custom objects of one namespace through the Kubernetes API: create (idempotent,
-a failed job replaced), get, delete, list by label, and the job's updates as a resumable watch.
+"""The training-job custom objects of one namespace through the Kubernetes API: create
+(idempotent, a failed job replaced), get, delete, list by label, and the job's updates as a
+resumable watch. `JobApi` is the same for every kind; `PyTorchJobApi` is the Training Operator
+v1's PyTorchJob (components/launchers/trainjob_api.py: Trainer v2's TrainJob).
 
 `components/launchers/gke.py` (`GkeLauncher`) uses it to submit and follow the manifest that
-`components/launchers/pytorchjob.py` builds; it judges nothing about the run itself.
+`components/launchers/pytorchjob.py` (or trainjob.py) builds; it judges nothing about the run.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from components.launchers.k8s_diagnostics import job_condition
-from components.launchers.pytorchjob import GROUP, PLURAL, VERSION
+from components.launchers.pytorchjob import GROUP, KIND, PLURAL, VERSION
 
 REPLACE_TIMEOUT_S = 120.0
 """How long a failed job being replaced may take to go away before the create fails."""
 
 
 class JobGone(RuntimeError):
-    """The PyTorchJob disappeared while it was followed (deleted by a user or by cleanup)."""
+    """The job disappeared while it was followed (deleted by a user or by cleanup)."""
 
 
-class PyTorchJobApi:
-    """PyTorchJobs of `namespace` through `custom` (a `kubernetes.client.CustomObjectsApi`);
-    `log` receives one line per create, reuse or replacement."""
+class JobApi:
+    """Jobs of one kind (the class's GROUP, VERSION, PLURAL, KIND) in `namespace` through `custom`
+    (a `kubernetes.client.CustomObjectsApi`); `log` receives one line per create, reuse or
+    replacement."""
+
+    GROUP, VERSION, PLURAL, KIND = GROUP, VERSION, PLURAL, KIND
 
     def __init__(self, custom: Any, namespace: str, *, log: Callable[[str], None]) -> None:
         self.custom = custom
@@ -39,7 +44,7 @@ class PyTorchJobApi:
         name = manifest["metadata"]["name"]
         try:
             created = self._create(manifest)
-            self.log(f"[gke] created PyTorchJob {self.namespace}/{name}")
+            self.log(f"[gke] created {self.KIND} {self.namespace}/{name}")
             return created
         except ApiException as exc:
             if exc.status != 409:
@@ -48,11 +53,11 @@ class PyTorchJobApi:
         kind, reason, _ = job_condition(existing)
         if kind != "Failed":
             self.log(
-                f"[gke] PyTorchJob {self.namespace}/{name} already exists ({kind or 'new'}): "
+                f"[gke] {self.KIND} {self.namespace}/{name} already exists ({kind or 'new'}): "
                 "following it"
             )
             return existing
-        self.log(f"[gke] PyTorchJob {name} exists and failed ({reason}): replacing it")
+        self.log(f"[gke] {self.KIND} {name} exists and failed ({reason}): replacing it")
         self.delete(name)
         deadline = time.monotonic() + REPLACE_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -63,19 +68,21 @@ class PyTorchJobApi:
                     raise
             time.sleep(1.0)
         raise RuntimeError(
-            f"PyTorchJob {name} was deleted but is still there after {REPLACE_TIMEOUT_S:.0f} s"
+            f"{self.KIND} {name} was deleted but is still there after {REPLACE_TIMEOUT_S:.0f} s"
         )
 
     def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return dict(
             self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, manifest
+                self.GROUP, self.VERSION, self.namespace, self.PLURAL, manifest
             )
         )
 
     def get(self, name: str) -> dict[str, Any]:
         return dict(
-            self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+            self.custom.get_namespaced_custom_object(
+                self.GROUP, self.VERSION, self.namespace, self.PLURAL, name
+            )
         )
 
     def delete(self, name: str, namespace: str | None = None) -> bool:
@@ -85,10 +92,10 @@ class PyTorchJobApi:
 
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP,
-                VERSION,
+                self.GROUP,
+                self.VERSION,
                 namespace or self.namespace,
-                PLURAL,
+                self.PLURAL,
                 name,
                 body=client.V1DeleteOptions(propagation_policy="Background"),
             )
@@ -101,7 +108,7 @@ class PyTorchJobApi:
     def list(self, label_selector: str) -> list[dict[str, Any]]:
         """The jobs of the namespace that carry the labels."""
         jobs = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, label_selector=label_selector
+            self.GROUP, self.VERSION, self.namespace, self.PLURAL, label_selector=label_selector
         )
         return list(jobs.get("items", []))
 
@@ -119,7 +126,7 @@ class PyTorchJobApi:
         while True:
             if not version:
                 listing = self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, field_selector=selector
+                    self.GROUP, self.VERSION, self.namespace, self.PLURAL, field_selector=selector
                 )
                 version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
                 items = listing.get("items") or []
@@ -130,10 +137,10 @@ class PyTorchJobApi:
             try:
                 for event in watch.Watch().stream(
                     self.custom.list_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
+                    self.GROUP,
+                    self.VERSION,
                     self.namespace,
-                    PLURAL,
+                    self.PLURAL,
                     field_selector=selector,
                     resource_version=version,
                     timeout_seconds=max(1, int(watch_s)),
@@ -152,3 +159,7 @@ class PyTorchJobApi:
                 version = ""  # too old to resume from: list again
                 continue
             yield job
+
+
+class PyTorchJobApi(JobApi):
+    """Training Operator v1 PyTorchJobs (`kubeflow.org/v1`)."""

@@ -29,6 +29,16 @@ K8S_SUBDOMAIN_NAME = (
     "a Kubernetes object name (lowercase letters, digits, '-' and '.')",
 )
 
+JobApi = Literal["auto", "trainjob", "pytorchjob"]
+"""Which Kubeflow API runs a GKE training job: Trainer v2's TrainJob, Training Operator v1's
+PyTorchJob, or `auto` (what the cluster's discovery API serves, TrainJob first)."""
+JOB_APIS: tuple[str, ...] = get_args(JobApi)
+DEFAULT_JOB_API: JobApi = "auto"
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""The label that hands a job to a Kueue LocalQueue (kueue.sigs.k8s.io/docs/tasks/run/trainjobs,
+site/content/en/docs/tasks/run/trainjobs.md in kubernetes-sigs/kueue v0.19.2)."""
+
 
 def resolve_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count: int) -> int:
     """The processes per node to start: `nproc_per_node`, or for 0 one per accelerator (1 on

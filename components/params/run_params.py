@@ -26,6 +26,7 @@ from beam_preprocess.data_shape import DataShape
 from components.launchers.vocab import (
     DEFAULT_ACCELERATOR_COUNT,
     DEFAULT_ACCELERATOR_TYPE,
+    DEFAULT_JOB_API,
     DEFAULT_MACHINE_TYPE,
     DEFAULT_NAMESPACE,
     DEFAULT_RDZV_BACKEND,
@@ -33,6 +34,7 @@ from components.launchers.vocab import (
     K8S_LABEL_NAME,
     PROJECT_ID,
     REGION,
+    JobApi,
     RdzvBackend,
 )
 from components.params.param_schema import literal_choices, param
@@ -220,6 +222,20 @@ class RunParams(DataShape):
             "projects/P/locations/L/clusters/C",
         ),
         steps=("etcd_up", "train", "cleanup"),
+    )
+    gke_job_api: JobApi = param(
+        DEFAULT_JOB_API,
+        'Kubeflow API of the GKE training job: "trainjob" (Kubeflow Trainer v2), "pytorchjob" '
+        '(Training Operator v1) or "auto" (what the cluster serves, TrainJob first; the first '
+        "step names what to install when it serves neither).",
+        steps=("train",),
+    )
+    kueue_queue: str = param(
+        "",
+        "GKE: the Kueue LocalQueue that admits the training job whole or not at all (infra/ "
+        'creates "llmft"); empty: no Kueue.',
+        pattern=K8S_LABEL_NAME,
+        steps=("train",),
     )
     machine_type: str = param(
         DEFAULT_MACHINE_TYPE,

@@ -624,16 +624,25 @@ run directory; the evaluate step keeps it in metrics.json and the report."""
 
 
 def actual_cost(
-    *, started: str, ended: str, gpus: int, gpu_hour_usd: float, capacity: str
+    *,
+    started: str,
+    ended: str,
+    gpus: int,
+    gpu_hour_usd: float,
+    capacity: str,
+    queued_s: float = 0.0,
 ) -> dict[str, Any]:
-    """The training job's cost from its own start and end times (ISO 8601 with a zone)."""
+    """The training job's cost from its own start and end times (ISO 8601 with a zone), less
+    `queued_s`: time the job waited suspended in a Kueue queue (no pod, no GPU held) is recorded
+    as `queue_wait_s` and not billed."""
     import datetime as dt
 
     start, end = dt.datetime.fromisoformat(started), dt.datetime.fromisoformat(ended)
-    hours = max(0.0, (end - start).total_seconds() / 3600)
+    hours = max(0.0, ((end - start).total_seconds() - queued_s) / 3600)
     return {
         "started": started,
         "ended": ended,
+        "queue_wait_s": round(queued_s, 1),
         "hours": round(hours, 4),
         "gpus": gpus,
         "gpu_hours": round(hours * gpus, 4),

@@ -207,3 +207,24 @@ def _etcd_problem(endpoint: str) -> str:
     if not isinstance(version, dict) or "etcdserver" not in version:
         return "the answer is not etcd's"
     return ""
+
+
+def gke_job_api_errors(choice: str, *, cluster: str = "", api_client: Any = None) -> list[str]:
+    """Why the GKE cluster cannot run a training job with `gke_job_api=choice` ([] when it can):
+    `auto` needs a TrainJob or a PyTorchJob CRD served, a named API its own. Asked of the
+    cluster's discovery API by the validate step, before preprocessing spends anything
+    (components/launchers/trainjob_api.py `resolve_job_api`). `cluster`: Vertex AI Pipelines
+    driving GKE; "" in the cluster (KFP on GKE) or with a kubeconfig."""
+    from kubernetes import client
+
+    from components.launchers.trainjob_api import resolve_job_api
+
+    if api_client is None:
+        from components.runtime.k8s_client import make_api_client
+
+        api_client = make_api_client(cluster=cluster)
+    try:
+        resolve_job_api(choice, client.CustomObjectsApi(api_client))
+    except ValueError as exc:
+        return [str(exc)]
+    return []

@@ -118,7 +118,7 @@ def training_timeout_s(request: TrainRequest) -> int:
 
 
 def record_actual_cost(
-    request: TrainRequest, times: Mapping[str, str], output: str
+    request: TrainRequest, times: Mapping[str, Any], output: str
 ) -> dict[str, Any]:
     """The training job's actual GPU-hours and cost, from its own start and end times, written to
     OUTPUT/cost.json (the evaluate step's report reads it) and returned for the Model's metadata."""
@@ -141,6 +141,7 @@ def record_actual_cost(
         gpus=gpus,
         gpu_hour_usd=price,
         capacity=request.params.capacity,
+        queued_s=float(times.get("queued_s") or 0.0),
     )
     summary_path = output.rstrip("/") + "/summary.json"
     if storage.exists(summary_path):
@@ -228,9 +229,12 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             hf_token_secret=request.params.hf_token_secret or None,
             # Ends the job on the cluster even if this step is killed before it can cancel.
             active_deadline_seconds=deadline_for(training_timeout_s(request)),
+            kueue_queue=request.params.kueue_queue or None,
             **gke_capacity(request),
         )
-        return GkeOptions(job=job, cluster=request.params.gke_cluster)
+        return GkeOptions(
+            job=job, job_api=request.params.gke_job_api, cluster=request.params.gke_cluster
+        )
     if request.params.backend == "vertex":
         custom_job = CustomJobOptions(
             machine_type=request.params.machine_type,
@@ -360,6 +364,7 @@ def train(
         read_summary(output), output=output, launch=launch, backend=runner.backend
     )
     times = {k: result.details[k] for k in ("started_at", "ended_at")}
+    times["queued_s"] = result.details.get("queued_s", 0.0)  # GKE: waiting in a Kueue queue
     return {**metadata, "job_times": times}
 
 

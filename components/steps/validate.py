@@ -20,6 +20,7 @@ from components.params.run_params import (
     fields,
 )
 from components.preflight import cost
+from components.preflight.launch_checks import gke_job_api_errors
 from components.preflight.validation import data_errors, evaluation_errors, fit_errors
 from components.runtime.model_location import is_hub_id
 from components.runtime.secrets import load_hf_token
@@ -86,6 +87,9 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
     params = params_from_mapping({**values, "train_data_uri": uri})
     errors = run_errors(params, target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))
+    if params.backend == "gke" and request.target in ("kfp", "vertex"):
+        # The cluster must serve the job API before preprocessing spends anything.
+        raise_errors(gke_job_api_errors(params.gke_job_api, cluster=params.gke_cluster))
     base_model = resolve_model(params.base_model, params)
     if request.target == "vertex" and is_hub_id(base_model):
         # The fit check and the estimate read its config.json from the Hub (KFP on GKE has

@@ -1,4 +1,5 @@
-"""The optional GKE part: cluster, node pools, Workload Identity, namespace, RBAC, Training Operator.
+"""The optional GKE part: cluster, node pools, Workload Identity, namespace, RBAC, Kubeflow Trainer
+v2 and Kueue (llmft_infra/kubeflow.py), and the Training Operator v1 where asked.
 
 - Workload Identity on the cluster and every pool (pods never see the node's credentials); the
   nodes run as their own account with only the node role and image pulls.
@@ -21,6 +22,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from llmft_infra.cloud import Cloud, Grants, member_of
+from llmft_infra.kubeflow import Kubeflow, build_kubeflow
 from llmft_infra.settings import (
     NODE_ACCOUNT,
     RBAC_FILE,
@@ -62,6 +64,8 @@ class Gke:
     namespaces: dict[str, k8s.core.v1.Namespace]
     rbac: k8s.yaml.ConfigFile
     training_operator: k8s.yaml.ConfigFile | None
+    kubeflow: Kubeflow
+    """Trainer v2, its runtimes, Kueue and the queues (llmft_infra/kubeflow.py)."""
 
 
 TRAINER_KSA_OLD_RESOURCE = "ksa-trainer"
@@ -168,7 +172,8 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
     provider, namespaces = _namespaces(gke, cluster, cpu_pool)
     _workload_identity(gke, settings.project, names, cloud, grants, cluster)
     rbac, operator = _kubernetes_objects(gke, settings.project, names, provider, namespaces)
-    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, rbac, operator)
+    kubeflow = build_kubeflow(gke, provider, namespaces)
+    return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, rbac, operator, kubeflow)
 
 
 def _node_account(

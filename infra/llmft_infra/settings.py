@@ -118,7 +118,14 @@ class GkeSettings:
     namespace: str = RunParams.namespace
     """Namespace of KFP's pods, the per-run etcd and the PyTorchJobs."""
     training_operator: bool = True
-    """Install the vendored Kubeflow Training Operator v1.9 (skip if the cluster has one)."""
+    """Install the vendored Kubeflow Training Operator v1.9 (skip if the cluster has one; a new
+    cluster needs it only for gke_job_api=pytorchjob: Trainer v2 is what `auto` prefers)."""
+    trainer_v2: bool = True
+    """Install Kubeflow Trainer v2 (its Helm chart, pinned; JobSet with it) and llmft's
+    ClusterTrainingRuntimes (llmft_infra/kubeflow.py)."""
+    kueue: bool = True
+    """Install Kueue (its Helm chart, pinned) with a ClusterQueue sized to the GPU pool and the
+    LocalQueue `llmft` in the run namespace (the run parameter kueue_queue names it)."""
     deletion_protection: bool = True
     """GKE deletion protection: `pulumi destroy` refuses until this is set to false."""
 

@@ -53,6 +53,7 @@ app.command("cleanup")(steps.cleanup_cmd)
 
 render_app = typer.Typer(help="Print manifests without creating anything.", no_args_is_help=True)
 render_app.command("pytorchjob")(steps.render_pytorchjob)
+render_app.command("trainjob")(steps.render_trainjob)
 app.add_typer(render_app, name="render")
 
 config_app = typer.Typer(help="Write deploy configs.", no_args_is_help=True)

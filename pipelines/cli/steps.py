@@ -1,9 +1,9 @@
-"""`llmft train`, `preprocess`, `evaluate` and `render pytorchjob`: one pipeline step run by
+"""`llmft train`, `preprocess`, `evaluate` and `render pytorchjob|trainjob`: one pipeline step run by
 hand, each a thin layer over the module the pipeline's component calls."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -112,6 +112,9 @@ TokenSecretOpt = Annotated[
     str, typer.Option(help="Secret with the HF token (name[:key]; '' for none).")
 ]
 GangOpt = Annotated[bool, typer.Option(help="All pods or none (needs a gang scheduler).")]
+QueueOpt = Annotated[
+    str, typer.Option(help="Kueue LocalQueue that admits the job whole ('' for none).")
+]
 DeadlineOpt = Annotated[int | None, typer.Option(help="Hard run-time limit.")]
 SetOpt = Annotated[
     list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
@@ -138,39 +141,95 @@ def render_pytorchjob(
     service_account: PodAccountOpt = RunParams.service_account,
     hf_token_secret: TokenSecretOpt = RunParams.hf_token_secret,
     gang_scheduling: GangOpt = False,
+    kueue_queue: QueueOpt = "",
     active_deadline_seconds: DeadlineOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
+    from components.launchers.k8s_yaml import to_yaml
+    from components.launchers.pytorchjob import build_pytorchjob
+
+    launch, options = _render_inputs(locals())
+    job = build_pytorchjob(launch=launch, options=options)
+    typer.echo(to_yaml(job), nl=False)
+
+
+@user_errors
+def render_trainjob(
+    model: PodModelOpt = "gs://BUCKET/models/base",
+    data: PodDataOpt = "gs://BUCKET/runs/RUN/dataset",
+    output: PodOutputOpt = "gs://BUCKET/runs/RUN/train",
+    run_id: JobRunIdOpt = "example-run",
+    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = RunParams.namespace,
+    nodes: Annotated[int, typer.Option(help="Node pods.")] = RunParams.nodes,
+    nproc_per_node: PodProcsOpt = RunParams.nproc_per_node,
+    rdzv_backend: RdzvBackendOpt = RunParams.rdzv_backend,
+    rdzv_endpoint: RdzvEndpointOpt = "",
+    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
+    image: Annotated[str | None, typer.Option(help="Image (default: the project image).")] = None,
+    accelerator: AcceleratorOpt = RunParams.accelerator_type,
+    cpu: Annotated[str | None, typer.Option(help="CPU per pod.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory per pod.")] = None,
+    shm_size: Annotated[str, typer.Option(help="/dev/shm size.")] = "64Gi",
+    service_account: PodAccountOpt = RunParams.service_account,
+    hf_token_secret: TokenSecretOpt = RunParams.hf_token_secret,
+    kueue_queue: QueueOpt = "",
+    active_deadline_seconds: DeadlineOpt = None,
+    set_: SetOpt = None,
+    runtimes: Annotated[
+        bool, typer.Option(help="Print the ClusterTrainingRuntimes it references instead.")
+    ] = False,
+) -> None:
+    """Print the TrainJob (Kubeflow Trainer v2) a GKE run would create, as YAML; `--runtimes`:
+    the ClusterTrainingRuntimes infra installs for it (docs/deploy/trainjob-runtimes.yaml)."""
+    from components.launchers.k8s_yaml import to_yaml
+    from components.launchers.trainjob import (
+        build_cluster_training_runtime,
+        build_trainjob,
+        runtime_restarts,
+    )
+
+    if runtimes:
+        docs = [build_cluster_training_runtime(restarts=r) for r in runtime_restarts()]
+        typer.echo("---\n".join(to_yaml(doc) for doc in docs), nl=False)
+        return
+    launch, options = _render_inputs(locals())
+    typer.echo(to_yaml(build_trainjob(launch=launch, options=options)), nl=False)
+
+
+def _render_inputs(args: dict[str, Any]) -> tuple[Any, Any]:
+    """The `TrainLaunch` and `PyTorchJobOptions` of a `render pytorchjob|trainjob` command."""
     from components.launchers.base import TrainLaunch
-    from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, to_yaml
+    from components.launchers.pytorchjob import PyTorchJobOptions
     from components.launchers.vocab import resolve_nproc_per_node
     from components.platform.platform_facts import gke_accelerator
     from components.runtime.image import DEFAULT_IMAGE
 
-    gpus = RunParams.accelerator_count if accelerator else 0
+    gpus = RunParams.accelerator_count if args["accelerator"] else 0
     launch = TrainLaunch(
-        run_id=run_id,
-        trainer=trainer_config(model, data, output, None, max_steps, set_),
-        nodes=nodes,
-        nproc_per_node=resolve_nproc_per_node("gke", nproc_per_node, gpus),
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint,
+        run_id=args["run_id"],
+        trainer=trainer_config(
+            args["model"], args["data"], args["output"], None, args["max_steps"], args["set_"]
+        ),
+        nodes=args["nodes"],
+        nproc_per_node=resolve_nproc_per_node("gke", args["nproc_per_node"], gpus),
+        rdzv_backend=args["rdzv_backend"],
+        rdzv_endpoint=args["rdzv_endpoint"],
     )
     options = PyTorchJobOptions(
-        namespace=namespace,
-        image=image or DEFAULT_IMAGE,
-        accelerator=gke_accelerator(accelerator),
-        cpu=cpu,
-        memory=memory,
-        shm_size=shm_size,
-        service_account=service_account or None,
-        hf_token_secret=hf_token_secret or None,
-        gang_scheduling=gang_scheduling,
-        active_deadline_seconds=active_deadline_seconds,
+        namespace=args["namespace"],
+        image=args["image"] or DEFAULT_IMAGE,
+        accelerator=gke_accelerator(args["accelerator"]),
+        cpu=args["cpu"],
+        memory=args["memory"],
+        shm_size=args["shm_size"],
+        service_account=args["service_account"] or None,
+        hf_token_secret=args["hf_token_secret"] or None,
+        gang_scheduling=args.get("gang_scheduling", False),
+        kueue_queue=args["kueue_queue"] or None,
+        active_deadline_seconds=args["active_deadline_seconds"],
     )
-    job = build_pytorchjob(launch=launch, options=options)
-    typer.echo(to_yaml(job), nl=False)
+    return launch, options
 
 
 def preprocess_cmd(ctx: typer.Context) -> None:

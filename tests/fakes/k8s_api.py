@@ -34,8 +34,18 @@ OBSERVED_PERMISSIONS: set[Permission] = set()
 _UNCHECKED: set[Permission] = set()
 
 
+def is_discovery(path: str) -> bool:
+    """`/api`, `/apis`, `/api/v1`, `/apis/GROUP[/VERSION]`: discovery, which every authenticated
+    user may read (the `system:discovery` ClusterRole), so it needs no Role rule."""
+    parts = path.strip("/").split("/")
+    return (parts[0] == "api" and len(parts) <= 2) or (parts[0] == "apis" and len(parts) <= 3)
+
+
 def observe(method: str, path: str, query: dict[str, str]) -> None:
-    """Record the permission a request needs (called by every Kubernetes fake)."""
+    """Record the permission a request needs (called by every Kubernetes fake); discovery needs
+    none."""
+    if is_discovery(path):
+        return
     permission = rbac_permission(method, path, query)
     OBSERVED_PERMISSIONS.add(permission)
     _UNCHECKED.add(permission)

@@ -1,0 +1,71 @@
+"""Validate an object as the API server would on create: the CRD's openAPIV3Schema (jsonschema)
+and its CEL rules (`x-kubernetes-validations`, evaluated with cel-python).
+
+Rules that compare with `oldSelf` are transition rules, which the API server evaluates on update
+only (kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/
+#transition-rules): a create skips them, and so does `cel_errors`. A rule is evaluated wherever
+its node has a value (object properties, array items, map values), with `self` bound to it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import yaml
+
+SCHEMAS = Path(__file__).parent / "schemas"
+
+
+def crd_schema(file: str, version: str) -> dict[str, Any]:
+    crd = yaml.safe_load((SCHEMAS / file).read_text())
+    served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
+    return dict(served["schema"]["openAPIV3Schema"])
+
+
+def _rules(schema: dict[str, Any], value: Any, path: str) -> list[tuple[str, dict, Any]]:
+    found = [(path, rule, value) for rule in schema.get("x-kubernetes-validations") or []]
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value:
+                found += _rules(sub, value[key], f"{path}.{key}")
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, item in value.items():
+                found += _rules(extra, item, f"{path}[{key!r}]")
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            found += _rules(schema["items"], item, f"{path}[{index}]")
+    return found
+
+
+def cel_rules(schema: dict[str, Any], obj: Any) -> list[tuple[str, str]]:
+    """(path, rule) of every CEL rule that applies to `obj` on create."""
+    return [
+        (path, rule["rule"])
+        for path, rule, _ in _rules(schema, obj, "")
+        if "oldSelf" not in rule["rule"]
+    ]
+
+
+def cel_errors(schema: dict[str, Any], obj: Any) -> list[str]:
+    """The messages of the create-time CEL rules that `obj` breaks."""
+    env = celpy.Environment()
+    errors = []
+    for path, rule, value in _rules(schema, obj, ""):
+        if "oldSelf" in rule["rule"]:
+            continue
+        program = env.program(env.compile(rule["rule"]))
+        if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
+            errors.append(f"{path or '<root>'}: {rule.get('message', rule['rule'])}")
+    return errors
+
+
+def validate(schema: dict[str, Any], obj: Any) -> None:
+    """Raise if the API server would refuse `obj` by its schema or CEL rules."""
+    jsonschema.validate(obj, schema)
+    errors = cel_errors(schema, obj)
+    if errors:
+        raise AssertionError("CEL rules broken:\n" + "\n".join(errors))
