@@ -182,3 +182,21 @@ def test_flex_start_on_vertex_only_for_the_gpus_dws_offers() -> None:
         machine_type="n1-standard-8", accelerator_type="NVIDIA_TESLA_T4", accelerator_count=1,
     )  # fmt: skip
     assert any("offers flex-start only" in e for e in run_errors(t4))
+
+
+def test_gke_job_api_and_kueue_queue_reach_the_launcher_options() -> None:
+    """Issue 47: the run parameters gke_job_api and kueue_queue, as the train step passes them."""
+    from components.launchers.gke import GkeOptions
+    from components.launchers.trainjob import build_trainjob
+
+    options = backend_options(request("gke", gke_job_api="trainjob", kueue_queue="llmft"))
+    assert isinstance(options, GkeOptions)
+    assert options.job_api == "trainjob" and options.job.kueue_queue == "llmft"
+    spot = request("gke", capacity="spot", kueue_queue="llmft")
+    job = build_trainjob(
+        launch=trainer_launch(spot, "gs://b/model"), options=backend_options(spot).job
+    )
+    assert job["spec"]["runtimeRef"]["name"] == "llmft-torch-v1-r10"  # Spot's restart budget
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "llmft"
+    default = backend_options(request("gke"))
+    assert default.job_api == RunParams.gke_job_api == "auto" and default.job.kueue_queue is None

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.params.run_checks import run_errors
 from pipelines.compile import compile_all
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,7 +182,7 @@ def test_a_console_launch_with_defaults_passes_the_pipelines_validation(
 
     def errors(**changes: object) -> list[str]:
         params = params_from_mapping({**values, **changes})
-        return params.errors(target=compiled_target, run_id="run-123")
+        return run_errors(params, target=compiled_target, run_id="run-123")
 
     assert errors() == []
     assert any(
