@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from components.params.run_checks import run_errors
-from components.params.run_params import RunParams
+from components.params.run_params import RunParams, fields
 from components.runtime.run_identity import STATE_DIR_ENV
 from pipelines.local_progress import RunWatcher, follow_file, watching
 
@@ -209,9 +209,13 @@ def _start(workdir: Path, resolved: dict[str, Any], log_file: Path, terminal_fd:
         "ignore", message="You may be attemping to run a task", category=RuntimeWarning
     )
     console.print(f"[bold]llmft[/] local run in {workdir}")
-    for key in sorted(resolved):
+    cloud = {name for name, f in fields().items() if f.metadata["cloud"]}
+    for key in sorted(set(resolved) - cloud):
         console.print(f"  {key} = {resolved[key]!r}", highlight=False)
-    console.print(f"  log: {log_file}", highlight=False)
+    console.print(f"  log: {log_file} (with the {len(cloud)} cloud settings)", highlight=False)
+    with open(log_file, "a") as log:
+        log.write("resolved settings (all of them):\n")
+        log.writelines(f"  {key} = {resolved[key]!r}\n" for key in sorted(resolved))
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=str(workdir / "pipeline_root"),

@@ -14,10 +14,12 @@ from __future__ import annotations
 import sys
 
 from trainer.config import describe_fields, load_config
+from trainer.library_logs import quiet_libraries
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    quiet_libraries()
     if "--help" in argv or "-h" in argv:
         print(__doc__)
         for name, text in describe_fields().items():

@@ -24,6 +24,7 @@ def param(
     lt: float | None = None,
     pattern: tuple[str, str] | None = None,
     steps: tuple[str, ...] = (),
+    cloud: bool = False,
 ) -> Any:
     """A `RunParams` field: its one default, its description and its per-field rules.
 
@@ -36,9 +37,11 @@ def param(
         steps: the pipeline steps that take it (their component names, besides validate_inputs,
             which takes every parameter): each becomes an input of those steps' components and
             is wired from the pipeline's parameter (components/params/step_params.py).
+        cloud: it means something only on Google Cloud (a project, a machine, a registry...):
+            a local run lists it in its log, not on the terminal.
     """
     rules = {"help": " ".join(help.split()), "required": required, "pattern": pattern}
-    rules |= {"steps": steps}
+    rules |= {"steps": steps, "cloud": cloud}
     rules |= {"ge": ge, "gt": gt, "le": le, "lt": lt}
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=rules)

@@ -126,12 +126,14 @@ class RunParams(DataShape):
         'Extra Dataflow options, e.g. {"max_num_workers": 20, "machine_type": "n2-standard-8", '
         '"subnetwork": "..."}.',
         steps=("preprocess",),
+        cloud=True,
     )
     dataflow_service_account: str = param(
         "",
         "Service-account email the Dataflow workers run as; required with DataflowRunner (the "
         "Compute Engine default account has no roles under secure-by-default IAM).",
         steps=("preprocess",),
+        cloud=True,
     )
 
     # --- data sources and record shapes (issue 33) -----------------------------------------------
@@ -194,24 +196,28 @@ class RunParams(DataShape):
         "Google Cloud project id (cloud backends, Dataflow, Model Registry).",
         pattern=PROJECT_ID,
         steps=("preprocess", "train", "evaluate", "register", "deploy", "cleanup"),
+        cloud=True,
     )
     region: str = param(
         DEFAULT_REGION,
         "Google Cloud region for Vertex AI, Dataflow and the Model Registry.",
         pattern=REGION,
         steps=("preprocess", "train", "evaluate", "register", "deploy", "cleanup"),
+        cloud=True,
     )
     work_uri: str = param(
         "",
         "gs:// prefix for run files shared between steps (Dataflow temp, checkpoints); cloud "
         "runs only.",
         steps=("preprocess", "train"),
+        cloud=True,
     )
     namespace: str = param(
         DEFAULT_NAMESPACE,
         "Kubernetes namespace for the per-run etcd and the PyTorchJob (gke backend).",
         pattern=K8S_LABEL_NAME,
         steps=("etcd_up", "train", "cleanup"),
+        cloud=True,
     )
     gke_cluster: str = param(
         "",
@@ -222,6 +228,7 @@ class RunParams(DataShape):
             "projects/P/locations/L/clusters/C",
         ),
         steps=("etcd_up", "train", "cleanup"),
+        cloud=True,
     )
     gke_job_api: JobApi = param(
         DEFAULT_JOB_API,
@@ -229,6 +236,7 @@ class RunParams(DataShape):
         '(Training Operator v1) or "auto" (what the cluster serves, TrainJob first; the first '
         "step names what to install when it serves neither).",
         steps=("train",),
+        cloud=True,
     )
     kueue_queue: str = param(
         "",
@@ -236,24 +244,28 @@ class RunParams(DataShape):
         'creates "llmft"); empty: no Kueue.',
         pattern=K8S_LABEL_NAME,
         steps=("train",),
+        cloud=True,
     )
     machine_type: str = param(
         DEFAULT_MACHINE_TYPE,
         "Machine type per node: on Vertex AI each replica's (e.g. a3-highgpu-8g, which carries "
         "8 x NVIDIA_H100_80GB); on GKE the GPU node pool's, to check the accelerators fit.",
         steps=("train",),
+        cloud=True,
     )
     accelerator_type: str = param(
         DEFAULT_ACCELERATOR_TYPE,
         "Accelerator per node: a Vertex name such as NVIDIA_H100_80GB; on GKE the matching "
         "gke-accelerator node selector is used. Empty for CPU-only training.",
         steps=("train",),
+        cloud=True,
     )
     accelerator_count: int = param(
         DEFAULT_ACCELERATOR_COUNT,
         "Accelerators per node (0 for CPU-only training).",
         ge=0,
         steps=("train",),
+        cloud=True,
     )
     service_account: str = param(
         "",
@@ -261,6 +273,7 @@ class RunParams(DataShape):
         "Custom Code Service Agent). GKE: the Kubernetes service account of the PyTorchJob pods, "
         "bound to a Google service account by Workload Identity (required).",
         steps=("train",),
+        cloud=True,
     )
     hf_token_secret: str = param(
         "llmft-hf-token",
@@ -268,6 +281,7 @@ class RunParams(DataShape):
         "at run time) holding a Hugging Face token; optional (public models need none); never "
         "the token itself.",
         steps=("preprocess", "train", "evaluate"),
+        cloud=True,
     )
 
     # --- evaluation and registry ---------------------------------------------------------------
@@ -276,9 +290,14 @@ class RunParams(DataShape):
         "Accelerator of the evaluation step on Vertex AI (e.g. NVIDIA_L4, NVIDIA_A100_80GB for "
         "30B+ models); on KFP any GPU node serves it. Evaluation runs in bf16 on a GPU.",
         steps=("evaluate",),
+        cloud=True,
     )
     eval_accelerator_count: int = param(
-        1, "GPUs for the evaluation step (at least 1 in the cloud).", ge=0, steps=("evaluate",)
+        1,
+        "GPUs for the evaluation step (at least 1 in the cloud).",
+        ge=0,
+        steps=("evaluate",),
+        cloud=True,
     )
     max_eval_examples: int = param(
         200,
@@ -309,13 +328,16 @@ class RunParams(DataShape):
         steps=("evaluate",),
     )
     register_model: bool = param(
-        False, "Upload the tuned model to Vertex AI Model Registry when it passes the gate."
+        False,
+        "Upload the tuned model to Vertex AI Model Registry when it passes the gate.",
+        cloud=True,
     )
     registered_model: str = param(
         "",
         "Vertex AI model (resource name or display name) to add versions to or take "
         f'"{LATEST_REGISTERED}" from.',
         steps=("register",),
+        cloud=True,
     )
     champion_model: str = param(
         "",
@@ -330,6 +352,7 @@ class RunParams(DataShape):
         "serving_preset says (e.g. Model Garden's pytorch-vllm-serve image for vertex-vllm); "
         "required when register_model is true.",
         steps=("register",),
+        cloud=True,
     )
 
     # --- serving, deployment and tracking (issue 30) -------------------------------------------
@@ -339,12 +362,14 @@ class RunParams(DataShape):
         'Model Garden pytorch-vllm-serve image), "vllm-openai" (vLLM\'s own OpenAI server image), '
         'or "custom" (the image alone, e.g. a TGI image that reads AIP_STORAGE_URI itself).',
         steps=("register", "deploy"),
+        cloud=True,
     )
     lora_serving: LoraServing = param(
         "merged",
         'For a LoRA run: serve the "merged" model, or the base model plus the "adapter" with '
         "vLLM --enable-lora (refused until verified on a real project: docs/deploy/README.md).",
         steps=("register",),
+        cloud=True,
     )
     deploy_endpoint: str = param(
         "",
@@ -357,20 +382,26 @@ class RunParams(DataShape):
         "g2-standard-12",
         "Machine type serving the deployed model (e.g. g2-standard-12 + 1 L4).",
         steps=("deploy",),
+        cloud=True,
     )
     deploy_accelerator_type: str = param(
         "NVIDIA_L4",
         "Accelerator of the serving machine (Vertex name); empty for CPU.",
         steps=("deploy",),
+        cloud=True,
     )
     deploy_accelerator_count: int = param(
         1,
         "Accelerators per serving replica (vLLM shards the model over them).",
         ge=0,
         steps=("register", "deploy"),
+        cloud=True,
     )
     deploy_spot: bool = param(
-        False, "Serve on Spot VMs (cheaper; replicas may be preempted).", steps=("deploy",)
+        False,
+        "Serve on Spot VMs (cheaper; replicas may be preempted).",
+        steps=("deploy",),
+        cloud=True,
     )
     deploy_traffic_percent: int = param(
         100,
@@ -379,6 +410,7 @@ class RunParams(DataShape):
         ge=1,
         le=100,
         steps=("deploy",),
+        cloud=True,
     )
     tensorboard: str = param(
         "",
@@ -389,6 +421,7 @@ class RunParams(DataShape):
             "projects/P/locations/L/tensorboards/ID",
         ),
         steps=("train",),
+        cloud=True,
     )
     experiment: str = param(
         "",
@@ -396,6 +429,7 @@ class RunParams(DataShape):
         "empty: none.",
         pattern=(r"[a-z0-9][a-z0-9-]{0,127}", "lowercase letters, digits and '-'"),
         steps=("train",),
+        cloud=True,
     )
     encryption_key: str = param(
         "",
@@ -406,6 +440,7 @@ class RunParams(DataShape):
             "projects/P/locations/L/keyRings/R/cryptoKeys/K",
         ),
         steps=("train", "deploy"),
+        cloud=True,
     )
 
     # --- cloud launch limits (issue 29) --------------------------------------------------------
@@ -428,6 +463,7 @@ class RunParams(DataShape):
         'checkpoints every few minutes and restarts that resume) or "flex-start" (Dynamic '
         "Workload Scheduler: waits for capacity, then runs unpreempted at a discount).",
         steps=("train",),
+        cloud=True,
     )
     max_cost_usd: float = param(
         0.0,
@@ -442,6 +478,7 @@ class RunParams(DataShape):
         "fails (0: Vertex's default).",
         ge=0,
         steps=("train",),
+        cloud=True,
     )
     reservation: str = param(
         "",
@@ -452,6 +489,7 @@ class RunParams(DataShape):
             "projects/P/zones/Z/reservations/NAME",
         ),
         steps=("train",),
+        cloud=True,
     )
     gpu_hour_price_usd: float = param(
         0.0,
@@ -502,6 +540,7 @@ class RunParams(DataShape):
         "Pairwise judge of base vs tuned answers to the held-out prompts by the Vertex AI Gen AI "
         'evaluation service, with this pairwise metric (e.g. "text_quality"); empty: no judge.',
         steps=("evaluate",),
+        cloud=True,
     )
     judge_min_win_rate: float = param(
         0.0,
@@ -510,6 +549,7 @@ class RunParams(DataShape):
         ge=0.0,
         le=1.0,
         steps=("evaluate",),
+        cloud=True,
     )
 
     @classmethod

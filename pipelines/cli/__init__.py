@@ -13,6 +13,7 @@ import typer
 from pipelines.cli import deploy, quickstart, run, schedule, steps
 from pipelines.cli.common import user_errors
 from pipelines.cli.options import parameters_epilog
+from trainer.library_logs import quiet_libraries
 from trainer.storage import check_tmpdir
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app = typer.Typer(
 @user_errors
 def _environment() -> None:
     check_tmpdir()  # before any command writes a temporary file
+    quiet_libraries()
 
 
 app.command("sample-data")(quickstart.sample_data)

@@ -74,7 +74,9 @@ def build_tiny_model(
     """Build, randomly initialise (seeded) and save the tiny model and its tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # one tiny shard: a bar would only be noise
     out = Path(out_dir)
     tokenizer = train_tokenizer(Path(data_dir) if data_dir else None, vocab_size)
     config = LlamaConfig(
