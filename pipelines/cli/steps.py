@@ -149,7 +149,29 @@ def render_pytorchjob(
     from components.launchers.k8s_yaml import to_yaml
     from components.launchers.pytorchjob import build_pytorchjob
 
-    launch, options = _render_inputs(locals())
+    launch, options = _render_inputs(
+        model=model,
+        data=data,
+        output=output,
+        run_id=run_id,
+        namespace=namespace,
+        nodes=nodes,
+        nproc_per_node=nproc_per_node,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        max_steps=max_steps,
+        image=image,
+        accelerator=accelerator,
+        cpu=cpu,
+        memory=memory,
+        shm_size=shm_size,
+        service_account=service_account,
+        hf_token_secret=hf_token_secret,
+        kueue_queue=kueue_queue,
+        active_deadline_seconds=active_deadline_seconds,
+        set_=set_,
+        gang_scheduling=gang_scheduling,
+    )
     job = build_pytorchjob(launch=launch, options=options)
     typer.echo(to_yaml(job), nl=False)
 
@@ -193,11 +215,55 @@ def render_trainjob(
         docs = [build_cluster_training_runtime(restarts=r) for r in runtime_restarts()]
         typer.echo("---\n".join(to_yaml(doc) for doc in docs), nl=False)
         return
-    launch, options = _render_inputs(locals())
+    launch, options = _render_inputs(
+        model=model,
+        data=data,
+        output=output,
+        run_id=run_id,
+        namespace=namespace,
+        nodes=nodes,
+        nproc_per_node=nproc_per_node,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        max_steps=max_steps,
+        image=image,
+        accelerator=accelerator,
+        cpu=cpu,
+        memory=memory,
+        shm_size=shm_size,
+        service_account=service_account,
+        hf_token_secret=hf_token_secret,
+        kueue_queue=kueue_queue,
+        active_deadline_seconds=active_deadline_seconds,
+        set_=set_,
+    )
     typer.echo(to_yaml(build_trainjob(launch=launch, options=options)), nl=False)
 
 
-def _render_inputs(args: dict[str, Any]) -> tuple[Any, Any]:
+def _render_inputs(
+    *,
+    model: Any,
+    data: Any,
+    output: Any,
+    run_id: Any,
+    namespace: Any,
+    nodes: Any,
+    nproc_per_node: Any,
+    rdzv_backend: Any,
+    rdzv_endpoint: Any,
+    max_steps: Any,
+    image: Any,
+    accelerator: Any,
+    cpu: Any,
+    memory: Any,
+    shm_size: Any,
+    service_account: Any,
+    hf_token_secret: Any,
+    kueue_queue: Any,
+    active_deadline_seconds: Any,
+    set_: Any,
+    gang_scheduling: bool = False,
+) -> tuple[Any, Any]:
     """The `TrainLaunch` and `PyTorchJobOptions` of a `render pytorchjob|trainjob` command."""
     from components.launchers.base import TrainLaunch
     from components.launchers.pytorchjob import PyTorchJobOptions
@@ -205,29 +271,27 @@ def _render_inputs(args: dict[str, Any]) -> tuple[Any, Any]:
     from components.platform.platform_facts import gke_accelerator
     from components.runtime.image import DEFAULT_IMAGE
 
-    gpus = RunParams.accelerator_count if args["accelerator"] else 0
+    gpus = RunParams.accelerator_count if accelerator else 0
     launch = TrainLaunch(
-        run_id=args["run_id"],
-        trainer=trainer_config(
-            args["model"], args["data"], args["output"], None, args["max_steps"], args["set_"]
-        ),
-        nodes=args["nodes"],
-        nproc_per_node=resolve_nproc_per_node("gke", args["nproc_per_node"], gpus),
-        rdzv_backend=args["rdzv_backend"],
-        rdzv_endpoint=args["rdzv_endpoint"],
+        run_id=run_id,
+        trainer=trainer_config(model, data, output, None, max_steps, set_),
+        nodes=nodes,
+        nproc_per_node=resolve_nproc_per_node("gke", nproc_per_node, gpus),
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
     )
     options = PyTorchJobOptions(
-        namespace=args["namespace"],
-        image=args["image"] or DEFAULT_IMAGE,
-        accelerator=gke_accelerator(args["accelerator"]),
-        cpu=args["cpu"],
-        memory=args["memory"],
-        shm_size=args["shm_size"],
-        service_account=args["service_account"] or None,
-        hf_token_secret=args["hf_token_secret"] or None,
-        gang_scheduling=args.get("gang_scheduling", False),
-        kueue_queue=args["kueue_queue"] or None,
-        active_deadline_seconds=args["active_deadline_seconds"],
+        namespace=namespace,
+        image=image or DEFAULT_IMAGE,
+        accelerator=gke_accelerator(accelerator),
+        cpu=cpu,
+        memory=memory,
+        shm_size=shm_size,
+        service_account=service_account or None,
+        hf_token_secret=hf_token_secret or None,
+        gang_scheduling=gang_scheduling,
+        kueue_queue=kueue_queue or None,
+        active_deadline_seconds=active_deadline_seconds,
     )
     return launch, options
 
