@@ -100,9 +100,9 @@ def edit(path, old, new):
     Path(path).write_text(text.replace(old, new, 1))
 
 # A run parameter the evaluate step uses: (1) the schema field, (2) its use.
-edit("components/params/run_params.py", "    judge_min_win_rate: float = param(",
+edit("components/params/run_params.py", "    max_cost_usd: float = param(",
      "    throwaway_knob: int = param(7, 'A throwaway knob.', ge=0, steps=('evaluate',))\\n"
-     "    judge_min_win_rate: float = param(")
+     "    max_cost_usd: float = param(")
 edit("components/steps/evaluate.py", "def run(request: EvaluateRequest)",
      "def throwaway_use(request: EvaluateRequest) -> int:\\n"
      "    return request.params.throwaway_knob\\n\\n\\ndef run(request: EvaluateRequest)")

@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 log = logging.getLogger(__name__)
 
-PAIRWISE_METRICS = (
-    "text_quality",
-    "instruction_following",
-    "fluency",
-    "coherence",
-    "safety",
-    "verbosity",
+JudgeMetric = Literal[
+    "", "text_quality", "instruction_following", "fluency", "coherence", "safety", "verbosity",
     "groundedness",
-)
+]  # fmt: skip
+"""The `judge_metric` run parameter: "" (no judge) or one of the service's pairwise metrics."""
+PAIRWISE_METRICS: tuple[str, ...] = tuple(m for m in get_args(JudgeMetric) if m)
 """The service's pairwise metrics by their short names (vertexai's MetricPromptTemplateExamples
 .Pairwise, upper-cased)."""
 CANDIDATE, BASELINE, TIE = "CANDIDATE", "BASELINE", "TIE"

@@ -37,9 +37,10 @@ from components.launchers.vocab import (
     JobApi,
     RdzvBackend,
 )
+from components.params.evaluation_params import EvaluationParams
 from components.params.param_schema import literal_choices, param
+from components.params.serving_params import LATEST_REGISTERED, ServingParams
 from components.platform.capacity import Capacity
-from components.serving.presets import LoraServing, ServingPreset
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
@@ -52,15 +53,6 @@ Backend = Literal["local", "gke", "vertex"]
 Runner = Literal["DirectRunner", "DataflowRunner"]
 QuantizeBase = Literal["none", "nf4"]
 Objective = Literal["sft", "dpo"]
-JudgeMetric = Literal[
-    "", "text_quality", "instruction_following", "fluency", "coherence", "safety", "verbosity",
-    "groundedness",
-]  # fmt: skip
-"""components/evaluation/judge.py's PAIRWISE_METRICS, or "" for no judge (tests check they agree)."""
-
-LATEST_REGISTERED = "latest-registered"
-"""`base_model` / `champion_model` value: the newest version of `registered_model` in the Vertex AI
-Model Registry (resolved by the pipeline's first step)."""
 SCHEDULE_TIME_PLACEHOLDER = "{{$.pipeline_job_schedule_time_utc}}"
 """KFP's schedule-time placeholder (`dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER`), written
 literally in `train_data_uri` by scheduled runs; the first step fills it in."""
@@ -72,10 +64,12 @@ train task a little above the jobs' deadline (pipelines/fine_tune.py)."""
 
 
 @dataclass(frozen=True)
-class RunParams(DataShape):
-    """Every parameter of one fine-tune run (the `fine_tune` pipeline's inputs): the data settings
-    preprocessing defines (`DataShape`: data_kind, record_format, the field names, tool_turns,
-    chat_template, bigquery_query) and these."""
+class RunParams(ServingParams, EvaluationParams, DataShape):
+    """Every parameter of one fine-tune run (the `fine_tune` pipeline's inputs), by section: the
+    data settings preprocessing defines (`DataShape`: data_kind, record_format, the field names,
+    tool_turns, chat_template, bigquery_query), the evaluation and its quality gate
+    (`EvaluationParams`), registry and serving (`ServingParams`), and these: the data source,
+    training, where it runs, limits and cost."""
 
     # --- data ----------------------------------------------------------------------------------
     train_data_uri: str = param(
@@ -284,134 +278,7 @@ class RunParams(DataShape):
         cloud=True,
     )
 
-    # --- evaluation and registry ---------------------------------------------------------------
-    eval_accelerator_type: str = param(
-        "NVIDIA_L4",
-        "Accelerator of the evaluation step on Vertex AI (e.g. NVIDIA_L4, NVIDIA_A100_80GB for "
-        "30B+ models); on KFP any GPU node serves it. Evaluation runs in bf16 on a GPU.",
-        steps=("evaluate",),
-        cloud=True,
-    )
-    eval_accelerator_count: int = param(
-        1,
-        "GPUs for the evaluation step (at least 1 in the cloud).",
-        ge=0,
-        steps=("evaluate",),
-        cloud=True,
-    )
-    max_eval_examples: int = param(
-        200,
-        "Held-out prompts to generate answers for (bounds evaluation time).",
-        ge=1,
-        steps=("evaluate",),
-    )
-    min_loss_improvement: float = param(
-        0.0,
-        "Quality gate: the tuned eval loss must be below the base's by at least this much.",
-        steps=("evaluate",),
-    )
-    min_exact_match: float = param(
-        0.0,
-        "Quality gate: the tuned model's exact-match rate on held-out prompts must be at least "
-        "this.",
-        ge=0.0,
-        le=1.0,
-        steps=("evaluate",),
-    )
-    min_general_retained: float = param(
-        0.0,
-        "Quality gate against forgetting: of the packaged general-knowledge probes the base model "
-        "answers correctly, the tuned model must still answer at least this fraction (0 disables "
-        "the check; use it for pretrained bases and recurring fine-tunes).",
-        ge=0.0,
-        le=1.0,
-        steps=("evaluate",),
-    )
-    register_model: bool = param(
-        False,
-        "Upload the tuned model to Vertex AI Model Registry when it passes the gate.",
-        cloud=True,
-    )
-    registered_model: str = param(
-        "",
-        "Vertex AI model (resource name or display name) to add versions to or take "
-        f'"{LATEST_REGISTERED}" from.',
-        steps=("register",),
-        cloud=True,
-    )
-    champion_model: str = param(
-        "",
-        "Optional model the tuned one must also beat: a model URI, or "
-        f'"{LATEST_REGISTERED}" for the newest version of registered_model (recurring '
-        "fine-tunes); empty skips the comparison.",
-        steps=("evaluate",),
-    )
-    serving_image: str = param(
-        "",
-        "Serving container image (pinned tag) for the registered model, started as "
-        "serving_preset says (e.g. Model Garden's pytorch-vllm-serve image for vertex-vllm); "
-        "required when register_model is true.",
-        steps=("register",),
-        cloud=True,
-    )
-
     # --- serving, deployment and tracking (issue 30) -------------------------------------------
-    serving_preset: ServingPreset = param(
-        "vertex-vllm",
-        'How serving_image starts the model (components/serving/presets.py): "vertex-vllm" (Vertex AI '
-        'Model Garden pytorch-vllm-serve image), "vllm-openai" (vLLM\'s own OpenAI server image), '
-        'or "custom" (the image alone, e.g. a TGI image that reads AIP_STORAGE_URI itself).',
-        steps=("register", "deploy"),
-        cloud=True,
-    )
-    lora_serving: LoraServing = param(
-        "merged",
-        'For a LoRA run: serve the "merged" model, or the base model plus the "adapter" with '
-        "vLLM --enable-lora (refused until verified on a real project: docs/deploy/README.md).",
-        steps=("register",),
-        cloud=True,
-    )
-    deploy_endpoint: str = param(
-        "",
-        "Deploy the registered version to this Vertex AI endpoint (resource name or display name; "
-        "created when missing) and send it a smoke prompt; empty: no deployment. A local run "
-        "serves the model on this machine instead (any non-empty value).",
-        steps=("deploy",),
-    )
-    deploy_machine_type: str = param(
-        "g2-standard-12",
-        "Machine type serving the deployed model (e.g. g2-standard-12 + 1 L4).",
-        steps=("deploy",),
-        cloud=True,
-    )
-    deploy_accelerator_type: str = param(
-        "NVIDIA_L4",
-        "Accelerator of the serving machine (Vertex name); empty for CPU.",
-        steps=("deploy",),
-        cloud=True,
-    )
-    deploy_accelerator_count: int = param(
-        1,
-        "Accelerators per serving replica (vLLM shards the model over them).",
-        ge=0,
-        steps=("register", "deploy"),
-        cloud=True,
-    )
-    deploy_spot: bool = param(
-        False,
-        "Serve on Spot VMs (cheaper; replicas may be preempted).",
-        steps=("deploy",),
-        cloud=True,
-    )
-    deploy_traffic_percent: int = param(
-        100,
-        "Traffic share of the new version when the endpoint already serves earlier versions "
-        "(champion/challenger); 100 replaces them once the smoke prompt passed.",
-        ge=1,
-        le=100,
-        steps=("deploy",),
-        cloud=True,
-    )
     tensorboard: str = param(
         "",
         "Vertex AI TensorBoard instance (projects/P/locations/L/tensorboards/ID) the training "
@@ -503,53 +370,6 @@ class RunParams(DataShape):
         "Parameters of base_model for the cost estimate; 0 reads them from the model's "
         "config.json (local or gs://).",
         ge=0,
-    )
-
-    # --- evaluation: standard tasks and judge (issue 31) ---------------------------------------
-    eval_tasks: str = param(
-        "",
-        "lm-evaluation-harness tasks run on the base and the tuned model, comma-separated (e.g. "
-        "mmlu,arc_easy,hellaswag,gsm8k; the project ships llmft_facts_mc and llmft_facts_gen "
-        "over local data); empty runs none. The harness's tasks download their data from the "
-        "Hugging Face Hub.",
-        steps=("evaluate",),
-    )
-    eval_num_fewshot: int = param(
-        -1,
-        "Few-shot examples per harness prompt; -1 uses each task's own default.",
-        ge=-1,
-        steps=("evaluate",),
-    )
-    eval_limit: int = param(
-        0,
-        "Documents per harness task (the first N, bounds evaluation time); 0 runs all.",
-        ge=0,
-        steps=("evaluate",),
-    )
-    max_task_regression: float = param(
-        100.0,
-        "Quality gate on the harness tasks: on each task's headline metric (e.g. mmlu acc) the "
-        "tuned model may score at most this many points (0-100) below the base; 100 reports the "
-        "tasks without gating.",
-        ge=0.0,
-        le=100.0,
-        steps=("evaluate",),
-    )
-    judge_metric: JudgeMetric = param(
-        "",
-        "Pairwise judge of base vs tuned answers to the held-out prompts by the Vertex AI Gen AI "
-        'evaluation service, with this pairwise metric (e.g. "text_quality"); empty: no judge.',
-        steps=("evaluate",),
-        cloud=True,
-    )
-    judge_min_win_rate: float = param(
-        0.0,
-        "Quality gate on the judge: the tuned model's win rate against the base (ties count "
-        "half) must be at least this (0 disables the check).",
-        ge=0.0,
-        le=1.0,
-        steps=("evaluate",),
-        cloud=True,
     )
 
     @classmethod
