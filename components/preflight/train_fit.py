@@ -128,7 +128,7 @@ def training_fit_error(params: Any, base_model: str, *, remote: bool) -> str | N
 def model_shape(base_model: str) -> ModelShape | None:
     """The memory model's view of the model at `base_model` (None when it cannot be read: the
     check is advisory, so any failure leaves the model to the run)."""
-    from components.preflight.cost import model_config, size_of
+    from components.preflight.model_size import model_config, size_of
     from trainer.gguf import is_gguf
 
     if is_gguf(base_model):

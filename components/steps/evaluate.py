@@ -22,7 +22,7 @@ from components.evaluation.evaluate import EvaluationRequest, run_evaluation
 from components.evaluation.gate import GateThresholds
 from components.evaluation.harness import HarnessSettings, parse_tasks
 from components.evaluation.judge import JudgeSettings
-from components.preflight.cost import COST_FILE
+from components.preflight.actual_cost import COST_FILE
 from trainer import storage
 from trainer.config import TrainConfig
 

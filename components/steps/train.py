@@ -136,18 +136,19 @@ def record_actual_cost(
 ) -> dict[str, Any]:
     """The training job's actual GPU-hours and cost, from its own start and end times, written to
     OUTPUT/cost.json (the evaluate step's report reads it) and returned for the Model's metadata."""
-    from components.preflight import cost
+    from components.preflight.actual_cost import COST_FILE, actual_cost
+    from components.preflight.prices import gpu_hour_price
 
     cloud = request.backend != "local" and bool(request.accelerator_type)
     gpus = request.nodes * request.accelerator_count if cloud else 0
     price = (
-        cost.gpu_hour_price(
+        gpu_hour_price(
             request.accelerator_type, request.capacity, override=request.gpu_hour_price_usd
         )
         if gpus
         else 0.0
     )
-    actual = cost.actual_cost(
+    actual = actual_cost(
         started=times["started_at"],
         ended=times["ended_at"],
         gpus=gpus,
@@ -158,7 +159,7 @@ def record_actual_cost(
     if storage.exists(summary_path):
         summary = read_summary(output)
         actual |= {k: summary.get(k) for k in ("attempts", "preemptions")}
-    storage.write_text(output.rstrip("/") + "/" + cost.COST_FILE, json.dumps(actual, indent=2))
+    storage.write_text(output.rstrip("/") + "/" + COST_FILE, json.dumps(actual, indent=2))
     logger.info("actual training cost: %s", json.dumps(actual))
     return {"gpu_hours": actual["gpu_hours"], "cost_usd": actual["cost_usd"]}
 
