@@ -131,7 +131,8 @@ def undeploy_failed_run(request: CleanupRequest) -> list[str]:
     state = str(getattr(request.status, "state", "") or "").upper()
     if request.backend == "local" or not request.project or state not in FAILED_STATES:
         return []
-    from components.serving.endpoints import VertexClients, undeploy_run
+    from components.serving.endpoints import VertexClients
+    from components.serving.teardown import undeploy_run
 
     clients = request.endpoint_clients or VertexClients.for_location(request.region)
     return undeploy_run(
