@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from pipelines.cli import deploy, quickstart, run, schedule, steps
+from pipelines.cli import deploy, evaluate, quickstart, run, schedule, steps
 from pipelines.cli.common import user_errors
 from pipelines.cli.options import parameters_epilog
 from trainer.storage import check_tmpdir
@@ -48,7 +48,7 @@ app.command(
     },
     add_help_option=False,
 )(steps.preprocess_cmd)
-app.command("evaluate")(steps.evaluate_cmd)
+app.command("evaluate")(evaluate.evaluate_cmd)
 app.command("cleanup")(steps.cleanup_cmd)
 
 render_app = typer.Typer(help="Print manifests without creating anything.", no_args_is_help=True)
