@@ -57,6 +57,7 @@ from beam_preprocess.stats import WriteStats, tagged
 from beam_preprocess.template_library import resolve_template
 from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
 from trainer import storage
+from trainer.output_lock import LOCK_FILE, exclusive_output
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -231,7 +232,7 @@ class LaunchedRun:
     sources: list[dict[str, Any]] = field(default_factory=list)
     """Lineage of the hf:// and bq:// inputs (the manifest's `sources`)."""
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-    """The output's lock (trainer.storage.exclusive_output), released by `finish`."""
+    """The output's lock (trainer.output_lock.exclusive_output), released by `finish`."""
 
 
 def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
@@ -376,7 +377,7 @@ def launch(argv: list[str]) -> LaunchedRun:
     if problem := storage.not_writable(config.output):
         raise ValueError(f"--output {config.output!r}: {problem}")
     held = contextlib.ExitStack()  # one run at a time into a local output, until `finish`
-    held.enter_context(storage.exclusive_output(config.output, "llmft preprocess"))
+    held.enter_context(exclusive_output(config.output, "llmft preprocess"))
     with _released_on_error(held), storage.disk_errors_named(config.output):
         result = _start(options, config, tokenizer, runner, bigquery)
     return LaunchedRun(result, config, identity, runner, sources, held)
@@ -573,7 +574,7 @@ def _absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
-_NOT_DATASET = (MANIFEST_FILE, storage.LOCK_FILE)
+_NOT_DATASET = (MANIFEST_FILE, LOCK_FILE)
 """Files in the output that are not part of the dataset: the manifest itself, the run's lock."""
 _WORK_DIRS = re.compile(r"\.(temp-[0-9a-f]{12}|shuffle-[a-z0-9_]{8})")
 """A run's own work directories in a local output (sinks.temp_dir_for, spill.local_spill_dir)."""
@@ -601,7 +602,7 @@ def _prepare_output(out: str, overwrite: bool) -> None:
     if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output {out!r} is a file: give a directory for the dataset")
     _remove_leftovers(out)
-    existing = [p for p in _relative(out, _list(f"{out}/**")) if p != storage.LOCK_FILE]
+    existing = [p for p in _relative(out, _list(f"{out}/**")) if p != LOCK_FILE]
     if existing and not overwrite:
         raise ValueError(
             f"--output {out!r} is not empty: choose a new directory or pass --overwrite"

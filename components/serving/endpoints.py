@@ -275,7 +275,7 @@ def _deploy_tested(
         on_deployed(deployment)
     if not earlier:
         deployment.answer = smoke(
-            clients, endpoint=deployment.endpoint, preset=preset,
+            clients.predictions, endpoint=deployment.endpoint, preset=preset,
             served_model_name=served_model_name,
             deployed_model_id=deployment.deployed_model_id,
         )  # fmt: skip
@@ -362,7 +362,7 @@ def smoke_alone(
             clients, endpoint.name, version, options, run_id, {"0": 100}
         )
         return smoke(
-            clients, endpoint=endpoint.name, preset=preset,
+            clients.predictions, endpoint=endpoint.name, preset=preset,
             served_model_name=served_model_name, deployed_model_id=trial.deployed_model_id,
         )  # fmt: skip
     finally:

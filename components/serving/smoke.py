@@ -5,12 +5,9 @@ version keeps its share of traffic."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from components.serving.presets import ServingPreset, chat_answer, chat_body
-
-if TYPE_CHECKING:
-    from components.serving.endpoints import VertexClients
 
 SMOKE_ATTEMPTS = 20
 """Chat requests sent before giving up (the new model is alone on the endpoint it is tested on;
@@ -18,7 +15,7 @@ the Model Garden preset's answers are still checked to come from it)."""
 
 
 def smoke(
-    clients: VertexClients,
+    predictions: Any,
     *,
     endpoint: str,
     preset: ServingPreset,
@@ -26,7 +23,8 @@ def smoke(
     deployed_model_id: str,
     attempts: int = SMOKE_ATTEMPTS,
 ) -> str:
-    """Send the smoke chat prompt; return the answer.
+    """Send the smoke chat prompt through `predictions` (the region's PredictionServiceClient,
+    `VertexClients.predictions`); return the answer.
 
     Raises:
         RuntimeError: no chat completion came back (or, with the Model Garden preset, none from
@@ -43,7 +41,7 @@ def smoke(
             if preset == "vertex-vllm":
                 # Flattened arguments, as the SDK's Endpoint.predict calls it (proto-plus cannot
                 # build a PredictRequest with Value instances in one go).
-                response = clients.predictions.predict(
+                response = predictions.predict(
                     endpoint=endpoint, instances=json.loads(body)["instances"]
                 )
                 predictions = [_plain(p) for p in response.predictions]
@@ -57,7 +55,7 @@ def smoke(
                 )
                 continue
             http_body = httpbody_pb2.HttpBody(data=body, content_type="application/json")
-            raw = clients.predictions.raw_predict(
+            raw = predictions.raw_predict(
                 request=aiplatform_v1.RawPredictRequest(endpoint=endpoint, http_body=http_body)
             )
             answer = chat_answer(bytes(raw.data))

@@ -27,6 +27,7 @@ from components.launchers.vertex import VertexLauncher, VertexOptions
 from components.params.run_params import Backend, Capacity, RdzvBackend, choices
 from components.platform.platform_facts import gke_accelerator
 from trainer import storage
+from trainer.output_lock import exclusive_output
 
 logger = logging.getLogger(__name__)
 
@@ -357,7 +358,7 @@ def train(
         check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
     # One run at a time into a local output: a second one is refused before it reads or deletes
     # anything of the first's (the lock goes with this process, however it ends).
-    with storage.exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext():
+    with exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext():
         if launch.entrypoint == TRAINER_ENTRYPOINT:
             preflight(launch.trainer, local=local, overwrite=overwrite)
         if overwrite:
