@@ -21,6 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.etcd.kubernetes import (
+    adopt_etcd,
+    create_etcd,
+    delete_etcd,
+    release_etcd,
+    wait_etcd_ready,
+)
+from components.etcd.manifests import etcd_endpoint
 from components.launchers.base import (
     CANCELLED,
     FAILED,
@@ -50,6 +58,7 @@ from components.launchers.pytorchjob import (
     build_pytorchjob,
 )
 from components.launchers.pytorchjob_api import JobGone, PyTorchJobApi
+from components.runtime.k8s_client import make_api_client, run_owner
 from components.runtime.run_identity import k8s_selector
 
 
@@ -111,8 +120,6 @@ class GkeLauncher(Launcher):
         options = options or GkeOptions()
         api_client = options.api_client
         if api_client is None:
-            from components.runtime.k8s_client import make_api_client
-
             api_client = make_api_client(cluster=options.cluster)
         from kubernetes import client
 
@@ -140,7 +147,6 @@ class GkeLauncher(Launcher):
         warning = service_account_check(self.core, self.namespace, self.job_options.service_account)
         if warning:
             self.log(f"[gke] warning: {warning}")
-        from components.runtime.k8s_client import run_owner
 
         owner = run_owner(self.api_client, self.namespace)
         if owner and not self.job_options.owner:
@@ -151,8 +157,6 @@ class GkeLauncher(Launcher):
         created = self.jobs.create(self.manifest)
         uid = (created.get("metadata") or {}).get("uid")
         if own_etcd and uid:
-            from components.etcd.kubernetes import adopt_etcd
-
             job_ref = {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": KIND,
@@ -165,8 +169,6 @@ class GkeLauncher(Launcher):
                 self.log(f"[gke] the run's etcd now belongs to PyTorchJob {self.name} (its TTL)")
 
     def _uses_run_etcd(self, launch: TrainLaunch) -> bool:
-        from components.etcd.manifests import etcd_endpoint
-
         run_etcd = etcd_endpoint(run_id=launch.run_id, namespace=self.namespace)
         return launch.rdzv_endpoint in ("", run_etcd)
 
@@ -178,8 +180,6 @@ class GkeLauncher(Launcher):
         step creates it: a retried train task would rendezvous on nothing. So the job's
         ownership is dropped before anything can delete it, and etcd is (re)created, reusing
         what exists, as the etcd_up step does (components/steps/etcd.py)."""
-        from components.etcd.kubernetes import create_etcd, release_etcd, wait_etcd_ready
-
         run_id, namespace = launch.run_id, self.namespace
         if release_etcd(self.api_client, run_id=run_id, namespace=namespace, owner_kind=KIND):
             self.log("[gke] the run's etcd no longer belongs to an earlier PyTorchJob")
@@ -339,6 +339,4 @@ class GkeLauncher(Launcher):
 
 def _cleanup_etcd(api_client: Any, run_id: str, namespace: str) -> list[str]:
     """The run's etcd StatefulSet/Service/PVCs, deleted by label (components/etcd/kubernetes.py)."""
-    from components.etcd.kubernetes import delete_etcd
-
     return [f"etcd {obj}" for obj in delete_etcd(api_client, run_id=run_id, namespace=namespace)]

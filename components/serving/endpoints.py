@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.platform.platform_facts import machine_accelerator_errors
 from components.runtime.run_identity import resource_name, vertex_labels
 from components.serving.presets import ServingPreset
 from components.serving.smoke import smoke
@@ -62,8 +63,6 @@ class DeployOptions:
 
 def deploy_errors(options: DeployOptions) -> list[str]:
     """What Vertex would refuse about `options`, each with the fix ([] when fine)."""
-    from components.platform.platform_facts import machine_accelerator_errors
-
     errors = []
     if not options.endpoint:
         errors.append("deploy_endpoint is empty: name the endpoint to deploy to")
@@ -111,6 +110,7 @@ class VertexClients:
         from google.cloud import aiplatform_v1
         from google.cloud.aiplatform import initializer
 
+        # the Vertex launcher (~60 modules): only for a cloud deployment
         from components.launchers.vertex import api_endpoint
 
         options = {"api_endpoint": api_endpoint(location)}

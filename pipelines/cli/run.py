@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from components.params.param_checks import TARGETS
+from components.params.run_params import RunParams
 from pipelines.cli import options as opt
 from pipelines.cli.common import check_choice, parse_params, user_errors
 
@@ -71,8 +73,6 @@ def run_cmd(
     The cost estimate is printed first; a run whose training cannot fit its GPUs, or whose
     estimate exceeds max_cost_usd, is refused before anything starts. --dry-run stops after the
     estimate."""
-    from components.params.param_checks import TARGETS
-
     params = parse_params(param)
     # Keyed as the deploy config names them (pipelines/deploy/config.py: flag_overrides).
     remote = dict(
@@ -152,7 +152,6 @@ def _submit(
     import json
 
     from components.params.param_values import params_from_mapping
-    from components.params.run_params import RunParams
     from pipelines.deploy.config import load_for
     from pipelines.deploy.submit import dry_run as check_run
     from pipelines.deploy.submit import submit_kfp, submit_vertex

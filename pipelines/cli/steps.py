@@ -7,7 +7,10 @@ from typing import Annotated
 
 import typer
 
+from components.launchers.base import LaunchCancelled, LaunchFailed, TrainLaunch
+from components.params.param_checks import resolve_nproc_per_node
 from components.params.run_params import RunParams
+from components.runtime.run_identity import state_root
 from pipelines.cli.common import not_a_file, print_json, trainer_config, user_errors
 
 
@@ -58,9 +61,7 @@ def train_cmd(
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
     import uuid
 
-    from components.launchers.base import LaunchCancelled, LaunchFailed, TrainLaunch
     from components.launchers.local import LocalOptions
-    from components.params.param_checks import resolve_nproc_per_node
     from components.steps.train import train
 
     if backend != "local":
@@ -141,9 +142,7 @@ def render_pytorchjob(
     set_: SetOpt = None,
 ) -> None:
     """Print the PyTorchJob (Kubeflow Training Operator v1) a GKE run would create, as YAML."""
-    from components.launchers.base import TrainLaunch
     from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, to_yaml
-    from components.params.param_checks import resolve_nproc_per_node
     from components.platform.platform_facts import gke_accelerator
     from components.runtime.image import DEFAULT_IMAGE
 
@@ -208,7 +207,6 @@ def cleanup_cmd(
 ) -> None:
     """Remove what a local run left: its processes (torchrun agents, trainers, etcd), the ports
     they held, its etcd data dir and its state. Without --run-id: every run whose launcher is gone."""
-    from components.runtime.run_identity import state_root
     from components.steps.cleanup import CleanupRequest, local_runs_by_liveness, run
 
     root = str(state_root(state_dir))
