@@ -107,6 +107,7 @@ class VertexClients:
 
     @classmethod
     def for_location(cls, location: str, credentials: Any = None) -> VertexClients:
+        # the Vertex client (~2 s to import): only when Vertex is called
         from google.cloud import aiplatform_v1
         from google.cloud.aiplatform import initializer
 
@@ -133,6 +134,7 @@ def find_or_create_endpoint(
     clients: VertexClients, *, options: DeployOptions, project: str, location: str, run_id: str
 ) -> tuple[Any, bool]:
     """(the Endpoint proto, whether this call created it)."""
+    # the Vertex client (~2 s to import): only when Vertex is called
     from google.cloud import aiplatform_v1
 
     parent = f"projects/{project}/locations/{location}"
@@ -164,6 +166,7 @@ def find_or_create_endpoint(
 
 
 def _deployed_model(version: str, options: DeployOptions, run_id: str) -> Any:
+    # the Vertex client (~2 s to import): only when Vertex is called
     from google.cloud import aiplatform_v1
 
     machine = aiplatform_v1.MachineSpec(machine_type=options.machine_type)
@@ -229,11 +232,8 @@ def deploy_version(
     deployment = Deployment(endpoint=endpoint.name, created_endpoint=created)
     earlier = {k: v for k, v in endpoint.traffic_split.items() if v > 0}
     try:
-        split = _deploy_tested(
-            clients, deployment, earlier, version=version, options=options, project=project,
-            location=location, run_id=run_id, preset=preset,
-            served_model_name=served_model_name, on_deployed=on_deployed,
-        )  # fmt: skip
+        release = Release(version, options, project, location, run_id, preset, served_model_name)
+        split = _deploy_tested(clients, deployment, earlier, release, on_deployed)
     except BaseException:
         rollback(clients, deployment, restore_split=earlier)
         raise
@@ -244,39 +244,39 @@ def deploy_version(
     return deployment
 
 
+@dataclass(frozen=True)
+class Release:
+    """What one `deploy_version` call deploys and where: its arguments, as its phases take them."""
+
+    version: str
+    options: DeployOptions
+    project: str
+    location: str
+    run_id: str
+    preset: ServingPreset
+    served_model_name: str
+
+
 def _deploy_tested(
     clients: VertexClients,
     deployment: Deployment,
     earlier: dict[str, int],
-    *,
-    version: str,
-    options: DeployOptions,
-    project: str,
-    location: str,
-    run_id: str,
-    preset: ServingPreset,
-    served_model_name: str,
+    release: Release,
     on_deployed: Callable[[Deployment], None] | None,
 ) -> dict[str, int]:
     """Smoke-test `version` (alone first when the endpoint serves `earlier` models, else in
     place) and deploy it with its share; `deployment` records what was done (what a rollback
     undoes). Returns the traffic split requested."""
     if earlier:
-        deployment.answer = smoke_alone(
-            clients, version=version, options=options, project=project,
-            location=location, run_id=run_id, preset=preset,
-            served_model_name=served_model_name,
-        )  # fmt: skip
-    split = challenger_split(earlier, options.traffic_percent)
-    deployment.deployed_model_id = _deploy(
-        clients, deployment.endpoint, version, options, run_id, split
-    )
+        deployment.answer = smoke_alone(clients, release)
+    split = challenger_split(earlier, release.options.traffic_percent)
+    deployment.deployed_model_id = _deploy(clients, deployment.endpoint, release, split)
     if on_deployed:
         on_deployed(deployment)
     if not earlier:
         deployment.answer = smoke(
-            clients.predictions, endpoint=deployment.endpoint, preset=preset,
-            served_model_name=served_model_name,
+            clients.predictions, endpoint=deployment.endpoint, preset=release.preset,
+            served_model_name=release.served_model_name,
             deployed_model_id=deployment.deployed_model_id,
         )  # fmt: skip
     log.info("smoke prompt answered: %r", deployment.answer)
@@ -310,17 +310,13 @@ def _final_split(
         return {(deployment.deployed_model_id if k == "0" else k): v for k, v in split.items()}
 
 
-def _deploy(
-    clients: VertexClients,
-    endpoint: str,
-    version: str,
-    options: DeployOptions,
-    run_id: str,
-    split: dict[str, int],
-) -> str:
-    """DeployModel `version` to `endpoint` with `split` ("0": the new model); its deployed id."""
+def _deploy(clients: VertexClients, endpoint: str, release: Release, split: dict[str, int]) -> str:
+    """DeployModel the release's version to `endpoint` with `split` ("0": the new model); its
+    deployed id."""
+    # the Vertex client (~2 s to import): only when Vertex is called
     from google.cloud import aiplatform_v1
 
+    version, options = release.version, release.options
     log.info(
         "deploying %s to %s on %s (%s x %s, spot=%s), traffic %s",
         version, endpoint, options.machine_type, options.accelerator_count,
@@ -329,47 +325,42 @@ def _deploy(
     operation = clients.endpoints.deploy_model(
         request=aiplatform_v1.DeployModelRequest(
             endpoint=endpoint,
-            deployed_model=_deployed_model(version, options, run_id),
+            deployed_model=_deployed_model(version, options, release.run_id),
             traffic_split=split,
         )
     )
     return str(operation.result(timeout=DEPLOY_TIMEOUT_S).deployed_model.id)
 
 
-def smoke_alone(
-    clients: VertexClients,
-    *,
-    version: str,
-    options: DeployOptions,
-    project: str,
-    location: str,
-    run_id: str,
-    preset: ServingPreset,
-    served_model_name: str,
-) -> str:
-    """The smoke prompt answered by `version` alone: deployed to a temporary endpoint of its own
+def smoke_alone(clients: VertexClients, release: Release) -> str:
+    """The smoke prompt answered by the release's version alone: deployed to a temporary endpoint of its own
     (`llmft-smoke-<run>`, created with the run's labels and CMEK key), tested there, then
     undeployed and the endpoint deleted whatever happened. Returns the answer."""
+    name = resource_name("smoke", release.run_id)
     temporary = DeployOptions(
-        **{**options.__dict__, "endpoint": resource_name("smoke", run_id), "traffic_percent": 100}
+        **{**release.options.__dict__, "endpoint": name, "traffic_percent": 100}
     )
     endpoint, _ = find_or_create_endpoint(
-        clients, options=temporary, project=project, location=location, run_id=run_id
+        clients,
+        options=temporary,
+        project=release.project,
+        location=release.location,
+        run_id=release.run_id,
     )
     trial = Deployment(endpoint=endpoint.name, created_endpoint=True)
     try:
-        trial.deployed_model_id = _deploy(
-            clients, endpoint.name, version, options, run_id, {"0": 100}
-        )
+        trial.deployed_model_id = _deploy(clients, endpoint.name, release, {"0": 100})
         return smoke(
-            clients.predictions, endpoint=endpoint.name, preset=preset,
-            served_model_name=served_model_name, deployed_model_id=trial.deployed_model_id,
+            clients.predictions, endpoint=endpoint.name, preset=release.preset,
+            served_model_name=release.served_model_name,
+            deployed_model_id=trial.deployed_model_id,
         )  # fmt: skip
     finally:
         rollback(clients, trial)
 
 
 def undeploy(clients: VertexClients, endpoint: str, deployed_model_id: str, split: dict) -> None:
+    # the Vertex client (~2 s to import): only when Vertex is called
     from google.cloud import aiplatform_v1
 
     log.info("undeploying %s from %s", deployed_model_id, endpoint)
@@ -386,6 +377,7 @@ def rollback(
     """Undo a deployment: undeploy the model it deployed (giving the earlier models still
     deployed their traffic back, rescaled to 100) and delete the endpoint it created. Errors are
     logged, never raised: this runs while another error propagates."""
+    # with the Vertex client: only when a deployment is rolled back
     from google.api_core import exceptions
 
     try:

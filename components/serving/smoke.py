@@ -74,6 +74,7 @@ def smoke(
 
 def _plain(value: Any) -> Any:
     """A prediction as plain Python (proto-plus gives Struct/list wrappers or protobuf Values)."""
+    # protobuf's helpers: only for a Vertex answer
     from google.protobuf import json_format, struct_pb2
 
     if isinstance(value, struct_pb2.Value):
