@@ -154,7 +154,7 @@ class Estimate:
         lines.append(
             f"{self.optimizer_steps} steps x {self.train_tokens // max(self.optimizer_steps, 1):,}"
             f" tokens = {self.train_tokens:,} tokens{epochs}; {self.capacity} capacity; prices "
-            f"written {PRICES_WRITTEN}, not checked online (components/preflight/cost.py)"
+            f"written {PRICES_WRITTEN}, not checked online (components/preflight/prices.py)"
         )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)

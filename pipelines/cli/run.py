@@ -45,7 +45,7 @@ DRY_RUN_PARAMETERS = "Its parameters:"
 PricesOpt = Annotated[
     Path | None,
     typer.Option(
-        help="YAML/JSON prices overriding the dated table in components/preflight/cost.py, e.g. "
+        help="YAML/JSON prices overriding the dated table in components/preflight/prices.py, e.g. "
         "'NVIDIA_H100_80GB: {spot: 3.5}' (USD per GPU-hour)."
     ),
 ]
