@@ -347,13 +347,13 @@ def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, mon
 
 def test_beam_side_never_imports_torch_or_trainer():
     """Dataflow workers stay light: the pipeline modules import neither torch nor the trainer,
-    only the trainer's neutral modules (the dataset format and storage)."""
+    only the trainer's neutral modules (the dataset format, storage and the output's lock)."""
     import subprocess
     import sys
 
     code = (
         "import sys, beam_preprocess.pipeline, beam_preprocess.record_steps, beam_preprocess.token_steps, beam_preprocess.cli; "
-        "neutral = ('trainer', 'trainer.storage', 'trainer.packed_data'); "
+        "neutral = ('trainer', 'trainer.storage', 'trainer.output_lock', 'trainer.packed_data'); "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'components', 'pipelines') "
         "or m.split('.')[0] == 'trainer' and '.'.join(m.split('.')[:2]) not in neutral]; "
         "assert not bad, bad; assert 'trainer.packed_data.format' in sys.modules"
