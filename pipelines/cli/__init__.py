@@ -2,7 +2,9 @@
 this package only parse flags and turn user errors (ValueError, FileNotFoundError) into a one-line
 message and exit code 2, never a stack trace (`common.user_errors`).
 
-Heavy imports (torch, Beam, KFP, Google SDKs) happen inside each command so `llmft --help` is fast.
+Each command imports the modules that do its work inside its function (and with them torch, Beam,
+KFP, Google SDKs), so `llmft --help` imports only the flags and what they need (~30 project
+modules); a project import at the top of a module here is one that is on that path anyway.
 The commands are registered below, in the order `llmft --help` lists them.
 """
 
