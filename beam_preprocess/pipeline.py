@@ -14,15 +14,12 @@ Prepare).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
 import logging
 import os
-import re
 import shutil
-import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -36,9 +33,17 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from beam_preprocess.options import PreprocessConfig, add_preprocess_arguments, local_workers
+from beam_preprocess.arg_checks import flag_given, match_inputs, reject_unknown_flags
+from beam_preprocess.options import PreprocessConfig, local_workers
+from beam_preprocess.output_dir import (
+    NOT_DATASET,
+    check_output_apart_from_inputs,
+    list_paths,
+    prepare_output,
+    relative,
+)
 from beam_preprocess.preference_steps import DeduplicateAndPackPairs, TokenizePairs
-from beam_preprocess.readers import ReadRecords, format_of, format_suffix
+from beam_preprocess.readers import ReadRecords
 from beam_preprocess.record_steps import Prepare
 from beam_preprocess.records import (
     DEAD,
@@ -57,6 +62,7 @@ from beam_preprocess.stats import WriteStats, tagged
 from beam_preprocess.template_library import resolve_template
 from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
 from trainer import storage
+from trainer.packed_data.output_lock import exclusive_output
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -69,7 +75,6 @@ from trainer.packed_data.format import (
     Manifest,
     SplitInfo,
     TokenizerIdentity,
-    read_manifest,
     table_schema,
 )
 
@@ -231,12 +236,12 @@ class LaunchedRun:
     sources: list[dict[str, Any]] = field(default_factory=list)
     """Lineage of the hf:// and bq:// inputs (the manifest's `sources`)."""
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-    """The output's lock (trainer.storage.exclusive_output), released by `finish`."""
+    """The output's lock (trainer.packed_data.output_lock.exclusive_output), released by `finish`."""
 
 
 def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     """Flags -> (Beam options with local defaults filled in, validated config)."""
-    _reject_unknown_flags(argv)
+    reject_unknown_flags(argv)
     options = PipelineOptions(argv)
     config = PreprocessConfig.from_options(options)
     standard = options.view_as(StandardOptions)
@@ -252,11 +257,11 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
             raise ValueError("invalid Dataflow options:\n  - " + "\n  - ".join(errors))
     elif standard.runner == "FnApiRunner":
         direct = options.view_as(DirectOptions)
-        if not _flag_given(argv, "direct_num_workers"):
+        if not flag_given(argv, "direct_num_workers"):
             files = tuple(p for p in config.inputs if is_file_pattern(p))
-            input_bytes = _match_inputs(files, config.input_format)[0]
+            input_bytes = match_inputs(files, config.input_format)[0]
             direct.direct_num_workers = local_workers(input_bytes, os.cpu_count() or 1)
-        if not _flag_given(argv, "direct_running_mode"):
+        if not flag_given(argv, "direct_running_mode"):
             # Separate processes: tokenization and packing hold the GIL between Rust calls.
             direct.direct_running_mode = (
                 "multi_processing" if direct.direct_num_workers > 1 else "in_memory"
@@ -271,89 +276,6 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
     return options, config
 
 
-def _match_inputs(patterns: tuple[str, ...], input_format: str = "auto") -> tuple[int, list[str]]:
-    """(total bytes of the matched input files, what is wrong with the patterns, if anything):
-    a pattern that matches nothing, a directory, or a file whose format its name does not tell."""
-    total, problems, missing = 0, [], []
-    for pattern in patterns:
-        try:
-            found = FileSystems.match([pattern])[0].metadata_list
-        except Exception as exc:  # BeamIOError wraps the filesystem's reason
-            problems.append(f"cannot list --input {pattern!r}: {exc}")
-            continue
-        if not found:
-            missing.append(pattern)
-        for metadata in found:
-            local = "://" not in metadata.path
-            if local and not os.path.isfile(metadata.path) and not _named_pipe(pattern, metadata):
-                problems.append(_not_a_file_problem(pattern, metadata.path))
-                continue
-            try:
-                format_of(metadata.path, input_format)
-            except ValueError as exc:
-                problems.append(f"--input {pattern!r} matches a file of unknown format: {exc}")
-                continue
-            total += metadata.size_in_bytes
-    if missing:
-        problems.append(f"--input matches no files: {', '.join(missing)}")
-    return total, problems
-
-
-def _named_pipe(pattern: str, metadata: Any) -> bool:
-    """A pipe given by its exact name (`--input <(zcat data.jsonl.gz)`, a FIFO a producer
-    writes): the user means to stream it. One that a glob happens to match is refused, as nothing
-    may ever write to it."""
-    return metadata.path == pattern and stat.S_ISFIFO(os.stat(pattern).st_mode)
-
-
-def _not_a_file_problem(pattern: str, path: str) -> str:
-    """A directory is not read as such (it may hold files of other formats, such as a README or
-    Spark's _SUCCESS): the message names a glob of the data files in it to give instead. A pipe,
-    socket or device matched by a glob is refused: reading one could wait forever."""
-    if not os.path.isdir(path):
-        return (
-            f"--input {pattern!r} matches {path!r}, which is not a regular file (a pipe, socket "
-            "or device): give files"
-        )
-    suffixes = sorted({s for s in map(format_suffix, os.listdir(path)) if s} or {".jsonl"})
-    root = path.rstrip("/")
-    return (
-        f"--input {pattern!r} is a directory: give the files to read as a glob, e.g. "
-        f"--input '{root}/*{suffixes[0]}' (or '{root}/' for every file directly in it)"
-    )
-
-
-def _flag_given(argv: list[str], name: str) -> bool:
-    spellings = {f"--{name}", f"--{name.replace('_', '-')}"}
-    return any(arg.split("=", 1)[0] in spellings for arg in argv)
-
-
-def _reject_unknown_flags(argv: list[str]) -> None:
-    """Beam only warns about flags it does not know; a typo must fail instead."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_preprocess_arguments(parser)
-    seen: set[type] = set()
-    pending = list(PipelineOptions.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        pending.extend(cls.__subclasses__())
-        try:
-            cls._add_argparse_args(parser)  # type: ignore[arg-type]
-        except argparse.ArgumentError:
-            continue  # options defined by two views (Beam allows it); the first one is enough
-    _, unknown = parser.parse_known_args(argv)
-    flags = [arg for arg in unknown if arg.startswith("--")]
-    if flags:
-        raise ValueError(
-            f"unknown flag(s): {' '.join(flags)}: see `python -m beam_preprocess --help`"
-        )
-    if unknown:
-        raise ValueError(f"unexpected argument(s): {' '.join(unknown)}")
-
-
 def launch(argv: list[str]) -> LaunchedRun:
     """Validate, prepare the output and start the pipeline (waits only on the DirectRunner)."""
     from beam_preprocess.chat_template import ChatRenderer
@@ -362,7 +284,7 @@ def launch(argv: list[str]) -> LaunchedRun:
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
     config, sources, bigquery = resolve_sources(config)
-    problems = _match_inputs(config.inputs, config.input_format)[1] if config.inputs else []
+    problems = match_inputs(config.inputs, config.input_format)[1] if config.inputs else []
     if problems:
         raise ValueError(problems[0])
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
@@ -372,11 +294,11 @@ def launch(argv: list[str]) -> LaunchedRun:
     identity.name_or_path = config.tokenizer
     # Before the lock creates the output: a run that cannot write it, or that would read it back
     # as input, creates nothing.
-    _check_output_apart_from_inputs(config.output, config.inputs)
+    check_output_apart_from_inputs(config.output, config.inputs)
     if problem := storage.not_writable(config.output):
         raise ValueError(f"--output {config.output!r}: {problem}")
     held = contextlib.ExitStack()  # one run at a time into a local output, until `finish`
-    held.enter_context(storage.exclusive_output(config.output, "llmft preprocess"))
+    held.enter_context(exclusive_output(config.output, "llmft preprocess"))
     with _released_on_error(held), storage.disk_errors_named(config.output):
         result = _start(options, config, tokenizer, runner, bigquery)
     return LaunchedRun(result, config, identity, runner, sources, held)
@@ -401,7 +323,7 @@ def _start(
     """Prepare the output and run (local) or submit (remote) the pipeline; its result."""
     from beam_preprocess.tokenize import TokenizerSpec, pad_id_of
 
-    _prepare_output(config.output, config.overwrite)
+    prepare_output(config.output, config.overwrite)
     log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
     pipeline = beam.Pipeline(options=options)
     spec = TokenizerSpec.of(
@@ -458,7 +380,7 @@ def finish(launched: LaunchedRun) -> Manifest:
                 return write_manifest(launched.config, launched.tokenizer, launched.sources)
         except storage.DiskFullError:
             # A truncated manifest.json would make the dataset look complete.
-            if _list(f"{out}/{MANIFEST_FILE}"):
+            if list_paths(f"{out}/{MANIFEST_FILE}"):
                 FileSystems.delete([f"{out}/{MANIFEST_FILE}"])
             raise
 
@@ -503,7 +425,7 @@ def write_manifest(
     splits = {}
     for name in SPLITS:
         info = SplitInfo(**stats["splits"].get(name, {}))
-        info.shards = _relative(out, _list(f"{out}/{name}/*.parquet"))
+        info.shards = relative(out, list_paths(f"{out}/{name}/*.parquet"))
         splits[name] = info
     if splits[TRAIN_SPLIT].rows == 0:
         raise ValueError(
@@ -518,123 +440,11 @@ def write_manifest(
         data_kind=config.data_kind,
         splits=splits,
         stats={k: v for k, v in stats.items() if k != "splits"},
-        eval_records=_relative(out, _list(f"{out}/{EVAL_RECORDS_DIR}/*.jsonl")),
-        files=[p for p in _relative(out, _list(f"{out}/**")) if p not in _NOT_DATASET],
+        eval_records=relative(out, list_paths(f"{out}/{EVAL_RECORDS_DIR}/*.jsonl")),
+        files=[p for p in relative(out, list_paths(f"{out}/**")) if p not in NOT_DATASET],
         sources=list(sources),
         chat_template=resolve_template(config.chat_template) or "",
     )
     with FileSystems.create(f"{out}/{MANIFEST_FILE}") as f:
         f.write(manifest.to_json().encode())
     return manifest
-
-
-def _list(pattern: str) -> list[str]:
-    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-
-
-def _relative(root: str, paths: list[str]) -> list[str]:
-    root = root.rstrip("/") + "/"
-    return [p[len(root) :] if p.startswith(root) else p for p in paths]
-
-
-_WRITTEN_PROBES = (
-    MANIFEST_FILE,
-    STATS_FILE,
-    *(f"{split}/part-00000-of-00001.parquet" for split in SPLITS),
-    *(f"{folder}/part-00000-of-00001.jsonl" for folder in (REJECTED_DIR, FILTERED_DIR)),
-    f"{EVAL_RECORDS_DIR}/part-00000-of-00001.jsonl",
-)
-"""Files like those a run writes into its output (an input pattern that matches one of them would
-read the run's own output back: now, or in the next run over the same folder)."""
-
-
-def _check_output_apart_from_inputs(out: str, inputs: Sequence[str]) -> None:
-    """Refuse an --output that an --input pattern reaches (`--input 'data/**' --output
-    data/packed`): a rerun would read the previous dataset, its dead letters and held-out records
-    as new records. An output beside the inputs (`data/*.jsonl`, `data/packed`) is fine."""
-    root = _absolute(out).rstrip("/")
-    for pattern in inputs:
-        if not is_file_pattern(pattern):
-            continue
-        absolute = _absolute(pattern)
-        regex = re.compile(FileSystems.get_filesystem(absolute).translate_pattern(absolute))
-        hits = [p for p in _WRITTEN_PROBES if regex.match(f"{root}/{p}")]
-        static = re.split(r"[*?\[]", absolute, maxsplit=1)[0].rstrip("/") or "/"
-        if hits or storage.holds(root, static):
-            raise ValueError(
-                f"--output {out!r} overlaps --input {pattern!r}"
-                + (f" (which would match {root}/{hits[0]})" if hits else "")
-                + ": a run would read its own output back as records; put the output outside "
-                "the input's folder, or narrow the pattern"
-            )
-
-
-def _absolute(path: str) -> str:
-    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
-
-
-_NOT_DATASET = (MANIFEST_FILE, storage.LOCK_FILE)
-"""Files in the output that are not part of the dataset: the manifest itself, the run's lock."""
-_WORK_DIRS = re.compile(r"\.(temp-[0-9a-f]{12}|shuffle-[a-z0-9_]{8})")
-"""A run's own work directories in a local output (sinks.temp_dir_for, spill.local_spill_dir)."""
-
-
-def _remove_leftovers(out: str) -> None:
-    """Delete the work directories an interrupted run left in the local output `out` (the caller
-    holds the output's lock, so no live run uses them)."""
-    if "://" in out or not os.path.isdir(out):
-        return
-    for name in sorted(os.listdir(out)):
-        path = os.path.join(out, name)
-        if _WORK_DIRS.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
-            log.warning("removing %s, left by an interrupted run", path)
-            shutil.rmtree(path)
-
-
-def _prepare_output(out: str, overwrite: bool) -> None:
-    """Refuse a non-empty output; with `overwrite`, delete exactly the files a previous run listed
-    in its manifest, and refuse when anything else is there (nothing the user owns is deleted).
-    Work directories an interrupted run left (`_WORK_DIRS`) are removed first: the caller holds
-    the output's lock.
-
-    Works the same on local paths and gs:// (Beam's FileSystems)."""
-    if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--output {out!r} is a file: give a directory for the dataset")
-    _remove_leftovers(out)
-    existing = [p for p in _relative(out, _list(f"{out}/**")) if p != storage.LOCK_FILE]
-    if existing and not overwrite:
-        raise ValueError(
-            f"--output {out!r} is not empty: choose a new directory or pass --overwrite"
-        )
-    if existing:
-        ours = _files_of_previous_run(out)
-        foreign = sorted(set(existing) - ours)
-        if foreign:
-            shown = ", ".join(foreign[:5]) + (
-                f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-            )
-            raise ValueError(
-                f"--output {out!r} holds files that no finished llmft preprocess run listed in "
-                f"its {MANIFEST_FILE} ({shown}), so --overwrite will not delete it: choose "
-                "another directory or remove them yourself"
-            )
-        FileSystems.delete([f"{out}/{name}" for name in existing])
-        if "://" not in out:
-            _remove_empty_dirs(out)
-    if "://" not in out:
-        os.makedirs(out, exist_ok=True)
-
-
-def _files_of_previous_run(out: str) -> set[str]:
-    """Relative paths a finished run wrote, read from its manifest (empty set when none)."""
-    try:
-        manifest = read_manifest(out)
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return set()
-    return {MANIFEST_FILE, *manifest.files}
-
-
-def _remove_empty_dirs(root: str) -> None:
-    for dirpath, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
-        if dirpath != root and not os.listdir(dirpath):
-            os.rmdir(dirpath)

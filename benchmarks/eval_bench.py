@@ -52,7 +52,8 @@ def main() -> None:
     from packed_fixtures import read_jsonl, write_packed_dataset
     from transformers import AutoTokenizer
 
-    from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+    from components.evaluation.evaluate import run_evaluation
+    from components.evaluation.request import EvaluationRequest
     from pipelines.quickstart.sample_data import write_sample_data
     from pipelines.quickstart.smollm2 import INSTALL_HINT, smollm2_gguf
     from trainer.gguf import resolve_gguf

@@ -26,7 +26,7 @@ from components.steps import (
     train,
     validate,
 )
-from components.steps.component_spec import KFP_DEFAULT, StepComponent, own_inputs
+from components.steps.component_spec import KFP, KFP_DEFAULT, StepComponent, own_inputs
 from pipelines.pipeline_interface import kfp_type
 
 STEP_MODULES = (validate, preprocess, etcd, train, evaluate, register, deploy, cleanup)
@@ -56,13 +56,14 @@ __all__ = ["HTML", "Dataset", "Input", "Markdown", "Metrics", "Model", "NamedTup
 
 
 def component_source(component: StepComponent, module: str) -> str:
-    """One `@llmft_component` function for a step."""
+    """One `@llmft_component` function for a step: the run parameters it takes, wrapped (a step
+    may take every parameter: validate_inputs), then its own inputs and outputs one per line."""
     params = taken_by(component.name)
     own = own_inputs(component.request)
     lines = ["@llmft_component", f"def {component.name}("]
-    lines += [f"    {name}: {kfp_type(name).__name__}," for name in params]
+    lines += _wrapped([f"{name}: {kfp_type(name).__name__}," for name in params], "    ")
     for f in own:
-        annotation = f.metadata["kfp"]
+        annotation = f.metadata[KFP]
         ignore = "  # type: ignore[valid-type]" if annotation.startswith("OutputPath") else ""
         default = f" = {f.default!r}" if f.metadata[KFP_DEFAULT] else ""
         lines.append(f"    {f.name}: {annotation}{default},{ignore}")
@@ -76,18 +77,26 @@ def component_source(component: StepComponent, module: str) -> str:
         "",
         "    params = for_step(",
         f'        "{component.name}",',
-        *(f"        {name}={name}," for name in params),
+        *_wrapped([f"{name}={name}," for name in params], "        "),
+        "    )",
+        f"    {'return ' if component.returns is not None else ''}run(",
+        f"        {request}(",
+        *_wrapped(["params=params,", *(f"{f.name}={f.name}," for f in own)], "            "),
+        "        )",
         "    )",
     ]
-    call = [
-        f"run({request}(",
-        "    params=params,",
-        *(f"    {f.name}={f.name}," for f in own),
-        "))",
-    ]
-    keyword = "return " if component.returns is not None else ""
-    lines += [f"    {keyword}{call[0]}", *(f"    {line}" for line in call[1:-1]), f"    {call[-1]}"]
     return "\n".join(lines) + "\n"
+
+
+def _wrapped(items: list[str], indent: str, width: int = 100) -> list[str]:
+    """`items` joined with spaces into lines of at most `width` characters."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 1 + len(item) <= width:
+            lines[-1] += " " + item
+        else:
+            lines.append(indent + item)
+    return lines
 
 
 def _returns(component: StepComponent) -> tuple[str, str]:

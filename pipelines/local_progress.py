@@ -238,6 +238,7 @@ class RunWatcher:
 
 
 def latest_run_dir(pipeline_root: Path) -> Path | None:
+    # the pipeline's module imports kfp (~1,500 modules): only for its name here
     from pipelines.fine_tune import PIPELINE_NAME
 
     runs = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*"), key=lambda p: p.stat().st_mtime)

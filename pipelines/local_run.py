@@ -24,10 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.params.param_values import params_from_mapping
 from components.params.run_checks import run_errors
 from components.params.run_params import RunParams, fields
+from components.preflight.validation import data_errors, model_errors
 from components.runtime.run_identity import STATE_DIR_ENV
 from pipelines.local_progress import RunWatcher, follow_file, watching
+from pipelines.quickstart.sample_data import write_sample_data
+from pipelines.quickstart.tiny_model import build_tiny_model
+from trainer import storage
+from trainer.config_file import read_yaml_mapping
 
 QUICKSTART_PRESET: dict[str, Any] = {
     # Sized for the quickstart's tiny model and sample data, so the demo fine-tune finishes in a
@@ -50,11 +56,9 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     Empty `train_data_uri` / `base_model` are filled with where the quickstart assets will be
     written (`prepare_quickstart_assets` writes them after this check passes).
     """
+    # etcd's client imports requests (~200 modules): only for an etcd rendezvous
     from components.etcd.local import EtcdNotFoundError, find_etcd
-    from components.params.param_values import params_from_mapping
     from components.params.run_checks import raise_errors
-    from components.preflight.validation import data_errors, model_errors
-    from trainer import storage
 
     values: dict[str, Any] = {}
     if config_file is not None:
@@ -103,8 +107,6 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
 
 def _read_config(path: Path) -> dict[str, Any]:
     """A YAML mapping of parameter: value (or a deploy config with a `parameters:` section)."""
-    from trainer.config_file import read_yaml_mapping
-
     loaded = read_yaml_mapping(path)
     if not isinstance(loaded.get("parameters", {}), dict):
         raise ValueError(f"config file {path} must be a YAML mapping of parameter: value")
@@ -119,13 +121,9 @@ def prepare_quickstart_assets(params: RunParams, workdir: Path) -> None:
         params.train_data_uri == str(data_dir / "train.jsonl")
         and not (data_dir / "train.jsonl").exists()
     ):
-        from pipelines.quickstart.sample_data import write_sample_data
-
         write_sample_data(data_dir)
     model_dir = assets / "tiny_model"
     if params.base_model == str(model_dir) and not (model_dir / "config.json").exists():
-        from pipelines.quickstart.tiny_model import build_tiny_model
-
         build_tiny_model(model_dir, data_dir=data_dir)
 
 
@@ -237,6 +235,8 @@ def _execute(
     Whatever happens, the run's local state (processes, etcd) is swept afterwards."""
     from rich.live import Live
 
+    # the pipeline imports kfp (~1,500 modules), the cleanup step and the watchdog ~120 more:
+    # only when a local run executes (`llmft run` imports this module for every backend)
     from components.steps.cleanup import cleanup_local_state
     from pipelines.fine_tune import build_fine_tune
     from pipelines.watchdog import Watchdog

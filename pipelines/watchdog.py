@@ -20,7 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from components.launchers.run_processes import marked_pids, terminate_run_processes
 from components.runtime.lifeline import RUN_TREE_ENV, wait_for_exit
+from components.steps.cleanup import cleanup_local_state
 
 GRACE_S = 15.0
 """How long the run's processes get to stop after SIGTERM before SIGKILL."""
@@ -70,9 +72,6 @@ class Watchdog:
 def stop_run_tree(state_dir: str, *, grace_s: float = GRACE_S) -> list[str]:
     """Stop every process marked with `state_dir` (SIGTERM, then SIGKILL after `grace_s`), then
     clean the run's local state (etcd and its data, launcher state). Returns what was done."""
-    from components.launchers.run_processes import marked_pids, terminate_run_processes
-    from components.steps.cleanup import cleanup_local_state
-
     done = []
     marked = marked_pids(state_dir, env=RUN_TREE_ENV)
     if marked:

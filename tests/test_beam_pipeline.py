@@ -347,13 +347,13 @@ def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, mon
 
 def test_beam_side_never_imports_torch_or_trainer():
     """Dataflow workers stay light: the pipeline modules import neither torch nor the trainer,
-    only the trainer's neutral modules (the dataset format and storage)."""
+    only the trainer's neutral modules (the dataset format, storage and the output's lock)."""
     import subprocess
     import sys
 
     code = (
         "import sys, beam_preprocess.pipeline, beam_preprocess.record_steps, beam_preprocess.token_steps, beam_preprocess.cli; "
-        "neutral = ('trainer', 'trainer.storage', 'trainer.packed_data'); "
+        "neutral = ('trainer', 'trainer.storage', 'trainer.packed_data.output_lock', 'trainer.packed_data'); "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'components', 'pipelines') "
         "or m.split('.')[0] == 'trainer' and '.'.join(m.split('.')[:2]) not in neutral]; "
         "assert not bad, bad; assert 'trainer.packed_data.format' in sys.modules"
@@ -362,7 +362,7 @@ def test_beam_side_never_imports_torch_or_trainer():
 
 
 def test_overwrite_deletes_only_what_the_previous_run_listed(tmp_path: Path):
-    from beam_preprocess.pipeline import _prepare_output
+    from beam_preprocess.output_dir import prepare_output
     from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
 
     precious = tmp_path / "home"
@@ -370,9 +370,9 @@ def test_overwrite_deletes_only_what_the_previous_run_listed(tmp_path: Path):
     (precious / "notes.txt").write_text("keep me")
     (precious / "stats.json").write_text("{}")  # our file name is no proof of ownership
     with pytest.raises(ValueError, match="not empty"):
-        _prepare_output(str(precious), overwrite=False)
+        prepare_output(str(precious), overwrite=False)
     with pytest.raises(ValueError, match="will not delete it"):
-        _prepare_output(str(precious), overwrite=True)
+        prepare_output(str(precious), overwrite=True)
     assert sorted(p.name for p in precious.iterdir()) == ["notes.txt", "stats.json"]
 
     dataset = tmp_path / "dataset"
@@ -385,10 +385,10 @@ def test_overwrite_deletes_only_what_the_previous_run_listed(tmp_path: Path):
     (dataset / "manifest.json").write_text(manifest.to_json())
     (dataset / "train" / "mine.txt").write_text("added by the user later")
     with pytest.raises(ValueError, match=r"train/mine.txt"):
-        _prepare_output(str(dataset), overwrite=True)
+        prepare_output(str(dataset), overwrite=True)
     assert all((dataset / rel).exists() for rel in written)
     (dataset / "train" / "mine.txt").unlink()
-    _prepare_output(str(dataset), overwrite=True)
+    prepare_output(str(dataset), overwrite=True)
     assert dataset.is_dir() and not any(dataset.iterdir())
 
 

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from components.preflight import cost
-from components.preflight.cost import ModelSize, RunShape
+from components.preflight.actual_cost import COST_FILE, actual_cost
+from components.preflight.cost import RunShape
+from components.preflight.model_size import ModelSize, flops_per_token, model_size
+from components.preflight.prices import (
+    GPU_HOUR_USD,
+    PRICES_SOURCE,
+    PRICES_WRITTEN,
+    gpu_hour_price,
+    load_prices,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -34,8 +43,8 @@ H100_RUN = RunShape(
 def test_the_pinned_inputs_are_the_documented_ones() -> None:
     """The hand computations below use these; a change of them must change the cases too."""
     assert cost.MFU_MEASURED == {True: 0.528, False: 0.409}
-    assert cost.GPU_HOUR_USD["NVIDIA_H100_80GB"]["on-demand"] == 11.30
-    assert cost.GPU_HOUR_USD["NVIDIA_L4"]["on-demand"] == 1.00
+    assert GPU_HOUR_USD["NVIDIA_H100_80GB"]["on-demand"] == 11.30
+    assert GPU_HOUR_USD["NVIDIA_L4"]["on-demand"] == 1.00
 
 
 def test_full_fine_tune_on_two_h100_nodes_by_hand() -> None:
@@ -134,14 +143,14 @@ def test_prices_override_by_parameter_and_file(tmp_path: Path) -> None:
     assert est.gpu_hour_usd == 2.0
     prices_file = tmp_path / "prices.yaml"
     prices_file.write_text("nvidia-h100-80gb: {on-demand: 7.5}\n")
-    prices = cost.load_prices(str(prices_file))
+    prices = load_prices(str(prices_file))
     assert prices["NVIDIA_H100_80GB"] == {"on-demand": 7.5, "spot": 3.90, "flex-start": 5.65}
     assert cost.estimate(H100_RUN, model=LLAMA8B, prices=prices).gpu_hour_usd == 7.5
     prices_file.write_text("NVIDIA_L4: {sometimes: 1}\n")
     with pytest.raises(ValueError, match="USD per GPU-hour"):
-        cost.load_prices(str(prices_file))
+        load_prices(str(prices_file))
     with pytest.raises(ValueError, match="gpu_hour_price_usd"):
-        cost.gpu_hour_price("NVIDIA_L4", "monthly")
+        gpu_hour_price("NVIDIA_L4", "monthly")
 
 
 def test_every_accelerator_has_its_capacity_prices() -> None:
@@ -149,13 +158,13 @@ def test_every_accelerator_has_its_capacity_prices() -> None:
     from components.platform.platform_facts import ACCELERATORS, vertex_flex_start
 
     for gpu in ACCELERATORS:
-        prices = cost.GPU_HOUR_USD[gpu.vertex_name]
+        prices = GPU_HOUR_USD[gpu.vertex_name]
         flex = vertex_flex_start(gpu.vertex_name)
         assert set(prices) == {"on-demand", "spot", *(["flex-start"] if flex else [])}, gpu
         assert prices["spot"] < prices.get("flex-start", prices["on-demand"]), gpu
         assert prices.get("flex-start", 0) < prices["on-demand"], gpu
-    assert "NOT a published price" in cost.PRICES_SOURCE
-    assert "Compute Engine on-demand" in cost.PRICES_SOURCE
+    assert "NOT a published price" in PRICES_SOURCE
+    assert "Compute Engine on-demand" in PRICES_SOURCE
 
 
 def test_budget_timeout_uses_on_demand_unless_the_user_prices_it(tmp_path: Path) -> None:
@@ -170,15 +179,15 @@ def test_budget_timeout_uses_on_demand_unless_the_user_prices_it(tmp_path: Path)
     assert cost.budget_timeout_s(own, 1000.0) == int((1000 - 0.25) / (16 * 6.57) * 3600)
     prices_file = tmp_path / "prices.yaml"
     prices_file.write_text("NVIDIA_H100_80GB: {spot: 6.0}\n")
-    filed = cost.estimate(spot_run, model=LLAMA8B, prices=cost.load_prices(str(prices_file)))
+    filed = cost.estimate(spot_run, model=LLAMA8B, prices=load_prices(str(prices_file)))
     assert filed.budget_gpu_hour_usd == 6.0
     assert cost.estimate(H100_RUN, model=LLAMA8B).budget_gpu_hour_usd == 11.30
-    assert est.to_dict()["prices_written"] == cost.PRICES_WRITTEN
+    assert est.to_dict()["prices_written"] == PRICES_WRITTEN
     assert "prices_checked" not in est.to_dict() and "not checked online" in est.table()
 
 
 def test_actual_cost_from_the_job_times() -> None:
-    actual = cost.actual_cost(
+    actual = actual_cost(
         started="2026-12-04T10:00:00+00:00",
         ended="2026-12-04T11:30:00+00:00",
         gpus=16,
@@ -210,7 +219,7 @@ def test_time_queued_in_kueue_is_recorded_apart_and_not_billed() -> None:
 def test_model_size_is_read_from_config_json(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    size = cost.model_size(str(tiny_model_dir))
+    size = model_size(str(tiny_model_dir))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     total = sum(p.numel() for p in model.parameters())
     config = json.loads((tiny_model_dir / "config.json").read_text())
@@ -218,7 +227,7 @@ def test_model_size_is_read_from_config_json(tiny_model_dir: Path) -> None:
     assert size.matmul_parameters == total - model.get_input_embeddings().weight.numel()
     assert (size.layers, size.hidden) == (config["num_hidden_layers"], config["hidden_size"])
     with pytest.raises(ValueError, match=r"cannot read the config\.json of .*missing"):
-        cost.model_size(str(tiny_model_dir / "missing"))
+        model_size(str(tiny_model_dir / "missing"))
 
 
 def test_train_step_records_the_actual_cost_and_the_report_shows_it(tmp_path: Path) -> None:
@@ -237,7 +246,7 @@ def test_train_step_records_the_actual_cost_and_the_report_shows_it(tmp_path: Pa
     metadata = record_actual_cost(spot, times, str(tmp_path))
     # 2 nodes x 8 H100 for 2.25 h = 36 GPU-h at the Spot price of $3.90
     assert metadata == {"gpu_hours": 36.0, "cost_usd": 140.4}
-    written = json.loads((tmp_path / cost.COST_FILE).read_text())
+    written = json.loads((tmp_path / COST_FILE).read_text())
     assert written["attempts"] == 3 and written["preemptions"] == 2
     assert written["started"] == times["started_at"] and written["capacity"] == "spot"
 
@@ -316,14 +325,14 @@ def test_estimate_for_run_parameters_sizes_the_model_and_the_input(
         trainer_overrides={"micro_batch_size": 2, "grad_accum_steps": 3},
     )
     est = cost.estimate_for(params, remote=False)
-    size = cost.model_size(str(tiny_model_dir))
+    size = model_size(str(tiny_model_dir))
     shape = cost.shape_of(params)
     # 2 nodes x 8 processes (one per GPU) x 2 rows x 3 micro-batches = 96 rows per step
     assert shape.global_batch_rows == 96 and shape.checkpoint_every_minutes == 10.0
     assert est.train_tokens == 200 * 96 * 512
     assert est.data_tokens == 100_000  # 286,000 bytes / 2.86
     assert est.tokens_per_s_per_gpu == pytest.approx(
-        0.528 * 989.5e12 / cost.flops_per_token(size, 512, lora=False)
+        0.528 * 989.5e12 / flops_per_token(size, 512, lora=False)
     )
     assert est.gpu_hour_usd == 3.90 and est.step("preprocess").usd > 0
 

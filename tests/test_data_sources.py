@@ -300,7 +300,7 @@ def test_evaluation_renders_prompts_with_the_datasets_chat_template(tiny_model_d
     from transformers import AutoTokenizer
 
     from beam_preprocess.template_library import CHATML
-    from components.evaluation.evaluate import _checked_tokenizers
+    from components.evaluation.prechecks import checked_tokenizers
     from trainer.packed_data.format import Manifest, SplitInfo, TokenizerIdentity
 
     identity = TokenizerIdentity.of(AutoTokenizer.from_pretrained(tiny_model_dir))
@@ -313,7 +313,7 @@ def test_evaluation_renders_prompts_with_the_datasets_chat_template(tiny_model_d
         chat_template=CHATML,
     )
     roles = {"base": str(tiny_model_dir), "tuned": str(tiny_model_dir)}
-    for tok in _checked_tokenizers(roles, manifest).values():
+    for tok in checked_tokenizers(roles, manifest).values():
         prompt = tok.apply_chat_template(
             [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
         )

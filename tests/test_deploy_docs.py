@@ -55,7 +55,7 @@ def grants_table() -> str:
 
 
 def kfp_floors_table() -> str:
-    from components.platform.platform_facts import KFP_FEATURE_FLOORS, version_text
+    from components.platform.kfp_backend import KFP_FEATURE_FLOORS, version_text
 
     lines = ["| feature the compiled KFP YAML uses | first KFP backend | source |", "|---|---|---|"]
     for feature, (version, source) in sorted(
@@ -77,7 +77,7 @@ def test_the_guides_iam_table_is_what_the_stack_grants() -> None:
 
 def test_the_guides_kfp_floor_is_the_facts() -> None:
     """N7: the floor the guide states is the newest feature's, and its table is the facts'."""
-    from components.platform.platform_facts import kfp_backend_floor, version_text
+    from components.platform.kfp_backend import kfp_backend_floor, version_text
 
     stated = re.findall(r"KFP backend (\d+\.\d+\.\d+) or later", GUIDE)
     assert stated and set(stated) == {version_text(kfp_backend_floor())}, stated
@@ -97,7 +97,7 @@ def _platform_fields(config: Any) -> set[str]:
 
 def test_every_platform_field_and_placeholder_of_the_compiled_kfp_yaml_has_a_floor() -> None:
     """N7: a feature the compiled pipeline starts to use cannot slip past the stated floor."""
-    from components.platform.platform_facts import KFP_FEATURE_FLOORS, KFP_PLATFORM_FIELDS
+    from components.platform.kfp_backend import KFP_FEATURE_FLOORS, KFP_PLATFORM_FIELDS
 
     text = COMPILED_KFP.read_text()
     _, platform = [d for d in yaml.safe_load_all(text) if d]

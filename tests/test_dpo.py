@@ -292,7 +292,8 @@ def test_trainer_runs_dpo_on_a_qlora_base(
     # The evaluation of the exported model on the same held-out pairs, its reference the base
     # through the trainer's NF4 round trip: the trainer's numbers (the merged export is the
     # trained model to float rounding). The full-precision base as reference gives others.
-    from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+    from components.evaluation.evaluate import run_evaluation
+    from components.evaluation.request import EvaluationRequest
 
     def evaluation(name: str, **reference: str) -> dict[str, float]:
         request = EvaluationRequest(
@@ -333,7 +334,8 @@ def test_evaluation_win_rate_is_the_trainers_reward_accuracy_against_the_base(
     model merged) scored against the base as reference gives the trainer's own DPO numbers
     (CausalLMLoss with `pair_ids`: reference = adapters off = the base), also on the scoring
     path for models the document attention does not apply to."""
-    from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+    from components.evaluation.evaluate import run_evaluation
+    from components.evaluation.request import EvaluationRequest
 
     records = preference_records(sample_data_dir, 24)
     data = tmp_path / "pairs"

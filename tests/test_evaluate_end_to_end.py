@@ -22,9 +22,10 @@ import fsspec
 import pytest
 from eval_fixtures import build_eval_dataset, finetune_briefly
 
-from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+from components.evaluation.evaluate import run_evaluation
 from components.evaluation.gate import GateThresholds
 from components.evaluation.outputs import EvaluationResult
+from components.evaluation.request import EvaluationRequest
 
 CHROMIUM = "/usr/bin/chromium"
 SEQ_LEN = 256

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from eval_fixtures import build_eval_dataset
 
-from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+from components.evaluation.evaluate import run_evaluation
 from components.evaluation.gate import GateThresholds
 from components.evaluation.harness import PROJECT_TASKS_DIR, HarnessSettings, task_scores
+from components.evaluation.request import EvaluationRequest
 from pipelines.quickstart.smollm2 import INSTALL_HINT, smollm2_gguf
 
 pytestmark = pytest.mark.slow

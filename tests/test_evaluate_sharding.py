@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from eval_fixtures import build_eval_dataset
 
-from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+from components.evaluation.evaluate import run_evaluation
 from components.evaluation.harness import HarnessSettings
 from components.evaluation.loading import loaded_model, plan_placement
+from components.evaluation.request import EvaluationRequest
 
 
 @pytest.fixture(scope="module", autouse=True)

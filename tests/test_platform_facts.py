@@ -3,6 +3,7 @@
 import pytest
 
 from components.platform import platform_facts as facts
+from components.platform.kfp_backend import KFP_FEATURE_FLOORS, kfp_backend_floor
 
 pytestmark = pytest.mark.unit
 
@@ -10,7 +11,7 @@ pytestmark = pytest.mark.unit
 def test_every_fact_table_names_its_source() -> None:
     for source in (facts.ACCELERATORS_SOURCE, facts.MACHINES_SOURCE, facts.GKE_ALLOCATABLE_SOURCE):
         assert "cloud.google.com" in source
-    assert all(source for _, source in facts.KFP_FEATURE_FLOORS.values())
+    assert all(source for _, source in KFP_FEATURE_FLOORS.values())
 
 
 def test_names_map_both_ways() -> None:
@@ -95,12 +96,12 @@ def test_refusal_names_the_fix() -> None:
 def test_pipeline_job_uuid_floor_is_2_5_0() -> None:
     """Review P3: resolve.go is absent at 2.4.0 and 2.4.1 copies the placeholder as a constant;
     driver.go:1648@2.5.0 (#11599) first substitutes it."""
-    floor, source = facts.KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"]
+    floor, source = KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"]
     assert floor == (2, 5, 0) and "2.5.0" in source
 
 
 def test_kfp_floor_is_the_newest_feature() -> None:
-    assert facts.kfp_backend_floor() == (2, 16, 0)
+    assert kfp_backend_floor() == (2, 16, 0)
     assert facts.quantity("500m") == 0.5 and facts.quantity("28Gi") == 28 * 2**30
 
 

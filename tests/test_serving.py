@@ -20,12 +20,8 @@ from google.protobuf import json_format
 
 from components.params.run_checks import run_errors
 from components.serving import presets as serving
-from components.serving.endpoints import (
-    DeployOptions,
-    challenger_split,
-    deploy_errors,
-    deploy_version,
-)
+from components.serving.endpoints import DeployOptions, deploy_errors, deploy_version
+from components.serving.traffic import challenger_split
 
 pytestmark = pytest.mark.unit
 

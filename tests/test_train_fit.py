@@ -140,7 +140,7 @@ def test_the_refused_part_is_below_what_the_gpu_measured(
     a GPU, the refused part is below the measured peak (the whole estimate may be above it)."""
     from transformers import AutoConfig
 
-    from components.preflight.cost import size_of
+    from components.preflight.model_size import size_of
     from components.preflight.train_fit import Plan, fit_of
     from trainer.config import TrainConfig
     from trainer.memory_model import ModelShape

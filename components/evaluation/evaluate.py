@@ -13,7 +13,7 @@ gs://):
 Models are evaluated one at a time (only one is resident in memory, sharded over every GPU when
 there are several: loading.py) on exactly the same rows, prompts and harness tasks, with
 deterministic greedy decoding, so differences come from the weights alone. All inputs are checked
-before any model is loaded: paths, the eval split, every model's tokenizer against the tokenizer
+before any model is loaded (request.py, prechecks.py): paths, the eval split, every model's tokenizer against the tokenizer
 the dataset was packed with, the harness task names, and whether each model fits the evaluation
 machine's GPU memory (memory_fit.py). The optional pairwise judge (judge.py) compares the base
 and tuned answers to the held-out prompts after both models ran.
@@ -31,221 +31,35 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from components.evaluation import data as data_io
-from components.evaluation.gate import GateThresholds, decide
+from components.evaluation.gate import decide
 from components.evaluation.general_probes import MAX_NEW_TOKENS as PROBE_MAX_NEW_TOKENS
 from components.evaluation.general_probes import load_probes
 from components.evaluation.generation import generate_answers, has_chat_template
-from components.evaluation.harness import HarnessSettings, check_tasks, run_tasks, settings_errors
-from components.evaluation.judge import JudgeSettings, judge_pairwise
-from components.evaluation.loading import (
-    check_model_path,
-    gguf_as_directory,
-    is_hub_id,
-    loaded_model,
-    read_tokenizer,
-)
-from components.evaluation.memory_fit import (
-    Machine,
-    accelerator_memory_gib,
-    fit_error,
-    parameter_count,
-)
+from components.evaluation.harness import check_tasks, run_tasks
+from components.evaluation.judge import judge_pairwise
+from components.evaluation.loading import loaded_model
 from components.evaluation.outputs import (
     EvaluationResult,
     Scores,
     check_output_dir,
     write_outputs,
 )
-from components.evaluation.scoring import score_rows
-from trainer import storage
-from trainer.config import DTYPES, QUANTIZE_BASES, TrainConfig
-from trainer.packed_data.format import (
-    PREFERENCE_KIND,
-    Manifest,
-    TokenizerIdentity,
-    compatibility_errors,
+from components.evaluation.prechecks import (
+    check_device,
+    check_fit,
+    check_objective,
+    check_vocab,
+    checked_tokenizers,
 )
+from components.evaluation.request import EvaluationRequest, check_request
+from components.evaluation.scoring import score_rows
+from trainer.packed_data.format import Manifest
 
 log = logging.getLogger(__name__)
-
-
-def _exists(path: str) -> bool:
-    return storage.exists(path)
-
-
-def _validate_args(request: EvaluationRequest) -> None:
-    """Collect every argument error and raise them together."""
-    errors: list[str] = []
-    for what, path in (
-        ("base model", request.base),
-        ("tuned model", request.tuned),
-        ("champion model", request.champion),
-    ):
-        if path is None:
-            continue
-        try:
-            check_model_path(path, what)
-        except ValueError as exc:
-            errors.append(str(exc))
-    if not request.data_dir:
-        errors.append("data directory is empty: pass the output directory of `llmft preprocess`")
-    for what, path in (
-        ("held-out file", request.heldout),
-        ("training metrics file", request.train_metrics),
-    ):
-        if path and not _exists(path):
-            errors.append(f"{what} {path!r} does not exist")
-    if request.max_examples < 0:
-        errors.append(f"max_examples must be >= 0 (0 skips generation), got {request.max_examples}")
-    if request.max_eval_rows is not None and request.max_eval_rows < 1:
-        errors.append(f"max_eval_rows must be >= 1 or unset, got {request.max_eval_rows}")
-    for name, value in (
-        ("batch_size", request.batch_size),
-        ("generation_batch_size", request.generation_batch_size),
-        ("max_new_tokens", request.max_new_tokens),
-    ):
-        if value < 1:
-            errors.append(f"{name} must be >= 1, got {value}")
-    if request.num_samples < 0:
-        errors.append(f"num_samples must be >= 0, got {request.num_samples}")
-    try:
-        request.thresholds.validate()
-    except ValueError as exc:
-        errors.append(str(exc))
-    errors += settings_errors(request.harness) + request.judge.errors()
-    if request.accelerator_count < 0:
-        errors.append(f"accelerator_count must be >= 0, got {request.accelerator_count}")
-    if request.objective not in OBJECTIVES:
-        errors.append(
-            f"objective must be one of {', '.join(OBJECTIVES)}, got {request.objective!r}"
-        )
-    if not request.dpo_beta > 0:
-        errors.append(f"dpo_beta must be > 0, got {request.dpo_beta}")
-    if request.quantize_base not in QUANTIZE_BASES:
-        errors.append(
-            f"quantize_base must be one of {', '.join(QUANTIZE_BASES)}, "
-            f"got {request.quantize_base!r}"
-        )
-    if request.compute_dtype not in DTYPES:
-        errors.append(
-            f"compute_dtype must be one of {', '.join(DTYPES)}, got {request.compute_dtype!r}"
-        )
-    if errors:
-        raise ValueError("; ".join(errors))
-
-
-OBJECTIVES = ("sft", "dpo")
-"""What the tuned model was trained for (TrainConfig.objective's values)."""
-
-
-def _check_objective(objective: str, manifest: Manifest, data_dir: str) -> None:
-    """DPO is evaluated on preference pairs, and preference pairs only under DPO."""
-    preference = manifest.data_kind == PREFERENCE_KIND
-    if preference != (objective == "dpo"):
-        raise ValueError(
-            f"objective={objective} but {data_dir!r} holds {manifest.data_kind} data: "
-            + (
-                "evaluate a DPO model with objective=dpo"
-                if preference
-                else "objective=dpo is evaluated on a preference dataset (--data-kind preference)"
-            )
-        )
-
-
-def _check_tokenizer(what: str, path: str, tokenizer: Any, manifest: Manifest) -> None:
-    errors = compatibility_errors(manifest, TokenizerIdentity.of(tokenizer), seq_len=None)
-    if errors:
-        raise ValueError(
-            f"{what} {path!r} cannot be evaluated on this dataset: " + "; ".join(errors)
-        )
-
-
-def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> list[str]:
-    if heldout:
-        return [heldout]
-    if manifest.data_kind != "instruction":
-        log.info("data kind %r has no reference answers: skipping generation", manifest.data_kind)
-        return []
-    paths = data_io.eval_record_files(data_dir, manifest)
-    if not paths and manifest.data_kind == "instruction":
-        log.warning(
-            "no %s/part-*.jsonl in %s and no held-out file given: skipping generation metrics",
-            data_io.EVAL_RECORDS_DIR,
-            data_dir,
-        )
-    return paths
-
-
-@dataclass(frozen=True)
-class EvaluationRequest:
-    """What `run_evaluation` compares, where the outputs go, and how."""
-
-    base: str
-    """The model before fine-tuning (local dir or gs:// written by save_pretrained)."""
-    tuned: str
-    """The fine-tuned model exported by the trainer."""
-    data_dir: str
-    """Packed dataset directory (`llmft preprocess` output); its eval split is scored."""
-    output_dir: str
-    """Where the outputs go (local or gs://)."""
-    max_examples: int = 64
-    """Held-out prompts to generate answers for (0 skips generation)."""
-    heldout: str | None = None
-    """JSONL of prompt/response records for generation; default: the dataset's
-    eval_records/part-*.jsonl."""
-    train_metrics: str | None = None
-    """The trainer's metrics JSONL, plotted as the training loss curve."""
-    train_cost: str | None = None
-    """The training job's actual cost (the train step's cost.json), kept in metrics.json and
-    shown in the report."""
-    champion: str | None = None
-    """The currently registered model (see components.serving.registry), evaluated the same way and
-    compared against when `thresholds.compare_to_champion`."""
-    thresholds: GateThresholds = field(default_factory=GateThresholds)
-    """The quality gate's thresholds."""
-    max_eval_rows: int | None = None
-    """Packed eval rows to score (default all)."""
-    batch_size: int = 4
-    """Packed rows per forward pass."""
-    generation_batch_size: int = 16
-    """Prompts per generate call."""
-    max_new_tokens: int = 64
-    """Generation length limit (EOS usually stops earlier)."""
-    num_samples: int = 8
-    """Side-by-side samples shown in the report."""
-    device: str | None = None
-    """Torch device; default CUDA (bf16) when present (sharded over all GPUs when several), else
-    CPU (fp32)."""
-    overwrite: bool = False
-    """Replace metrics.json, generations.jsonl and report.html in `output_dir` even when no
-    evaluation wrote them (`outputs.check_output_dir`)."""
-    device_map: str | dict[str, Any] | None = None
-    """An accelerate device map to shard every model with (wins over `device`)."""
-    accelerator_type: str = ""
-    """The evaluation machine's accelerator (Vertex name, e.g. NVIDIA_L4) for the memory check;
-    "" measures the GPUs this process sees (none: no check)."""
-    accelerator_count: int = 0
-    """How many of `accelerator_type` the machine has."""
-    harness: HarnessSettings = field(default_factory=HarnessSettings)
-    """lm-evaluation-harness tasks run on every model (none by default)."""
-    judge: JudgeSettings = field(default_factory=JudgeSettings)
-    """The optional pairwise judge (off by default)."""
-    objective: str = TrainConfig.objective
-    """What the tuned model was trained for: "sft", or "dpo" (the data must be preference pairs;
-    the win rate and reward margin on them are added, and the eval loss is DPO's)."""
-    dpo_beta: float = TrainConfig.dpo_beta
-    """DPO's beta, as trained with: scales the implicit rewards (the margin and the loss, not
-    the win rate)."""
-    quantize_base: str = TrainConfig.quantize_base
-    """The trainer's `quantize_base`: with "nf4" (QLoRA) DPO's reference is the base with its
-    decoder blocks' linear weights through NF4 and back, as the trainer's reference was."""
-    compute_dtype: str = TrainConfig.dtype
-    """The trainer's compute dtype (summary.json's `compute_dtype`), which an NF4 reference is
-    de-quantized to; "auto" resolves as the trainer does on this evaluation's device."""
 
 
 def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
@@ -254,23 +68,73 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
     Every argument is checked first (all problems in one ValueError), then every model's
     tokenizer against the dataset's, before any model is loaded.
     """
-    _validate_args(request)
+    manifest, roles, tokenizers = _checked(request)
+    inputs = _inputs(request, manifest, roles, tokenizers)
+    scores = _score_models(request, roles, tokenizers, inputs)
+    if request.objective == "dpo":
+        scores.add_preference(request.dpo_beta)
+    if request.judge.enabled and inputs.examples:
+        scores.add_judge(
+            judge_pairwise(
+                [ex.prompt_text for ex in inputs.examples],
+                scores.answers["base"],
+                scores.answers["tuned"],
+                request.judge,
+            )
+        )
+    metrics = scores.summary(inputs.probes, rows=len(inputs.rows), examples=len(inputs.examples))
+    decision = decide(metrics, request.thresholds)
+    log.info(
+        "gate %s: %s",
+        "passed" if decision.passed else "FAILED",
+        decision.failures or "all checks ok",
+    )
+    return write_outputs(
+        request.output_dir,
+        scores=scores,
+        decision=decision,
+        roles=roles,
+        examples=inputs.examples,
+        probes=inputs.probes,
+        num_samples=request.num_samples,
+        settings=_settings(request, scores),
+        train_metrics=request.train_metrics,
+        train_cost=request.train_cost,
+    )
+
+
+def _checked(request: EvaluationRequest) -> tuple[Manifest, dict[str, str], dict[str, Any]]:
+    """Everything checked before any model loads: the arguments, the device, the output
+    directory, the data against the objective, every tokenizer and every model's fit. Returns
+    the dataset's manifest, the models by role and their tokenizers."""
+    check_request(request)
     if request.device is not None:
-        _check_device(request.device)
+        check_device(request.device)
     if "://" not in request.output_dir and os.path.isfile(request.output_dir):
         raise ValueError(
             f"output {request.output_dir!r} is a file: give a directory for the report"
         )
     check_output_dir(request.output_dir, overwrite=request.overwrite)
     manifest = data_io.load_manifest(request.data_dir)
-    _check_objective(request.objective, manifest, request.data_dir)
+    check_objective(request.objective, manifest, request.data_dir)
     roles = {
         "base": request.base,
         "tuned": request.tuned,
         **({"champion": request.champion} if request.champion else {}),
     }
-    tokenizers = _checked_tokenizers(roles, manifest)
-    _check_fit(roles, request)
+    tokenizers = checked_tokenizers(roles, manifest)
+    check_fit(roles, request)
+    return manifest, roles, tokenizers
+
+
+def _inputs(
+    request: EvaluationRequest,
+    manifest: Manifest,
+    roles: dict[str, str],
+    tokenizers: dict[str, Any],
+) -> _Inputs:
+    """What every model is scored on: the eval rows, the held-out prompts, the general probes
+    (when the forgetting check is on and every tokenizer can chat) and the harness tasks."""
     task_index = check_tasks(request.harness.tasks) if request.harness.tasks else None
     rows = data_io.read_eval_rows(request.data_dir, manifest, request.max_eval_rows)
     examples = _examples(
@@ -290,29 +154,14 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
     )
     if request.judge.enabled and not examples:
         log.warning("the judge needs held-out prompts and none are evaluated: judge skipped")
-    inputs = _Inputs(
+    return _Inputs(
         manifest=manifest, rows=rows, examples=examples, probes=probes, task_index=task_index
     )
-    scores = _score_models(request, roles, tokenizers, inputs)
-    if request.objective == "dpo":
-        scores.add_preference(request.dpo_beta)
-    if request.judge.enabled and examples:
-        scores.add_judge(
-            judge_pairwise(
-                [ex.prompt_text for ex in examples],
-                scores.answers["base"],
-                scores.answers["tuned"],
-                request.judge,
-            )
-        )
-    metrics = scores.summary(probes, rows=len(rows), examples=len(examples))
-    decision = decide(metrics, request.thresholds)
-    log.info(
-        "gate %s: %s",
-        "passed" if decision.passed else "FAILED",
-        decision.failures or "all checks ok",
-    )
-    settings = {
+
+
+def _settings(request: EvaluationRequest, scores: Scores) -> dict[str, Any]:
+    """The settings metrics.json records beside the scores."""
+    return {
         "data_dir": request.data_dir,
         "heldout": request.heldout,
         "max_examples": request.max_examples,
@@ -327,18 +176,6 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
         "quantize_base": request.quantize_base,
         "compute_dtype": request.compute_dtype,
     }
-    return write_outputs(
-        request.output_dir,
-        scores=scores,
-        decision=decision,
-        roles=roles,
-        examples=examples,
-        probes=probes,
-        num_samples=request.num_samples,
-        settings=settings,
-        train_metrics=request.train_metrics,
-        train_cost=request.train_cost,
-    )
 
 
 @dataclass(frozen=True)
@@ -366,7 +203,7 @@ def _score_models(
             tokenizer=tokenizers[role],
             device_map=request.device_map,
         ) as lm:
-            _check_vocab(role, path, lm.model, inputs.manifest)
+            check_vocab(role, path, lm.model, inputs.manifest)
             scores.device = lm.describe()
             _score(lm, role, inputs, scores, request)
             if role == "base" and _quantized_reference(request):
@@ -385,8 +222,8 @@ def _score_quantized_reference(
     """After the base's own scores: its decoder blocks' linears through the trainer's NF4 round
     trip (in place; the model is dropped after this), then the pairs' log-probabilities again,
     which replace the base's as DPO's reference (outputs.Scores.add_preference)."""
-    from trainer.model import decoder_blocks, dtype_of
-    from trainer.quantize import round_trip_blocks
+    from trainer.model import decoder_blocks, dtype_of  # torch and the trainer's model code:
+    from trainer.quantize import round_trip_blocks  # only for a QLoRA-trained DPO model
 
     model = lm.model
     model.requires_grad_(False)  # every weight of the reference is frozen, as in the trainer
@@ -436,27 +273,6 @@ def _score(lm: Any, role: str, inputs: _Inputs, scores: Scores, request: Evaluat
         )
 
 
-def _checked_tokenizers(roles: dict[str, str], manifest: Manifest) -> dict[str, Any]:
-    """Every model's tokenizer, checked against the dataset's before any weights load (so a
-    mismatch costs seconds); a model without tokenizer files uses the base model's."""
-    base = roles["base"]
-    base_tokenizer = read_tokenizer(base, "base model")
-    if base_tokenizer is None:
-        raise ValueError(f"base model {base!r} has no tokenizer files: save the tokenizer with it")
-    tokenizers: dict[str, Any] = {}
-    for role, path in roles.items():
-        tok = base_tokenizer if role == "base" else read_tokenizer(path, f"{role} model")
-        if tok is None:
-            # Trainer exports sometimes hold only weights; the base tokenizer is what trained them.
-            log.warning("%s model %s has no tokenizer files: using the base model's", role, path)
-            tok = base_tokenizer
-        _check_tokenizer(f"{role} model", path, tok, manifest)
-        if manifest.chat_template:  # prompts as the data was rendered (preprocess's option)
-            tok.chat_template = manifest.chat_template
-        tokenizers[role] = tok
-    return tokenizers
-
-
 def _examples(
     data_dir: str, heldout: str | None, manifest: Manifest, max_examples: int, tokenizer: Any
 ) -> list[Any]:
@@ -470,62 +286,17 @@ def _examples(
     return examples
 
 
-def _check_vocab(role: str, path: str, model: Any, manifest: Manifest) -> None:
-    vocab = model.get_input_embeddings().num_embeddings
-    if vocab < manifest.tokenizer.vocab_size:
-        raise ValueError(
-            f"{role} model {path!r} has {vocab} token embeddings but the dataset's "
-            f"tokenizer has {manifest.tokenizer.vocab_size} tokens: resize the model's "
-            "embeddings to the tokenizer or preprocess with the model's own tokenizer"
+def _example_paths(data_dir: str, heldout: str | None, manifest: Manifest) -> list[str]:
+    if heldout:
+        return [heldout]
+    if manifest.data_kind != "instruction":
+        log.info("data kind %r has no reference answers: skipping generation", manifest.data_kind)
+        return []
+    paths = data_io.eval_record_files(data_dir, manifest)
+    if not paths and manifest.data_kind == "instruction":
+        log.warning(
+            "no %s/part-*.jsonl in %s and no held-out file given: skipping generation metrics",
+            data_io.EVAL_RECORDS_DIR,
+            data_dir,
         )
-
-
-def _check_device(device: str) -> None:
-    """A torch device this machine has, before any model loads."""
-    import torch
-
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"device {device!r} is not a torch device: use cpu or cuda[:N]") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: this machine has no CUDA device; use cpu")
-
-
-def _evaluation_machine(request: EvaluationRequest) -> Machine | None:
-    """The GPUs the models will be loaded on: as declared (accelerator_type x count), else as
-    this process sees them; None on CPU (no memory check: host memory is not ours to plan)."""
-    if request.accelerator_type and request.accelerator_count > 0:
-        return Machine(
-            request.accelerator_type,
-            request.accelerator_count,
-            accelerator_memory_gib(request.accelerator_type),
-        )
-    import torch
-
-    if request.device_map is not None or not torch.cuda.is_available():
-        return None
-    if request.device is not None and torch.device(request.device).type != "cuda":
-        return None
-    count = 1 if request.device is not None else torch.cuda.device_count()
-    props = torch.cuda.get_device_properties(0)
-    return Machine(props.name, count, props.total_memory / 2**30)
-
-
-def _check_fit(roles: dict[str, str], request: EvaluationRequest) -> None:
-    """Refuse, before any weights load, a model the evaluation machine cannot hold."""
-    machine = _evaluation_machine(request)
-    if machine is None:
-        return
-    errors = []
-    for role, path in roles.items():
-        if is_hub_id(path):
-            continue
-        parameters = parameter_count(gguf_as_directory(path))
-        if parameters is None:
-            log.info("%s model %s: no safetensors headers, memory not checked", role, path)
-            continue
-        if error := fit_error(f"{role} model {path!r}", parameters, machine=machine):
-            errors.append(error)
-    if errors:
-        raise ValueError("; ".join(errors))
+    return paths

@@ -7,6 +7,7 @@ rather than passing silently (a gate that asks for exact match must see generati
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +87,26 @@ def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecisio
     def check(name: str, ok: bool, detail: str) -> None:
         checks.append({"name": name, "passed": bool(ok), "detail": detail})
 
+    _loss_check(metrics, thresholds, check)
+    if thresholds.min_exact_match > 0:
+        _exact_match_check(metrics, thresholds, check)
+    if thresholds.min_general_retained > 0:
+        _general_check(metrics, thresholds, check)
+    if thresholds.max_task_regression < 100.0:
+        _task_checks(metrics, thresholds.max_task_regression, check)
+    if thresholds.judge_min_win_rate > 0:
+        _judge_check(metrics, thresholds, check)
+    if thresholds.compare_to_champion and "champion_eval_loss" in metrics:
+        _champion_checks(metrics, thresholds, check)
+    return GateDecision(passed=all(c["passed"] for c in checks), checks=checks)
+
+
+Check = Callable[[str, bool, str], None]
+"""Records one check: its name, whether it passed, and the detail shown in the report."""
+
+
+def _loss_check(metrics: dict[str, float], thresholds: GateThresholds, check: Check) -> None:
+    """The tuned model's eval loss is at least `min_loss_improvement` below the base's."""
     base, tuned = metrics["base_eval_loss"], metrics["tuned_eval_loss"]
     improvement = base - tuned
     check(
@@ -94,80 +115,91 @@ def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecisio
         f"eval loss improved by {improvement:.4f} (base {base:.4f} -> tuned {tuned:.4f}); "
         f"required >= {thresholds.min_loss_improvement:.4f}",
     )
-    if thresholds.min_exact_match > 0:
-        em = metrics.get("tuned_exact_match")
-        if em is None:
-            check(
-                "exact_match",
-                False,
-                f"exact match >= {thresholds.min_exact_match:.3f} required but no generation "
-                "examples were evaluated (no eval records / held-out file, or max_examples=0)",
-            )
-        else:
-            check(
-                "exact_match",
-                em >= thresholds.min_exact_match,
-                f"exact match {em:.3f}; required >= {thresholds.min_exact_match:.3f}",
-            )
-    if thresholds.min_general_retained > 0:
-        kept = metrics.get("general_retained")
-        required = thresholds.min_general_retained
-        if "base_general_correct" not in metrics or "tuned_general_correct" not in metrics:
-            check(
-                "general_retained",
-                False,
-                f"general probes retained >= {required:.3f} required but the probes were not "
-                "scored (a model's tokenizer has no chat template)",
-            )
-        elif kept is None:
-            check(
-                "general_retained",
-                True,
-                "the base model answered none of the general probes: nothing to retain",
-            )
-        else:
-            check(
-                "general_retained",
-                kept >= required,
-                f"general probes retained {kept:.3f} (base answered "
-                f"{metrics['base_general_correct']:.3f}, tuned "
-                f"{metrics['tuned_general_correct']:.3f}); required >= {required:.3f}",
-            )
-    if thresholds.max_task_regression < 100.0:
-        _task_checks(metrics, thresholds.max_task_regression, check)
-    if thresholds.judge_min_win_rate > 0:
-        rate, required = metrics.get("judge_win_rate"), thresholds.judge_min_win_rate
+
+
+def _exact_match_check(metrics: dict[str, float], thresholds: GateThresholds, check: Check) -> None:
+    """The tuned model's exact match on the held-out prompts (failed when none were asked)."""
+    em = metrics.get("tuned_exact_match")
+    if em is None:
         check(
-            "judge_win_rate",
-            rate is not None and rate >= required,
-            f"judge win rate {rate:.3f} against the base; required >= {required:.3f}"
-            if rate is not None
-            else f"judge win rate >= {required:.3f} required but the judge did not run "
-            "(judge off, or no held-out prompts)",
+            "exact_match",
+            False,
+            f"exact match >= {thresholds.min_exact_match:.3f} required but no generation "
+            "examples were evaluated (no eval records / held-out file, or max_examples=0)",
         )
-    if thresholds.compare_to_champion and "champion_eval_loss" in metrics:
-        champion = metrics["champion_eval_loss"]
-        tol = thresholds.champion_tolerance
+    else:
         check(
-            "champion_loss",
-            tuned <= champion + tol,
-            f"eval loss {tuned:.4f} vs champion {champion:.4f} (tolerance {tol:.4f})",
+            "exact_match",
+            em >= thresholds.min_exact_match,
+            f"exact match {em:.3f}; required >= {thresholds.min_exact_match:.3f}",
         )
-        if "champion_exact_match" in metrics and "tuned_exact_match" in metrics:
-            em, champion_em = metrics["tuned_exact_match"], metrics["champion_exact_match"]
-            check(
-                "champion_exact_match",
-                em >= champion_em - tol,
-                f"exact match {em:.3f} vs champion {champion_em:.3f} (tolerance {tol:.3f})",
-            )
-    return GateDecision(passed=all(c["passed"] for c in checks), checks=checks)
+
+
+def _general_check(metrics: dict[str, float], thresholds: GateThresholds, check: Check) -> None:
+    """The forgetting check: the share of the general probes the base answered that the tuned
+    model still answers."""
+    kept = metrics.get("general_retained")
+    required = thresholds.min_general_retained
+    if "base_general_correct" not in metrics or "tuned_general_correct" not in metrics:
+        check(
+            "general_retained",
+            False,
+            f"general probes retained >= {required:.3f} required but the probes were not "
+            "scored (a model's tokenizer has no chat template)",
+        )
+    elif kept is None:
+        check(
+            "general_retained",
+            True,
+            "the base model answered none of the general probes: nothing to retain",
+        )
+    else:
+        check(
+            "general_retained",
+            kept >= required,
+            f"general probes retained {kept:.3f} (base answered "
+            f"{metrics['base_general_correct']:.3f}, tuned "
+            f"{metrics['tuned_general_correct']:.3f}); required >= {required:.3f}",
+        )
+
+
+def _judge_check(metrics: dict[str, float], thresholds: GateThresholds, check: Check) -> None:
+    """The pairwise judge's win rate of the tuned model against the base."""
+    rate, required = metrics.get("judge_win_rate"), thresholds.judge_min_win_rate
+    check(
+        "judge_win_rate",
+        rate is not None and rate >= required,
+        f"judge win rate {rate:.3f} against the base; required >= {required:.3f}"
+        if rate is not None
+        else f"judge win rate >= {required:.3f} required but the judge did not run "
+        "(judge off, or no held-out prompts)",
+    )
+
+
+def _champion_checks(metrics: dict[str, float], thresholds: GateThresholds, check: Check) -> None:
+    """The tuned model against the registered champion: loss, and exact match when both have it,
+    each within `champion_tolerance`."""
+    tuned, champion = metrics["tuned_eval_loss"], metrics["champion_eval_loss"]
+    tol = thresholds.champion_tolerance
+    check(
+        "champion_loss",
+        tuned <= champion + tol,
+        f"eval loss {tuned:.4f} vs champion {champion:.4f} (tolerance {tol:.4f})",
+    )
+    if "champion_exact_match" in metrics and "tuned_exact_match" in metrics:
+        em, champion_em = metrics["tuned_exact_match"], metrics["champion_exact_match"]
+        check(
+            "champion_exact_match",
+            em >= champion_em - tol,
+            f"exact match {em:.3f} vs champion {champion_em:.3f} (tolerance {tol:.3f})",
+        )
 
 
 TASK_PREFIX = "tuned_task_"
 """Metric keys of the harness tasks' headline metrics (`<role>_task_<task>`, harness.py)."""
 
 
-def _task_checks(metrics: dict[str, float], max_drop: float, check: Any) -> None:
+def _task_checks(metrics: dict[str, float], max_drop: float, check: Check) -> None:
     """One check per harness task: tuned at most `max_drop` points below base."""
     tasks = [k.removeprefix(TASK_PREFIX) for k in metrics if k.startswith(TASK_PREFIX)]
     if not tasks:

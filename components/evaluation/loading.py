@@ -24,9 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from components.evaluation.memory_fit import USABLE
 from components.runtime.model_location import is_hub_id
 from trainer import storage
-from trainer.gguf import is_gguf
+from trainer.cuda_guard import check_cuda
+from trainer.gguf import is_gguf, resolve_gguf
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +116,6 @@ def plan_placement(
         dtype = torch.bfloat16 if on_gpu else torch.float32
         return Placement(device=first, dtype=dtype, device_map=device_map)
     if device is None and torch.cuda.device_count() > 1:
-        from components.evaluation.memory_fit import USABLE
-
         max_memory: dict[Any, str] = {
             i: f"{int(torch.cuda.get_device_properties(i).total_memory * USABLE) // 2**20}MiB"
             for i in range(torch.cuda.device_count())
@@ -138,8 +138,6 @@ def pick_device(device: str | None = None) -> tuple[Any, Any]:
             unavailable: scoring a large model in fp32 on CPU would take hours unnoticed.
     """
     import torch
-
-    from trainer.cuda_guard import check_cuda
 
     check_cuda(torch.cuda.is_available(), "evaluation")
     if device is None:
@@ -201,7 +199,6 @@ def gguf_as_directory(path: str) -> str:
     """`path` itself, or for a .gguf file its converted model directory (trainer/gguf.py)."""
     if not is_gguf(path):
         return path
-    from trainer.gguf import resolve_gguf
 
     return resolve_gguf(path)
 

@@ -21,6 +21,7 @@ import logging
 import struct
 from dataclasses import dataclass
 
+from components.platform.platform_facts import ACCELERATORS, accelerator, machines_for
 from trainer import storage
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,11 @@ DEVICE_COUNTS = (1, 2, 4, 8)
 
 def accelerator_memory_gib(name: str) -> float:
     """Memory of one accelerator (Vertex or GKE name), from the platform facts."""
-    from components.platform.platform_facts import accelerator
-
     return float(accelerator(name).memory_gib)
 
 
 def known_accelerators() -> tuple[str, ...]:
     """The accelerators a machine may be suggested from, smallest memory first (Vertex names)."""
-    from components.platform.platform_facts import ACCELERATORS
-
     return tuple(a.vertex_name for a in sorted(ACCELERATORS, key=lambda a: a.memory_gib))
 
 
@@ -76,8 +73,6 @@ def smallest_fitting(need_gib: float) -> Machine | None:
     """The machine with the least total accelerator memory that holds `need_gib` (fewest devices
     on a tie), or None when even the largest cannot. Only combinations some machine type carries
     (platform_facts: e.g. H200s come 8 to an a3-ultragpu-8g)."""
-    from components.platform.platform_facts import machines_for
-
     machines = [
         Machine(name, count, accelerator_memory_gib(name))
         for name in known_accelerators()

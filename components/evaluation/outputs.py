@@ -12,6 +12,7 @@ from typing import Any
 
 from components.evaluation.gate import GateDecision
 from components.evaluation.general_probes import retained
+from components.evaluation.harness import flat_metrics, metric_label
 from components.evaluation.report import read_training_curve, render_report
 from components.evaluation.text_metrics import chrf, exact_match, normalize_answer
 from trainer import storage
@@ -62,8 +63,6 @@ class Scores:
     """Preference data: role -> [pairs, 2] response log-probabilities (scoring.LossResult)."""
 
     def add_tasks(self, role: str, results: dict[str, dict[str, Any]]) -> None:
-        from components.evaluation.harness import flat_metrics
-
         self.tasks[role] = results
         self.metrics.update(flat_metrics(role, results))
         log.info(
@@ -82,8 +81,6 @@ class Scores:
     def tasks_section(self) -> dict[str, dict[str, Any]]:
         """Per task: the headline metric, every metric's label, and each role's values (the
         "tasks" section of metrics.json, and the report's table)."""
-        from components.evaluation.harness import metric_label
-
         section: dict[str, dict[str, Any]] = {}
         for role, results in self.tasks.items():
             for task, result in results.items():
@@ -131,6 +128,7 @@ class Scores:
         it would not match the loss)."""
         import torch
 
+        # imports torch: only when DPO pairs are scored
         from trainer.preference import dpo_losses, margins
 
         reference = torch.from_numpy(self.pair_logps["base"])

@@ -50,6 +50,7 @@ def score_rows(model: Any, rows: PackedRows, *, device: Any, batch_size: int = 4
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    # the trainer's model code imports torch (seconds): only when rows are scored
     from trainer.attention import document_attention_in
     from trainer.model import CausalLMLoss
     from trainer.preference import sum_by_pair

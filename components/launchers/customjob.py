@@ -21,6 +21,8 @@ from typing import Any
 
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
 from components.launchers.vocab import DEFAULT_ACCELERATOR_TYPE, DEFAULT_MACHINE_TYPE
+from components.platform.capacity import CAPACITIES
+from components.platform.platform_facts import machine_accelerator_errors
 from components.runtime.image import DEFAULT_IMAGE
 from components.runtime.run_identity import resource_name, vertex_labels
 from components.runtime.secrets import HF_TOKEN_SECRET_ENV
@@ -95,8 +97,6 @@ class CustomJobOptions:
 
     def capacity_errors(self) -> list[str]:
         """Problems of the capacity settings, each with what to change."""
-        from components.platform.capacity import CAPACITIES
-
         errors = []
         if self.capacity not in CAPACITIES:
             errors.append(f"capacity={self.capacity!r}: choose one of {', '.join(CAPACITIES)}")
@@ -133,8 +133,6 @@ class CustomJobOptions:
                 "(e.g. NVIDIA_H100_80GB, NVIDIA_L4)"
             )
         else:  # the machine type fixes the GPUs: refused here, not by create_custom_job later
-            from components.platform.platform_facts import machine_accelerator_errors
-
             count = self.accelerators(launch) if accelerator else 0
             errors += machine_accelerator_errors(self.machine_type, accelerator or "", count)
         secret = self.hf_token_secret

@@ -30,6 +30,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.etcd.kubernetes import (
+    adopt_etcd,
+    create_etcd,
+    delete_etcd,
+    release_etcd,
+    wait_etcd_ready,
+)
+from components.etcd.manifests import etcd_endpoint
 from components.launchers.base import (
     CANCELLED,
     FAILED,
@@ -56,10 +64,13 @@ from components.launchers.k8s_diagnostics import (
     summarize,
 )
 from components.launchers.pod_logs import RankZeroLog
-from components.launchers.pytorchjob import PyTorchJobOptions
+from components.launchers.pytorchjob import (
+    PyTorchJobOptions,
+)
 from components.launchers.pytorchjob_api import JobGone
 from components.launchers.trainjob_api import resolve_job_api
 from components.launchers.vocab import DEFAULT_JOB_API
+from components.runtime.k8s_client import make_api_client, run_owner
 from components.runtime.run_identity import k8s_selector
 
 job_times = pytorchjob_times
@@ -127,8 +138,6 @@ class GkeLauncher(Launcher):
         options = options or GkeOptions()
         api_client = options.api_client
         if api_client is None:
-            from components.runtime.k8s_client import make_api_client
-
             api_client = make_api_client(cluster=options.cluster)
         from kubernetes import client
 
@@ -174,7 +183,6 @@ class GkeLauncher(Launcher):
         warning = service_account_check(self.core, self.namespace, self.job_options.service_account)
         if warning:
             self.log(f"[gke] warning: {warning}")
-        from components.runtime.k8s_client import run_owner
 
         owner = run_owner(self.api_client, self.namespace)
         if owner and not self.job_options.owner:
@@ -185,8 +193,6 @@ class GkeLauncher(Launcher):
         created = self.jobs.create(self.manifest)
         uid = (created.get("metadata") or {}).get("uid")
         if own_etcd and uid:
-            from components.etcd.kubernetes import adopt_etcd
-
             job_ref = {
                 "apiVersion": kind.api_version,
                 "kind": kind.kind,
@@ -199,8 +205,6 @@ class GkeLauncher(Launcher):
                 self.log(f"[gke] the run's etcd now belongs to {kind.kind} {self.name} (its TTL)")
 
     def _uses_run_etcd(self, launch: TrainLaunch) -> bool:
-        from components.etcd.manifests import etcd_endpoint
-
         run_etcd = etcd_endpoint(run_id=launch.run_id, namespace=self.namespace)
         return launch.rdzv_endpoint in ("", run_etcd)
 
@@ -212,8 +216,6 @@ class GkeLauncher(Launcher):
         step creates it: a retried train task would rendezvous on nothing. So the job's
         ownership is dropped before anything can delete it, and etcd is (re)created, reusing
         what exists, as the etcd_up step does (components/steps/etcd.py)."""
-        from components.etcd.kubernetes import create_etcd, release_etcd, wait_etcd_ready
-
         run_id, namespace = launch.run_id, self.namespace
         kind = self._flavor().kind
         if release_etcd(self.api_client, run_id=run_id, namespace=namespace, owner_kind=kind):
@@ -465,6 +467,4 @@ def _pods_phase(pods: list[Any]) -> str:
 
 def _cleanup_etcd(api_client: Any, run_id: str, namespace: str) -> list[str]:
     """The run's etcd StatefulSet/Service/PVCs, deleted by label (components/etcd/kubernetes.py)."""
-    from components.etcd.kubernetes import delete_etcd
-
     return [f"etcd {obj}" for obj in delete_etcd(api_client, run_id=run_id, namespace=namespace)]

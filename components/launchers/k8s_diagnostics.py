@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from components.launchers.pytorchjob import WORKLOAD_IDENTITY_ANNOTATION
+
 # Waiting reasons that will not fix themselves: fail the run now rather than wait for a deadline.
 FATAL_WAITING = {
     "ImagePullBackOff": "cannot pull the image: check the image name/tag and that the node's "
@@ -155,8 +157,6 @@ def service_account_check(core: Any, namespace: str, name: str | None) -> str | 
     created: ValueError) and should carry a Workload Identity annotation (else gs:// access is
     403: the returned warning). None when it looks right or when we may not look."""
     from kubernetes.client.exceptions import ApiException
-
-    from components.launchers.pytorchjob import WORKLOAD_IDENTITY_ANNOTATION
 
     account = name or "default"
     try:

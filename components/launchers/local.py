@@ -196,6 +196,7 @@ class LocalLauncher(Launcher):
             # port stays reserved for the run (see components/runtime/ports.py), released in _finish.
             self._store_port = ReservedPort()
             return self._store_port.endpoint
+        # etcd's client imports requests (~200 modules): only for an etcd rendezvous
         from components.etcd import local as etcd_local
 
         # Detached: a terminal's Ctrl-C reaches the whole foreground group; etcd must outlive the
@@ -367,6 +368,7 @@ class LocalLauncher(Launcher):
         if self._store_port is not None:
             self._store_port.release()
         if self._state.etcd_started:
+            # etcd's client imports requests (~200 modules): only for an etcd rendezvous
             from components.etcd import local as etcd_local
 
             etcd_local.stop(self._state.run_id, root=self._state_root)
@@ -382,6 +384,7 @@ class LocalLauncher(Launcher):
             killed = terminate_run_processes(self.marker(run_id), pgids, grace_s=self.grace_s)
             removed.append(f"stopped the processes of run {run_id} ({killed} needed SIGKILL)")
         try:
+            # etcd's client imports requests (~200 modules): only for an etcd rendezvous
             from components.etcd import local as etcd_local
         except ImportError:  # the etcd module is optional for c10d-only installs
             etcd_local = None  # type: ignore[assignment]

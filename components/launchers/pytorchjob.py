@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.etcd.manifests import etcd_endpoint
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
 from components.launchers.vocab import (
     DEFAULT_NAMESPACE,
@@ -40,9 +41,11 @@ from components.launchers.vocab import (
     K8S_SUBDOMAIN_NAME,
     KUEUE_QUEUE_LABEL,
 )
+from components.platform.capacity import CAPACITIES
 from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
 from components.runtime.image import DEFAULT_IMAGE
 from components.runtime.run_identity import k8s_labels, resource_name
+from trainer.cuda_guard import expect_cuda_env
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"
@@ -185,7 +188,6 @@ class PyTorchJobOptions:
                 f"gpus_per_node={gpus} < nproc_per_node={launch.nproc_per_node}: one process "
                 "per GPU"
             )
-        from components.platform.capacity import CAPACITIES
 
         if self.capacity not in CAPACITIES:
             errors.append(f"capacity={self.capacity!r}: choose one of {', '.join(CAPACITIES)}")
@@ -277,7 +279,6 @@ def rendezvous_endpoint(launch: TrainLaunch, namespace: str) -> str:
         return launch.rdzv_endpoint
     if launch.rdzv_backend == "c10d":
         return f"{job_name(launch.run_id)}-worker-0:{DEFAULT_RDZV_PORT['c10d']}"
-    from components.etcd.manifests import etcd_endpoint
 
     return etcd_endpoint(run_id=launch.run_id, namespace=namespace)
 
@@ -380,8 +381,6 @@ def pod_placement(launch: TrainLaunch, options: PyTorchJobOptions) -> dict[str, 
 def gpu_env(gpus: int) -> dict[str, str]:
     """Environment of a pod given `gpus` GPUs on GKE: the driver mount on the loader path and the
     expectation of CUDA (trainer/cuda_guard.py); {} for CPU pods."""
-    from trainer.cuda_guard import expect_cuda_env
-
     if gpus <= 0:
         return {}
     return {"LD_LIBRARY_PATH": GKE_NVIDIA_LIBRARY_PATH, **expect_cuda_env(gpus)}

@@ -36,6 +36,7 @@ from components.launchers.customjob import CustomJobOptions, build_custom_job
 from components.launchers.vocab import DEFAULT_REGION
 from components.runtime.run_identity import VERTEX_RUN_LABEL, safe_run_id
 from components.runtime.secrets import secret_version_name
+from trainer.cuda_guard import expect_cuda_env
 
 
 def api_endpoint(location: str) -> str:
@@ -230,8 +231,6 @@ class VertexLauncher(Launcher):
 
     def start(self, launch: TrainLaunch) -> None:
         from google.cloud import aiplatform_v1
-
-        from trainer.cuda_guard import expect_cuda_env
 
         self.launch = launch
         # Replicas given GPUs stop at once if torch sees none (trainer/cuda_guard.py).

@@ -13,6 +13,8 @@ from typing import Any
 
 from trainer import storage
 from trainer.config import TrainConfig
+from trainer.gguf import gguf_errors, is_gguf
+from trainer.packed_data.format import TokenizerIdentity, compatibility_errors, read_manifest
 
 
 def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> None:
@@ -29,14 +31,13 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
     data or recipe: `trainer.checkpoint.RESUME_MUST_MATCH`) is refused, unless `overwrite` (the
     caller then deletes those checkpoints).
     """
-    from trainer.packed_data.format import read_manifest
-
     config.validate()
     errors: list[str] = []
     model_dir = _local_model_dir(config.model, errors, local=local)
     if model_dir is not None and (model_dir / "config.json").is_file():
         # A family feature the chosen attention cannot compute exactly (e.g. gpt-oss's sinks
         # with attention=sdpa) is refused here, before any node starts.
+        # imports torch: only when a local model is checked
         from trainer.attention import check_model
 
         try:
@@ -59,6 +60,7 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
             )
         if model_dir is not None:
             errors += _model_fits_errors(model_dir, config, manifest)
+        # the shard reader imports numpy (~100 modules): only for a local dataset
         from trainer.packed_data.reader import shard_problems
 
         # Every page read and checked here when the data is on this machine; remote: footers.
@@ -73,6 +75,7 @@ def _resume_errors(config: TrainConfig) -> list[str]:
     """A checkpoint of another run in the output: the trainer would refuse it on every rank."""
     if not storage.exists(config.checkpoints_dir()):
         return []
+    # imports torch: only when a run resumes
     from trainer.checkpoint import check_resume  # imports torch: only when there is one
 
     try:
@@ -89,7 +92,6 @@ def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | No
     path = Path(model).expanduser()
     if path.is_dir():
         return path
-    from trainer.gguf import gguf_errors, is_gguf
 
     if is_gguf(model):
         if local or path.is_file():
@@ -108,8 +110,6 @@ def _local_model_dir(model: str, errors: list[str], *, local: bool) -> Path | No
 
 def _model_fits_errors(model_dir: Path, config: TrainConfig, manifest: Any) -> list[str]:
     """The tokenizer matches the dataset's, and the model has positions for its rows."""
-    from trainer.packed_data.format import TokenizerIdentity, compatibility_errors
-
     errors = []
     model_config = model_dir / "config.json"
     if not model_config.is_file():
@@ -150,6 +150,7 @@ def check_rendezvous(rdzv_backend: str, endpoint: str) -> None:
     """
     if not endpoint:
         if rdzv_backend != "c10d":
+            # etcd's client imports requests (~200 modules): only for an etcd rendezvous
             from components.etcd.local import find_etcd
 
             find_etcd()  # EtcdNotFoundError (a ValueError): how to install it, or use c10d

@@ -34,7 +34,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from components.params.trainer_params import planned_trainer_config
+from components.platform.platform_facts import accelerator
+from components.preflight.model_size import model_config, size_of
 from trainer.config import TrainConfig
+from trainer.gguf import is_gguf
 from trainer.memory_model import MemoryEstimate, ModelShape, estimate
 
 log = logging.getLogger(__name__)
@@ -95,7 +99,6 @@ def training_fit_error(params: Any, base_model: str, *, remote: bool) -> str | N
         return None
     if "://" in base_model and not remote:
         return None  # read inside the pipeline, with its credentials
-    from components.platform.platform_facts import accelerator
 
     try:
         memory = accelerator(params.accelerator_type).memory_gib * GIB
@@ -128,9 +131,6 @@ def training_fit_error(params: Any, base_model: str, *, remote: bool) -> str | N
 def model_shape(base_model: str) -> ModelShape | None:
     """The memory model's view of the model at `base_model` (None when it cannot be read: the
     check is advisory, so any failure leaves the model to the run)."""
-    from components.preflight.cost import model_config, size_of
-    from trainer.gguf import is_gguf
-
     if is_gguf(base_model):
         return None  # converted on each node; its config exists only then
     try:
@@ -148,13 +148,13 @@ def model_shape(base_model: str) -> ModelShape | None:
 
 def plan_of(params: Any) -> Plan:
     from components.launchers.vocab import resolve_nproc_per_node
-    from components.params.trainer_params import planned_trainer_config
 
     nproc = resolve_nproc_per_node(params.backend, params.nproc_per_node, params.accelerator_count)
     return Plan(planned_trainer_config(params), params.nodes * nproc, params.seq_len)
 
 
 def fit_of(shape: ModelShape, plan: Plan, gpu_bytes: float) -> TrainingFit:
+    # imports torch: only when a fit is computed
     from trainer.model import replicates
 
     c = plan.config

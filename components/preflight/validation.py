@@ -14,9 +14,13 @@ import glob
 from collections.abc import Mapping
 from typing import Any
 
+from components.evaluation.harness import check_tasks, parse_tasks
+from components.evaluation.memory_fit import eval_machine_error
 from components.params.param_values import params_from_mapping
 from components.params.run_checks import raise_errors, run_errors
 from components.params.run_params import SCHEDULE_TIME_PLACEHOLDER, RunParams
+from components.preflight.train_fit import training_fit_error
+from trainer.gguf import gguf_errors, is_gguf
 
 
 def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
@@ -46,7 +50,6 @@ def model_errors(base_model: str) -> list[str]:
     Hub ids and URIs are left to the steps that read them."""
     if "://" in base_model or not base_model.strip():
         return []
-    from trainer.gguf import gguf_errors, is_gguf
 
     return gguf_errors(base_model, f"base_model={base_model!r}") if is_gguf(base_model) else []
 
@@ -65,22 +68,18 @@ def evaluation_errors(
     """
     errors = []
     if params.eval_tasks.strip(" ,"):
-        from components.evaluation.harness import check_tasks, parse_tasks
-
         try:
             check_tasks(parse_tasks(params.eval_tasks))
         except ValueError as exc:
             if remote or "unknown eval_tasks" in str(exc):
                 errors.append(str(exc))
-    if check_machine and params.eval_accelerator_count > 0:
-        from components.evaluation.memory_fit import eval_machine_error
-
-        if remote or "://" not in base_model:
-            error = eval_machine_error(
-                base_model, params.eval_accelerator_type, params.eval_accelerator_count
-            )
-            if error:
-                errors.append(error)
+    declared = check_machine and params.eval_accelerator_count > 0
+    if declared and (remote or "://" not in base_model):
+        error = eval_machine_error(
+            base_model, params.eval_accelerator_type, params.eval_accelerator_count
+        )
+        if error:
+            errors.append(error)
     return errors
 
 
@@ -98,7 +97,5 @@ def check_run_parameters(values: Mapping[str, Any]) -> RunParams:
 
 def fit_errors(params: RunParams, base_model: str, *, remote: bool) -> list[str]:
     """Training must fit its GPUs (components/preflight/train_fit.py), refused before money is spent."""
-    from components.preflight.train_fit import training_fit_error
-
     error = training_fit_error(params, base_model, remote=remote)
     return [error] if error else []

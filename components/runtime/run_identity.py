@@ -13,6 +13,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from components.platform.kfp_backend import KFP_FEATURE_FLOORS, version_text
+
 MANAGED_BY = "llmft"
 K8S_RUN_LABEL = "llmft.dev/run-id"
 """Kubernetes label key (prefix/name form) carried by every object a run creates."""
@@ -38,8 +40,6 @@ def check_placeholder_resolved(name: str, value: str) -> str | None:
     """A literal `{{$.` means the backend did not resolve a KFP placeholder; using it would name
     every run's resources alike."""
     if PLACEHOLDER_START in value:
-        from components.platform.platform_facts import KFP_FEATURE_FLOORS, version_text
-
         floor = version_text(KFP_FEATURE_FLOORS["pipeline_job_uuid placeholder"][0])
         return (
             f"{name}={value!r} is an unresolved KFP placeholder: this backend is too old to "

@@ -22,22 +22,21 @@ tests replace at that boundary (tests/fakes/vertex.py, goldens in tests/golden/)
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.platform.platform_facts import machine_accelerator_errors
 from components.runtime.run_identity import resource_name, vertex_labels
-from components.serving.presets import ServingPreset, chat_answer, chat_body
+from components.serving.presets import ServingPreset
+from components.serving.smoke import smoke
+from components.serving.traffic import challenger_split, rescaled
 
 log = logging.getLogger(__name__)
 
 DEPLOY_TIMEOUT_S = 3 * 3600
 """How long a deployment may take (a GPU machine, an image pull and a model load from gs://)."""
-SMOKE_ATTEMPTS = 20
-"""Chat requests sent before giving up (the new model is alone on the endpoint it is tested on;
-the Model Garden preset's answers are still checked to come from it)."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,6 @@ class DeployOptions:
 
 def deploy_errors(options: DeployOptions) -> list[str]:
     """What Vertex would refuse about `options`, each with the fix ([] when fine)."""
-    from components.platform.platform_facts import machine_accelerator_errors
-
     errors = []
     if not options.endpoint:
         errors.append("deploy_endpoint is empty: name the endpoint to deploy to")
@@ -110,9 +107,11 @@ class VertexClients:
 
     @classmethod
     def for_location(cls, location: str, credentials: Any = None) -> VertexClients:
+        # the Vertex client (~2 s to import): only when Vertex is called
         from google.cloud import aiplatform_v1
         from google.cloud.aiplatform import initializer
 
+        # the Vertex launcher (~60 modules): only for a cloud deployment
         from components.launchers.vertex import api_endpoint
 
         options = {"api_endpoint": api_endpoint(location)}
@@ -135,6 +134,7 @@ def find_or_create_endpoint(
     clients: VertexClients, *, options: DeployOptions, project: str, location: str, run_id: str
 ) -> tuple[Any, bool]:
     """(the Endpoint proto, whether this call created it)."""
+    # the Vertex client (~2 s to import): only when Vertex is called
     from google.cloud import aiplatform_v1
 
     parent = f"projects/{project}/locations/{location}"
@@ -166,6 +166,7 @@ def find_or_create_endpoint(
 
 
 def _deployed_model(version: str, options: DeployOptions, run_id: str) -> Any:
+    # the Vertex client (~2 s to import): only when Vertex is called
     from google.cloud import aiplatform_v1
 
     machine = aiplatform_v1.MachineSpec(machine_type=options.machine_type)
@@ -185,91 +186,6 @@ def _deployed_model(version: str, options: DeployOptions, run_id: str) -> Any:
     if options.service_account:
         deployed.service_account = options.service_account
     return deployed
-
-
-def challenger_split(current: dict[str, int], share: int) -> dict[str, int]:
-    """The traffic split with the new model ("0", as DeployModel names it) at `share` percent and
-    the current models keeping the rest in their proportions (largest remainders first)."""
-    serving = {k: v for k, v in current.items() if v > 0}
-    if not serving or share >= 100:
-        return {"0": 100}
-    rest = 100 - share
-    total = sum(serving.values())
-    exact = {k: v * rest / total for k, v in serving.items()}
-    split = {k: int(x) for k, x in exact.items()}
-    by_remainder = sorted(exact, key=lambda k: (-(exact[k] - split[k]), k))
-    for k in by_remainder[: rest - sum(split.values())]:
-        split[k] += 1
-    return {**split, "0": share}
-
-
-def smoke(
-    clients: VertexClients,
-    *,
-    endpoint: str,
-    preset: ServingPreset,
-    served_model_name: str,
-    deployed_model_id: str,
-    attempts: int = SMOKE_ATTEMPTS,
-) -> str:
-    """Send the smoke chat prompt; return the answer.
-
-    Raises:
-        RuntimeError: no chat completion came back (or, with the Model Garden preset, none from
-            the new model).
-    """
-    from google.api import httpbody_pb2
-    from google.cloud import aiplatform_v1
-
-    body = chat_body(preset, served_model_name)
-    problems: list[str] = []
-    for _ in range(attempts):
-        try:
-            if preset == "vertex-vllm":
-                # Flattened arguments, as the SDK's Endpoint.predict calls it (proto-plus cannot
-                # build a PredictRequest with Value instances in one go).
-                response = clients.predictions.predict(
-                    endpoint=endpoint, instances=json.loads(body)["instances"]
-                )
-                predictions = [_plain(p) for p in response.predictions]
-                answer = chat_answer({"predictions": predictions})
-                if answer is not None and response.deployed_model_id == deployed_model_id:
-                    return answer
-                problems.append(
-                    f"{response.deployed_model_id or '?'} answered {answer!r}"
-                    if answer is not None
-                    else f"no chat completion in {predictions!r:.200}"
-                )
-                continue
-            http_body = httpbody_pb2.HttpBody(data=body, content_type="application/json")
-            raw = clients.predictions.raw_predict(
-                request=aiplatform_v1.RawPredictRequest(endpoint=endpoint, http_body=http_body)
-            )
-            answer = chat_answer(bytes(raw.data))
-            if answer is not None:
-                return answer
-            problems.append(f"no answer in {bytes(raw.data)[:200]!r}")
-        except Exception as exc:  # a refused request is a failed smoke test, reported below
-            problems.append(f"{type(exc).__name__}: {exc}")
-        if len(problems) >= 3 and preset != "vertex-vllm":
-            break
-    raise RuntimeError(
-        f"the smoke prompt got no answer from the new model on {endpoint}: "
-        + "; ".join(problems[-3:])
-    )
-
-
-def _plain(value: Any) -> Any:
-    """A prediction as plain Python (proto-plus gives Struct/list wrappers or protobuf Values)."""
-    from google.protobuf import json_format, struct_pb2
-
-    if isinstance(value, struct_pb2.Value):
-        return json_format.MessageToDict(value)
-    if hasattr(value, "items"):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple) or type(value).__name__ == "RepeatedComposite":
-        return [_plain(v) for v in value]
-    return value
 
 
 def deploy_version(
@@ -316,61 +232,91 @@ def deploy_version(
     deployment = Deployment(endpoint=endpoint.name, created_endpoint=created)
     earlier = {k: v for k, v in endpoint.traffic_split.items() if v > 0}
     try:
-        if earlier:
-            deployment.answer = smoke_alone(
-                clients, version=version, options=options, project=project,
-                location=location, run_id=run_id, preset=preset,
-                served_model_name=served_model_name,
-            )  # fmt: skip
-        split = challenger_split(earlier, options.traffic_percent)
-        deployment.deployed_model_id = _deploy(
-            clients, endpoint.name, version, options, run_id, split
-        )
-        if on_deployed:
-            on_deployed(deployment)
-        if not earlier:
-            deployment.answer = smoke(
-                clients, endpoint=endpoint.name, preset=preset,
-                served_model_name=served_model_name,
-                deployed_model_id=deployment.deployed_model_id,
-            )  # fmt: skip
-        log.info("smoke prompt answered: %r", deployment.answer)
+        release = Release(version, options, project, location, run_id, preset, served_model_name)
+        split = _deploy_tested(clients, deployment, earlier, release, on_deployed)
     except BaseException:
         rollback(clients, deployment, restore_split=earlier)
         raise
     # Tested and serving its share: from here on nothing rolls the new version back.
     if options.traffic_percent >= 100:
-        for old in sorted(earlier):  # a proto map: no order of its own
-            try:
-                _undeploy(clients, endpoint.name, old, {deployment.deployed_model_id: 100})
-                deployment.replaced.append(old)
-            except Exception:  # best-effort: the old model stays deployed with no traffic
-                log.exception(
-                    "could not undeploy %s from %s (it gets no traffic)", old, endpoint.name
-                )
-                deployment.left.append(old)
-    try:
-        final = clients.endpoints.get_endpoint(request={"name": endpoint.name})
-        deployment.traffic_split = dict(final.traffic_split)
-    except Exception:
-        log.exception("could not read back the traffic split of %s", endpoint.name)
-        deployment.traffic_split = {
-            (deployment.deployed_model_id if k == "0" else k): v for k, v in split.items()
-        }
+        _retire(clients, deployment, earlier)
+    deployment.traffic_split = _final_split(clients, deployment, split)
     return deployment
 
 
-def _deploy(
+@dataclass(frozen=True)
+class Release:
+    """What one `deploy_version` call deploys and where: its arguments, as its phases take them."""
+
+    version: str
+    options: DeployOptions
+    project: str
+    location: str
+    run_id: str
+    preset: ServingPreset
+    served_model_name: str
+
+
+def _deploy_tested(
     clients: VertexClients,
-    endpoint: str,
-    version: str,
-    options: DeployOptions,
-    run_id: str,
-    split: dict[str, int],
-) -> str:
-    """DeployModel `version` to `endpoint` with `split` ("0": the new model); its deployed id."""
+    deployment: Deployment,
+    earlier: dict[str, int],
+    release: Release,
+    on_deployed: Callable[[Deployment], None] | None,
+) -> dict[str, int]:
+    """Smoke-test `version` (alone first when the endpoint serves `earlier` models, else in
+    place) and deploy it with its share; `deployment` records what was done (what a rollback
+    undoes). Returns the traffic split requested."""
+    if earlier:
+        deployment.answer = smoke_alone(clients, release)
+    split = challenger_split(earlier, release.options.traffic_percent)
+    deployment.deployed_model_id = _deploy(clients, deployment.endpoint, release, split)
+    if on_deployed:
+        on_deployed(deployment)
+    if not earlier:
+        deployment.answer = smoke(
+            clients.predictions, endpoint=deployment.endpoint, preset=release.preset,
+            served_model_name=release.served_model_name,
+            deployed_model_id=deployment.deployed_model_id,
+        )  # fmt: skip
+    log.info("smoke prompt answered: %r", deployment.answer)
+    return split
+
+
+def _retire(clients: VertexClients, deployment: Deployment, earlier: dict[str, int]) -> None:
+    """Undeploy the `earlier` models after the new one took all traffic, best-effort: one that
+    cannot be undeployed stays deployed with no traffic (`Deployment.left`)."""
+    for old in sorted(earlier):  # a proto map: no order of its own
+        try:
+            undeploy(clients, deployment.endpoint, old, {deployment.deployed_model_id: 100})
+            deployment.replaced.append(old)
+        except Exception:  # best-effort: the old model stays deployed with no traffic
+            log.exception(
+                "could not undeploy %s from %s (it gets no traffic)", old, deployment.endpoint
+            )
+            deployment.left.append(old)
+
+
+def _final_split(
+    clients: VertexClients, deployment: Deployment, split: dict[str, int]
+) -> dict[str, int]:
+    """The endpoint's traffic split as Vertex reports it after the deployment (the requested
+    `split`, with the new model's id, when it cannot be read back)."""
+    try:
+        final = clients.endpoints.get_endpoint(request={"name": deployment.endpoint})
+        return dict(final.traffic_split)
+    except Exception:
+        log.exception("could not read back the traffic split of %s", deployment.endpoint)
+        return {(deployment.deployed_model_id if k == "0" else k): v for k, v in split.items()}
+
+
+def _deploy(clients: VertexClients, endpoint: str, release: Release, split: dict[str, int]) -> str:
+    """DeployModel the release's version to `endpoint` with `split` ("0": the new model); its
+    deployed id."""
+    # the Vertex client (~2 s to import): only when Vertex is called
     from google.cloud import aiplatform_v1
 
+    version, options = release.version, release.options
     log.info(
         "deploying %s to %s on %s (%s x %s, spot=%s), traffic %s",
         version, endpoint, options.machine_type, options.accelerator_count,
@@ -379,47 +325,42 @@ def _deploy(
     operation = clients.endpoints.deploy_model(
         request=aiplatform_v1.DeployModelRequest(
             endpoint=endpoint,
-            deployed_model=_deployed_model(version, options, run_id),
+            deployed_model=_deployed_model(version, options, release.run_id),
             traffic_split=split,
         )
     )
     return str(operation.result(timeout=DEPLOY_TIMEOUT_S).deployed_model.id)
 
 
-def smoke_alone(
-    clients: VertexClients,
-    *,
-    version: str,
-    options: DeployOptions,
-    project: str,
-    location: str,
-    run_id: str,
-    preset: ServingPreset,
-    served_model_name: str,
-) -> str:
-    """The smoke prompt answered by `version` alone: deployed to a temporary endpoint of its own
+def smoke_alone(clients: VertexClients, release: Release) -> str:
+    """The smoke prompt answered by the release's version alone: deployed to a temporary endpoint of its own
     (`llmft-smoke-<run>`, created with the run's labels and CMEK key), tested there, then
     undeployed and the endpoint deleted whatever happened. Returns the answer."""
+    name = resource_name("smoke", release.run_id)
     temporary = DeployOptions(
-        **{**options.__dict__, "endpoint": resource_name("smoke", run_id), "traffic_percent": 100}
+        **{**release.options.__dict__, "endpoint": name, "traffic_percent": 100}
     )
     endpoint, _ = find_or_create_endpoint(
-        clients, options=temporary, project=project, location=location, run_id=run_id
+        clients,
+        options=temporary,
+        project=release.project,
+        location=release.location,
+        run_id=release.run_id,
     )
     trial = Deployment(endpoint=endpoint.name, created_endpoint=True)
     try:
-        trial.deployed_model_id = _deploy(
-            clients, endpoint.name, version, options, run_id, {"0": 100}
-        )
+        trial.deployed_model_id = _deploy(clients, endpoint.name, release, {"0": 100})
         return smoke(
-            clients, endpoint=endpoint.name, preset=preset,
-            served_model_name=served_model_name, deployed_model_id=trial.deployed_model_id,
+            clients.predictions, endpoint=endpoint.name, preset=release.preset,
+            served_model_name=release.served_model_name,
+            deployed_model_id=trial.deployed_model_id,
         )  # fmt: skip
     finally:
         rollback(clients, trial)
 
 
-def _undeploy(clients: VertexClients, endpoint: str, deployed_model_id: str, split: dict) -> None:
+def undeploy(clients: VertexClients, endpoint: str, deployed_model_id: str, split: dict) -> None:
+    # the Vertex client (~2 s to import): only when Vertex is called
     from google.cloud import aiplatform_v1
 
     log.info("undeploying %s from %s", deployed_model_id, endpoint)
@@ -436,6 +377,7 @@ def rollback(
     """Undo a deployment: undeploy the model it deployed (giving the earlier models still
     deployed their traffic back, rescaled to 100) and delete the endpoint it created. Errors are
     logged, never raised: this runs while another error propagates."""
+    # with the Vertex client: only when a deployment is rolled back
     from google.api_core import exceptions
 
     try:
@@ -446,11 +388,11 @@ def rollback(
                 current = clients.endpoints.get_endpoint(request={"name": deployment.endpoint})
                 deployed = {d.id for d in current.deployed_models} - {deployment.deployed_model_id}
                 restore = {k: v for k, v in restore.items() if k in deployed}
-            _undeploy(
+            undeploy(
                 clients,
                 deployment.endpoint,
                 deployment.deployed_model_id,
-                _rescaled(restore) if restore else {},
+                rescaled(restore) if restore else {},
             )
         if deployment.created_endpoint:
             log.info("deleting endpoint %s created by the failed deployment", deployment.endpoint)
@@ -461,53 +403,3 @@ def rollback(
         pass
     except Exception:
         log.exception("could not roll back the deployment on %s", deployment.endpoint)
-
-
-def undeploy_run(clients: VertexClients, *, project: str, location: str, run_id: str) -> list[str]:
-    """Undeploy every deployed model this run deployed (display name `llmft-serve-<run>`) from the
-    endpoints of `project`/`location`, and delete the endpoints the run created that serve nothing
-    else: the cleanup of a failed or cancelled run whose deploy step could not roll back (killed
-    before its undeploy finished). Returns what was removed."""
-    from google.api_core import exceptions
-    from google.cloud import aiplatform_v1
-
-    mine = resource_name("serve", run_id)
-    run_label = vertex_labels(run_id)
-    removed = []
-    endpoints = clients.endpoints.list_endpoints(
-        request=aiplatform_v1.ListEndpointsRequest(
-            parent=f"projects/{project}/locations/{location}"
-        )
-    )
-    for endpoint in endpoints:
-        ours = [d.id for d in endpoint.deployed_models if d.display_name == mine]
-        for deployed_id in ours:
-            rest = {k: v for k, v in endpoint.traffic_split.items() if k != deployed_id and v > 0}
-            total = sum(rest.values())
-            split = _rescaled(rest) if total else {}
-            try:
-                _undeploy(clients, endpoint.name, deployed_id, split)
-                removed.append(f"deployed model {deployed_id} on {endpoint.name}")
-            except exceptions.NotFound:
-                pass
-        created_here = all(endpoint.labels.get(k) == v for k, v in run_label.items())
-        others = [d for d in endpoint.deployed_models if d.id not in ours]
-        if created_here and not others:
-            try:
-                clients.endpoints.delete_endpoint(request={"name": endpoint.name}).result(
-                    timeout=DEPLOY_TIMEOUT_S
-                )
-                removed.append(f"endpoint {endpoint.name}")
-            except exceptions.NotFound:
-                pass
-    return removed
-
-
-def _rescaled(split: dict[str, int]) -> dict[str, int]:
-    """`split` scaled to add up to 100 (largest remainders first)."""
-    total = sum(split.values())
-    exact = {k: v * 100 / total for k, v in split.items()}
-    out = {k: int(x) for k, x in exact.items()}
-    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), k))[: 100 - sum(out.values())]:
-        out[k] += 1
-    return out

@@ -151,7 +151,8 @@ def undeploy_failed_run(request: CleanupRequest) -> list[str]:
         or state not in FAILED_STATES
     ):
         return []
-    from components.serving.endpoints import VertexClients, undeploy_run
+    from components.serving.endpoints import VertexClients
+    from components.serving.teardown import undeploy_run
 
     clients = request.endpoint_clients or VertexClients.for_location(request.params.region)
     return undeploy_run(

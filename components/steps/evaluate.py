@@ -18,12 +18,13 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from components.evaluation.evaluate import EvaluationRequest, run_evaluation
+from components.evaluation.evaluate import run_evaluation
 from components.evaluation.gate import GateThresholds
 from components.evaluation.harness import HarnessSettings, parse_tasks
 from components.evaluation.judge import JudgeSettings
+from components.evaluation.request import EvaluationRequest
 from components.params.run_params import RunParams
-from components.preflight.cost import COST_FILE
+from components.preflight.actual_cost import COST_FILE
 from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
 from trainer.config import TrainConfig

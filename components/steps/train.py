@@ -28,6 +28,7 @@ from components.params.run_params import RunParams, choices
 from components.platform.platform_facts import gke_accelerator
 from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
+from trainer.packed_data.output_lock import exclusive_output
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +123,13 @@ def record_actual_cost(
 ) -> dict[str, Any]:
     """The training job's actual GPU-hours and cost, from its own start and end times, written to
     OUTPUT/cost.json (the evaluate step's report reads it) and returned for the Model's metadata."""
-    from components.preflight import cost
+    from components.preflight.actual_cost import COST_FILE, actual_cost
+    from components.preflight.prices import gpu_hour_price
 
     cloud = request.params.backend != "local" and bool(request.params.accelerator_type)
     gpus = request.params.nodes * request.params.accelerator_count if cloud else 0
     price = (
-        cost.gpu_hour_price(
+        gpu_hour_price(
             request.params.accelerator_type,
             request.params.capacity,
             override=request.params.gpu_hour_price_usd,
@@ -135,7 +137,7 @@ def record_actual_cost(
         if gpus
         else 0.0
     )
-    actual = cost.actual_cost(
+    actual = actual_cost(
         started=times["started_at"],
         ended=times["ended_at"],
         gpus=gpus,
@@ -147,7 +149,7 @@ def record_actual_cost(
     if storage.exists(summary_path):
         summary = read_summary(output)
         actual |= {k: summary.get(k) for k in ("attempts", "preemptions")}
-    storage.write_text(output.rstrip("/") + "/" + cost.COST_FILE, json.dumps(actual, indent=2))
+    storage.write_text(output.rstrip("/") + "/" + COST_FILE, json.dumps(actual, indent=2))
     logger.info("actual training cost: %s", json.dumps(actual))
     return {"gpu_hours": actual["gpu_hours"], "cost_usd": actual["cost_usd"]}
 
@@ -350,7 +352,7 @@ def train(
         check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
     # One run at a time into a local output: a second one is refused before it reads or deletes
     # anything of the first's (the lock goes with this process, however it ends).
-    with storage.exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext():
+    with exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext():
         if launch.entrypoint == TRAINER_ENTRYPOINT:
             preflight(launch.trainer, local=local, overwrite=overwrite)
         if overwrite:

@@ -2,7 +2,9 @@
 this package only parse flags and turn user errors (ValueError, FileNotFoundError) into a one-line
 message and exit code 2, never a stack trace (`common.user_errors`).
 
-Heavy imports (torch, Beam, KFP, Google SDKs) happen inside each command so `llmft --help` is fast.
+Each command imports the modules that do its work inside its function (and with them torch, Beam,
+KFP, Google SDKs), so `llmft --help` imports only the flags and what they need (~30 project
+modules); a project import at the top of a module here is one that is on that path anyway.
 The commands are registered below, in the order `llmft --help` lists them.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from pipelines.cli import deploy, quickstart, run, schedule, steps
+from pipelines.cli import deploy, evaluate, quickstart, run, schedule, steps
 from pipelines.cli.common import user_errors
 from pipelines.cli.options import parameters_epilog
 from trainer.library_logs import quiet_libraries
@@ -50,7 +52,7 @@ app.command(
     },
     add_help_option=False,
 )(steps.preprocess_cmd)
-app.command("evaluate")(steps.evaluate_cmd)
+app.command("evaluate")(evaluate.evaluate_cmd)
 app.command("cleanup")(steps.cleanup_cmd)
 
 render_app = typer.Typer(help="Print manifests without creating anything.", no_args_is_help=True)

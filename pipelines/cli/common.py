@@ -11,6 +11,9 @@ from typing import Any, TypeVar
 
 import typer
 
+from components.params.param_checks import redact_tokens
+from trainer.config import load_config
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -22,8 +25,6 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except (ValueError, FileNotFoundError, PermissionError) as exc:
-            from components.params.param_checks import redact_tokens
-
             # Messages quote what was typed; a token typed by mistake must not be echoed.
             typer.secho(f"error: {redact_tokens(str(exc))}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
@@ -86,8 +87,6 @@ def trainer_config(
 ) -> Any:
     """The TrainConfig these flags describe, read by the trainer's own parser (so each flag means
     what it means to `python -m trainer`); every problem in one ValueError."""
-    from trainer.config import load_config
-
     argv = ["--model", model, "--data", data, "--output", output]
     argv += ["--config", config] if config else []
     argv += ["--max-steps", str(max_steps)] if max_steps is not None else []

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from components.params.run_params import RunParams
+from components.params.run_params import RunParams, defaults, describe
 from pipelines.cli.common import parse_labels
 
 ConfigOpt = Annotated[
@@ -61,8 +61,6 @@ VersionIdOpt = Annotated[
 
 def parameters_epilog() -> str:
     """Every run parameter with its default and description (components/params/run_params.py)."""
-    from components.params.run_params import defaults, describe
-
     lines = ["Run parameters (--param KEY=VALUE, or `parameters:` in --config):", ""]
     for name, default in defaults().items():
         # Rich reads [...] as markup: escape the bracket.

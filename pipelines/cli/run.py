@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from components.params.param_checks import TARGETS
+from components.params.run_params import RunParams
 from pipelines.cli import options as opt
 from pipelines.cli.common import check_choice, parse_params, user_errors
 
@@ -43,7 +45,7 @@ DRY_RUN_PARAMETERS = "Its parameters:"
 PricesOpt = Annotated[
     Path | None,
     typer.Option(
-        help="YAML/JSON prices overriding the dated table in components/preflight/cost.py, e.g. "
+        help="YAML/JSON prices overriding the dated table in components/preflight/prices.py, e.g. "
         "'NVIDIA_H100_80GB: {spot: 3.5}' (USD per GPU-hour)."
     ),
 ]
@@ -71,8 +73,6 @@ def run_cmd(
     The cost estimate is printed first; a run whose training cannot fit its GPUs, or whose
     estimate exceeds max_cost_usd, is refused before anything starts. --dry-run stops after the
     estimate."""
-    from components.params.param_checks import TARGETS
-
     params = parse_params(param)
     # Keyed as the deploy config names them (pipelines/deploy/config.py: flag_overrides).
     remote = dict(
@@ -93,11 +93,12 @@ def _check_fit_and_cost(run_params: Any, prices: Path | None, *, remote: bool) -
     """Refuse a run whose training cannot fit its GPUs (components/preflight/train_fit.py); print its cost
     estimate and refuse it over max_cost_usd (ValueError: exit 2)."""
     from components.preflight import cost
+    from components.preflight.prices import load_prices
     from components.preflight.train_fit import training_fit_error
 
     if error := training_fit_error(run_params, run_params.base_model, remote=remote):
         raise ValueError(error)
-    table = cost.load_prices(str(prices)) if prices else None
+    table = load_prices(str(prices)) if prices else None
     estimate = cost.estimate_for(run_params, remote=remote, prices=table)
     typer.echo("cost estimate (components/preflight/cost.py; an estimate, not a quote):")
     typer.echo(estimate.table())
@@ -151,7 +152,6 @@ def _submit(
     import json
 
     from components.params.param_values import params_from_mapping
-    from components.params.run_params import RunParams
     from pipelines.deploy.config import load_for
     from pipelines.deploy.submit import dry_run as check_run
     from pipelines.deploy.submit import submit_kfp, submit_vertex

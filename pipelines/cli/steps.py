@@ -1,5 +1,5 @@
-"""`llmft train`, `preprocess`, `evaluate` and `render pytorchjob|trainjob`: one pipeline step run by
-hand, each a thin layer over the module the pipeline's component calls."""
+"""`llmft train`, `preprocess`, `render pytorchjob|trainjob` and `cleanup`: one pipeline step run by
+hand, each a thin layer over the module the pipeline's component calls (`evaluate`: evaluate.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 import typer
 
+from components.launchers.base import LaunchCancelled, LaunchFailed, TrainLaunch
 from components.params.run_params import RunParams
+from components.runtime.run_identity import state_root
 from pipelines.cli.common import not_a_file, print_json, trainer_config, user_errors
-from trainer.config import TrainConfig
 
 
 @user_errors
@@ -59,7 +60,6 @@ def train_cmd(
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
     import uuid
 
-    from components.launchers.base import LaunchCancelled, LaunchFailed, TrainLaunch
     from components.launchers.local import LocalOptions
     from components.launchers.vocab import resolve_nproc_per_node
     from components.steps.train import train
@@ -317,139 +317,6 @@ def preprocess_cmd(ctx: typer.Context) -> None:
 
 
 @user_errors
-def evaluate_cmd(
-    base: Annotated[str, typer.Option(help="Base model directory or .gguf file (local or gs://).")],
-    tuned: Annotated[str, typer.Option(help="Fine-tuned model directory (the trainer's model/).")],
-    data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
-    output: Annotated[
-        str, typer.Option(help="Where to write metrics.json, generations.jsonl, report.html.")
-    ],
-    heldout: Annotated[
-        str | None,
-        typer.Option(help="Prompt/response JSONL for generation (default: DATA/eval_records/)."),
-    ] = None,
-    max_examples: Annotated[
-        int, typer.Option(help="Held-out prompts to generate for (0: loss only).")
-    ] = 64,
-    max_eval_rows: Annotated[
-        int | None, typer.Option(help="Packed eval rows to score (default: all).")
-    ] = None,
-    train_metrics: Annotated[
-        str | None, typer.Option(help="Trainer metrics JSONL to plot.")
-    ] = None,
-    champion: Annotated[
-        str | None, typer.Option(help="Currently registered model to compare against.")
-    ] = None,
-    min_loss_improvement: Annotated[
-        float, typer.Option(help="Gate: base loss - tuned loss must be >= this.")
-    ] = 0.0,
-    min_exact_match: Annotated[
-        float, typer.Option(help="Gate: tuned exact match must be >= this (0 disables).")
-    ] = 0.0,
-    min_general_retained: Annotated[
-        float,
-        typer.Option(
-            help="Gate: fraction of the general probes the base answers that the tuned "
-            "model must still answer (0 disables)."
-        ),
-    ] = 0.0,
-    max_new_tokens: Annotated[int, typer.Option(help="Generation length limit.")] = 64,
-    device: Annotated[
-        str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")
-    ] = None,
-    require_pass: Annotated[bool, typer.Option(help="Exit 1 when the quality gate fails.")] = False,
-    overwrite: Annotated[
-        bool,
-        typer.Option(
-            help="Replace metrics.json, generations.jsonl and report.html in --output even "
-            "when no llmft evaluation wrote them."
-        ),
-    ] = False,
-    eval_tasks: Annotated[
-        str,
-        typer.Option(help="lm-evaluation-harness tasks, comma-separated (e.g. mmlu,arc_easy)."),
-    ] = "",
-    num_fewshot: Annotated[
-        int, typer.Option(help="Few-shot examples per harness prompt (-1: task default).")
-    ] = -1,
-    limit: Annotated[int, typer.Option(help="Documents per harness task (0: all).")] = 0,
-    max_task_regression: Annotated[
-        float,
-        typer.Option(help="Gate: tuned may score at most this many points below base per task."),
-    ] = 100.0,
-    accelerator_type: Annotated[
-        str,
-        typer.Option(
-            help="Evaluation GPU (e.g. NVIDIA_L4) to check the models fit (default: measured)."
-        ),
-    ] = "",
-    accelerator_count: Annotated[int, typer.Option(help="GPUs of --accelerator-type.")] = 1,
-    objective: Annotated[
-        str,
-        typer.Option(
-            help="What --tuned was trained for: sft, or dpo (a preference dataset: win rate and "
-            "reward margin of the held-out pairs, base as reference)."
-        ),
-    ] = TrainConfig.objective,
-    dpo_beta: Annotated[
-        float, typer.Option(help="DPO's beta as trained with (scales the implicit rewards).")
-    ] = TrainConfig.dpo_beta,
-    quantize_base: Annotated[
-        str,
-        typer.Option(
-            help="The run's quantize_base (its summary.json): nf4 makes DPO's reference the "
-            "base through NF4 and back, as the trainer's was."
-        ),
-    ] = TrainConfig.quantize_base,
-    compute_dtype: Annotated[
-        str,
-        typer.Option(
-            help="The trainer's compute dtype (summary.json's compute_dtype: bf16 or fp32) an "
-            "NF4 reference is de-quantized to; auto: bf16 on CUDA, else fp32."
-        ),
-    ] = TrainConfig.dtype,
-) -> None:
-    """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, standard
-    tasks (lm-evaluation-harness), DPO win rate, HTML report."""
-    import logging
-
-    from components.evaluation.evaluate import EvaluationRequest, run_evaluation
-    from components.evaluation.gate import GateThresholds
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from components.steps.evaluate import harness_settings
-
-    thresholds = GateThresholds(
-        min_loss_improvement=min_loss_improvement,
-        min_exact_match=min_exact_match,
-        min_general_retained=min_general_retained,
-        max_task_regression=max_task_regression,
-    )
-    request = EvaluationRequest(
-        base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
-        max_examples=max_examples, max_eval_rows=max_eval_rows, train_metrics=train_metrics,
-        champion=champion, thresholds=thresholds, max_new_tokens=max_new_tokens, device=device,
-        overwrite=overwrite,
-        harness=harness_settings(eval_tasks, num_fewshot, limit),
-        accelerator_type=accelerator_type, accelerator_count=accelerator_count,
-        objective=objective, dpo_beta=dpo_beta, quantize_base=quantize_base,
-        compute_dtype=compute_dtype,
-    )  # fmt: skip
-    result = run_evaluation(request)
-    print_json(
-        {
-            "passed": result.passed,
-            "failures": result.decision.failures,
-            "metrics": result.metrics,
-            "report": result.report_path,
-            "metrics_file": result.metrics_path,
-        }
-    )
-    if require_pass and not result.passed:
-        raise typer.Exit(1)
-
-
-@user_errors
 def cleanup_cmd(
     run_id: Annotated[
         str | None,
@@ -466,7 +333,6 @@ def cleanup_cmd(
     """Remove what a local run left: its processes (torchrun agents, trainers, etcd), the ports
     they held, its etcd data dir and its state. Without --run-id: every run whose launcher is gone."""
     from components.params.step_params import for_step
-    from components.runtime.run_identity import state_root
     from components.steps.cleanup import CleanupRequest, local_runs_by_liveness, run
 
     root = str(state_root(state_dir))

@@ -21,6 +21,7 @@ from pipelines.deploy.config import (
     VertexSettings,
     format_problems,
 )
+from pipelines.deploy.cron import parse_cron
 
 _PROJECT = re.compile(PROJECT_ID[0])
 _REGION = re.compile(REGION[0])
@@ -107,8 +108,6 @@ def _kfp_errors(k: KfpSettings, errors: list[str]) -> None:
 
 
 def _schedule_errors(s: ScheduleSettings, backend: Backend, errors: list[str]) -> None:
-    from pipelines.deploy.cron import parse_cron
-
     if not s.cron:
         errors.append(
             "schedule.cron: set when to run, e.g. --cron 'CRON_TZ=Europe/Berlin 0 3 * * 1'"

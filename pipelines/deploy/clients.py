@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from components.platform.kfp_backend import kfp_backend_floor, version_text
+
 if TYPE_CHECKING:
     import kfp.client
     from google.auth.credentials import Credentials
@@ -129,8 +131,6 @@ def kfp_host(settings: KfpSettings) -> str:
 def kfp_backend_error(host: str, tag_name: object) -> str | None:
     """Why the KFP backend of release `tag_name` (its healthz `tag_name`) cannot run the compiled
     pipeline as intended, or None. An unknown or unparseable tag is not judged."""
-    from components.platform.platform_facts import kfp_backend_floor, version_text
-
     found = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", str(tag_name or ""))
     if not found:
         return None

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from components.params.run_params import RunParams
+from trainer.config_file import read_yaml_mapping
 
 Backend = Literal["vertex", "kfp"]
 Purpose = Literal["run", "schedule", "upload", "manage"]
@@ -206,8 +207,6 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         FileNotFoundError: path does not exist.
         ValueError: the file is not a mapping, or keys are unknown or of the wrong type.
     """
-    from trainer.config_file import read_yaml_mapping
-
     data = read_yaml_mapping(path) if path is not None else {}
     for key, value in (overrides or {}).items():
         if value is not None:

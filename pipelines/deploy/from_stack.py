@@ -14,6 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from components.platform.platform_facts import accelerator
+from pipelines.deploy.config import load_config
+from trainer.config_file import read_yaml_mapping
+
 REQUIRED = (
     "project",
     "region",
@@ -56,8 +60,6 @@ def config_from_stack(outputs: dict[str, Any]) -> dict[str, Any]:
     accelerator (in the Vertex naming the pipeline takes) and count go to the shared parameters,
     a combination that Vertex AI offers too.
     """
-    from components.platform.platform_facts import accelerator
-
     parameters: dict[str, Any] = {
         "project": outputs["project"],
         "region": outputs["region"],
@@ -116,9 +118,6 @@ def write_config(outputs: dict[str, Any], path: Path) -> dict[str, Any]:
     `llmft run|schedule|upload --config` accepts.
     """
     import yaml
-
-    from pipelines.deploy.config import load_config
-    from trainer.config_file import read_yaml_mapping
 
     base = read_yaml_mapping(path) if path.exists() else {}
     config = _merge(_drop_moved(base, outputs), config_from_stack(outputs))

@@ -31,6 +31,7 @@ def list_schedules(
 ) -> list[ScheduleSummary]:
     """Schedules of pipelines (optionally only those named `display_name`)."""
     if backend == "vertex":
+        # one backend's module (~70 modules each): only the one asked for
         from pipelines.deploy.schedule_vertex import list_vertex_schedules
 
         return list_vertex_schedules(config, display_name, credentials)
@@ -51,6 +52,7 @@ def manage_schedule(
 ) -> None:
     """Pause, resume or delete one schedule (Vertex id or resource name; KFP recurring run id)."""
     if backend == "vertex":
+        # one backend's module (~70 modules each): only the one asked for
         from pipelines.deploy.schedule_vertex import manage_vertex_schedule
 
         manage_vertex_schedule(config, action, ident, credentials, report)

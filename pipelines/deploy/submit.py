@@ -17,7 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from components.params.param_checks import check_pipeline_root
+from components.params.param_values import field_errors, params_from_mapping
 from components.params.run_checks import run_errors
+from components.params.run_params import RunParams, fields
+from components.platform.task_resources import kfp_gpu_node_errors
 from pipelines.deploy.checks import validate
 from pipelines.deploy.clients import (
     cloud_errors,
@@ -91,9 +95,6 @@ def prepare_parameters(
         ValueError: every parameter problem at once; or a one-off run left the schedule-time
             placeholder unfilled (a recurring run keeps it for the pipeline to resolve).
     """
-    from components.params.param_checks import check_pipeline_root
-    from components.params.run_params import RunParams
-
     params = dict(config.parameters)
     # The pipeline's own `backend` parameter says where the trainer runs (each compiled target
     # defaults it: vertex / gke); `local` cannot work on a cloud backend.
@@ -159,8 +160,6 @@ def _derived_defaults(
 
 
 def _run_fields() -> dict[str, Any]:
-    from components.params.run_params import fields
-
     return fields()
 
 
@@ -168,10 +167,6 @@ def _gpu_node_errors(params: dict[str, Any]) -> list[str]:
     """KFP on GKE: the evaluate task's request against the GPU pool's machine (`machine_type`),
     for every run, schedule and dry run (review of issue 29, P1): a pod no node can host stays
     Pending after training was paid for, and KFP has no pending timeout."""
-    from components.params.param_values import params_from_mapping
-    from components.params.run_params import RunParams, fields
-    from components.platform.task_resources import kfp_gpu_node_errors
-
     known = {name: value for name, value in params.items() if name in fields()}
     run = params_from_mapping(known, base=RunParams.for_target("kfp"))
     return kfp_gpu_node_errors(run.machine_type) if run.backend == "gke" else []
@@ -187,9 +182,6 @@ def _run_parameter_errors(
     fetched (a registry URI, a KFP pipeline version) the single-field rules of the values given;
     for any other template only the generic name/type checks of `parameter_errors`.
     """
-    from components.params.param_values import field_errors, params_from_mapping
-    from components.params.run_params import RunParams, fields
-
     if info is None:
         return field_errors(params)
     if not set(fields()) <= set(info.parameters):

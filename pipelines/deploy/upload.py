@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from components.runtime.image import VERSION
 from pipelines.deploy.clients import cloud_errors, google_credentials
 from pipelines.deploy.template import check_for_backend, read_template
 
@@ -28,8 +29,6 @@ _AR_HOST = r"^https://[a-z0-9-]+-kfp\.pkg\.dev/"
 
 def default_tags() -> list[str]:
     """`v<package version>` and `latest` (a registry tag that moves; images never use it)."""
-    from components.runtime.image import VERSION
-
     return [f"v{VERSION}", "latest"]
 
 
@@ -107,8 +106,6 @@ def upload_to_kfp(
     namespace: str | None = None,
 ) -> KfpUpload:
     """Create the pipeline on first upload, otherwise add a version to it."""
-    from components.runtime.image import VERSION
-
     info = read_template(template)
     version_name = version_name or f"v{VERSION}-{info.sha256[:8]}"
     path = str(info.path)

@@ -16,6 +16,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipelines.quickstart.sample_data import generate_records
+
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
@@ -30,8 +32,6 @@ def _texts(data_dir: Path | None) -> Iterator[str]:
             yield record["prompt"]
             yield record["response"]
     else:
-        from pipelines.quickstart.sample_data import generate_records
-
         for record in generate_records(4000, seed=0):
             yield record["prompt"]
             yield record["response"]

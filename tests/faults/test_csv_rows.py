@@ -27,7 +27,7 @@ def _csv(rows: list[dict[str, str]]) -> str:
 
 
 def test_bad_csv_rows_are_dead_letters_and_the_rest_is_read(tiny_model_dir: Path, tmp_path: Path):
-    from beam_preprocess.readers import CSV_FIELD_LIMIT
+    from beam_preprocess.parsers import CSV_FIELD_LIMIT
 
     # 100 rows: row 11 holds a field over the (raised) limit, row 31 a 200 KB field that the
     # old 128 KiB limit refused and the new one reads (then the length filter drops it).

@@ -116,13 +116,13 @@ def test_preprocess_output_inside_the_inputs_pattern_is_refused(
 
 
 def test_preprocess_output_beside_the_inputs_is_fine():
-    from beam_preprocess.pipeline import _check_output_apart_from_inputs
+    from beam_preprocess.output_dir import check_output_apart_from_inputs
 
     # `data/*.jsonl` cannot reach data/packed/...: allowed (the usual layout).
-    _check_output_apart_from_inputs("/d/packed", ["/d/*.jsonl"])
-    _check_output_apart_from_inputs("/d/packed", ["/d/train.jsonl", "hf://datasets/o/n"])
+    check_output_apart_from_inputs("/d/packed", ["/d/*.jsonl"])
+    check_output_apart_from_inputs("/d/packed", ["/d/train.jsonl", "hf://datasets/o/n"])
     with pytest.raises(ValueError, match="overlaps"):
-        _check_output_apart_from_inputs("/d/packed", ["/d/**/*.jsonl"])
+        check_output_apart_from_inputs("/d/packed", ["/d/**/*.jsonl"])
 
 
 # -- a full disk ---------------------------------------------------------------------------------
