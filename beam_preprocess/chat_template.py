@@ -56,7 +56,7 @@ class ChatRenderer:
                 "stopped it; a chat template may only format the messages (check --chat-template "
                 "or the tokenizer's tokenizer_config.json)"
             ) from None
-        except Exception:  # noqa: BLE001, S110 - judged per record, where it becomes a dead letter
+        except Exception:  # judged per record, where it becomes a dead letter
             pass
 
     def _render(self, messages: Sequence[dict], generation_prompt: bool = False) -> str:

@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import typer
 
+from trainer.storage import DiskFullError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -21,6 +23,9 @@ def user_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except DiskFullError as exc:  # the machine, not the input: exit 1 (names the disk)
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
         except (ValueError, FileNotFoundError, PermissionError) as exc:
             from components.params.param_checks import redact_tokens
 

@@ -312,7 +312,10 @@ def evaluate_cmd(
         objective=objective, dpo_beta=dpo_beta, quantize_base=quantize_base,
         compute_dtype=compute_dtype,
     )  # fmt: skip
-    result = run_evaluation(request)
+    from trainer.storage import disk_errors_named
+
+    with disk_errors_named(output):  # any write of the evaluation: one line naming the disk
+        result = run_evaluation(request)
     print_json(
         {
             "passed": result.passed,

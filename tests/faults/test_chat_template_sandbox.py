@@ -78,6 +78,7 @@ def test_a_template_escaping_only_on_some_content_rejects_those_records(
         "{% for m in messages %}{% if 'attack' in m.content %}" + ESCAPE + "{% endif %}"
         "<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}" + GENERATION
     )
+
     # Multi-turn conversations are rendered by Jinja (a single turn may take the probe-checked
     # string pattern, which never runs the template on a record's content at all).
     def turns(i: int, words: str) -> dict:
