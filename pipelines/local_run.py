@@ -20,13 +20,14 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from components.params.run_params import RunParams
 from components.runtime.run_identity import STATE_DIR_ENV
 from pipelines.local_progress import RunWatcher, follow_file, watching
+from pipelines.step_errors import step_error
 
 QUICKSTART_PRESET: dict[str, Any] = {
     # Sized for the quickstart's tiny model and sample data, so the demo fine-tune finishes in a
@@ -52,7 +53,7 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     from components.etcd.local import EtcdNotFoundError, find_etcd
     from components.params.param_values import params_from_mapping
     from components.params.run_params import raise_errors
-    from components.preflight.validation import data_errors, model_errors
+    from components.preflight.validation import data_errors, evaluation_errors, model_errors
     from trainer import storage
 
     values: dict[str, Any] = {}
@@ -83,6 +84,9 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
         errors += data_errors(resolved.train_data_uri, remote=False)
     if "base_model" not in quickstart:
         errors += model_errors(resolved.base_model)
+    # The validate step's own checks that need no download, here before anything is written
+    # (the step runs them again on this machine: remote=True, as there).
+    errors += evaluation_errors(resolved, resolved.base_model, remote=True, check_machine=False)
     if problem := storage.not_writable(str(workdir)):
         errors.append(f"workdir {str(workdir)!r}: {problem}")
     if resolved.rdzv_backend != "c10d":
@@ -138,6 +142,8 @@ class LocalRunResult:
     """Evaluation scalars (base_*, tuned_*, *_delta, passed)."""
     model: dict[str, Any]
     """The Model artifact's metadata (model_uri, steps, tokens, final_loss, ...)."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Each failed step's reason, from the run log (pipelines/step_errors.py)."""
 
     def output(self, task: str, name: str) -> Path | None:
         if self.run_dir is None:
@@ -291,6 +297,11 @@ def _collect(watcher: RunWatcher, interrupted: bool, log_file: Path) -> LocalRun
         log_file=log_file,
         metrics=_artifact_metadata(run_dir, "evaluate", "metrics"),
         model=_artifact_metadata(run_dir, "train", "model"),
+        errors={
+            step: error
+            for step in watcher.failed
+            if (error := step_error(log_file, step)) is not None
+        },
     )
     if run_dir is not None and result.metrics:
         # One file with the run's outcome: the Metrics artifact lives only in kfp.local's records.
@@ -343,6 +354,8 @@ def _print_summary(console: Any, result: LocalRunResult) -> None:
         console.print(
             f"[bold red]fine-tune failed[/]: {', '.join(result.failed_steps) or 'see log'}"
         )
+        for step, error in result.errors.items():  # the reason, not only the log's path
+            console.print(f"error: {step}: {error}", soft_wrap=True, highlight=False, markup=False)
     where = {
         "packed dataset": result.output("preprocess", "dataset"),
         "model": result.model.get("model_uri"),
