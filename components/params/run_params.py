@@ -39,7 +39,13 @@ from components.params.param_schema import field_error, literal_choices, param
 from components.params.trainer_params import trainer_override_errors
 from components.platform.capacity import Capacity
 from components.runtime.run_identity import check_placeholder_resolved
-from components.serving.presets import LoraServing, ServingPreset, check_lora_serving
+from components.serving.presets import (
+    ENDPOINT_NAME,
+    IMAGE_REFERENCE,
+    LoraServing,
+    ServingPreset,
+    check_lora_serving,
+)
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
@@ -317,6 +323,7 @@ class RunParams:
         "Serving container image (pinned tag) for the registered model, started as "
         "serving_preset says (e.g. Model Garden's pytorch-vllm-serve image for vertex-vllm); "
         "required when register_model is true.",
+        pattern=IMAGE_REFERENCE,
     )
 
     # --- serving, deployment and tracking (issue 30) -------------------------------------------
@@ -336,6 +343,7 @@ class RunParams:
         "Deploy the registered version to this Vertex AI endpoint (resource name or display name; "
         "created when missing) and send it a smoke prompt; empty: no deployment. A local run "
         "serves the model on this machine instead (any non-empty value).",
+        pattern=ENDPOINT_NAME,
     )
     deploy_machine_type: str = param(
         "g2-standard-12", "Machine type serving the deployed model (e.g. g2-standard-12 + 1 L4)."
