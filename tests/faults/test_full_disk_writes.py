@@ -82,3 +82,16 @@ def test_full_disk_while_writing_dead_letters(
     _stopped_naming_the_disk(result, disk.root)
     assert not (out / "manifest.json").exists()
     assert hidden_entries(disk.root) == []
+
+
+def test_the_disk_named_is_the_failing_files(tmp_path: Path):
+    """An ENOSPC that names its file is reported on that file's disk and path (a log or a
+    temporary file may be on another disk than the output)."""
+    import errno
+
+    from trainer import storage
+
+    log = tmp_path / "logs" / "node0.log"
+    exc = OSError(errno.ENOSPC, "No space left on device", str(log))
+    error = storage.disk_error(exc, "/some/other/output")
+    assert error is not None and f"while writing {log}" in str(error), error
