@@ -34,9 +34,30 @@ class ChatRenderer:
                 "is empty): use the model's instruct tokenizer, or --data-kind text"
             )
         self.tokenizer = tokenizer
+        self._check_sandbox()
         self._pattern: tuple[str, str, str] | None = self._compile() if fast_path else None
         self._verified = 0
         self.fast_path_disabled = False
+
+    def _check_sandbox(self) -> None:
+        """Refuse a template that Jinja's sandbox stops (`{{ cycler.__init__.__globals__ }}`:
+        a template reaching for Python's internals) once, before any record: it would stop on
+        every record. A template that refuses these probe messages (`raise_exception`) is left
+        to judge each record (a dead letter per refused record)."""
+        from jinja2.exceptions import SecurityError
+
+        user = {"role": "user", "content": "hello"}
+        try:
+            self._render([user], generation_prompt=True)
+            self._render([user, {"role": "assistant", "content": "hi"}])
+        except SecurityError as exc:
+            raise ValueError(
+                f"the chat template uses something a template may not ({str(exc).rstrip('.')}): Jinja's sandbox "
+                "stopped it; a chat template may only format the messages (check --chat-template "
+                "or the tokenizer's tokenizer_config.json)"
+            ) from None
+        except Exception:  # judged per record, where it becomes a dead letter
+            pass
 
     def _render(self, messages: Sequence[dict], generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(

@@ -16,7 +16,6 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_preprocess.sources import is_file_pattern
 from trainer import storage
-from trainer.packed_data.output_lock import LOCK_FILE
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -26,6 +25,7 @@ from trainer.packed_data.format import (
     STATS_FILE,
     read_manifest,
 )
+from trainer.packed_data.output_lock import LOCK_FILE
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,6 @@ from beam_preprocess.stats import WriteStats, tagged
 from beam_preprocess.template_library import resolve_template
 from beam_preprocess.token_steps import TABLES, TAIL_TABLES, DeduplicateAndPack, Tokenize
 from trainer import storage
-from trainer.packed_data.output_lock import exclusive_output
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
     FILTERED_DIR,
@@ -77,6 +76,7 @@ from trainer.packed_data.format import (
     TokenizerIdentity,
     table_schema,
 )
+from trainer.packed_data.output_lock import exclusive_output
 
 if TYPE_CHECKING:
     from beam_preprocess.tokenize import TokenizerSpec

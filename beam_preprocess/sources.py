@@ -72,6 +72,15 @@ def parse_hf(uri: str) -> HfDataset:
             "with @REVISION (a branch, tag or commit) and :SPLIT, e.g. "
             "hf://datasets/tatsu-lab/alpaca@main:train"
         )
+    parts = [*match["repo"].split("/"), *(match["rev"] or "main").split("/"), match["split"] or ""]
+    if any(part in (".", "..") for part in parts) or "//" in (match["rev"] or ""):
+        # Git refs never hold `..` or empty components (git check-ref-format), repository names
+        # neither: as path parts they would reach other repositories' Hub API URLs and cache
+        # folders than the one named.
+        raise ValueError(
+            f"{uri!r}: a repository, revision or split of '.' or '..' (or an empty part) names no "
+            "dataset: write hf://datasets/ORG/NAME[@REVISION][:SPLIT]"
+        )
     return HfDataset(match["repo"], match["rev"] or "main", match["split"] or "train")
 
 

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from components.runtime.run_identity import STATE_DIR_ENV
 from pipelines.local_progress import RunWatcher, follow_file, watching
 from pipelines.quickstart.sample_data import write_sample_data
 from pipelines.quickstart.tiny_model import build_tiny_model
+from pipelines.step_errors import step_error
 from trainer import storage
 from trainer.config_file import read_yaml_mapping
 
@@ -59,6 +60,7 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     # etcd's client imports requests (~200 modules): only for an etcd rendezvous
     from components.etcd.local import EtcdNotFoundError, find_etcd
     from components.params.run_checks import raise_errors
+    from components.preflight.validation import evaluation_errors
 
     values: dict[str, Any] = {}
     if config_file is not None:
@@ -88,6 +90,9 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
         errors += data_errors(resolved.train_data_uri, remote=False)
     if "base_model" not in quickstart:
         errors += model_errors(resolved.base_model)
+    # The validate step's own checks that need no download, here before anything is written
+    # (the step runs them again on this machine: remote=True, as there).
+    errors += evaluation_errors(resolved, resolved.base_model, remote=True, check_machine=False)
     if problem := storage.not_writable(str(workdir)):
         errors.append(f"workdir {str(workdir)!r}: {problem}")
     if resolved.rdzv_backend != "c10d":
@@ -137,6 +142,8 @@ class LocalRunResult:
     """Evaluation scalars (base_*, tuned_*, *_delta, passed)."""
     model: dict[str, Any]
     """The Model artifact's metadata (model_uri, steps, tokens, final_loss, ...)."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Each failed step's reason, from the run log (pipelines/step_errors.py)."""
 
     def output(self, task: str, name: str) -> Path | None:
         if self.run_dir is None:
@@ -296,6 +303,11 @@ def _collect(watcher: RunWatcher, interrupted: bool, log_file: Path) -> LocalRun
         log_file=log_file,
         metrics=_artifact_metadata(run_dir, "evaluate", "metrics"),
         model=_artifact_metadata(run_dir, "train", "model"),
+        errors={
+            step: error
+            for step in watcher.failed
+            if (error := step_error(log_file, step)) is not None
+        },
     )
     if run_dir is not None and result.metrics:
         # One file with the run's outcome: the Metrics artifact lives only in kfp.local's records.
@@ -348,6 +360,8 @@ def _print_summary(console: Any, result: LocalRunResult) -> None:
         console.print(
             f"[bold red]fine-tune failed[/]: {', '.join(result.failed_steps) or 'see log'}"
         )
+        for step, error in result.errors.items():  # the reason, not only the log's path
+            console.print(f"error: {step}: {error}", soft_wrap=True, highlight=False, markup=False)
     where = {
         "packed dataset": result.output("preprocess", "dataset"),
         "model": result.model.get("model_uri"),

@@ -33,19 +33,22 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
     import numpy as np
     from kfp.dsl import Dataset, Markdown
 
-    from components.steps.preprocess import PreprocessRequest, run
+    from components.steps.component_spec import request_of
+    from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
+    from components.steps.preprocess import run
     from trainer.packed_data.format import COLUMNS, compatibility_errors, read_manifest
 
     out = tmp_path / "dataset"
     summary, gcp_resources = tmp_path / "summary.md", tmp_path / "gcp_resources"
     dataset = Dataset(uri=str(out))
-    request = PreprocessRequest(
+    request = request_of(
+        PREPROCESS_STEP,
         train_data_uri=str(sample_data_dir / "train.jsonl"),
         base_model=str(tiny_model_dir),
         data_kind="instruction",
         seq_len=512,
         eval_fraction=0.1,
-        runner="DirectRunner",
+        preprocess_runner="DirectRunner",
         project="",
         region="",
         work_uri=str(tmp_path),

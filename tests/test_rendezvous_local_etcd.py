@@ -22,8 +22,9 @@ from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
 from components.etcd import manifests as etcd_manifests
 from components.steps import etcd as etcd_step
-from components.steps.cleanup import CleanupRequest
+from components.steps.cleanup import COMPONENT as CLEANUP_STEP
 from components.steps.cleanup import run as cleanup
+from components.steps.component_spec import request_of
 
 REPO = Path(__file__).resolve().parents[1]
 needs_etcd = pytest.mark.skipif(not etcd_local.shutil.which("etcd"), reason="etcd not installed")
@@ -114,8 +115,8 @@ def test_state_root_env_is_read_at_call_time(
 
 def etcd_up(**values: Any) -> etcd_step.EtcdRequest:
     """The etcd step's request with the component's defaults for what a test leaves out."""
-    component = {"rdzv_backend": "etcd-v3", "namespace": "", "gke_cluster": "", "project": ""}
-    return etcd_step.EtcdRequest(**component | values)
+    component = {"rdzv_backend": "etcd-v3", "namespace": "", "gke_cluster": ""}
+    return request_of(etcd_step.COMPONENT, **component | values)
 
 
 @needs_etcd
@@ -127,9 +128,9 @@ def test_step_local_up_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         assert requests.get(f"http://{endpoint}/health", timeout=5).json()["health"] == "true"
         assert etcd_local.status(run_id).detached  # type: ignore[union-attr]
     finally:
-        removed = cleanup(CleanupRequest(backend="local", run_id=run_id))
+        removed = cleanup(request_of(CLEANUP_STEP, backend="local", run_id=run_id))
     assert removed == [f"stopped the local etcd of run {run_id}"]
-    assert cleanup(CleanupRequest(backend="local", run_id=run_id)) == []
+    assert cleanup(request_of(CLEANUP_STEP, backend="local", run_id=run_id)) == []
 
 
 def test_step_needs_no_etcd_for_vertex_or_c10d(caplog: pytest.LogCaptureFixture) -> None:

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from trainer.divergence import DivergedError
     from trainer.storage import DiskFullError
     from trainer.train import NonFiniteLossError, run
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # user errors found during setup (dataset/tokenizer mismatch)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (NonFiniteLossError, DiskFullError) as exc:
+    except (NonFiniteLossError, DivergedError, DiskFullError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -77,6 +78,11 @@ class TrainConfig:
     """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
+    divergence_factor: float = 4.0
+    """The divergence guard (trainer/divergence.py): stop the run, saving and exporting nothing,
+    when the mean loss of the last 5 steps is over divergence_factor x the lowest such mean
+    earlier in the run and over 1 nat above it (a learning rate far too large: a loss that grows
+    but stays finite). 0 turns the guard off; otherwise it must be > 1."""
 
     # --- engine ------------------------------------------------------------------------------
     dtype: str = "auto"
@@ -203,7 +209,23 @@ class TrainConfig:
             raise ValueError("invalid trainer config: " + "; ".join(errors))
 
     def errors(self) -> list[str]:
-        """Every problem with this config (empty when valid)."""
+        """Every problem with this config (empty when valid). inf and NaN are refused in every
+        float field first (inf passes `lr > 0`; NaN fails every range with a confusing message);
+        the other rules then judge those fields at their defaults, so each is reported once."""
+        types_by_name = _field_types()
+        bad = {
+            name: value
+            for name, value in self.to_dict().items()
+            if types_by_name[name] in (float, float | None)
+            and isinstance(value, float)
+            and not math.isfinite(value)
+        }
+        errors = [f"{name} must be a finite number (got {value})" for name, value in bad.items()]
+        default = TrainConfig()
+        rest = dataclasses.replace(self, **{name: getattr(default, name) for name in bad})
+        return errors + rest._rule_errors()
+
+    def _rule_errors(self) -> list[str]:
         errors = []
         for name in ("model", "data", "output"):
             if not getattr(self, name):
@@ -228,6 +250,10 @@ class TrainConfig:
         if self.max_steps is not None and 1 <= self.max_steps <= self.warmup_steps:
             errors.append(
                 f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps})"
+            )
+        if self.divergence_factor and not self.divergence_factor > 1:
+            errors.append(
+                f"divergence_factor must be 0 (off) or > 1 (got {self.divergence_factor})"
             )
         if self.log_every < 1:
             errors.append(f"log_every must be >= 1 (got {self.log_every})")

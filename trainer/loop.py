@@ -17,6 +17,7 @@ import torch.distributed as dist
 from trainer import checkpoint
 from trainer.attention import sdpa_kernels
 from trainer.data import DataPosition
+from trainer.divergence import DivergedError, DivergenceGuard
 from trainer.metrics import flops_per_token, peak_flops, peak_memory_bytes
 from trainer.run_state import NonFiniteLossError, Preempted, Run, checkpoints_dir
 from trainer.step import optimizer_step
@@ -52,6 +53,7 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
     config = r.config
     last_saved = r.state.step
     r.last_saved_at = time.monotonic()
+    guard = DivergenceGuard(config.divergence_factor)
     while r.state.step < r.total_steps:
         micro, position = next(batches)
         lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; the step advances it
@@ -60,8 +62,14 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteLossError(
                 f"step {r.state.step + 1}: loss={loss} grad_norm={grad_norm} is not finite; "
-                "stopped without saving, the last complete checkpoint under "
-                f"{checkpoints_dir(r)} is intact: lower lr or check the data, then rerun to resume"
+                f"stopped without saving or exporting: {_kept(r)}; lower lr (now {config.lr:g}) "
+                "or check the data, then rerun (with --overwrite when lr changes)"
+            )
+        if reason := guard.check(r.state.step + 1, loss):
+            raise DivergedError(
+                f"{reason}; stopped without saving or exporting: {_kept(r, guard.best_step)}; "
+                f"lower lr (now {config.lr:g}; the run parameter learning_rate) and rerun with "
+                "--overwrite, or set divergence_factor=0 to turn this guard off"
             )
         r.state.step += 1
         r.state.position = position
@@ -87,6 +95,24 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
             log.warning("SIGTERM: saved step %d, exiting to be resumed", r.state.step)
             raise Preempted
     return last_saved
+
+
+def _kept(r: Run, rose_at: int | None = None) -> str:
+    """Which checkpoints a stopped run leaves: only ones that exist are named. `rose_at`: the
+    step after which the loss rose (a checkpoint from then on holds weights of the rise)."""
+    complete = checkpoint.complete_checkpoints(checkpoints_dir(r))
+    if rose_at is not None:
+        before = [path for step, path in complete if step < rose_at]
+        after = [path.rsplit("/", 1)[-1] for step, path in complete if step >= rose_at]
+        kept = (
+            f"{before[-1]} is the last checkpoint from before the loss rose"
+            if before
+            else "no checkpoint was saved before the loss rose"
+        )
+        return kept + (f" ({', '.join(after)} hold weights of the rise)" if after else "")
+    if not complete:
+        return "no checkpoint was saved"
+    return f"the last complete checkpoint, {complete[-1][1]}, is intact"
 
 
 def _flops(r: Run) -> tuple[float, float | None]:

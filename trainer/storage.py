@@ -413,10 +413,25 @@ def disk_error(exc: BaseException, path: str) -> DiskFullError | None:
         return exc
     if not any(code in _FULL_ERRNOS for code in _errnos(exc)):
         return None
+    path = _failed_file(exc) or path  # the disk that is full, when the error names its file
     return DiskFullError(
         f"no space left on {describe_disk(path)} while writing {path}: free space there or "
         "write the output to another disk",
     )
+
+
+def _failed_file(exc: BaseException) -> str | None:
+    """The local file an OSError in `exc`'s chain names (a log or temporary file may be on
+    another disk than the output), or None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = getattr(current, "filename", None)
+        if isinstance(current, OSError) and isinstance(name, str) and not is_remote(name):
+            return name
+        current = current.__cause__ or current.__context__
+    return None
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import logging
 
 import torch.distributed as dist
 
+from trainer import storage
 from trainer.config import TrainConfig
 from trainer.data import DataPosition
 from trainer.finish import save
@@ -31,12 +32,15 @@ def run(config: TrainConfig) -> int:
     )
     r: Run | None = None
     try:
-        r = setup(config)
-        try:
-            train(r)
-        except Preempted:
-            return PREEMPTED_EXIT_CODE
-        save(r)
+        # Any write of the run (attempt record, metrics, TensorBoard, checkpoints, export) on a
+        # full disk ends as one DiskFullError naming the disk, never a writer's traceback.
+        with storage.disk_errors_named(config.output):
+            r = setup(config)
+            try:
+                train(r)
+            except Preempted:
+                return PREEMPTED_EXIT_CODE
+            save(r)
         return 0
     finally:
         cleanup(r)

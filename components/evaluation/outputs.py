@@ -4,6 +4,7 @@ evaluate.py runs the models)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -282,8 +283,6 @@ def write_outputs(
     cost = json.loads(storage.read_text(train_cost)) if train_cost else None
     if cost is not None:
         document["training_cost"] = cost
-    storage.write_text(metrics_path, json.dumps(document, indent=2) + "\n")
-    storage.write_text(generations_path, "".join(json.dumps(g) + "\n" for g in entries))
     details = {
         "dataset": settings["data_dir"],
         "eval rows scored": int(metrics["eval_rows"]),
@@ -306,7 +305,14 @@ def write_outputs(
         tasks=scores.tasks_section(),
         judge=scores.judge_section(),
     )
-    storage.write_text(report_path, page)
+    _write_files(
+        out,
+        {
+            generations_path: "".join(json.dumps(g) + "\n" for g in entries),
+            report_path: page,
+            metrics_path: json.dumps(document, indent=2) + "\n",  # last: it marks them complete
+        },
+    )
     log.info("wrote %s and %s", metrics_path, report_path)
     return EvaluationResult(
         metrics=metrics,
@@ -317,6 +323,23 @@ def write_outputs(
         generations_path=generations_path,
         samples=samples,
     )
+
+
+def _write_files(out: str, files: dict[str, str]) -> None:
+    """Write `files` in order; on a full disk remove the ones written (an evaluation's own files:
+    `check_output_dir` let them be replaced), so no half-written evaluation is left that looks
+    complete, and raise the DiskFullError naming the disk."""
+    written: list[str] = []
+    try:
+        with storage.disk_errors_named(out):
+            for path, text in files.items():
+                written.append(path)
+                storage.write_text(path, text)
+    except storage.DiskFullError:
+        for path in written:
+            with contextlib.suppress(OSError):
+                storage.remove(path)
+        raise
 
 
 def _preference_details(metrics: dict[str, float], settings: dict[str, Any]) -> dict[str, Any]:

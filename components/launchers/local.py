@@ -279,10 +279,26 @@ class LocalLauncher(Launcher):
                         shown = [] if _AGENT_NOISE.match(text) else held
                         held = None
                 shown = [] if self._stopping else [f"[node{node.index}] {t}" for t in shown]
-            node.log_file.write((text if text.startswith(prefix) else node.agent_tail[-1]) + "\n")
-            node.log_file.flush()
+            self._write_log(node, text if text.startswith(prefix) else node.agent_tail[-1])
             for line in shown:
                 self.log(line)
+
+    def _write_log(self, node: _Node, line: str) -> None:
+        """One line to the node's log file. A log that cannot be written (a full disk) is given
+        up with one line saying so: the node's output is still read (a worker blocked on a full
+        pipe would hang) and shown, and the worker reports its own failure."""
+        if node.log_file is None:
+            return
+        try:
+            node.log_file.write(line + "\n")
+            node.log_file.flush()
+        except OSError as exc:
+            log_file, node.log_file = node.log_file, None
+            with contextlib.suppress(OSError):
+                log_file.close()
+            self.log(
+                f"[launcher] node {node.index}'s log {node.log_path} can no longer be written ({exc.strerror})"
+            )
 
     # ---- wait ---------------------------------------------------------------------------------
 
@@ -362,7 +378,8 @@ class LocalLauncher(Launcher):
             if node.reader is not None:
                 node.reader.join(timeout=10)
             if node.log_file is not None:
-                node.log_file.close()
+                with contextlib.suppress(OSError):  # a full disk: reported by _write_log
+                    node.log_file.close()
             if node.proc.stdout is not None:
                 node.proc.stdout.close()
         if self._store_port is not None:

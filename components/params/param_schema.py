@@ -5,6 +5,7 @@ components/params/run_params.py declares the run parameters with it.
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 import typing
@@ -61,6 +62,10 @@ def field_error(f: Field[Any], value: Any, options: tuple[str, ...]) -> str | No
         return f"{f.name}={value!r}: choose one of {', '.join(options)}"
     if rules["required"] and not str(value).strip():
         return f"{f.name} is empty: {_lower_first(rules['help'])}"
+    if isinstance(value, float) and not math.isfinite(value):
+        # inf passes every bound a positive setting has (`> 0`), NaN fails them all with a
+        # confusing message: neither is a setting (1e999 reads as inf; YAML has .inf and .nan).
+        return f"{f.name}={value}: use a finite number"
     if isinstance(value, int | float) and not isinstance(value, bool):
         bounds = [(*_BOUNDS[key], rules[key]) for key in _BOUNDS if rules[key] is not None]
         if not all(holds(value, bound) for _, holds, bound in bounds):

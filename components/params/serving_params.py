@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.params.param_schema import param
-from components.serving.presets import LoraServing, ServingPreset
+from components.serving.presets import ENDPOINT_NAME, IMAGE_REFERENCE, LoraServing, ServingPreset
 
 LATEST_REGISTERED = "latest-registered"
 """`base_model` / `champion_model` value: the newest version of `registered_model` in the Vertex AI
@@ -35,6 +35,7 @@ class ServingParams:
         "Serving container image (pinned tag) for the registered model, started as "
         "serving_preset says (e.g. Model Garden's pytorch-vllm-serve image for vertex-vllm); "
         "required when register_model is true.",
+        pattern=IMAGE_REFERENCE,
         steps=("register",),
         cloud=True,
     )
@@ -58,6 +59,7 @@ class ServingParams:
         "Deploy the registered version to this Vertex AI endpoint (resource name or display name; "
         "created when missing) and send it a smoke prompt; empty: no deployment. A local run "
         "serves the model on this machine instead (any non-empty value).",
+        pattern=ENDPOINT_NAME,
         steps=("deploy",),
     )
     deploy_machine_type: str = param(

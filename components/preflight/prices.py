@@ -8,13 +8,12 @@ estimate (components/preflight/cost.py) read one table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-
-import yaml
 
 from components.platform.capacity import CAPACITIES
 from components.platform.platform_facts import accelerator
-from trainer import storage
+from trainer.config_file import read_yaml_mapping
 
 PRICES_WRITTEN = "2026-12-04"
 """When `GPU_HOUR_USD` was written down (not fetched by this code, and not re-checked online)."""
@@ -59,20 +58,42 @@ DATAFLOW_GB_PER_VCPU = 3.75
 
 def load_prices(path: str) -> dict[str, dict[str, float]]:
     """`GPU_HOUR_USD` updated from a YAML/JSON file of the same shape
-    (`{NVIDIA_H100_80GB: {spot: 3.5}}`; GKE names accepted)."""
-    data = yaml.safe_load(storage.read_text(path)) or {}
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: expected a mapping accelerator -> capacity -> USD per GPU-hour")
+    (`{NVIDIA_H100_80GB: {spot: 3.5}}`; GKE names accepted). Every problem names the file; a
+    price must be a finite number >= 0 (YAML's .inf would make every budget pass, true is no
+    price)."""
+    try:
+        data = read_yaml_mapping(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"prices file {path!r} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"prices file {path!r} is not text (UTF-8 YAML or JSON)") from None
+    except ValueError as exc:
+        message = (
+            str(exc)
+            .replace("config file", "prices file")
+            .replace(
+                "must hold a mapping of key: value",
+                "must map accelerator -> capacity -> USD per GPU-hour",
+            )
+        )
+        raise ValueError(message) from None
     prices = {name: dict(by_capacity) for name, by_capacity in GPU_HOUR_USD.items()}
     for name, by_capacity in data.items():
-        gpu = accelerator(str(name)).vertex_name
+        try:
+            gpu = accelerator(str(name)).vertex_name
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
         if not isinstance(by_capacity, Mapping) or not all(
-            c in CAPACITIES and isinstance(v, int | float) and v >= 0
+            c in CAPACITIES
+            and isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and v >= 0
             for c, v in by_capacity.items()
         ):
             raise ValueError(
-                f"{path}: {name}: give USD per GPU-hour for {', '.join(CAPACITIES)}, e.g. "
-                "{spot: 3.5}"
+                f"{path}: {name}: give USD per GPU-hour (a finite number >= 0) for "
+                f"{', '.join(CAPACITIES)}, e.g. {{spot: 3.5}}"
             )
         prices.setdefault(gpu, {}).update({c: float(v) for c, v in by_capacity.items()})
     return prices

@@ -50,6 +50,21 @@ DEPLOYMENT_TIMEOUT_S = 7200
 """How long Vertex waits for the container to become healthy (loading a 70B model from gs://)."""
 SMOKE_MAX_TOKENS = 32
 
+_NAME = r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+IMAGE_REFERENCE = (
+    _NAME + r"(?::\w[\w.-]{0,127}(?:@sha256:[0-9a-f]{64})?|@sha256:[0-9a-f]{64})",
+    "a container image with a tag or digest, e.g. us-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG",
+)
+"""`serving_image`'s pattern (the distribution/reference grammar, with the tag or digest that
+pins it required): a value with spaces, `;` or no tag is refused before the run, not by Vertex's
+Model upload after training."""
+ENDPOINT_NAME = (
+    r"projects/[\w-]+/locations/[\w-]+/endpoints/[\w-]+|[^\x00-\x1f\x7f]{1,128}",
+    "an endpoint resource name (projects/P/locations/L/endpoints/ID) or a display name of at "
+    "most 128 characters without control characters",
+)
+"""`deploy_endpoint`'s pattern: Vertex AI display names are at most 128 characters."""
+
 
 @dataclass(frozen=True)
 class ServingSpec:

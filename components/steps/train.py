@@ -352,7 +352,10 @@ def train(
         check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
     # One run at a time into a local output: a second one is refused before it reads or deletes
     # anything of the first's (the lock goes with this process, however it ends).
-    with exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext():
+    with (
+        exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext(),
+        storage.disk_errors_named(launch.trainer.output),  # the launcher's logs and state
+    ):
         if launch.entrypoint == TRAINER_ENTRYPOINT:
             preflight(launch.trainer, local=local, overwrite=overwrite)
         if overwrite:

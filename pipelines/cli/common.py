@@ -13,6 +13,7 @@ import typer
 
 from components.params.param_checks import redact_tokens
 from trainer.config import load_config
+from trainer.storage import DiskFullError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,6 +25,9 @@ def user_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except DiskFullError as exc:  # the machine, not the input: exit 1 (names the disk)
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
         except (ValueError, FileNotFoundError, PermissionError) as exc:
             # Messages quote what was typed; a token typed by mistake must not be echoed.
             typer.secho(f"error: {redact_tokens(str(exc))}", fg=typer.colors.RED, err=True)

@@ -15,6 +15,7 @@ import typer
 
 from pipelines.cli.common import print_json, user_errors
 from trainer.config import TrainConfig
+from trainer.storage import disk_errors_named
 
 # --- the models, the data and the outputs -------------------------------------------------------
 Base = Annotated[str, typer.Option(help="Base model directory or .gguf file (local or gs://).")]
@@ -165,7 +166,8 @@ def evaluate_cmd(
         objective=objective, dpo_beta=dpo_beta, quantize_base=quantize_base,
         compute_dtype=compute_dtype,
     )  # fmt: skip
-    result = run_evaluation(request)
+    with disk_errors_named(output):  # any write of the evaluation: one line naming the disk
+        result = run_evaluation(request)
     print_json(
         {
             "passed": result.passed,

@@ -39,6 +39,12 @@ def tiny_model(
     """Build a tiny Llama + trained BPE tokenizer and save them with save_pretrained."""
     from pipelines.quickstart.tiny_model import build_tiny_model
 
+    if data is not None and not (data / "train.jsonl").is_file():
+        raise ValueError(
+            f"--data {str(data)!r} holds no train.jsonl (`llmft sample-data` writes one)"
+        )
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{str(out_dir)!r} is a file: give a directory to save the model to")
     print_json(
         build_tiny_model(
             out_dir,

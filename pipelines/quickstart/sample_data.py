@@ -161,14 +161,29 @@ def write_sample_data(
     if n_train < 10 or n_heldout < 1:
         raise ValueError("n_train must be >= 10 and n_heldout >= 1")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{str(out)!r} is a file: give a directory to write the data to")
+    # Everything is generated before anything is created: a refusal (too many records for the
+    # distinct prompts there are) leaves no directory behind.
     train = list(generate_records(n_train, seed))
-    heldout = list(generate_records(n_heldout, seed + 1000, exclude={r["prompt"] for r in train}))
+    try:
+        heldout = list(
+            generate_records(n_heldout, seed + 1000, exclude={r["prompt"] for r in train})
+        )
+    except ValueError as exc:
+        raise ValueError(
+            f"held-out records, apart from the {n_train} training ones: {exc}"
+        ) from None
     dirty, report = _dirty_lines(train, seed)
-    (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
-    (out / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
-    (out / "dirty.jsonl").write_text("".join(line + "\n" for line in dirty))
-    (out / "dirty_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    files = {
+        "train.jsonl": "".join(json.dumps(r) + "\n" for r in train),
+        "heldout.jsonl": "".join(json.dumps(r) + "\n" for r in heldout),
+        "dirty.jsonl": "".join(line + "\n" for line in dirty),
+        "dirty_report.json": json.dumps(report, indent=2) + "\n",
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out / name).write_text(text)
     return {
         "train": len(train),
         "heldout": len(heldout),

@@ -59,6 +59,26 @@ def train_tokenizer(data_dir: Path | None = None, vocab_size: int = 4096):
     return fast
 
 
+def _shape_errors(vocab_size: int, hidden_size: int, layers: int, heads: int) -> list[str]:
+    """What is wrong with the asked shape, checked before anything is built or written (Llama's
+    own check is a traceback after the tokenizer was trained; a vocabulary below the byte
+    alphabet was silently raised to it)."""
+    errors = []
+    smallest = 256 + len(SPECIAL_TOKENS)  # byte-level BPE: every byte, then the special tokens
+    if vocab_size < smallest:
+        errors.append(
+            f"--vocab-size must be >= {smallest} (256 bytes + {len(SPECIAL_TOKENS)} special tokens); got {vocab_size}"
+        )
+    if layers < 1:
+        errors.append(f"--layers must be >= 1 (got {layers})")
+    if hidden_size < 1 or hidden_size % (2 * heads):
+        errors.append(
+            f"--hidden-size must be a positive multiple of {2 * heads} ({heads} attention heads of "
+            f"an even size); got {hidden_size}"
+        )
+    return errors
+
+
 def build_tiny_model(
     out_dir: str | Path,
     data_dir: str | Path | None = None,
@@ -72,6 +92,8 @@ def build_tiny_model(
     seed: int = 0,
 ) -> dict:
     """Build, randomly initialise (seeded) and save the tiny model and its tokenizer."""
+    if problems := _shape_errors(vocab_size, hidden_size, num_layers, num_heads):
+        raise ValueError("; ".join(problems))
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as transformers_logging
