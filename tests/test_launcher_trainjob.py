@@ -467,3 +467,31 @@ def test_the_validate_steps_check_is_one_line_naming_what_to_install() -> None:
     serves(router, "trainjob")
     assert gke_job_api_errors("auto", api_client=api_client) == []
     assert "does not serve PyTorchJob" in gke_job_api_errors("pytorchjob", api_client=api_client)[0]
+
+
+KUEUE_V1BETA2 = "/apis/kueue.x-k8s.io/v1beta2"
+LOCAL_QUEUES = "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/localqueues"
+
+
+def test_the_validate_step_refuses_a_kueue_queue_the_namespace_does_not_have() -> None:
+    """A job labelled for a missing LocalQueue (or on a cluster without Kueue) is created
+    suspended and never admitted; Kueue says so only in its Workload's condition (kueue v0.19.2
+    workload_controller.go "LocalQueue %s doesn't exist"), so the validate step asks first."""
+    from components.preflight.launch_checks import gke_job_api_errors
+
+    def check(queue: str) -> list[str]:
+        return gke_job_api_errors("trainjob", api_client=api_client, kueue_queue=queue,
+                                  namespace="ml")  # fmt: skip
+
+    api_client, router = fake_kube()
+    serves(router, "trainjob")
+    assert check("") == []
+    [no_kueue] = check("llmft")
+    assert "does not serve Kueue" in no_kueue and "leave kueue_queue empty" in no_kueue
+    router.on("GET", KUEUE_V1BETA2, resources("kueue.x-k8s.io/v1beta2", "localqueues", "LocalQueue"))
+    [missing] = check("lmft")
+    assert "namespace ml has no LocalQueue lmft" in missing
+    router.on("GET", f"{LOCAL_QUEUES}/llmft", (200, {"kind": "LocalQueue",
+              "metadata": {"name": "llmft", "namespace": "ml"}, "spec": {"clusterQueue": "q"}}))  # fmt: skip
+    assert check("llmft") == []
+    assert [r.path for r in router.sent("GET", f"{LOCAL_QUEUES}/llmft")] == [f"{LOCAL_QUEUES}/llmft"]
