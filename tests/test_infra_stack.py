@@ -543,6 +543,10 @@ def test_trainer_v2_and_kueue_come_from_their_pinned_charts(gke_stack):
     # The Training Operator is installed too (GKE_CONFIG's default): Kueue manages PyTorchJobs.
     assert "kubeflow.org/pytorchjob" in config["integrations"]["frameworks"]
     assert "manageJobsWithoutQueueName" not in config  # etcd and KFP pods are never queued
+    # The ClusterQueue covers GPUs only: a cpu/memory request must not block admission forever.
+    assert config["resources"] == {"quotaCheckStrategy": "IgnoreUndeclared"}
+    # Kueue after the CRDs of the jobs it integrates (else a deferred integration for minutes).
+    assert sorted(mocks.depends_on["kueue"]) == ["kubeflow-trainer", "training-operator"]
 
     runtimes = mocks.of_type("kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
     expected = [build_cluster_training_runtime(restarts=r) for r in runtime_restarts()]
