@@ -197,7 +197,7 @@ class GkeLauncher(Launcher):
             if adopt_etcd(
                 self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref
             ):
-                self.log(f"[gke] the run's etcd now belongs to {kind.kind} {self.name} (its TTL)")
+                self.log(f"[gke] the run's etcd now belongs to {kind.kind} {self.name}")
 
     def _uses_run_etcd(self, launch: TrainLaunch) -> bool:
         from components.etcd.manifests import etcd_endpoint
