@@ -63,9 +63,35 @@ def cel_errors(schema: dict[str, Any], obj: Any) -> list[str]:
     return errors
 
 
+def pruned_fields(schema: dict[str, Any], obj: Any, path: str = "") -> list[str]:
+    """Fields of `obj` its schema does not declare: the API server silently drops them from a
+    structural CRD's objects (pruning: kubernetes.io/docs/tasks/extend-kubernetes/custom-
+    resources/custom-resource-definitions/#field-pruning), and jsonschema lets them pass, so a
+    misspelt field name would otherwise pass every test and do nothing on a cluster."""
+    found: list[str] = []
+    if isinstance(obj, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        declared = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, value in obj.items():
+            if key in declared:
+                found += pruned_fields(declared[key], value, f"{path}.{key}")
+            elif isinstance(extra, dict):
+                found += pruned_fields(extra, value, f"{path}[{key!r}]")
+            elif not (path == ".metadata" or (path == "" and key in ("apiVersion", "kind"))):
+                found.append(f"{path}.{key}")  # metadata is ObjectMeta's, not the CRD's
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(obj):
+            found += pruned_fields(schema["items"], item, f"{path}[{index}]")
+    return found
+
+
 def validate(schema: dict[str, Any], obj: Any) -> None:
-    """Raise if the API server would refuse `obj` by its schema or CEL rules."""
+    """Raise if the API server would refuse `obj` by its schema or CEL rules, or would drop
+    a field of it (`pruned_fields`)."""
     jsonschema.validate(obj, schema)
+    pruned = pruned_fields(schema, obj)
+    if pruned:
+        raise AssertionError("fields the API server would prune: " + ", ".join(pruned))
     errors = cel_errors(schema, obj)
     if errors:
         raise AssertionError("CEL rules broken:\n" + "\n".join(errors))

@@ -543,6 +543,10 @@ def test_trainer_v2_and_kueue_come_from_their_pinned_charts(gke_stack):
     # The Training Operator is installed too (GKE_CONFIG's default): Kueue manages PyTorchJobs.
     assert "kubeflow.org/pytorchjob" in config["integrations"]["frameworks"]
     assert "manageJobsWithoutQueueName" not in config  # etcd and KFP pods are never queued
+    # The ClusterQueue covers GPUs only: a cpu/memory request must not block admission forever.
+    assert config["resources"] == {"quotaCheckStrategy": "IgnoreUndeclared"}
+    # Kueue after the CRDs of the jobs it integrates (else a deferred integration for minutes).
+    assert sorted(mocks.depends_on["kueue"]) == ["kubeflow-trainer", "training-operator"]
 
     runtimes = mocks.of_type("kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
     expected = [build_cluster_training_runtime(restarts=r) for r in runtime_restarts()]
@@ -582,3 +586,15 @@ def test_gpu_quota_follows_the_pool_and_both_installs_can_be_skipped():
     mocks, _ = run_stack(parse_settings({**GKE_CONFIG, "gke": {**GKE_CONFIG["gke"], **settings}}))
     assert not mocks.of_type("kubernetes:helm.sh/v3:Release")
     assert not [r for r in mocks.resources if r.typ.startswith("kubernetes:kueue")]
+
+
+def test_the_guides_kueue_hand_install_configures_kueue_as_the_stack_does():
+    """docs/deploy/README.md's kueue-values.yaml (no Training Operator) is the stack's manager
+    configuration, IgnoreUndeclared included (review T2)."""
+    from llmft_infra.kubeflow import kueue_manager_config
+
+    guide = (Path(__file__).resolve().parents[1] / "docs/deploy/README.md").read_text()
+    block = guide.split("cat > kueue-values.yaml <<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0]
+    values = yaml.safe_load(block)
+    documented = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
+    assert documented == yaml.safe_load(kueue_manager_config(pytorchjob=False))

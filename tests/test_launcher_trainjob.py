@@ -467,3 +467,65 @@ def test_the_validate_steps_check_is_one_line_naming_what_to_install() -> None:
     serves(router, "trainjob")
     assert gke_job_api_errors("auto", api_client=api_client) == []
     assert "does not serve PyTorchJob" in gke_job_api_errors("pytorchjob", api_client=api_client)[0]
+
+
+KUEUE_V1BETA2 = "/apis/kueue.x-k8s.io/v1beta2"
+LOCAL_QUEUES = "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/localqueues"
+
+
+def test_the_validate_step_refuses_a_kueue_queue_the_namespace_does_not_have() -> None:
+    """A job labelled for a missing LocalQueue (or on a cluster without Kueue) is created
+    suspended and never admitted; Kueue says so only in its Workload's condition (kueue v0.19.2
+    workload_controller.go "LocalQueue %s doesn't exist"), so the validate step asks first."""
+    from components.preflight.launch_checks import gke_job_api_errors
+
+    def check(queue: str) -> list[str]:
+        return gke_job_api_errors("trainjob", api_client=api_client, kueue_queue=queue,
+                                  namespace="ml")  # fmt: skip
+
+    api_client, router = fake_kube()
+    serves(router, "trainjob")
+    assert check("") == []
+    [no_kueue] = check("llmft")
+    assert "does not serve Kueue" in no_kueue and "leave kueue_queue empty" in no_kueue
+    router.on(
+        "GET", KUEUE_V1BETA2, resources("kueue.x-k8s.io/v1beta2", "localqueues", "LocalQueue")
+    )
+    [missing] = check("lmft")
+    assert "namespace ml has no LocalQueue lmft" in missing
+    router.on("GET", f"{LOCAL_QUEUES}/llmft", (200, {"kind": "LocalQueue",
+              "metadata": {"name": "llmft", "namespace": "ml"}, "spec": {"clusterQueue": "q"}}))  # fmt: skip
+    assert check("llmft") == []
+    assert [r.path for r in router.sent("GET", f"{LOCAL_QUEUES}/llmft")] == [
+        f"{LOCAL_QUEUES}/llmft"
+    ]
+
+
+def test_a_trainjob_whose_pods_are_never_created_fails_with_its_childrens_events() -> None:
+    """Admitted, but no pod ever appears (the Job controller is refused: here a ResourceQuota):
+    the v2 controller reports no condition for it, so after `pending_timeout_s` the run fails
+    with the Warning events of the TrainJob/JobSet (`<name>`) and its Job (`<name>-node-0`)."""
+    said = {NAME: ("TrainJob", "TrainJobResourcesCreationFailed", "the JobSet was refused"),
+            f"{NAME}-node-0": ("Job", "FailedCreate", "exceeded quota: pods")}  # fmt: skip
+
+    def job_events(req: Recorded) -> tuple[int, dict]:
+        name = req.query["fieldSelector"].removeprefix("involvedObject.name=")
+        kind, reason, message = said[name]
+        return 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": [
+            {"metadata": {"name": "e"}, "type": "Warning", "reason": reason, "message": message,
+             "involvedObject": {"kind": kind, "name": name}}]}  # fmt: skip
+
+    def setup(r: Any) -> None:
+        r.on("POST", JOBS, lambda req: (201, req.body))
+        watched(r, trainjob(condition("Suspended", "False", "Resumed")))
+        r.on("GET", PODS, pods())
+        r.on("GET", "/api/v1/namespaces/ml/events", job_events)
+        r.on("DELETE", f"{JOBS}/{NAME}", (200, {}))
+
+    gke, router, _ = launcher(setup, follow_logs=False, pending_timeout_s=0)
+    result = gke.run(small_launch(), timeout=30)
+    assert result.status == "failed"
+    assert f"TrainJob {NAME} has had no pods for over 0s" in result.message
+    assert f"Job {NAME}-node-0: FailedCreate: exceeded quota: pods" in result.message
+    assert "TrainJobResourcesCreationFailed: the JobSet was refused" in result.message
+    assert len(router.sent("DELETE", f"{JOBS}/{NAME}")) == 1

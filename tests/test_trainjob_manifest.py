@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from crd_validation import cel_errors, cel_rules, crd_schema, validate
+from crd_validation import cel_errors, cel_rules, crd_schema, pruned_fields, validate
 
 from components.launchers import TrainLaunch
 from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob
@@ -134,6 +134,21 @@ def test_the_cel_evaluator_catches_what_the_api_server_would(trainjob_schema: di
     assert cel_errors(trainjob_schema, job) == []
 
 
+def test_a_field_the_crd_does_not_declare_is_caught_not_pruned(trainjob_schema: dict) -> None:
+    """The API server silently drops undeclared fields of a CRD's object and jsonschema lets
+    them pass: `validate` names them (here a Trainer v1-style `podTemplateOverrides`, which
+    v2.3.0 replaced with runtimePatches, and a misspelt numProcPerNode)."""
+    job = build_trainjob(launch=seven_b_launch(), options=options())
+    assert pruned_fields(trainjob_schema, job) == []
+    stale = {**job, "spec": {**job["spec"], "podTemplateOverrides": []}}
+    typo = {**job, "spec": {**job["spec"], "trainer": {**job["spec"]["trainer"],
+                                                       "numProcsPerNode": 8}}}  # fmt: skip
+    assert pruned_fields(trainjob_schema, stale) == [".spec.podTemplateOverrides"]
+    assert pruned_fields(trainjob_schema, typo) == [".spec.trainer.numProcsPerNode"]
+    with pytest.raises(AssertionError, match="would prune"):
+        validate(trainjob_schema, typo)
+
+
 def test_long_run_ids_get_short_distinct_rfc1035_names() -> None:
     long_a, long_b = "x" * 80 + "-a", "x" * 80 + "-b"
     names = {trainjob_name(long_a), trainjob_name(long_b)}
@@ -208,6 +223,7 @@ def test_a_queued_pytorchjob_carries_the_kueue_label_and_starts_suspended() -> N
     schema = crd_schema("kubeflow.org_pytorchjobs.yaml", "v1")
     job = build_pytorchjob(launch=seven_b_launch(), options=options())
     jsonschema.validate(job, schema)
+    assert pruned_fields(schema, job) == []
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "llmft"
     assert job["spec"]["runPolicy"]["suspend"] is True
     pod_labels = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]

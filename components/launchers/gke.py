@@ -115,6 +115,7 @@ class _WaitClock:
     deadline: float | None
     last_phase: str = ""
     pending_since: float | None = None
+    podless_since: float | None = None
     succeeded_since: float | None = None
     queued_since: float | None = None
     queued_s: float = 0.0
@@ -202,7 +203,7 @@ class GkeLauncher(Launcher):
             if adopt_etcd(
                 self.api_client, run_id=launch.run_id, namespace=self.namespace, owner=job_ref
             ):
-                self.log(f"[gke] the run's etcd now belongs to {kind.kind} {self.name} (its TTL)")
+                self.log(f"[gke] the run's etcd now belongs to {kind.kind} {self.name}")
 
     def _uses_run_etcd(self, launch: TrainLaunch) -> bool:
         run_etcd = etcd_endpoint(run_id=launch.run_id, namespace=self.namespace)
@@ -355,6 +356,7 @@ class GkeLauncher(Launcher):
         return (CANCELLED, "cancelled") if self._cancelled else None
 
     def _queue_verdict(self, clock: _WaitClock) -> tuple[str, str] | None:
+        clock.podless_since = None  # no pods are expected while queued
         if self._cancelled:
             return CANCELLED, "cancelled"
         reason = self._queue_reason()
@@ -387,9 +389,10 @@ class GkeLauncher(Launcher):
 
     def _problem(self, phase: str, pods: list[Any], clock: _WaitClock) -> str:
         """Why the job must be stopped now ("" to keep waiting): a pod that cannot run, one
-        unschedulable too long, or workers that never finish after an early Succeeded."""
+        unschedulable too long, no pods at all too long, or workers that never finish after an
+        early Succeeded."""
         problems = [p for pod in pods for p in pod_problems(pod)]
-        message = ""
+        message = self._podless(pods, clock)
         if phase == "Succeeded":
             message = self._succeeded_early(pods, problems, clock)
         fatal = [p for p in problems if p.fatal]
@@ -407,6 +410,31 @@ class GkeLauncher(Launcher):
                     f"{self.pending_timeout_s:.0f}s: {summarize(unschedulable + events)}"
                 )
         return message
+
+    def _podless(self, pods: list[Any], clock: _WaitClock) -> str:
+        """A job that has had no pods for `pending_timeout_s` while not queued: its controller
+        cannot create them (a JobSet or Job refused: PodSecurity, a ResourceQuota, a webhook).
+        The TrainJob says so only in events (trainer v2.3.0 trainjob_controller.go,
+        TrainJobResourcesCreationFailed), the Job in its FailedCreate events, never a condition."""
+        if pods:
+            clock.podless_since = None
+            return ""
+        clock.podless_since = clock.podless_since or time.monotonic()
+        if time.monotonic() - clock.podless_since <= self.pending_timeout_s:
+            return ""
+        why = []
+        for name in self._flavor().owned_names(self.name):
+            why += [
+                f"{e.involved_object.kind} {name}: {e.reason}: {e.message}"
+                for e in self.core.list_namespaced_event(
+                    self.namespace, field_selector=f"involvedObject.name={name}"
+                ).items
+                if e.type == "Warning"
+            ]
+        return (
+            f"{self._flavor().kind} {self.name} has had no pods for over "
+            f"{self.pending_timeout_s:.0f}s: {'; '.join(dict.fromkeys(why)) or 'no event says why'}"
+        )
 
     def _succeeded_early(
         self, pods: list[Any], problems: list[PodProblem], clock: _WaitClock

@@ -97,6 +97,9 @@ class JobFlavor:
     times: Callable[[Mapping[str, Any]], dict[str, str]]
     succeeded: Callable[[Mapping[str, Any], list[Any], int], bool]
     """Every node succeeded, judged from the job and its pods."""
+    children: tuple[str, ...] = ()
+    """Suffixes of the objects between the job and its pods whose events say why no pod was
+    created (a TrainJob's JobSet has its name; its Job is `<name>-node-0`)."""
 
     @property
     def kind(self) -> str:
@@ -108,6 +111,10 @@ class JobFlavor:
 
     def manifest(self, launch: TrainLaunch, options: PyTorchJobOptions) -> dict[str, Any]:
         return self.build(launch=launch, options=options)
+
+    def owned_names(self, name: str) -> list[str]:
+        """The job's name and its children's (whose events the launcher reads)."""
+        return [name, *(f"{name}{suffix}" for suffix in self.children)]
 
     def pod_selector(self, name: str) -> str:
         return f"{self.job_label}={name}"
@@ -141,6 +148,7 @@ TRAINJOB = JobFlavor(
     state=trainjob_state,
     times=trainjob_times,
     succeeded=_v2_succeeded,
+    children=(f"-{CONTAINER}-0",),
 )
 FLAVORS = {f.api: f for f in (TRAINJOB, PYTORCHJOB)}
 

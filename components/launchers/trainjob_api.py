@@ -98,22 +98,27 @@ def served_job_apis(custom: Any) -> set[str]:
     v1alpha1` serves `trainjobs`, "pytorchjob" when `kubeflow.org/v1` serves `pytorchjobs`.
     Discovery is open to every authenticated user (the `system:discovery` ClusterRole), so no
     Role rule is needed for it."""
+    return {
+        api
+        for api, group, version, plural in (
+            ("trainjob", GROUP, VERSION, PLURAL),
+            ("pytorchjob", V1_GROUP, V1_VERSION, V1_PLURAL),
+        )
+        if serves_resource(custom, group, version, plural)
+    }
+
+
+def serves_resource(custom: Any, group: str, version: str, plural: str) -> bool:
+    """Whether the cluster's discovery lists `plural` in `group/version` (a 404: not served)."""
     from kubernetes.client.exceptions import ApiException
 
-    served = set()
-    for api, group, version, plural in (
-        ("trainjob", GROUP, VERSION, PLURAL),
-        ("pytorchjob", V1_GROUP, V1_VERSION, V1_PLURAL),
-    ):
-        try:
-            resources = custom.get_api_resources(group, version)
-        except ApiException as exc:
-            if exc.status == 404:
-                continue
-            raise
-        if any(r.name == plural for r in resources.resources or []):
-            served.add(api)
-    return served
+    try:
+        resources = custom.get_api_resources(group, version)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.name == plural for r in resources.resources or [])
 
 
 def resolve_job_api(choice: str, custom: Any) -> str:

@@ -210,12 +210,20 @@ def _etcd_problem(endpoint: str) -> str:
     return ""
 
 
-def gke_job_api_errors(choice: str, *, cluster: str = "", api_client: Any = None) -> list[str]:
+def gke_job_api_errors(
+    choice: str,
+    *,
+    cluster: str = "",
+    api_client: Any = None,
+    kueue_queue: str = "",
+    namespace: str = "",
+) -> list[str]:
     """Why the GKE cluster cannot run a training job with `gke_job_api=choice` ([] when it can):
-    `auto` needs a TrainJob or a PyTorchJob CRD served, a named API its own. Asked of the
-    cluster's discovery API by the validate step, before preprocessing spends anything
-    (components/launchers/trainjob_api.py `resolve_job_api`). `cluster`: Vertex AI Pipelines
-    driving GKE; "" in the cluster (KFP on GKE) or with a kubeconfig."""
+    `auto` needs a TrainJob or a PyTorchJob CRD served, a named API its own; and a `kueue_queue`
+    must be a LocalQueue of `namespace` (`kueue_queue_errors`). Asked of the cluster's API by the
+    validate step, before preprocessing spends anything (components/launchers/trainjob_api.py
+    `resolve_job_api`). `cluster`: Vertex AI Pipelines driving GKE; "" in the cluster (KFP on
+    GKE) or with a kubeconfig."""
     from kubernetes import client
 
     from components.launchers.trainjob_api import resolve_job_api
@@ -224,8 +232,52 @@ def gke_job_api_errors(choice: str, *, cluster: str = "", api_client: Any = None
         from components.runtime.k8s_client import make_api_client
 
         api_client = make_api_client(cluster=cluster)
+    custom = client.CustomObjectsApi(api_client)
+    errors = []
     try:
-        resolve_job_api(choice, client.CustomObjectsApi(api_client))
+        resolve_job_api(choice, custom)
     except ValueError as exc:
-        return [str(exc)]
+        errors.append(str(exc))
+    return errors + kueue_queue_errors(kueue_queue, namespace, custom)
+
+
+KUEUE_GROUP, KUEUE_VERSIONS = "kueue.x-k8s.io", ("v1beta2", "v1beta1")
+"""Kueue's API (v1beta2 since Kueue 0.15, v1beta1 before; kubernetes-sigs/kueue v0.19.2
+charts/kueue/templates/crd/kueue.x-k8s.io_localqueues.yaml serves both)."""
+
+
+def kueue_queue_errors(queue: str, namespace: str, custom: Any) -> list[str]:
+    """Why `kueue_queue=queue` cannot admit a job of `namespace` ([] when it can, or no queue).
+
+    A job labelled for a LocalQueue that does not exist, or on a cluster without Kueue, is
+    created suspended and stays so: Kueue reports a missing LocalQueue only as its Workload's
+    condition (kueue v0.19.2 pkg/controller/core/workload_controller.go, "LocalQueue %s doesn't
+    exist"), which the launcher cannot read, so the train step would wait for the pipeline's
+    task timeout (days). Needs `get` on localqueues (docs/deploy/rbac.yaml)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from components.launchers.trainjob_api import serves_resource
+
+    if not queue:
+        return []
+    served = [v for v in KUEUE_VERSIONS if serves_resource(custom, KUEUE_GROUP, v, "localqueues")]
+    if not served:
+        return [
+            f"kueue_queue={queue}: the cluster does not serve Kueue ({KUEUE_GROUP}): install "
+            "Kueue (docs/deploy/README.md, 'A new GKE cluster') or leave kueue_queue empty"
+        ]
+    try:
+        custom.get_namespaced_custom_object(KUEUE_GROUP, served[0], namespace, "localqueues", queue)
+    except ApiException as exc:
+        if exc.status == 404:
+            return [
+                f"kueue_queue={queue}: namespace {namespace} has no LocalQueue {queue} "
+                f"(kubectl get localqueues -n {namespace}; infra/ creates 'llmft')"
+            ]
+        if exc.status == 403:
+            return [
+                f"kueue_queue={queue}: the pipeline's service account may not read LocalQueues: "
+                "reapply docs/deploy/rbac.yaml"
+            ]
+        raise
     return []

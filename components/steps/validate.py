@@ -88,8 +88,16 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
     errors = run_errors(params, target=request.target, run_id=request.run_id)
     raise_errors(errors + data_errors(uri, remote=True))
     if params.backend == "gke" and request.target in ("kfp", "vertex"):
-        # The cluster must serve the job API before preprocessing spends anything.
-        raise_errors(gke_job_api_errors(params.gke_job_api, cluster=params.gke_cluster))
+        # The cluster must serve the job API (and have the Kueue queue) before preprocessing
+        # spends anything.
+        raise_errors(
+            gke_job_api_errors(
+                params.gke_job_api,
+                cluster=params.gke_cluster,
+                kueue_queue=params.kueue_queue,
+                namespace=params.namespace,
+            )
+        )
     base_model = resolve_model(params.base_model, params)
     if request.target == "vertex" and is_hub_id(base_model):
         # The fit check and the estimate read its config.json from the Hub (KFP on GKE has

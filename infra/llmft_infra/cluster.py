@@ -172,7 +172,7 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
     provider, namespaces = _namespaces(gke, cluster, cpu_pool)
     _workload_identity(gke, settings.project, names, cloud, grants, cluster)
     rbac, operator = _kubernetes_objects(gke, settings.project, names, provider, namespaces)
-    kubeflow = build_kubeflow(gke, provider, namespaces)
+    kubeflow = build_kubeflow(gke, provider, namespaces, operator)
     return Gke(cluster, cpu_pool, gpu_pool, provider, namespaces, rbac, operator, kubeflow)
 
 

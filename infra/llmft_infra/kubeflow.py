@@ -13,9 +13,9 @@ tests: they run the program under Pulumi's mocks (tests/test_infra_stack.py).
 Choices:
 - The ClusterQueue covers the GPUs of the GPU pool at its autoscaling maximum: `gpu_max_nodes`
   per zone x zones x `accelerator_count` (zones: `gpu_node_locations`, else 1 for a zonal and 3
-  for a regional cluster, GKE's default spread). It does not cover cpu or memory, so Kueue's
-  `resources.excludeResourcePrefixes` is not needed only if pods request none: the train step
-  sets none; a run that sets `cpu`/`memory` on its pods needs them added here.
+  for a regional cluster, GKE's default spread). It does not cover cpu or memory, and Kueue is told
+  to ignore what a ClusterQueue does not cover (`quotaCheckStrategy: IgnoreUndeclared`): with
+  its default a pod requesting cpu or memory would never be admitted.
 - Kueue's TrainJob integration is on in its default configuration; the PyTorchJob one is not,
   so it is turned on here when the Training Operator v1 is installed too.
 - Kueue manages only jobs that carry a queue label (`manageJobsWithoutQueueName` stays false):
@@ -84,6 +84,12 @@ def kueue_manager_config(*, pytorchjob: bool) -> str:
         "webhook": {"port": 9443},
         "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
         "integrations": {"frameworks": frameworks},
+        # Quota only for what the ClusterQueue covers (the GPUs): with the default
+        # BlockUndeclared, a pod requesting cpu or memory (a LimitRange default, `--cpu`) would
+        # be "resource cpu unavailable in ClusterQueue" forever (kueue v0.19.2
+        # apis/config/v1beta2/configuration_types.go QuotaCheckStrategy, beta and on in 0.19;
+        # pkg/scheduler/flavorassigner/flavorassigner.go findFlavorForPodSets).
+        "resources": {"quotaCheckStrategy": "IgnoreUndeclared"},
     }
     return str(yaml.safe_dump(config, sort_keys=False))
 
@@ -92,8 +98,13 @@ def build_kubeflow(
     gke: GkeSettings,
     provider: k8s.Provider,
     namespaces: dict[str, k8s.core.v1.Namespace],
+    operator: pulumi.Resource | None = None,
 ) -> Kubeflow:
-    """Trainer v2 (+ our runtimes) and Kueue (+ the queues), as the settings ask."""
+    """Trainer v2 (+ our runtimes) and Kueue (+ the queues), as the settings ask. Kueue comes
+    after the job CRDs it integrates (Trainer v2's, the Training Operator's `operator`): it
+    defers an integration whose CRD is not served yet and polls for it with a back-off of up to
+    2 min (kueue v0.19.2 pkg/controller/jobframework/setup.go), a window in which a queued
+    job would not be admitted."""
     on_cluster = pulumi.ResourceOptions(provider=provider)
     trainer, runtimes = None, []
     if gke.trainer_v2:
@@ -122,7 +133,9 @@ def build_kubeflow(
                     )
                 }
             },
-            opts=on_cluster,
+            opts=pulumi.ResourceOptions(
+                provider=provider, depends_on=[r for r in (trainer, operator) if r is not None]
+            ),
         )
         queues = _queues(gke, provider, kueue, namespaces[gke.namespace])
     return Kubeflow(trainer=trainer, runtimes=runtimes, kueue=kueue, queues=queues)

@@ -57,7 +57,15 @@ class RecordingMocks(pulumi.runtime.Mocks):
         """Resource name -> its `pulumi.Alias` options (recorded the same way)."""
 
     def record_dependencies(self, args: pulumi.ResourceTransformationArgs) -> None:
-        """A stack transformation: note `args.opts.depends_on` by resource name, change nothing."""
+        """A stack transformation: note `args.opts.depends_on` by resource name, change nothing.
+
+        Only for this mocks' own stack: set_mocks keeps the process's root stack resource once
+        made (pulumi/runtime/mocks.py `set_mocks`), so an earlier stack's transformation still
+        runs for later stacks and would overwrite its records with theirs."""
+        from pulumi.runtime.settings import get_monitor
+
+        if getattr(get_monitor(), "mocks", None) is not self:
+            return None
         depends = args.opts.depends_on if args.opts else None
         if isinstance(depends, pulumi.Resource):
             depends = [depends]
