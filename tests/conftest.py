@@ -168,6 +168,7 @@ TIERS = {
         "test_rendezvous_torchrun.py", "test_storage.py", "test_trainer_data.py",
         "test_trainer_distributed.py", "test_trainer_single.py", "test_qlora.py",
         "test_evaluate_harness.py", "test_evaluate_sharding.py", "test_preference_beam.py",
+        "test_mlflow_tracking.py",
     ),
     "e2e": (
         "test_deploy_cli.py", "test_deploy_guide.py", "test_evaluate_end_to_end.py",

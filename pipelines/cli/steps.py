@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from components.params.run_params import RunParams
+from components.serving.mlflow_tracking import end_failed, finish_train, open_step, run_tags
 from pipelines.cli.common import not_a_file, print_json, trainer_config, user_errors
 from trainer.config import TrainConfig
 
@@ -55,8 +56,11 @@ def train_cmd(
             "(default: resume from them, refused when they are another run's)."
         ),
     ] = False,
+    tracking_uri: TrackingUriOpt = "",
+    experiment: ExperimentOpt = "",
 ) -> None:
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
+    import dataclasses
     import uuid
 
     from components.launchers.base import LaunchCancelled, LaunchFailed, TrainLaunch
@@ -70,10 +74,18 @@ def train_cmd(
             "(the pipeline) or `llmft render pytorchjob` for GKE"
         )
     not_a_file(output, "--output")
+    check_tracking_uri(tracking_uri)
     trainer = trainer_config(model, data, output, config, max_steps, set_)
+    run_id = run_id or f"local-{uuid.uuid4().hex[:10]}"
+    tags = run_tags(base_model=model, backend="local", dataset_uri=data)
+    tracked, mlflow_run = open_step(tracking_uri, run_id, "train", experiment=experiment, tags=tags)
+    if mlflow_run:
+        trainer = dataclasses.replace(
+            trainer, tracking_uri=tracking_uri, tracking_run_id=mlflow_run
+        )
     try:
         launch = TrainLaunch(
-            run_id=run_id or f"local-{uuid.uuid4().hex[:10]}",
+            run_id=run_id,
             trainer=trainer,
             nodes=nodes,
             nproc_per_node=resolve_nproc_per_node("local", nproc_per_node, 0),
@@ -83,10 +95,33 @@ def train_cmd(
         )
         metadata = train(launch, LocalOptions(), overwrite=overwrite)
     except LaunchFailed as exc:
+        end_failed(tracked, mlflow_run)
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(130 if isinstance(exc, LaunchCancelled) else 1) from None
+    except BaseException:
+        end_failed(tracked, mlflow_run)
+        raise
+    params = {"backend": "local", "base_model": model, "nodes": nodes, "max_steps": max_steps}
+    finish_train(tracked, mlflow_run, params=params, metadata=metadata, run_dir=output)
     print_json(metadata)
 
+
+def check_tracking_uri(uri: str) -> None:
+    """--tracking-uri as the pipeline's validate step checks tracking_uri (exit 2 when wrong)."""
+    from trainer.tracking import tracking_uri_problem
+
+    if problem := tracking_uri_problem(uri):
+        raise ValueError(problem)
+
+
+TrackingUriOpt = Annotated[
+    str,
+    typer.Option(
+        help="MLflow tracking: http(s)://server (its token in $MLFLOW_TRACKING_TOKEN), or a "
+        "local file:/sqlite: store ('' for none)."
+    ),
+]
+ExperimentOpt = Annotated[str, typer.Option(help="MLflow experiment (default: llmft).")]
 
 # `llmft render pytorchjob`'s longer options.
 PodModelOpt = Annotated[str, typer.Option(help="Base model URI as the pods see it.")]
@@ -285,6 +320,15 @@ def evaluate_cmd(
             "NF4 reference is de-quantized to; auto: bf16 on CUDA, else fp32."
         ),
     ] = TrainConfig.dtype,
+    tracking_uri: TrackingUriOpt = "",
+    experiment: ExperimentOpt = "",
+    run_id: Annotated[
+        str, typer.Option(help="With --tracking-uri: the run (llmft train --run-id) to log to.")
+    ] = "",
+    registered_model: Annotated[
+        str,
+        typer.Option(help="MLflow registered model a passing model becomes a version of."),
+    ] = "",
 ) -> None:
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, standard
     tasks (lm-evaluation-harness), DPO win rate, HTML report."""
@@ -294,7 +338,12 @@ def evaluate_cmd(
     from components.evaluation.gate import GateThresholds
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from components.serving.mlflow_tracking import finish_evaluate
     from components.steps.evaluate import harness_settings
+
+    check_tracking_uri(tracking_uri)
+    if tracking_uri and not run_id:
+        raise ValueError("--tracking-uri needs --run-id (the run `llmft train` logged)")
 
     thresholds = GateThresholds(
         min_loss_improvement=min_loss_improvement,
@@ -312,7 +361,23 @@ def evaluate_cmd(
         objective=objective, dpo_beta=dpo_beta, quantize_base=quantize_base,
         compute_dtype=compute_dtype,
     )  # fmt: skip
-    result = run_evaluation(request)
+    tags = run_tags(base_model=base, backend="local", dataset_uri=data)
+    tracked, mlflow_run = open_step(
+        tracking_uri, run_id, "evaluate", experiment=experiment, tags=tags
+    )
+    try:
+        result = run_evaluation(request)
+    except BaseException:
+        end_failed(tracked, mlflow_run)
+        raise
+    finish_evaluate(
+        tracked,
+        mlflow_run,
+        result=result,
+        model_uri=tuned,
+        registered_model=registered_model,
+        base_model=base,
+    )
     print_json(
         {
             "passed": result.passed,
