@@ -28,6 +28,9 @@ from components.runtime.ports import ReservedPort
 
 SERVER_VERSION = "3.17.2"
 VENV_ENV = "LLMFT_MLFLOW_SERVER_VENV"
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+"""No GenAI job runner (seven huey worker processes by default): tracking and the model
+registry do not use it, and a 2-core test machine has no cores to spare for it."""
 READY_TIMEOUT_S = 240.0  # a loaded 2-core machine: imports and the sqlite migrations, ~40 s
 
 
@@ -86,6 +89,7 @@ def start_server(store: Path) -> MlflowServer:
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **SERVER_ENV},
         )  # fmt: skip
         server = MlflowServer(f"http://127.0.0.1:{port.port}", backend, artifacts, proc, log)
         _wait_ready(server)

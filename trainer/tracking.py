@@ -18,7 +18,7 @@ MFU, peak memory, with its step) and the resolved trainer config to a `TrackingS
   on the step.
 
 The MLflow client's own HTTP retries (7 with exponential back-off by default: minutes per call)
-are turned down for this process (`_QUIET_CLIENT_ENV`): the spool is the retry. The token of a
+are turned off in the trainer (`_SPOOLING_CLIENT_ENV`): the spool is the retry. The token of a
 server that needs one is MLflow's own `MLFLOW_TRACKING_TOKEN` (from a secret by name, set by the
 step; never a config value).
 
@@ -51,12 +51,16 @@ TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
 """MLflow's own env var for a server's bearer token (read by its REST client)."""
 SPOOL_FILE = "mlflow-spool.jsonl"
 """Records the server did not take, under the run directory."""
-_QUIET_CLIENT_ENV = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+_SPOOLING_CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+"""The trainer's client: no retries of its own (the spool is the retry), a short timeout."""
+_STEP_CLIENT_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",  # back-off 2, 4, 8 s: a server restarting
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",  # a loaded server's first sqlite writes
     # stdout is the commands' JSON (`llmft train/evaluate`): the run's URL goes to the log.
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
+"""A step's client (components/serving/mlflow_tracking.py), unless the environment says
+otherwise: a few retries before its warning."""
 _BATCH_METRICS = 1000  # MLflow's log_batch limit
 _MAX_PARAM_CHARS = 6000  # MLflow's param value limit
 _STOP = object()
@@ -64,31 +68,33 @@ _STOP = object()
 
 def tracking_uri_problem(uri: str, *, resolve: bool = True) -> str | None:
     """What is wrong with `uri` as a tracking URI (None: fine; "" is "off" and fine). With
-    `resolve`, an http(s) server's host must resolve here (the step starts no job otherwise)."""
+    `resolve`, an http(s) server's host must resolve here (the step starts no job otherwise).
+    Messages show the URI without credentials."""
     if not uri:
         return None
     parsed = urlparse(uri)
+    shown = redact(uri)
+    if parsed.password or parsed.username:
+        return (
+            f"tracking_uri={shown!r} carries credentials: give the server's token by secret "
+            "name (tracking_token_secret) instead"
+        )
     if parsed.scheme not in TRACKING_SCHEMES:
         return (
-            f"tracking_uri={uri!r}: the scheme must be one of "
+            f"tracking_uri={shown!r}: the scheme must be one of "
             f"{', '.join(s + '://' for s in TRACKING_SCHEMES)} (an MLflow server, or a local "
             "file:/sqlite: store)"
         )
     if parsed.scheme in ("http", "https"):
         if not parsed.hostname:
-            return f"tracking_uri={uri!r}: no host (e.g. http://mlflow.kubeflow:5000)"
+            return f"tracking_uri={shown!r}: no host (e.g. http://mlflow.kubeflow:5000)"
         if resolve:
             try:
                 socket.getaddrinfo(parsed.hostname, parsed.port or 443, type=socket.SOCK_STREAM)
             except (socket.gaierror, UnicodeError) as exc:
-                return f"tracking_uri={uri!r}: host {parsed.hostname!r} does not resolve ({exc})"
-        if parsed.password:
-            return (
-                f"tracking_uri: {parsed.scheme}://{parsed.hostname}... carries a password: "
-                "give the token by secret name (tracking_token_secret) instead"
-            )
+                return f"tracking_uri={shown!r}: host {parsed.hostname!r} does not resolve ({exc})"
     elif not (parsed.path or parsed.netloc):
-        return f"tracking_uri={uri!r}: no path (e.g. sqlite:////abs/path/mlflow.db)"
+        return f"tracking_uri={shown!r}: no path (e.g. sqlite:////abs/path/mlflow.db)"
     return None
 
 
@@ -96,13 +102,21 @@ def redact(uri: str) -> str:
     """`uri` without credentials, as it may be logged."""
     parsed = urlparse(uri)
     if parsed.username or parsed.password:
-        return parsed._replace(netloc=parsed.hostname or "").geturl()
+        host = parsed.hostname or ""
+        return parsed._replace(netloc=f"{host}:{parsed.port}" if parsed.port else host).geturl()
     return uri
 
 
-def mlflow_client(uri: str) -> Any:
-    for key, value in _QUIET_CLIENT_ENV.items():
-        os.environ.setdefault(key, value)
+def mlflow_client(uri: str, *, spooling: bool = False) -> Any:
+    """MLflow's client for `uri`; `spooling` (the trainer's sink, whose spool retries) sets
+    this process's MLflow HTTP settings to no retries and a short timeout (a launcher's child
+    inherits the step's), else the step's defaults fill in what the environment does not set."""
+    if spooling:
+        os.environ.update(_SPOOLING_CLIENT_ENV)
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    else:
+        for key, value in _STEP_CLIENT_ENV.items():
+            os.environ.setdefault(key, value)
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
@@ -221,7 +235,7 @@ class TrackingSink:
 
     def _send(self, record: Mapping[str, Any]) -> None:
         if self._client is None:
-            self._client = mlflow_client(self.uri)
+            self._client = mlflow_client(self.uri, spooling=True)
         send(self._client, self.run_id, record)
         self.sent += 1
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.runtime.secrets import load_secret_env
+from components.runtime.secrets import load_secret_env, secret_problem
 from trainer import storage
-from trainer.tracking import TOKEN_ENV, mlflow_client, redact
+from trainer.tracking import TOKEN_ENV, mlflow_client, redact, tracking_uri_problem
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +42,46 @@ DEFAULT_EXPERIMENT = "llmft"
 RUN_ID_TAG = "llmft.run_id"
 STEP_TAG = "llmft.step"
 PARENT_TAG = "mlflow.parentRunId"
+KFP_TRACKING_TOKEN_SECRET = "llmft-mlflow-token"
+"""The Kubernetes Secret (key `token`) the KFP-on-GKE pipeline mounts as MLFLOW_TRACKING_TOKEN in
+its tasks (optional; fixed when compiling, as the HF token's Secret), and the trainer pods get."""
 
 
 def load_tracking_token(*, project: str, secret: str) -> bool:
     """Put the tracking server's token in MLFLOW_TRACKING_TOKEN (no-op when it is set: KFP on
     GKE mounts the Kubernetes Secret there; or when no secret is named)."""
     return load_secret_env(TOKEN_ENV, project=project, secret=secret)
+
+
+def tracking_errors(
+    uri: str, token_secret: str, *, target: str, project: str, resolve: bool = True
+) -> list[str]:
+    """What stops tracking before anything starts, beyond RunParams' own checks (the URI's
+    scheme): an http(s) host that does not resolve (`resolve`: where the run's steps will
+    resolve it, i.e. in the validate step, or here for a local run), and a `tracking_token_secret` that does not exist: on KFP on
+    GKE the validate task has the Kubernetes Secret mounted as MLFLOW_TRACKING_TOKEN
+    (pipelines/fine_tune.py), elsewhere it is read from Secret Manager in `project`."""
+    errors: list[str] = []
+    if resolve and tracking_uri_problem(uri, resolve=False) is None:  # (the scheme: RunParams)
+        errors += [e for e in [tracking_uri_problem(uri)] if e]
+    if token_secret and not uri:
+        errors.append(f"tracking_token_secret={token_secret!r} without tracking_uri: set both")
+    if token_secret and uri and resolve:
+        if target == "kfp" and token_secret != KFP_TRACKING_TOKEN_SECRET:
+            errors.append(
+                f"tracking_token_secret={token_secret!r}: on KFP on GKE the pipeline mounts the "
+                f"Kubernetes Secret {KFP_TRACKING_TOKEN_SECRET} (key token): put the token there"
+            )
+        elif target == "kfp":
+            if not os.environ.get(TOKEN_ENV):
+                errors.append(
+                    f"tracking_token_secret={token_secret!r}: no such Kubernetes Secret (key "
+                    "token) in the run's namespace: create it (kubectl create secret generic "
+                    f"{token_secret} --from-literal=token=...)"
+                )
+        elif problem := secret_problem("tracking_token_secret", token_secret, project=project):
+            errors.append(problem)
+    return errors
 
 
 def data_tags(dataset_uri: str) -> dict[str, str]:
@@ -87,7 +121,7 @@ class TrackedRun:
 
     @classmethod
     def open(
-        cls, uri: str, run_id: str, *, experiment: str = "", tags: Mapping[str, str] = ()
+        cls, uri: str, run_id: str, *, experiment: str = "", tags: Mapping[str, str] | None = None
     ) -> TrackedRun | None:
         """The pipeline run's MLflow run, created when missing; None (with a warning) when the
         server fails: the step goes on untracked."""
@@ -104,9 +138,9 @@ class TrackedRun:
             if runs:
                 parent = runs[0].info.run_id
             else:
-                all_tags = {RUN_ID_TAG: run_id, STEP_TAG: "pipeline", **dict(tags)}
+                all_tags = {RUN_ID_TAG: run_id, STEP_TAG: "pipeline", **dict(tags or {})}
                 parent = client.create_run(exp_id, tags=all_tags, run_name=run_id).info.run_id
-            for key, value in dict(tags).items():  # a later step may know more (the data)
+            for key, value in dict(tags or {}).items():  # a later step may know more (the data)
                 client.set_tag(parent, key, value)
         except Exception as exc:
             _warn(uri, "open the run", exc)
@@ -145,9 +179,9 @@ class TrackedRun:
         self,
         mlflow_run: str,
         *,
-        params: Mapping[str, Any] = (),
-        metrics: Mapping[str, Any] = (),
-        tags: Mapping[str, str] = (),
+        params: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
         artifacts: tuple[str, ...] = (),
         end: bool = False,
     ) -> None:
@@ -158,15 +192,16 @@ class TrackedRun:
 
         if params:  # apart: write-once params that a retried step changed fail alone
             with self.guarded(f"log params to run {mlflow_run}"):
-                values = scalar_params(dict(params)).items()
+                values = scalar_params(dict(params or {})).items()
                 self.client.log_batch(mlflow_run, params=[Param(k, str(v)) for k, v in values])
         with self.guarded(f"log to run {mlflow_run}"):
             self.client.log_batch(
                 mlflow_run,
                 metrics=[
-                    Metric(k, v, _now_ms(), 0) for k, v in final_metrics(dict(metrics)).items()
+                    Metric(k, v, _now_ms(), 0)
+                    for k, v in final_metrics(dict(metrics or {})).items()
                 ],
-                tags=[RunTag(k, str(v)) for k, v in dict(tags).items()],
+                tags=[RunTag(k, str(v)) for k, v in dict(tags or {}).items()],
             )
             for path in artifacts:
                 if path and os.path.exists(path):
@@ -210,7 +245,7 @@ class TrackedRun:
 
 
 def open_step(
-    uri: str, run_id: str, step: str, *, experiment: str = "", tags: Mapping[str, str] = ()
+    uri: str, run_id: str, step: str, *, experiment: str = "", tags: Mapping[str, str] | None = None
 ) -> tuple[TrackedRun | None, str]:
     """The pipeline run's MLflow run and `step`'s nested run id ("" untracked: no URI, or the
     server failed, with a warning)."""
