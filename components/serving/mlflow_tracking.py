@@ -118,6 +118,9 @@ class TrackedRun:
     run_id: str
     client: Any
     parent_id: str
+    down: bool = False
+    """The server did not answer once: later calls are skipped (the step would otherwise wait
+    for the client's retries at each one)."""
 
     @classmethod
     def open(
@@ -169,10 +172,13 @@ class TrackedRun:
 
     @contextmanager
     def guarded(self, what: str) -> Iterator[None]:
-        """Run a logging block; a failing server is a warning."""
+        """Run a logging block; a failing server is a warning (and an unreachable one, `down`)."""
+        from mlflow.exceptions import RestException
+
         try:
             yield
         except Exception as exc:
+            self.down = self.down or not isinstance(exc, RestException)  # no answer at all
             _warn(self.uri, what, exc)
 
     def log(
@@ -186,35 +192,54 @@ class TrackedRun:
         end: bool = False,
     ) -> None:
         """Params, finite metrics, tags and artifact files to `mlflow_run` (best effort)."""
-        from mlflow.entities import Metric, Param, RunTag
+        if self.down:
+            return
+        from mlflow.entities import Param
 
-        from components.serving.experiments import final_metrics, scalar_params
+        from components.serving.experiments import scalar_params
 
         if params:  # apart: write-once params that a retried step changed fail alone
             with self.guarded(f"log params to run {mlflow_run}"):
                 values = scalar_params(dict(params or {})).items()
                 self.client.log_batch(mlflow_run, params=[Param(k, str(v)) for k, v in values])
+        if metrics or tags or artifacts:
+            self._log_values(mlflow_run, metrics or {}, tags or {}, artifacts)
+        if end and not self.down:
+            with self.guarded(f"end run {mlflow_run}"):
+                self.client.set_terminated(mlflow_run)
+
+    def _log_values(
+        self,
+        mlflow_run: str,
+        metrics: Mapping[str, Any],
+        tags: Mapping[str, str],
+        artifacts: tuple[str, ...],
+    ) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        from components.serving.experiments import final_metrics
+
+        if self.down:
+            return
         with self.guarded(f"log to run {mlflow_run}"):
             self.client.log_batch(
                 mlflow_run,
                 metrics=[
-                    Metric(k, v, _now_ms(), 0)
-                    for k, v in final_metrics(dict(metrics or {})).items()
+                    Metric(k, v, _now_ms(), 0) for k, v in final_metrics(dict(metrics)).items()
                 ],
-                tags=[RunTag(k, str(v)) for k, v in dict(tags or {}).items()],
+                tags=[RunTag(k, str(v)) for k, v in dict(tags).items()],
             )
             for path in artifacts:
                 if path and os.path.exists(path):
                     self.client.log_artifact(mlflow_run, path)
-        if end:
-            with self.guarded(f"end run {mlflow_run}"):
-                self.client.set_terminated(mlflow_run)
 
     def register_version(self, name: str, source: str, mlflow_run: str) -> str | None:
         """A new version of registered model `name` whose source is `source` (the exported model's
         URI, not a copy); returns its version, None when the server fails."""
         from mlflow.exceptions import MlflowException
 
+        if self.down:
+            return None
         if self.uri.startswith(("http://", "https://")) and not storage.is_remote(source):
             log.warning(
                 "MLflow at %s: %s not registered: a tracking server takes only a remote model "
@@ -240,6 +265,8 @@ class TrackedRun:
         return str(version.version)
 
     def end(self, status: str = "FINISHED") -> None:
+        if self.down:
+            return
         with self.guarded("end the run"):
             self.client.set_terminated(self.parent_id, status)
 
@@ -330,7 +357,7 @@ def finish_evaluate(
 
 def end_failed(tracked: TrackedRun | None, mlflow_run: str) -> None:
     """Mark a step's run (and the pipeline's) FAILED: the step did not finish."""
-    if tracked is not None and mlflow_run:
+    if tracked is not None and mlflow_run and not tracked.down:
         with tracked.guarded("end the run"):
             tracked.client.set_terminated(mlflow_run, "FAILED")
         tracked.end("FAILED")
