@@ -159,3 +159,13 @@ def test_llmft_evaluate_refuses_tracking_without_a_run_id(tmp_path: Path):
     )  # fmt: skip
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: --tracking-uri needs --run-id")
+
+
+def test_a_sqlite_store_keeps_artifacts_beside_it():
+    from components.serving.mlflow_tracking import local_artifact_location
+
+    assert (
+        local_artifact_location("sqlite:////runs/x/mlflow.db") == "file:///runs/x/mlflow-artifacts"
+    )
+    assert local_artifact_location("sqlite:///relative.db") is None
+    assert local_artifact_location("http://127.0.0.1:5000") is None

@@ -47,6 +47,16 @@ KFP_TRACKING_TOKEN_SECRET = "llmft-mlflow-token"
 its tasks (optional; fixed when compiling, as the HF token's Secret), and the trainer pods get."""
 
 
+def local_artifact_location(uri: str) -> str | None:
+    """Where a sqlite store's experiment keeps its artifacts: beside the database file
+    (`<dir>/mlflow-artifacts`), not MLflow's default ./mlruns in whatever directory the step
+    runs in. None for the others (a server has its artifact root; a file: store its own)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    database = Path(uri.removeprefix("sqlite:///"))
+    return (database.parent / "mlflow-artifacts").as_uri() if database.is_absolute() else None
+
+
 def load_tracking_token(*, project: str, secret: str) -> bool:
     """Put the tracking server's token in MLFLOW_TRACKING_TOKEN (no-op when it is set: KFP on
     GKE mounts the Kubernetes Secret there; or when no secret is named)."""
@@ -132,7 +142,11 @@ class TrackedRun:
             client = mlflow_client(uri)
             name = experiment or DEFAULT_EXPERIMENT
             found = client.get_experiment_by_name(name)
-            exp_id = found.experiment_id if found else client.create_experiment(name)
+            exp_id = (
+                found.experiment_id
+                if found
+                else client.create_experiment(name, artifact_location=local_artifact_location(uri))
+            )
             runs = client.search_runs(
                 [exp_id],
                 filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}' and tags.`{STEP_TAG}` = 'pipeline'",
