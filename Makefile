@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 DEMO_DIR ?= runs/demo
 DEMO_REAL_DIR ?= runs/demo-real
 
-.PHONY: help install demo demo-real test test-fast test-unit test-integration test-e2e rehearsal lint format compile clean
+.PHONY: help install demo demo-real test test-fast test-unit test-integration test-e2e rehearsal mlflow-server-venv lint format compile clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ test-e2e: install  ## e2e tier: a user's command end to end
 
 rehearsal: install  ## the whole chain with every URI on gs:// (a local GCS emulator), full size
 	$(VENV)/bin/pytest -q --rehearsal tests/test_gcs_chain.py tests/test_storage.py
+
+mlflow-server-venv: install  ## the tracking tests' `mlflow server` venv (tests/mlflow_server.py), built ahead
+	PYTHONPATH=tests:. $(PY) -c 'import mlflow_server; print(mlflow_server.server_venv())'
 
 lint: install  ## ruff lint + format check, mypy, import contracts (pyproject.toml)
 	$(VENV)/bin/ruff check components pipelines trainer beam_preprocess infra tests benchmarks

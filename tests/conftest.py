@@ -160,6 +160,7 @@ TIERS = {
         "test_rendezvous_kubernetes.py", "test_train_step.py", "test_trainer_config.py",
         "test_validation.py", "test_import_contracts.py", "test_packed_data.py",
         "test_dpo.py", "test_memory_model.py", "test_component_source.py",
+        "test_tracking_units.py",
     ),
     "integration": (
         "test_beam_pipeline.py", "test_compile.py", "test_component_signals.py", "test_gpu.py",
@@ -168,6 +169,7 @@ TIERS = {
         "test_rendezvous_torchrun.py", "test_storage.py", "test_trainer_data.py",
         "test_trainer_distributed.py", "test_trainer_single.py", "test_qlora.py",
         "test_evaluate_harness.py", "test_evaluate_sharding.py", "test_preference_beam.py",
+        "test_mlflow_tracking.py",
     ),
     "e2e": (
         "test_deploy_cli.py", "test_deploy_guide.py", "test_evaluate_end_to_end.py",

@@ -19,6 +19,7 @@ from typing import Any
 from trainer import storage
 from trainer.config_file import coerce_field, read_yaml_mapping
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
+from trainer.tracking import tracking_uri_problem
 
 SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
 """Names of torch's SDPA kernels (`torch.nn.attention.SDPBackend`) that `sdpa_kernels` takes."""
@@ -191,6 +192,12 @@ class TrainConfig:
     """Write TensorBoard events (to $AIP_TENSORBOARD_LOG_DIR on Vertex, else OUTPUT/tensorboard)."""
     peak_flops: float | None = None
     """Peak FLOP/s of one device for MFU; None looks the device up (CPU: MFU not reported)."""
+    tracking_uri: str = ""
+    """MLflow tracking URI rank 0 also logs the metrics to (every `log_every` steps) and the
+    resolved settings ("" for none; trainer/tracking.py). Never fails or waits the run: a
+    server that fails is a warning and OUTPUT/mlflow-spool.jsonl."""
+    tracking_run_id: str = ""
+    """The MLflow run those go to (the train step creates it: components/serving/mlflow_tracking.py)."""
 
     def resolved_tokenizer(self) -> str:
         return self.tokenizer or self.model
@@ -257,6 +264,10 @@ class TrainConfig:
             )
         if self.log_every < 1:
             errors.append(f"log_every must be >= 1 (got {self.log_every})")
+        if problem := tracking_uri_problem(self.tracking_uri, resolve=False):
+            errors.append(problem)
+        if self.tracking_uri and not self.tracking_run_id:
+            errors.append("tracking_uri needs tracking_run_id (the MLflow run to log to)")
         if self.weight_decay < 0 or self.max_grad_norm < 0 or self.adam_eps <= 0:
             errors.append("weight_decay and max_grad_norm must be >= 0 and adam_eps > 0")
         for name in ("adam_beta1", "adam_beta2"):

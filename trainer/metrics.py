@@ -25,6 +25,7 @@ import torch
 
 from trainer import storage
 from trainer.gpu_peaks import peak_of
+from trainer.tracking import SPOOL_FILE, TrackingSink
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,19 @@ class MetricsWriter:
     TensorBoard events are written to a local staging directory and copied up after every write.
     """
 
-    def __init__(self, output: str, *, enabled: bool, tensorboard: bool) -> None:
+    def __init__(
+        self,
+        output: str,
+        *,
+        enabled: bool,
+        tensorboard: bool,
+        tracking_uri: str = "",
+        tracking_run_id: str = "",
+    ) -> None:
         self.enabled = enabled
         self._jsonl: Any = None
         self._tb: Any = None
+        self.tracking: TrackingSink | None = None
         self._uploads: list[tuple[str, str]] = []  # (local path, remote URI)
         self._staging = ""
         if not enabled:
@@ -73,8 +83,10 @@ class MetricsWriter:
         jsonl = output.rstrip("/") + "/metrics.jsonl"
         # Vertex AI sets AIP_TENSORBOARD_LOG_DIR when a TensorBoard instance is attached.
         logdir = os.environ.get("AIP_TENSORBOARD_LOG_DIR") or output.rstrip("/") + "/tensorboard"
-        if storage.is_remote(jsonl) or (tensorboard and storage.is_remote(logdir)):
+        if storage.is_remote(output) or (tensorboard and storage.is_remote(logdir)):
             self._staging = tempfile.mkdtemp(prefix="llmft-metrics-")
+        if tracking_uri:
+            self.tracking = self._tracking_sink(output, tracking_uri, tracking_run_id)
         if storage.is_remote(jsonl):
             local = os.path.join(self._staging, "metrics.jsonl")
             if storage.exists(jsonl):  # a resumed run continues the same file
@@ -94,9 +106,26 @@ class MetricsWriter:
                 logdir = local
             self._tb = SummaryWriter(logdir)
 
+    def _tracking_sink(self, output: str, uri: str, run_id: str) -> TrackingSink:
+        """The MLflow sink; its spool is OUTPUT/mlflow-spool.jsonl (staged, for a remote run
+        directory, and copied up at close)."""
+        spool = storage.join(output, SPOOL_FILE)
+        if storage.is_remote(spool):
+            local = os.path.join(self._staging, SPOOL_FILE)
+            self._uploads.append((local, spool))
+            return TrackingSink(uri, run_id, local, shown_spool=spool)
+        return TrackingSink(uri, run_id, storage.local_path(spool))
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """The run's resolved settings, once (MLflow only: the log has them already)."""
+        if self.tracking is not None:
+            self.tracking.log_params(params)
+
     def write(self, step: int, values: Mapping[str, float | int | None]) -> None:
         if not self.enabled:
             return
+        if self.tracking is not None:  # a queue put: the thread sends it
+            self.tracking.log_metrics(step, values)
         record = {"step": step, "time": time.time(), **values}
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
@@ -119,6 +148,10 @@ class MetricsWriter:
                 storage.upload_file(local, remote)
 
     def close(self) -> None:
+        if self.tracking is not None and not self.tracking.close():
+            for local, remote in self._uploads:  # all arrived: no stale spool left remotely
+                if local.endswith(SPOOL_FILE) and storage.exists(remote):
+                    storage.remove(remote)
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:

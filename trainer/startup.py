@@ -42,7 +42,13 @@ def setup(config: TrainConfig) -> Run:
     r.scheduler = torch.optim.lr_scheduler.LambdaLR(
         r.optimizer, lr_lambda(config.warmup_steps, r.total_steps, config.min_lr_ratio)
     )
-    r.metrics = MetricsWriter(r.output, enabled=r.rank == 0, tensorboard=config.tensorboard)
+    r.metrics = MetricsWriter(
+        r.output,
+        enabled=r.rank == 0,
+        tensorboard=config.tensorboard,
+        tracking_uri=config.tracking_uri,
+        tracking_run_id=config.tracking_run_id,
+    )
 
     if config.resume:
         _resume(r)
@@ -348,3 +354,6 @@ def log_settings(r: Run) -> None:
         "resumed_from_step": r.resumed_from_step,
     }
     log.info("settings:\n%s", json.dumps(settings, indent=2, default=str))
+    assert r.metrics is not None
+    skip = ("tracking_uri", "tracking_run_id", "resumed_from_step")  # per start, not per run
+    r.metrics.log_params({k: v for k, v in settings.items() if k not in skip})

@@ -74,14 +74,40 @@ def load_hf_token(*, project: str, secret: str, client: Any = None) -> bool:
     Returns:
         Whether a token was loaded.
     """
+    return load_secret_env("HF_TOKEN", project=project, secret=secret, client=client)
+
+
+def load_secret_env(env: str, *, project: str, secret: str, client: Any = None) -> bool:
+    """Put secret `secret`'s value in this process's `env` (the HF token, the MLflow tracking
+    token), unless `env` is already set (KFP on GKE mounts the Kubernetes Secret there) or no
+    secret or project is named. Child processes (the local launcher's trainers) inherit it.
+
+    Returns:
+        Whether a value was loaded.
+    """
     import os
 
-    if os.environ.get("HF_TOKEN") or not secret or not project:
+    if os.environ.get(env) or not secret or not project:
         return False
     value = read_secret(secret_version_name(secret, project), client)
     if value:
-        os.environ["HF_TOKEN"] = value
+        os.environ[env] = value
     return bool(value)
+
+
+def secret_problem(param: str, secret: str, *, project: str, client: Any = None) -> str | None:
+    """Why secret `secret` (named by run parameter `param`) cannot be read here, or None: a
+    secret the run needs that does not exist is refused before anything starts."""
+    if not secret:
+        return None
+    if not project:
+        return f"{param}={secret!r}: set project (the Secret Manager project holding it)"
+    if read_secret(secret_version_name(secret, project), client) is None:
+        return (
+            f"{param}={secret!r}: no such secret readable in project {project} (create it, or "
+            "grant roles/secretmanager.secretAccessor)"
+        )
+    return None
 
 
 def main(argv: list[str]) -> int:

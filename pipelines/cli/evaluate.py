@@ -14,8 +14,16 @@ from typing import Annotated
 import typer
 
 from pipelines.cli.common import print_json, user_errors
+from pipelines.cli.steps import ExperimentOpt, TrackingUriOpt, check_tracking_uri
 from trainer.config import TrainConfig
 from trainer.storage import disk_errors_named
+
+RunIdOpt = Annotated[
+    str, typer.Option(help="With --tracking-uri: the run (llmft train --run-id) to log to.")
+]
+RegisteredModelOpt = Annotated[
+    str, typer.Option(help="MLflow registered model a passing model becomes a version of.")
+]
 
 # --- the models, the data and the outputs -------------------------------------------------------
 Base = Annotated[str, typer.Option(help="Base model directory or .gguf file (local or gs://).")]
@@ -138,6 +146,10 @@ def evaluate_cmd(
     dpo_beta: DpoBeta = TrainConfig.dpo_beta,
     quantize_base: QuantizeBase = TrainConfig.quantize_base,
     compute_dtype: ComputeDtype = TrainConfig.dtype,
+    tracking_uri: TrackingUriOpt = "",
+    experiment: ExperimentOpt = "",
+    run_id: RunIdOpt = "",
+    registered_model: RegisteredModelOpt = "",
 ) -> None:
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, standard
     tasks (lm-evaluation-harness), DPO win rate, HTML report."""
@@ -147,9 +159,18 @@ def evaluate_cmd(
     from components.evaluation.evaluate import run_evaluation
     from components.evaluation.gate import GateThresholds
     from components.evaluation.request import EvaluationRequest
+    from components.serving.mlflow_tracking import (
+        end_failed,
+        finish_evaluate,
+        open_step,
+        run_tags,
+    )
     from components.steps.evaluate import harness_settings
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    check_tracking_uri(tracking_uri)
+    if tracking_uri and not run_id:
+        raise ValueError("--tracking-uri needs --run-id (the run `llmft train` logged)")
     thresholds = GateThresholds(
         min_loss_improvement=min_loss_improvement,
         min_exact_match=min_exact_match,
@@ -166,8 +187,24 @@ def evaluate_cmd(
         objective=objective, dpo_beta=dpo_beta, quantize_base=quantize_base,
         compute_dtype=compute_dtype,
     )  # fmt: skip
-    with disk_errors_named(output):  # any write of the evaluation: one line naming the disk
-        result = run_evaluation(request)
+    tags = run_tags(base_model=base, backend="local", dataset_uri=data)
+    tracked, mlflow_run = open_step(
+        tracking_uri, run_id, "evaluate", experiment=experiment, tags=tags
+    )
+    try:
+        with disk_errors_named(output):  # any write of the evaluation: one line naming the disk
+            result = run_evaluation(request)
+    except BaseException:
+        end_failed(tracked, mlflow_run)
+        raise
+    finish_evaluate(
+        tracked,
+        mlflow_run,
+        result=result,
+        model_uri=tuned,
+        registered_model=registered_model,
+        base_model=base,
+    )
     print_json(
         {
             "passed": result.passed,

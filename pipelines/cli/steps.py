@@ -10,6 +10,7 @@ import typer
 from components.launchers.base import LaunchCancelled, LaunchFailed, TrainLaunch
 from components.params.run_params import RunParams
 from components.runtime.run_identity import state_root
+from components.serving.mlflow_tracking import end_failed, finish_train, open_step, run_tags
 from pipelines.cli.common import not_a_file, print_json, trainer_config, user_errors
 
 
@@ -56,8 +57,11 @@ def train_cmd(
             "(default: resume from them, refused when they are another run's)."
         ),
     ] = False,
+    tracking_uri: TrackingUriOpt = "",
+    experiment: ExperimentOpt = "",
 ) -> None:
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
+    import dataclasses
     import uuid
 
     from components.launchers.local import LocalOptions
@@ -70,10 +74,18 @@ def train_cmd(
             "(the pipeline) or `llmft render pytorchjob` for GKE"
         )
     not_a_file(output, "--output")
+    check_tracking_uri(tracking_uri)
     trainer = trainer_config(model, data, output, config, max_steps, set_)
+    run_id = run_id or f"local-{uuid.uuid4().hex[:10]}"
+    tags = run_tags(base_model=model, backend="local", dataset_uri=data)
+    tracked, mlflow_run = open_step(tracking_uri, run_id, "train", experiment=experiment, tags=tags)
+    if mlflow_run:
+        trainer = dataclasses.replace(
+            trainer, tracking_uri=tracking_uri, tracking_run_id=mlflow_run
+        )
     try:
         launch = TrainLaunch(
-            run_id=run_id or f"local-{uuid.uuid4().hex[:10]}",
+            run_id=run_id,
             trainer=trainer,
             nodes=nodes,
             nproc_per_node=resolve_nproc_per_node("local", nproc_per_node, 0),
@@ -83,10 +95,33 @@ def train_cmd(
         )
         metadata = train(launch, LocalOptions(), overwrite=overwrite)
     except LaunchFailed as exc:
+        end_failed(tracked, mlflow_run)
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(130 if isinstance(exc, LaunchCancelled) else 1) from None
+    except BaseException:
+        end_failed(tracked, mlflow_run)
+        raise
+    params = {"backend": "local", "base_model": model, "nodes": nodes, "max_steps": max_steps}
+    finish_train(tracked, mlflow_run, params=params, metadata=metadata, run_dir=output)
     print_json(metadata)
 
+
+def check_tracking_uri(uri: str) -> None:
+    """--tracking-uri as the pipeline's validate step checks tracking_uri (exit 2 when wrong)."""
+    from trainer.tracking import tracking_uri_problem
+
+    if problem := tracking_uri_problem(uri):
+        raise ValueError(problem)
+
+
+TrackingUriOpt = Annotated[
+    str,
+    typer.Option(
+        help="MLflow tracking: http(s)://server (its token in $MLFLOW_TRACKING_TOKEN), or a "
+        "local file:/sqlite: store ('' for none)."
+    ),
+]
+ExperimentOpt = Annotated[str, typer.Option(help="MLflow experiment (default: llmft).")]
 
 # `llmft render pytorchjob`'s longer options.
 PodModelOpt = Annotated[str, typer.Option(help="Base model URI as the pods see it.")]
