@@ -42,8 +42,10 @@ from components.params.param_checks import TARGETS as BUILD_TARGETS
 from components.params.run_params import TRAIN_TIMEOUT_MAX_S, RunParams, defaults
 from components.params.step_params import inputs_of
 from components.platform.task_resources import KFP_STEP_REQUESTS, STEP_RESOURCES
+from components.serving.mlflow_tracking import KFP_TRACKING_TOKEN_SECRET
 from pipelines.pipeline_interface import pipeline_docstring, pipeline_signature
 from trainer.cuda_guard import EXPECT_CUDA_ENV
+from trainer.tracking import TOKEN_ENV
 
 PIPELINE_NAME = "llmft-fine-tune"
 TARGETS = tuple(target for target in BUILD_TARGETS if target != "local")
@@ -79,8 +81,8 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             validated = _validate(p, run_id, target, schedule_time)
             prep = _preprocess(p, run_id, validated)
             etcd = _etcd_up(p, run_id, prep)
-            trained = _train(p, target, run_id, validated, prep, etcd)
-            evaluated = _evaluate(p, target, validated, prep, trained)
+            trained = _train(p, target, run_id, validated, prep, etcd, schedule_time)
+            evaluated = _evaluate(p, target, run_id, validated, prep, trained)
             registered = _register(p, run_id, validated, evaluated, trained, target)
 
         tasks = [cleanup_task, validated, prep, etcd, trained, evaluated]
@@ -94,6 +96,7 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
             _apply_kubernetes_settings(
                 [cleanup_task, validated, prep, etcd, trained, evaluated],
                 hf_token_secret=defaults()["hf_token_secret"],
+                tracking_token_secret=KFP_TRACKING_TOKEN_SECRET,
             )
 
     fine_tune.__signature__ = pipeline_signature(target)  # type: ignore[attr-defined]
@@ -147,7 +150,15 @@ def _etcd_up(p: RunParams, run_id: str, prep: Any) -> Any:
     return etcd
 
 
-def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, etcd: Any) -> Any:
+def _train(
+    p: RunParams,
+    target: str,
+    run_id: str,
+    validated: Any,
+    prep: Any,
+    etcd: Any,
+    schedule_time: bool,
+) -> Any:
     """Launch and follow the training job on the chosen backend."""
     trained = c.train(
         **inputs_of(p, "train", base_model=validated.outputs["base_model"]),
@@ -155,6 +166,7 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
         dataset_uri=prep.outputs["dataset_uri"],  # by URI: not downloaded into the launcher pod
         rdzv_endpoint=etcd.output,
         budget_timeout_s=validated.outputs["budget_timeout_s"],
+        schedule_time=dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER if schedule_time else "",
     ).set_caching_options(False)
     if target != "local":
         # Safe to retry: the trainer resumes from its latest complete checkpoint. Not locally:
@@ -164,7 +176,9 @@ def _train(p: RunParams, target: str, run_id: str, validated: Any, prep: Any, et
     return trained
 
 
-def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any) -> Any:
+def _evaluate(
+    p: RunParams, target: str, run_id: str, validated: Any, prep: Any, trained: Any
+) -> Any:
     """Base vs tuned with the quality gate, on a GPU except in the local build."""
     evaluated = c.evaluate(
         **inputs_of(
@@ -179,6 +193,7 @@ def _evaluate(p: RunParams, target: str, validated: Any, prep: Any, trained: Any
         ),
         tuned_model=trained.outputs["model"],
         dataset=prep.outputs["dataset"],
+        run_id=run_id,
     )
     if target == "vertex":
         evaluated.set_accelerator_type(p.eval_accelerator_type)
@@ -226,7 +241,9 @@ def _register(
             return registered, deployed
 
 
-def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
+def _apply_kubernetes_settings(
+    tasks: list[Any], hf_token_secret: str, tracking_token_secret: str
+) -> None:
     """kfp-kubernetes settings for KFP on GKE (never in the Vertex target)."""
     from kfp import kubernetes
 
@@ -244,6 +261,14 @@ def _apply_kubernetes_settings(tasks: list[Any], hf_token_secret: str) -> None:
             task,
             secret_name=hf_token_secret,
             secret_key_to_env={"token": "HF_TOKEN"},
+            optional=True,
+        )
+        # The Secret's name is fixed when compiling, as the HF token's: validate_inputs refuses
+        # another tracking_token_secret on KFP, and a missing Secret when one is named.
+        kubernetes.use_secret_as_env(
+            task,
+            secret_name=tracking_token_secret,
+            secret_key_to_env={"token": TOKEN_ENV},
             optional=True,
         )
     # The launcher steps only wait on cluster jobs; bound them so a lost watch cannot hang a run.

@@ -29,6 +29,7 @@ from components.params.run_checks import run_errors
 from components.params.run_params import RunParams, fields
 from components.preflight.validation import data_errors, model_errors
 from components.runtime.run_identity import STATE_DIR_ENV
+from components.serving.mlflow_tracking import tracking_errors
 from pipelines.local_progress import RunWatcher, follow_file, watching
 from pipelines.quickstart.sample_data import write_sample_data
 from pipelines.quickstart.tiny_model import build_tiny_model
@@ -95,6 +96,12 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
     errors += evaluation_errors(resolved, resolved.base_model, remote=True, check_machine=False)
     if problem := storage.not_writable(str(workdir)):
         errors.append(f"workdir {str(workdir)!r}: {problem}")
+    errors += tracking_errors(  # here, where the local run's steps will reach the server
+        resolved.tracking_uri,
+        resolved.tracking_token_secret,
+        target="local",
+        project=resolved.project,
+    )
     if resolved.rdzv_backend != "c10d":
         try:
             find_etcd()

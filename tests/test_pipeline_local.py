@@ -235,7 +235,9 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path], mo
 def test_local_pipeline_dpo_reports_the_win_rate(tmp_path: Path, assets: tuple[Path, Path]):
     """objective=dpo end to end: preference pairs through the Beam graph, DPO on LoRA adapters,
     and the evaluate step's win rate on the held-out pairs (the base as reference), which is the
-    trainer's own eval win rate. One node and process, piped: the paths above cover the rest."""
+    trainer's own eval win rate. One node and process, piped: the paths above cover the rest.
+    With `tracking_uri` on a local sqlite store: the run, as MLflow has it (a real server:
+    tests/test_mlflow_tracking.py)."""
     data_dir, _ = assets
     records = [json.loads(line) for line in (data_dir / "train.jsonl").read_text().splitlines()]
     pairs = tmp_path / "pairs.jsonl"
@@ -252,6 +254,7 @@ def test_local_pipeline_dpo_reports_the_win_rate(tmp_path: Path, assets: tuple[P
     params = _params(
         workdir, assets, train_data_uri=str(pairs), data_kind="preference", objective="dpo",
         trainer_overrides={"lora_rank": 8}, nodes=1, nproc_per_node=1, max_steps=20,
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )  # fmt: skip
     run = CliRun(["run", "--backend", "local", *params], "pipe")
     code = run.wait(timeout=900)
@@ -272,7 +275,32 @@ def test_local_pipeline_dpo_reports_the_win_rate(tmp_path: Path, assets: tuple[P
     trained = json.loads(next((run_dir / "train").rglob("summary.json")).read_text())
     assert trained["eval_win_rate"] == pytest.approx(metrics["tuned_win_rate"], abs=1e-6)
     assert "Win rate on held-out pairs" in (run_dir / "evaluate" / "report").read_text()
+    _assert_tracked(f"sqlite:///{tmp_path / 'mlflow.db'}", metrics, trained)
     _assert_nothing_left(workdir)
+
+
+def _assert_tracked(store: str, metrics: dict, trained: dict) -> None:
+    """One MLflow run for the pipeline run, nested train and evaluate runs with the trainer's
+    curve (log_every 10 of 20 steps) and the evaluation, and the passing model's version."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("llmft")
+    runs = {r.data.tags["llmft.step"]: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"pipeline", "train", "evaluate"}
+    assert runs["pipeline"].data.tags["llmft.gate"] == "passed"
+    assert runs["pipeline"].data.params["max_steps"] == "20"
+    history = client.get_metric_history(runs["train"].info.run_id, "loss")
+    assert sorted(m.step for m in history) == [10, 20]
+    assert runs["train"].data.params["lora_rank"] == "8"
+    evaluated = runs["evaluate"].data.metrics
+    assert evaluated["tuned_win_rate"] == pytest.approx(metrics["tuned_win_rate"])
+    (version,) = client.search_model_versions("")
+    assert version.source == trained["model_dir"] and version.run_id == runs["evaluate"].info.run_id
+    names = {a.path for a in client.list_artifacts(runs["evaluate"].info.run_id)}
+    assert {"report.html", "metrics.json"} <= names
+    beside = Path(store.removeprefix("sqlite:///")).parent / "mlflow-artifacts"
+    assert list(beside.rglob("report.html")), "the artifacts are beside the store, not in ./mlruns"
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -161,6 +161,35 @@ def test_llmft_evaluate_refuses_tracking_without_a_run_id(tmp_path: Path):
     assert result.output.startswith("error: --tracking-uri needs --run-id")
 
 
+@pytest.mark.parametrize(
+    ("param", "fragment"),
+    [
+        ("tracking_uri=ftp://mlflow:5000", "the scheme must be one of"),
+        ("tracking_uri=http://no-such-host.invalid:5000", "does not resolve"),
+        ("tracking_token_secret=mlflow-token", "without tracking_uri"),
+    ],
+    ids=["scheme", "host", "secret-alone"],
+)
+def test_llmft_run_refuses_bad_tracking_before_anything_starts(
+    param: str, fragment: str, tmp_path: Path
+):
+    workdir = tmp_path / "run"
+    result = _llmft("run", "--param", f"workdir={workdir}", "--param", param)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and fragment in result.output, result.output
+    assert "Traceback" not in result.output
+    assert not workdir.exists()
+
+
+def test_run_params_check_the_tracking_uri_scheme_everywhere():
+    from components.params.run_params import RunParams
+
+    assert any("the scheme must be one of" in e for e in RunParams(tracking_uri="ftp://x").errors())
+    assert not [
+        e for e in RunParams(tracking_uri="sqlite:////tmp/m.db").errors() if "tracking" in e
+    ]
+
+
 def test_a_sqlite_store_keeps_artifacts_beside_it():
     from components.serving.mlflow_tracking import local_artifact_location
 

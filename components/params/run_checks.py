@@ -18,6 +18,7 @@ from components.params.run_params import LATEST_REGISTERED, TARGET_DEFAULTS, Run
 from components.params.trainer_params import trainer_override_errors
 from components.runtime.run_identity import check_placeholder_resolved
 from components.serving.presets import check_lora_serving
+from trainer.tracking import tracking_uri_problem
 
 
 def run_errors(params: RunParams, *, target: str = "", run_id: str = "") -> list[str]:
@@ -54,6 +55,8 @@ def _single_errors(params: RunParams, target: str, run_id: str) -> list[str | No
             params.preprocess_runner, params.dataflow_service_account
         ),
         checks.check_secret_name("hf_token_secret", params.hf_token_secret),
+        checks.check_secret_name("tracking_token_secret", params.tracking_token_secret),
+        tracking_uri_problem(params.tracking_uri, resolve=False),
         checks.check_chat_template(params.chat_template),
         check_placeholder_resolved("run id", run_id),
         checks.check_eval_accelerator(

@@ -295,7 +295,7 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
         "Vertex AI Experiment that gets a run with this run's parameters and final metrics; "
         "empty: none.",
         pattern=(r"[a-z0-9][a-z0-9-]{0,127}", "lowercase letters, digits and '-'"),
-        steps=("train",),
+        steps=("train", "evaluate"),
         cloud=True,
     )
     encryption_key: str = param(
@@ -307,6 +307,25 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
             "projects/P/locations/L/keyRings/R/cryptoKeys/K",
         ),
         steps=("train", "deploy"),
+        cloud=True,
+    )
+
+    tracking_uri: str = param(
+        "",
+        "MLflow tracking: an MLflow server (http(s)://HOST[:PORT]; its token by "
+        "tracking_token_secret) or, for local runs, a local store (sqlite:////abs/path/mlflow.db, "
+        "file:///abs/path). One MLflow run per pipeline run, nested train and evaluate runs, the "
+        "trainer's metrics every log_every steps, a model version when the gate passes "
+        "(docs/tracking.md). Empty: no MLflow.",
+        steps=("train", "evaluate"),
+    )
+    tracking_token_secret: str = param(
+        "",
+        "Name of the secret holding the MLflow server's token, read at run time into "
+        "MLFLOW_TRACKING_TOKEN: a Secret Manager secret in project, or on KFP on GKE the "
+        'Kubernetes Secret llmft-mlflow-token (key "token") the pipeline mounts; empty: none. '
+        "Never the token itself.",
+        steps=("train", "evaluate"),
         cloud=True,
     )
 

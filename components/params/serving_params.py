@@ -27,7 +27,7 @@ class ServingParams:
         "",
         "Vertex AI model (resource name or display name) to add versions to or take "
         f'"{LATEST_REGISTERED}" from.',
-        steps=("register",),
+        steps=("register", "evaluate"),
         cloud=True,
     )
     serving_image: str = param(

@@ -298,6 +298,32 @@ def open_step(
     return tracked, tracked.step_run(step) or ""
 
 
+def open_tracked_step(
+    uri: str,
+    token_secret: str,
+    *,
+    project: str,
+    run_id: str,
+    step: str,
+    experiment: str = "",
+    tags: Mapping[str, str] | None = None,
+) -> tuple[TrackedRun | None, str]:
+    """A pipeline step's `open_step`, its token first read from `token_secret` (Secret Manager in
+    `project`; on KFP on GKE it is already in the env)."""
+    if not uri:
+        return None, ""
+    load_tracking_token(project=project, secret=token_secret)
+    return open_step(uri, run_id, step, experiment=experiment, tags=tags)
+
+
+def gke_token_env(uri: str, token_secret: str) -> dict[str, str]:
+    """The trainer pods' env from Secrets (PyTorchJobOptions.secret_env): the MLflow token from
+    the Secret the pipeline's tasks mount too."""
+    if not (uri and token_secret):
+        return {}
+    return {TOKEN_ENV: f"{KFP_TRACKING_TOKEN_SECRET}:token"}
+
+
 def run_tags(
     *, base_model: str, backend: str, dataset_uri: str, schedule: str = ""
 ) -> dict[str, str]:

@@ -25,6 +25,7 @@ from components.evaluation.judge import JudgeSettings
 from components.evaluation.request import EvaluationRequest
 from components.params.run_params import RunParams
 from components.preflight.actual_cost import COST_FILE
+from components.serving.mlflow_tracking import finish_evaluate, open_tracked_step
 from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
 from trainer.config import TrainConfig
@@ -45,6 +46,8 @@ class EvaluateRequest:
     """The packed Dataset artifact (by `.uri`)."""
     metrics: Any = component_input("Output[Metrics]")
     """The Metrics artifact the finite scalars are logged to (`.log_metric`)."""
+    run_id: str = component_input("str", default="")
+    """The pipeline run's id (its MLflow run's tag: the evaluate run nests in it)."""
     report: Any = component_input("Output[HTML]")
     """The HTML artifact the report goes to (by `.path`)."""
 
@@ -87,6 +90,14 @@ def run(request: EvaluateRequest) -> tuple[bool]:
     run_dir = storage.normalize(str(metadata.get("run_uri") or "")).rstrip("/")
     train_metrics = f"{run_dir}/metrics.jsonl" if run_dir else ""
     train_cost = f"{run_dir}/{COST_FILE}" if run_dir else ""
+    tracked, mlflow_run = open_tracked_step(
+        request.params.tracking_uri,
+        request.params.tracking_token_secret,
+        project=request.params.project,
+        run_id=request.run_id,
+        step="evaluate",
+        experiment=request.params.experiment,
+    )
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         thresholds = GateThresholds(
             min_loss_improvement=request.params.min_loss_improvement,
@@ -127,6 +138,14 @@ def run(request: EvaluateRequest) -> tuple[bool]:
             )
         )
         shutil.copyfile(result.report_path, request.report.path)
+        finish_evaluate(  # inside: the report and metrics.json are logged from `out`
+            tracked,
+            mlflow_run,
+            result=result,
+            model_uri=str(metadata.get("model_uri") or request.tuned_model.uri),
+            registered_model=request.params.registered_model,
+            base_model=request.params.base_model,
+        )
     # KFP Metrics (and the Vertex console) take finite numbers only; a diverged perplexity is
     # left out rather than failing the step.
     for name, value in result.metrics.items():

@@ -26,6 +26,13 @@ from components.launchers.pytorchjob import DEADLINE_GRACE_S, PyTorchJobOptions,
 from components.launchers.vertex import VertexLauncher, VertexOptions
 from components.params.run_params import RunParams, choices
 from components.platform.platform_facts import gke_accelerator
+from components.serving.mlflow_tracking import (
+    end_failed,
+    finish_train,
+    gke_token_env,
+    open_tracked_step,
+    run_tags,
+)
 from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
 from trainer.packed_data.output_lock import exclusive_output
@@ -54,6 +61,8 @@ class TrainRequest:
     """The Model artifact written: its `.uri` and `.metadata` are set here."""
     gcp_resources: str = component_input("OutputPath(str)")
     """Path of the component's gcp_resources output (Vertex: cancel with the pipeline)."""
+    schedule_time: str = component_input("str", default="")
+    """The run's schedule time (scheduled runs), a tag of its MLflow run."""
 
 
 COMPONENT = StepComponent(
@@ -91,9 +100,41 @@ def run(request: TrainRequest) -> tuple[str]:
     )
     launch = trainer_launch(request, model.uri)
     options = backend_options(request)
-    metadata = train(launch, options, timeout_s=training_timeout_s(request))
+    p = request.params
+    tags = run_tags(
+        base_model=p.base_model,
+        backend=p.backend,
+        dataset_uri=str(request.dataset_uri),
+        schedule=request.schedule_time,
+    )
+    tracked, mlflow_run = open_tracked_step(
+        p.tracking_uri,
+        p.tracking_token_secret,
+        project=p.project,
+        run_id=request.run_id,
+        step="train",
+        experiment=p.experiment,
+        tags=tags,
+    )
+    if mlflow_run:  # the trainer's rank 0 logs its metrics into the step's MLflow run
+        trainer = dataclasses.replace(
+            launch.trainer, tracking_uri=p.tracking_uri, tracking_run_id=mlflow_run
+        )
+        launch = dataclasses.replace(launch, trainer=trainer)
+    try:
+        metadata = train(launch, options, timeout_s=training_timeout_s(request))
+    except BaseException:
+        end_failed(tracked, mlflow_run)
+        raise
     metadata |= record_actual_cost(request, metadata.pop("job_times"), launch.trainer.output)
     model.metadata.update(metadata)
+    finish_train(
+        tracked,
+        mlflow_run,
+        params=experiment_params(request),
+        metadata=model.metadata,
+        run_dir=launch.trainer.output,
+    )
     if request.params.experiment:
         from components.serving.experiments import log_experiment_run
 
@@ -229,6 +270,9 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             gpus_per_node=request.params.accelerator_count or None,
             service_account=request.params.service_account or None,
             hf_token_secret=request.params.hf_token_secret or None,
+            secret_env=gke_token_env(
+                request.params.tracking_uri, request.params.tracking_token_secret
+            ),
             # Ends the job on the cluster even if this step is killed before it can cancel.
             active_deadline_seconds=deadline_for(training_timeout_s(request)),
             kueue_queue=request.params.kueue_queue or None,

@@ -24,6 +24,7 @@ from components.preflight.launch_checks import gke_job_api_errors
 from components.preflight.validation import data_errors, evaluation_errors, fit_errors
 from components.runtime.model_location import is_hub_id
 from components.runtime.secrets import load_hf_token
+from components.serving.mlflow_tracking import tracking_errors
 from components.steps.component_spec import StepComponent, component_input
 
 
@@ -106,6 +107,13 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
     raise_errors(
         evaluation_errors(params, base_model, remote=True, check_machine=request.target == "vertex")
         + fit_errors(params, base_model, remote=True)
+        # Here the host must resolve: this task runs where the steps will reach the server.
+        + tracking_errors(
+            params.tracking_uri,
+            params.tracking_token_secret,
+            target=request.target,
+            project=params.project,
+        )
     )
     estimate = cost.estimate_for(params, remote=True, base_model=base_model)
     print(
