@@ -36,9 +36,9 @@ def validate_inputs(
     trainer_overrides: dict, quantize_base: str, objective: str, project: str, region: str,
     work_uri: str, namespace: str, gke_cluster: str, gke_job_api: str, kueue_queue: str,
     machine_type: str, accelerator_type: str, accelerator_count: int, service_account: str,
-    hf_token_secret: str, tensorboard: str, experiment: str, encryption_key: str,
-    train_timeout_s: int, capacity: str, max_cost_usd: float, max_wait_minutes: int,
-    reservation: str, gpu_hour_price_usd: float, model_parameters: int,
+    hf_token_secret: str, tensorboard: str, experiment: str, encryption_key: str, tracking_uri: str,
+    tracking_token_secret: str, train_timeout_s: int, capacity: str, max_cost_usd: float,
+    max_wait_minutes: int, reservation: str, gpu_hour_price_usd: float, model_parameters: int,
     target: str,
     run_id: str,
     schedule_time: str,
@@ -83,9 +83,11 @@ def validate_inputs(
         kueue_queue=kueue_queue, machine_type=machine_type, accelerator_type=accelerator_type,
         accelerator_count=accelerator_count, service_account=service_account,
         hf_token_secret=hf_token_secret, tensorboard=tensorboard, experiment=experiment,
-        encryption_key=encryption_key, train_timeout_s=train_timeout_s, capacity=capacity,
-        max_cost_usd=max_cost_usd, max_wait_minutes=max_wait_minutes, reservation=reservation,
-        gpu_hour_price_usd=gpu_hour_price_usd, model_parameters=model_parameters,
+        encryption_key=encryption_key, tracking_uri=tracking_uri,
+        tracking_token_secret=tracking_token_secret, train_timeout_s=train_timeout_s,
+        capacity=capacity, max_cost_usd=max_cost_usd, max_wait_minutes=max_wait_minutes,
+        reservation=reservation, gpu_hour_price_usd=gpu_hour_price_usd,
+        model_parameters=model_parameters,
     )
     return run(
         ValidateRequest(
@@ -169,14 +171,16 @@ def train(
     objective: str, project: str, region: str, work_uri: str, namespace: str, gke_cluster: str,
     gke_job_api: str, kueue_queue: str, machine_type: str, accelerator_type: str,
     accelerator_count: int, service_account: str, hf_token_secret: str, tensorboard: str,
-    experiment: str, encryption_key: str, train_timeout_s: int, capacity: str,
-    max_wait_minutes: int, reservation: str, gpu_hour_price_usd: float,
+    experiment: str, encryption_key: str, tracking_uri: str, tracking_token_secret: str,
+    train_timeout_s: int, capacity: str, max_wait_minutes: int, reservation: str,
+    gpu_hour_price_usd: float,
     run_id: str,
     dataset_uri: str,
     rdzv_endpoint: str,
     budget_timeout_s: int,
     model: Output[Model],
     gcp_resources: OutputPath(str),  # type: ignore[valid-type]
+    schedule_time: str,
 ) -> NamedTuple("Outputs", [("model_uri", str)]):  # type: ignore[valid-type]
     """Fine-tune with FSDP2 on N nodes x P processes: local torchrun agents, a PyTorchJob on GKE or
     a Vertex AI CustomJob. Exports a Hugging Face model directory as the Model artifact.
@@ -200,14 +204,16 @@ def train(
         machine_type=machine_type, accelerator_type=accelerator_type,
         accelerator_count=accelerator_count, service_account=service_account,
         hf_token_secret=hf_token_secret, tensorboard=tensorboard, experiment=experiment,
-        encryption_key=encryption_key, train_timeout_s=train_timeout_s, capacity=capacity,
-        max_wait_minutes=max_wait_minutes, reservation=reservation,
+        encryption_key=encryption_key, tracking_uri=tracking_uri,
+        tracking_token_secret=tracking_token_secret, train_timeout_s=train_timeout_s,
+        capacity=capacity, max_wait_minutes=max_wait_minutes, reservation=reservation,
         gpu_hour_price_usd=gpu_hour_price_usd,
     )
     return run(
         TrainRequest(
             params=params, run_id=run_id, dataset_uri=dataset_uri, rdzv_endpoint=rdzv_endpoint,
             budget_timeout_s=budget_timeout_s, model=model, gcp_resources=gcp_resources,
+            schedule_time=schedule_time,
         )
     )
 
@@ -217,12 +223,14 @@ def evaluate(
     eval_accelerator_type: str, eval_accelerator_count: int, max_eval_examples: int,
     min_loss_improvement: float, min_exact_match: float, min_general_retained: float,
     champion_model: str, eval_tasks: str, eval_num_fewshot: int, eval_limit: int,
-    max_task_regression: float, judge_metric: str, judge_min_win_rate: float, base_model: str,
-    objective: str, project: str, region: str, hf_token_secret: str,
+    max_task_regression: float, judge_metric: str, judge_min_win_rate: float, registered_model: str,
+    base_model: str, objective: str, project: str, region: str, hf_token_secret: str,
+    experiment: str, tracking_uri: str, tracking_token_secret: str,
     tuned_model: Input[Model],
     dataset: Input[Dataset],
     metrics: Output[Metrics],
     report: Output[HTML],
+    run_id: str,
 ) -> NamedTuple("Outputs", [("passed", bool)]):  # type: ignore[valid-type]
     """Evaluate the base and the tuned model on the eval split; write Metrics, an HTML report and
     the quality gate's verdict (objective=dpo: with the win rate on the held-out pairs).
@@ -240,12 +248,15 @@ def evaluate(
         min_exact_match=min_exact_match, min_general_retained=min_general_retained,
         champion_model=champion_model, eval_tasks=eval_tasks, eval_num_fewshot=eval_num_fewshot,
         eval_limit=eval_limit, max_task_regression=max_task_regression, judge_metric=judge_metric,
-        judge_min_win_rate=judge_min_win_rate, base_model=base_model, objective=objective,
-        project=project, region=region, hf_token_secret=hf_token_secret,
+        judge_min_win_rate=judge_min_win_rate, registered_model=registered_model,
+        base_model=base_model, objective=objective, project=project, region=region,
+        hf_token_secret=hf_token_secret, experiment=experiment, tracking_uri=tracking_uri,
+        tracking_token_secret=tracking_token_secret,
     )
     return run(
         EvaluateRequest(
             params=params, tuned_model=tuned_model, dataset=dataset, metrics=metrics, report=report,
+            run_id=run_id,
         )
     )
 

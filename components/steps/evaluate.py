@@ -46,10 +46,10 @@ class EvaluateRequest:
     """The packed Dataset artifact (by `.uri`)."""
     metrics: Any = component_input("Output[Metrics]")
     """The Metrics artifact the finite scalars are logged to (`.log_metric`)."""
-    run_id: str = component_input("str", default="")
-    """The pipeline run's id (its MLflow run's tag: the evaluate run nests in it)."""
     report: Any = component_input("Output[HTML]")
     """The HTML artifact the report goes to (by `.path`)."""
+    run_id: str = component_input("str", default="")
+    """The pipeline run's id (its MLflow run's tag: the evaluate run nests in it)."""
 
 
 COMPONENT = StepComponent(
