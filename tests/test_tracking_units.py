@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from components.params.run_checks import run_errors
 from components.serving.mlflow_tracking import (
     KFP_TRACKING_TOKEN_SECRET,
     model_name,
@@ -184,9 +185,11 @@ def test_llmft_run_refuses_bad_tracking_before_anything_starts(
 def test_run_params_check_the_tracking_uri_scheme_everywhere():
     from components.params.run_params import RunParams
 
-    assert any("the scheme must be one of" in e for e in RunParams(tracking_uri="ftp://x").errors())
+    assert any(
+        "the scheme must be one of" in e for e in run_errors(RunParams(tracking_uri="ftp://x"))
+    )
     assert not [
-        e for e in RunParams(tracking_uri="sqlite:////tmp/m.db").errors() if "tracking" in e
+        e for e in run_errors(RunParams(tracking_uri="sqlite:////tmp/m.db")) if "tracking" in e
     ]
 
 
