@@ -564,6 +564,7 @@ class RunParams:
             register_model=self.register_model,
             registered_model=self.registered_model,
             serving_image=self.serving_image,
+            serving_preset=self.serving_preset,
         )
         errors += checks.check_deploy(
             backend=self.backend,
