@@ -57,6 +57,8 @@ BASE_GRANTS = {
     ("project", PROJECT, "roles/aiplatform.user", PIPELINE),
     ("project", PROJECT, "roles/dataflow.developer", PIPELINE),
     ("project", PROJECT, "roles/logging.logWriter", PIPELINE),
+    # C1: the validate step of a console run reads the run's quota.
+    ("project", PROJECT, "roles/cloudquotas.viewer", PIPELINE),
     ("bucket", BUCKET, "roles/storage.objectAdmin", PIPELINE),
     ("repository", "llmft", "roles/artifactregistry.reader", PIPELINE),
     ("secret", "llmft-hf-token", "roles/secretmanager.secretAccessor", PIPELINE),
@@ -77,6 +79,7 @@ DEPLOYER_GRANTS = {
     ("project", PROJECT, "roles/aiplatform.user", ALICE),
     ("project", PROJECT, "roles/dataflow.developer", ALICE),
     ("project", PROJECT, "roles/cloudbuild.builds.editor", ALICE),
+    ("project", PROJECT, "roles/cloudquotas.viewer", ALICE),
     ("bucket", BUCKET, "roles/storage.objectAdmin", ALICE),
     ("repository", "llmft", "roles/artifactregistry.writer", ALICE),
     ("repository", "llmft-pipelines", "roles/artifactregistry.writer", ALICE),
@@ -163,10 +166,41 @@ def test_bucket_is_private_versioned_and_expires_scratch_only(vertex_stack):
     assert bucket.inputs["versioning"] == {"enabled": True}
     assert bucket.inputs["forceDestroy"] is False
     rules = [(r["action"]["type"], r["condition"]) for r in bucket.inputs["lifecycleRules"]]
+    scratch = ["work/", "pipeline-root/llmft-work/", "kfp-root/llmft-work/"]
     assert rules == [
         ("Delete", {"daysSinceNoncurrentTime": 7, "withState": "ARCHIVED"}),
-        ("Delete", {"age": 14, "matchesPrefixes": ["work/"]}),
-    ]
+        ("Delete", {"age": 14, "matchesPrefixes": scratch}),
+        # C3: scratch's old versions go after a day, not after the bucket's 7.
+        ("Delete", {"daysSinceNoncurrentTime": 1, "withState": "ARCHIVED", "matchesPrefixes": scratch}),
+    ]  # fmt: skip
+    # C3: versioning keeps deleted objects already; soft delete would bill them again.
+    assert bucket.inputs["softDeletePolicy"] == {"retentionDurationSeconds": 0}
+
+
+def test_every_derived_work_uri_expires(vertex_stack, tmp_path):
+    """C3: the work_uri a run uses, written by `config from-stack` or derived from either pipeline
+    root when the config has none (pipelines/deploy/submit.py), lies under a prefix the lifecycle
+    rule expires."""
+    from pipelines.deploy.config import load_for
+    from pipelines.deploy.from_stack import config_from_stack
+    from pipelines.deploy.submit import _derived_defaults
+    from pipelines.deploy.template import read_template
+
+    mocks, outputs = vertex_stack
+    (bucket,) = mocks.of_type("gcp:storage/bucket:Bucket")
+    prefixes = bucket.inputs["lifecycleRules"][1]["condition"]["matchesPrefixes"]
+    config = config_from_stack(outputs)
+    uris = [config["parameters"].pop("work_uri")]
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    for backend in ("vertex", "kfp"):
+        cfg = load_for(backend, path)
+        uris.append(_derived_defaults(read_template(cfg.template), cfg, backend, {})["work_uri"])
+    root = f"gs://{BUCKET}/"
+    assert len(set(uris)) == 3
+    for uri in uris:
+        assert uri.startswith(root)
+        assert any((uri.removeprefix(root) + "/").startswith(p) for p in prefixes), uri
 
 
 def test_repositories_and_image_names_match_the_code(vertex_stack):
@@ -522,3 +556,30 @@ def test_the_entry_point_runs_the_program_with_the_stack_config():
         "other-project-llmft",
         "europe-west4",
     )
+
+
+def test_bigquery_sources_get_exactly_the_roles_they_need():
+    """C7: `bigquery_query` / bq:// inputs run Beam's EXPORT read as the Dataflow account: a query
+    job and a temporary dataset in the project (bigquery.user), table data of the named datasets
+    only (dataViewer); nothing when no dataset is named (the exact sets above)."""
+    mocks, _ = stack({**VERTEX_CONFIG, "bigquery_datasets": ["raw", "other-proj.events"]})
+    bigquery = {g for g in _grants(mocks) if "bigquery" in g[2]}
+    assert bigquery == {
+        ("project", PROJECT, "roles/bigquery.user", DATAFLOW),
+        ("dataset", "raw", "roles/bigquery.dataViewer", DATAFLOW),
+        ("dataset", "events", "roles/bigquery.dataViewer", DATAFLOW),
+    }
+    (events,) = [
+        r for r in mocks.of_type("gcp:bigquery/datasetIamMember:DatasetIamMember")
+        if r.inputs["datasetId"] == "events"
+    ]  # fmt: skip
+    assert events.inputs["project"] == "other-proj"
+    services = {s.inputs["service"] for s in mocks.of_type("gcp:projects/service:Service")}
+    assert "bigquery.googleapis.com" in services
+
+
+def test_bigquery_dataset_names_are_checked():
+    from llmft_infra.settings import parse_settings
+
+    with pytest.raises(ValueError, match="bigquery_datasets: 'a.b.c'"):
+        parse_settings({**VERTEX_CONFIG, "bigquery_datasets": ["a.b.c"]})

@@ -13,7 +13,14 @@ import pulumi
 from llmft_infra.cloud import build_cloud
 from llmft_infra.cluster import CLUSTER_NAME, build_gke
 from llmft_infra.flex_template import LAUNCHER_IMAGE_NAME, build_flex_template
-from llmft_infra.settings import TRAINER_ACCOUNT, Settings, names
+from llmft_infra.settings import (
+    KFP_ROOT_PREFIX,
+    PIPELINE_ROOT_PREFIX,
+    TRAINER_ACCOUNT,
+    WORK_PREFIX,
+    Settings,
+    names,
+)
 
 
 def build_stack(settings: Settings) -> dict[str, Any]:
@@ -33,9 +40,9 @@ def build_stack(settings: Settings) -> dict[str, Any]:
         "project": settings.project,
         "region": settings.region,
         "bucket": cloud.bucket.name,
-        "pipeline_root": f"{bucket}/pipeline-root",
-        "kfp_pipeline_root": f"{bucket}/kfp-root",
-        "work_uri": f"{bucket}/work",
+        "pipeline_root": f"{bucket}/{PIPELINE_ROOT_PREFIX}",
+        "kfp_pipeline_root": f"{bucket}/{KFP_ROOT_PREFIX}",
+        "work_uri": f"{bucket}/{WORK_PREFIX}",
         "kfp_registry": pulumi.Output.concat(
             "https://",
             settings.region,
