@@ -403,6 +403,8 @@ def test_flex_template_spec_in_the_bucket(vertex_stack):
         "sdkContainerImage": f"{docker}/llmft:{VERSION}",
         "tempLocation": f"gs://{BUCKET}/work/dataflow/tmp",
         "stagingLocation": f"gs://{BUCKET}/work/dataflow/staging",
+        # C4: a worker disk that holds the CUDA-sized image twice while it is pulled.
+        "diskSizeGb": 50,
     }
     assert outputs["flex_template_spec"] == f"gs://{BUCKET}/dataflow/templates/preprocess.json"
     assert not mocks.of_type("gcp:dataflow/flexTemplateJob:FlexTemplateJob")
@@ -581,5 +583,45 @@ def test_bigquery_sources_get_exactly_the_roles_they_need():
 def test_bigquery_dataset_names_are_checked():
     from llmft_infra.settings import parse_settings
 
-    with pytest.raises(ValueError, match="bigquery_datasets: 'a.b.c'"):
+    with pytest.raises(ValueError, match=r"bigquery_datasets: 'a\.b\.c'"):
         parse_settings({**VERTEX_CONFIG, "bigquery_datasets": ["a.b.c"]})
+
+
+def test_the_gpu_pool_is_tainted_sized_and_on_gvnic(gke_stack):
+    """C5: the taint is set, not left to pool creation order; C6: the disk holds a 70B copy;
+    C8: gVNIC on every GPU pool; a G2 pool needs no GPUDirect networks."""
+    from components.platform.node_facts import GPU_NODE_DISK_GB
+
+    mocks, _ = gke_stack
+    config = mocks.named("gpu-pool").inputs["nodeConfig"]
+    assert config["taints"] == [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
+    ]
+    assert config["diskSizeGb"] == GPU_NODE_DISK_GB == 250
+    assert config["gvnic"] == {"enabled": True}
+    assert "taints" not in mocks.named("cpu-pool").inputs["nodeConfig"]
+    assert "networkConfig" not in mocks.named("gpu-pool").inputs
+    assert not mocks.of_type("gcp:compute/network:Network")
+    assert "enableMultiNetworking" not in mocks.named("gke").inputs
+
+
+def test_an_a3_high_pool_gets_the_gpudirect_tcpx_networks():
+    """C8: four GPU NIC networks, the pool on them, multi-networking, the Network objects the
+    pods name, and the vendored NCCL plugin installer."""
+    mocks, _ = stack({"project": "my-project", "region": "us-central1", "gke": True})
+    networks = mocks.of_type("gcp:compute/network:Network")
+    assert sorted(n.inputs["name"] for n in networks) == [f"llmft-gpu-net-{i}" for i in range(1, 5)]
+    assert {n.inputs["mtu"] for n in networks} == {8244}
+    pool = mocks.named("gpu-pool").inputs
+    assert len(pool["networkConfig"]["additionalNodeNetworkConfigs"]) == 4
+    assert mocks.named("gke").inputs["enableMultiNetworking"] is True
+    kinds = {
+        (r.inputs.get("kind"), r.inputs.get("metadata", {}).get("name")) for r in mocks.resources
+    }
+    assert {("Network", f"vpc{i}") for i in range(1, 5)} <= kinds
+    assert {("GKENetworkParamSet", f"vpc{i}") for i in range(1, 5)} <= kinds
+    assert ("DaemonSet", "nccl-tcpx-installer") in kinds
+    no_gpudirect = stack(
+        {"project": "my-project", "region": "us-central1", "gke": {"gpudirect": False}}
+    )
+    assert not no_gpudirect[0].of_type("gcp:compute/network:Network")

@@ -23,6 +23,7 @@ from components.params.run_params import (
     TARGET_DEFAULTS,
     RunParams,
 )
+from components.platform.node_facts import GPU_NODE_DISK_GB, gpu_node_disk_gb, model_bytes
 from components.platform.platform_facts import machine, machine_accelerator_errors
 from components.platform.task_resources import kfp_gpu_node_errors
 from components.runtime.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
@@ -137,6 +138,15 @@ class GkeSettings:
     """Per zone; the pool scales from zero to this while a PyTorchJob waits for GPUs."""
     gpu_spot: bool = False
     """Spot VMs for the GPU pool (cheaper, preemptible; torchrun restarts from checkpoints)."""
+    gpu_disk_size_gb: int = GPU_NODE_DISK_GB
+    """Boot disk of each GPU node: holds the image and each training pod's copy of the base model
+    (cloud audit 2026-12-07 C6). The default fits a 70B bf16 model; size it for your largest base
+    model with `components.platform.node_facts.gpu_node_disk_gb(model_bytes(parameters))`."""
+    gpudirect: bool = True
+    """For a GPU machine that needs it for full GPU-to-GPU bandwidth across nodes (A3 High: TCPX,
+    A3 Mega: TCPXO; components/platform/node_facts.py INTERCONNECTS): the additional VPC networks
+    (one per GPU NIC), multi-networking, and the NCCL plugin installer; runs then pass
+    gpudirect=true. False: NCCL uses the primary NIC only (C8)."""
     namespace: str = RunParams.namespace
     """Namespace of KFP's pods, the per-run etcd and the PyTorchJobs."""
     training_operator: bool = True
@@ -326,6 +336,12 @@ def _gke_errors(gke: GkeSettings, region: str, errors: list[str]) -> None:
         )
     if gke.cpu_min_nodes < 1 or gke.cpu_max_nodes < gke.cpu_min_nodes:
         errors.append("gke.cpu_min_nodes/cpu_max_nodes: need 1 <= min <= max")
+    smallest = gpu_node_disk_gb(model_bytes(1_000_000_000))
+    if gke.gpu_disk_size_gb < smallest:
+        errors.append(
+            f"gke.gpu_disk_size_gb: {gke.gpu_disk_size_gb} GB cannot hold the image and a 1B "
+            f"model's copy; at least {smallest}"
+        )
     if gke.gpu_max_nodes < 1:
         errors.append("gke.gpu_max_nodes: at least 1 (the pool scales between 0 and this)")
     if not _K8S_NAME.match(gke.namespace):
