@@ -163,22 +163,30 @@ def interconnect(machine_type: str) -> Interconnect | None:
     return None
 
 
-def interconnect_note(machine_type: str, nodes: int, *, gpudirect: bool) -> str | None:
+def interconnect_note(
+    machine_type: str, nodes: int, *, gpudirect: bool, backend: str = "gke"
+) -> str | None:
     """The bandwidth assumption of a multi-node run (None for one node or an unknown machine):
-    what it gets per node, and when the family needs a GPUDirect setup it does not have, that
-    its steps may be network-bound."""
+    what it gets per node, and when the family needs a GPUDirect setup the run does not have (on
+    GKE: `gpudirect` off; on Vertex AI: not documented in the sources read), that its steps may be
+    network-bound."""
     entry = interconnect(machine_type)
     if nodes < 2 or entry is None:
         return None
-    full = gpudirect or not entry.needs_gpudirect
+    full = not entry.needs_gpudirect or (gpudirect and backend == "gke")
     gbps = entry.gpu_nic_gbps if full else entry.primary_gbps
     note = (
         f"interconnect: {nodes} x {machine_type}, assumed {gbps} Gbit/s per node "
         f"(all-reduce at most ~{entry.allreduce_gbytes_s(full=full):.0f} GB/s)"
     )
     if not full:
+        why = (
+            f"without {entry.gke_setup} (gpudirect=false)"
+            if backend == "gke"
+            else f"Vertex AI's {entry.gke_setup} setup is {entry.vertex.split(':')[0]}"
+        )
         note += (
-            f": without {entry.gke_setup} NCCL uses the primary NIC only, not the "
-            f"{entry.gpu_nic_gbps} Gbit/s of the GPU NICs; multi-node steps may be network-bound"
+            f": {why}, NCCL is assumed to use the primary NIC, not the {entry.gpu_nic_gbps} "
+            "Gbit/s of the GPU NICs; multi-node steps may be network-bound"
         )
     return note

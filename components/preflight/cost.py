@@ -21,6 +21,7 @@ throughput model; a model whose size is unknown).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from components.platform.capacity import CAPACITIES
+from components.platform.node_facts import interconnect_note
 from components.platform.platform_facts import (
     GKE_SPOT_POD_GRACE_S,
     accelerator,
@@ -706,7 +708,7 @@ def estimate_for(
         except (ValueError, OSError) as exc:
             model, model_unknown = None, str(exc)
     size = input_bytes(params.train_data_uri, remote=remote)
-    return estimate(
+    result = estimate(
         shape_of(params),
         model=model,
         data_tokens=tokens_from_bytes(size) if size else None,
@@ -714,3 +716,10 @@ def estimate_for(
         prices=prices,
         model_unknown=model_unknown,
     )
+    # C8: the bandwidth a multi-node run is assumed to get, stated with the estimate.
+    note = interconnect_note(
+        params.machine_type, params.nodes, gpudirect=params.gpudirect, backend=params.backend
+    )
+    if note and params.backend in ("gke", "vertex"):
+        result = dataclasses.replace(result, notes=(*result.notes, note))
+    return result

@@ -34,6 +34,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from components.platform import node_facts
 from trainer.config import TrainConfig
 from trainer.memory_model import MemoryEstimate, ModelShape, estimate
 
@@ -235,3 +236,17 @@ def _what_fits(shape: ModelShape, plan: Plan, gpu_bytes: float) -> str:
 
 def _overrides(changes: dict[str, Any]) -> str:
     return f"trainer_overrides {json.dumps(changes)}"
+
+
+def weight_bytes(base_model: str) -> int | None:
+    """Bytes of the base model's weights on disk, from its config.json (parameters x the bytes of
+    its stored dtype, bf16 unless it says float32); None when the config cannot be read."""
+    from components.preflight.cost import model_config, size_of
+
+    try:
+        config = model_config(base_model)
+    except (ValueError, OSError) as exc:
+        log.warning("base model size unknown (%s): no ephemeral-storage request", exc)
+        return None
+    wide = str(getattr(config, "torch_dtype", "") or "").endswith("float32")
+    return node_facts.model_bytes(size_of(config).parameters, 4 if wide else 2)

@@ -22,10 +22,13 @@ from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, Tra
 from components.launchers.customjob import CustomJobOptions
 from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.local import LocalLauncher, LocalOptions
+from components.launchers.node_setup import GPUDIRECT_SETUPS, ephemeral_storage_request
 from components.launchers.pytorchjob import DEADLINE_GRACE_S, PyTorchJobOptions, deadline_for
 from components.launchers.vertex import VertexLauncher, VertexOptions
 from components.params.run_params import Backend, Capacity, RdzvBackend, choices
+from components.platform.node_facts import interconnect, interconnect_note
 from components.platform.platform_facts import gke_accelerator
+from components.preflight.train_fit import weight_bytes
 from trainer import storage
 
 logger = logging.getLogger(__name__)
@@ -104,6 +107,10 @@ def run(request: TrainRequest) -> tuple[str]:
     )
     launch = trainer_launch(request, model.uri)
     options = backend_options(request)
+    if note := interconnect_note(
+        request.machine_type, request.nodes, gpudirect=request.gpudirect, backend=request.backend
+    ):
+        logger.warning("%s", note)  # C8: a multi-node run says what bandwidth it assumes
     metadata = train(launch, options, timeout_s=training_timeout_s(request))
     metadata |= record_actual_cost(request, metadata.pop("job_times"), launch.trainer.output)
     model.metadata.update(metadata)
@@ -240,6 +247,9 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             hf_token_secret=request.hf_token_secret or None,
             # Ends the job on the cluster even if this step is killed before it can cancel.
             active_deadline_seconds=deadline_for(training_timeout_s(request)),
+            # C6: each pod copies the base model to its node's disk; C8: the GPU NIC networks.
+            ephemeral_storage=ephemeral_storage_request(weight_bytes(request.base_model)),
+            gpudirect=gpudirect_setup(request),
             **gke_capacity(request),
         )
         return GkeOptions(job=job, cluster=request.gke_cluster)
@@ -265,6 +275,15 @@ def backend_options(request: TrainRequest) -> BackendOptions:
     if request.backend == "local":
         return LocalOptions()
     raise unknown_backend(request.backend)
+
+
+def gpudirect_setup(request: TrainRequest) -> str | None:
+    """The GPUDirect pod setup of a multi-node GKE run with `gpudirect` on, on a machine family
+    that needs one (node_facts.INTERCONNECTS); None otherwise."""
+    entry = interconnect(request.machine_type)
+    if not request.gpudirect or request.nodes < 2 or entry is None:
+        return None
+    return entry.gke_setup if entry.gke_setup in GPUDIRECT_SETUPS else None
 
 
 def gke_capacity(request: TrainRequest) -> dict[str, Any]:
