@@ -108,14 +108,28 @@ def _check_fit_and_cost(run_params: Any, prices: Path | None, *, remote: bool) -
 def _check_quota(run_params: Any, *, dry_run: bool) -> None:
     """Refuse a run that needs more GPU or CPU quota than the project is granted
     (components/preflight/quota.py); a quota that cannot be read is a warning. A dry run reads
-    quota only with local credentials (it needs none otherwise)."""
+    quota only where application-default login was done (it needs no access otherwise); a real
+    run without any access is left to the submission, which says so in its own error."""
     from components.preflight import quota
 
-    if dry_run and quota.SESSION_FACTORY is quota.default_session and not quota.local_credentials():
-        if quota.needs_for(run_params):
-            typer.secho("warning: quota not checked: no local Google Cloud credentials", err=True)
+    if not quota.needs_for(run_params):
         return
-    report = quota.quota_check(run_params)
+    session = None
+    if quota.SESSION_FACTORY is quota.default_session:
+        if dry_run and not quota.local_credentials():
+            typer.secho(
+                "warning: quota not checked: a dry run reads it only after "
+                "`gcloud auth application-default login`",
+                err=True,
+            )
+            return
+        try:
+            session = quota.default_session()
+        except quota.QuotaUnreadable as exc:
+            if dry_run:
+                typer.secho(f"warning: quota not checked: {exc}", err=True)
+            return
+    report = quota.quota_check(run_params, session=session)
     for warning in report.warnings:
         typer.secho(f"warning: {warning}", err=True)
     if report.errors:
