@@ -153,6 +153,7 @@ TIERS = {
         "test_deploy_config.py", "test_deploy_docs.py", "test_deploy_image.py",
         "test_deploy_kfp.py",
         "test_deploy_vertex.py", "test_evaluate_registry.py", "test_evaluate_units.py",
+        "test_quota.py", "test_node_setup.py",
         "test_evaluate_judge.py", "test_evaluate_gate_tasks.py",
         "test_flex_template.py", "test_infra_from_stack.py", "test_infra_policy.py",
         "test_infra_stack.py", "test_launcher_gke.py", "test_launcher_trainjob.py", "test_launcher_vertex.py",

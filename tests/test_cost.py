@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.preflight import cost
+from components.preflight import cost, data_size
 from components.preflight.actual_cost import COST_FILE, actual_cost
 from components.preflight.cost import RunShape
 from components.preflight.model_size import ModelSize, flops_per_token, model_size
@@ -114,7 +114,7 @@ def test_dataflow_preprocess_by_hand() -> None:
 
 
 def test_bytes_to_tokens() -> None:
-    assert cost.tokens_from_bytes(2_860_000) == 1_000_000
+    assert data_size.tokens_from_bytes(2_860_000) == 1_000_000
 
 
 def test_local_and_unknown_model_are_not_priced_and_refuse_a_budget() -> None:

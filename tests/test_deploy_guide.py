@@ -135,6 +135,9 @@ def _check_run(backend: str, params: dict[str, Any], outputs: dict[str, Any]) ->
     from components.platform.platform_facts import gke_accelerator
 
     assert params["work_uri"] == outputs["work_uri"]
+    # C9: nothing is registered before the guide's first run, so it must name its base model
+    # (the validate step would stop at `latest-registered`; the dry run cannot see that).
+    assert params["base_model"] != "latest-registered"
     assert params["dataflow_service_account"] == outputs["dataflow_service_account"]
     assert gke_accelerator(params["accelerator_type"]) == outputs["accelerator_type"]
     assert params["accelerator_count"] == outputs["accelerator_count"]
@@ -144,3 +147,73 @@ def _check_run(backend: str, params: dict[str, Any], outputs: dict[str, Any]) ->
     else:
         assert params["backend"] == "vertex"
         assert params["service_account"] == outputs["trainer_service_account"]
+
+
+def test_the_guide_never_creates_the_secret_the_stack_created() -> None:
+    """C10: `gcloud secrets create` of the stack's secret fails with ALREADY_EXISTS; the guide
+    adds versions to it instead."""
+    from llmft_infra.settings import names
+
+    secret = names().hf_token_secret
+    creates = [line for line in guide_lines() if line.startswith("gcloud secrets create")]
+    assert not [line for line in creates if secret in line]
+    adds = [line for line in guide_lines() if line.startswith(("printf", "gcloud secrets"))]
+    assert all(f"gcloud secrets versions add {secret}" in line for line in adds)
+
+
+DOCUMENTED_CONFIGS = sorted((REPO / "docs/deploy").glob("*.yaml"))
+
+
+def _dry_run(config: Path, backend: str, *extra: str) -> Any:
+    args = ["run", "--backend", backend, "--config", str(config), "--dry-run"]
+    if backend == "vertex":
+        args += ["--project", "my-project", "--pipeline-root", "gs://my-bucket/pipeline-root"]
+    else:
+        args += ["--host", "http://localhost:8080", "--param", "project=my-project"]
+    args += ["--schedule-time", "2026-01-05T03:00:00Z", "--param", "base_model=org/model", *extra]
+    return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize("backend", ["vertex", "kfp"])
+def test_documented_configs_register_a_model_that_starts(offline: None, backend: str) -> None:
+    """C2: every documented deploy config passes the dry run, and a config that registers a model
+    pairs its serving image with the preset that can start it (the serving container builds)."""
+    from components.params.param_values import params_from_mapping
+    from components.params.run_params import RunParams
+    from components.serving.presets import ServingSpec, preset_image_error, serving_container
+
+    configs = [
+        c
+        for c in DOCUMENTED_CONFIGS
+        if any("parameters" in (d or {}) for d in yaml.safe_load_all(c.read_text()))
+    ]
+    assert configs, "docs/deploy has no deploy config"
+    for config in configs:
+        result = _dry_run(config, backend)
+        assert result.exit_code == 0, f"{config.name}: {result.output}"
+        checked = json.loads(result.output.split(DRY_RUN_PARAMETERS + "\n", 1)[1])
+        run = params_from_mapping(checked, base=RunParams.for_target(backend))
+        if not run.register_model:
+            continue
+        assert preset_image_error(run.serving_preset, run.serving_image) is None
+        container = serving_container(
+            ServingSpec(run.serving_preset, run.serving_image, "m", run.seq_len)
+        )
+        assert container.image_uri == run.serving_image
+        if run.serving_preset != "custom":
+            assert "vllm" in " ".join(container.command or [])
+
+
+def test_a_serving_image_the_preset_cannot_start_is_refused(offline: None) -> None:
+    """C2's reproduction: the TGI image under the default vLLM preset is refused before anything
+    starts, with the fix; with serving_preset=custom it passes."""
+    tgi = "us-docker.pkg.dev/deeplearning-platform-release/gcr.io/huggingface-text-generation-inference-cu124.2-4.ubuntu2204.py311"
+    config = REPO / "docs/deploy/example.yaml"
+    refused = _dry_run(config, "vertex", "--param", f"serving_image={tgi}")
+    assert refused.exit_code == 2, refused.output
+    assert "serving_preset=vertex-vllm" in refused.output
+    assert "serving_preset=custom" in refused.output
+    custom = _dry_run(
+        config, "vertex", "--param", f"serving_image={tgi}", "--param", "serving_preset=custom"
+    )
+    assert custom.exit_code == 0, custom.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -82,6 +83,32 @@ def test_image_is_a_dataflow_custom_container() -> None:
     )  # fmt: skip
     argv = beam_argv(request, "gs://bkt/o")
     assert f"--sdk_container_image={DEFAULT_IMAGE}" in argv and "--sdk_location=container" in argv
+    # C4: the workers' disk holds the image (twice while it is pulled) beside the system's share
+    # of Dataflow's 25 GB default; a user's own disk_size_gb wins.
+    from components.platform.node_facts import (
+        DATAFLOW_DEFAULT_DISK_GB,
+        DATAFLOW_DISK_GB,
+        IMAGE_UNPACKED_GB,
+    )
+
+    assert f"--disk_size_gb={DATAFLOW_DISK_GB}" in argv
+    assert DATAFLOW_DISK_GB >= DATAFLOW_DEFAULT_DISK_GB + 2 * IMAGE_UNPACKED_GB
+    own = dataclasses.replace(request, dataflow_options={"disk_size_gb": 200})
+    assert [a for a in beam_argv(own, "gs://bkt/o") if a.startswith("--disk_size_gb")] == [
+        "--disk_size_gb=200"
+    ]
+
+
+def test_the_build_refuses_an_image_larger_than_the_dataflow_disk_is_sized_for() -> None:
+    """C4: the Dataflow disk is sized from IMAGE_UNPACKED_GB; cloudbuild.yaml checks the built
+    image against that same budget, so a bigger image fails the build, not the Dataflow job."""
+    from components.platform.node_facts import IMAGE_UNPACKED_GB
+
+    build = yaml.safe_load((REPO / "docs/deploy/cloudbuild.yaml").read_text())
+    assert build["substitutions"]["_MAX_IMAGE_GB"] == str(IMAGE_UNPACKED_GB)
+    (step,) = [s for s in build["steps"] if s["id"] == "check-size"]
+    assert step["waitFor"] == ["build"]
+    assert "docker image inspect" in step["args"][1] and "_MAX_IMAGE_GB" in step["args"][1]
 
 
 def _repo_text_files() -> list[Path]:
@@ -121,7 +148,9 @@ def test_cloudbuild_pushes_the_image_the_components_use() -> None:
 
     build = yaml.safe_load((REPO / "docs/deploy/cloudbuild.yaml").read_text())
     assert build["images"] == ["${_IMAGE}"]
-    assert build["substitutions"] == {"_IMAGE": ""}  # filled by the command below, never defaulted
+    # _IMAGE is filled by the command below, never defaulted; _MAX_IMAGE_GB is the size budget.
+    assert build["substitutions"]["_IMAGE"] == ""
+    assert set(build["substitutions"]) == {"_IMAGE", "_MAX_IMAGE_GB"}
     for step in build["steps"]:
         name, _, tag = step["name"].rpartition(":")
         assert name and re.fullmatch(r"\d+(\.\d+)+", tag), f"builder {step['name']} is not pinned"

@@ -19,7 +19,7 @@ from components.serving import registry
 
 PROJECT, LOCATION = "my-project", "us-central1"
 PARENT = f"projects/{PROJECT}/locations/{LOCATION}"
-IMAGE = "us-docker.pkg.dev/my-project/serving/vllm:0.11.0"
+IMAGE = "us-docker.pkg.dev/my-project/serving/pytorch-vllm-serve:0.11.0"
 
 
 def _register(**overrides: Any) -> registry.RegisteredVersion:

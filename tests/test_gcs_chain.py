@@ -316,7 +316,7 @@ def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelSe
             project="my-project",
             region="us-central1",
             registered_model="llmft-chain",
-            serving_image="us-docker.pkg.dev/my-project/serving/vllm:0.11.0",
+            serving_image="us-docker.pkg.dev/my-project/serving/pytorch-vllm-serve:20251205_0916_RC01",
         )
     )
     upload = next(r for r in fake_registry.requests if type(r).__name__ == "UploadModelRequest")

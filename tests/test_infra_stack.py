@@ -57,6 +57,8 @@ BASE_GRANTS = {
     ("project", PROJECT, "roles/aiplatform.user", PIPELINE),
     ("project", PROJECT, "roles/dataflow.developer", PIPELINE),
     ("project", PROJECT, "roles/logging.logWriter", PIPELINE),
+    # C1: the validate step of a console run reads the run's quota.
+    ("project", PROJECT, "roles/cloudquotas.viewer", PIPELINE),
     ("bucket", BUCKET, "roles/storage.objectAdmin", PIPELINE),
     ("repository", "llmft", "roles/artifactregistry.reader", PIPELINE),
     ("secret", "llmft-hf-token", "roles/secretmanager.secretAccessor", PIPELINE),
@@ -77,6 +79,7 @@ DEPLOYER_GRANTS = {
     ("project", PROJECT, "roles/aiplatform.user", ALICE),
     ("project", PROJECT, "roles/dataflow.developer", ALICE),
     ("project", PROJECT, "roles/cloudbuild.builds.editor", ALICE),
+    ("project", PROJECT, "roles/cloudquotas.viewer", ALICE),
     ("bucket", BUCKET, "roles/storage.objectAdmin", ALICE),
     ("repository", "llmft", "roles/artifactregistry.writer", ALICE),
     ("repository", "llmft-pipelines", "roles/artifactregistry.writer", ALICE),
@@ -163,10 +166,41 @@ def test_bucket_is_private_versioned_and_expires_scratch_only(vertex_stack):
     assert bucket.inputs["versioning"] == {"enabled": True}
     assert bucket.inputs["forceDestroy"] is False
     rules = [(r["action"]["type"], r["condition"]) for r in bucket.inputs["lifecycleRules"]]
+    scratch = ["work/", "pipeline-root/llmft-work/", "kfp-root/llmft-work/"]
     assert rules == [
         ("Delete", {"daysSinceNoncurrentTime": 7, "withState": "ARCHIVED"}),
-        ("Delete", {"age": 14, "matchesPrefixes": ["work/"]}),
-    ]
+        ("Delete", {"age": 14, "matchesPrefixes": scratch}),
+        # C3: scratch's old versions go after a day, not after the bucket's 7.
+        ("Delete", {"daysSinceNoncurrentTime": 1, "withState": "ARCHIVED", "matchesPrefixes": scratch}),
+    ]  # fmt: skip
+    # C3: versioning keeps deleted objects already; soft delete would bill them again.
+    assert bucket.inputs["softDeletePolicy"] == {"retentionDurationSeconds": 0}
+
+
+def test_every_derived_work_uri_expires(vertex_stack, tmp_path):
+    """C3: the work_uri a run uses, written by `config from-stack` or derived from either pipeline
+    root when the config has none (pipelines/deploy/submit.py), lies under a prefix the lifecycle
+    rule expires."""
+    from pipelines.deploy.config import load_for
+    from pipelines.deploy.from_stack import config_from_stack
+    from pipelines.deploy.submit import _derived_defaults
+    from pipelines.deploy.template import read_template
+
+    mocks, outputs = vertex_stack
+    (bucket,) = mocks.of_type("gcp:storage/bucket:Bucket")
+    prefixes = bucket.inputs["lifecycleRules"][1]["condition"]["matchesPrefixes"]
+    config = config_from_stack(outputs)
+    uris = [config["parameters"].pop("work_uri")]
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    for backend in ("vertex", "kfp"):
+        cfg = load_for(backend, path)
+        uris.append(_derived_defaults(read_template(cfg.template), cfg, backend, {})["work_uri"])
+    root = f"gs://{BUCKET}/"
+    assert len(set(uris)) == 3
+    for uri in uris:
+        assert uri.startswith(root)
+        assert any((uri.removeprefix(root) + "/").startswith(p) for p in prefixes), uri
 
 
 def test_repositories_and_image_names_match_the_code(vertex_stack):
@@ -369,6 +403,8 @@ def test_flex_template_spec_in_the_bucket(vertex_stack):
         "sdkContainerImage": f"{docker}/llmft:{VERSION}",
         "tempLocation": f"gs://{BUCKET}/work/dataflow/tmp",
         "stagingLocation": f"gs://{BUCKET}/work/dataflow/staging",
+        # C4: a worker disk that holds the CUDA-sized image twice while it is pulled.
+        "diskSizeGb": 50,
     }
     assert outputs["flex_template_spec"] == f"gs://{BUCKET}/dataflow/templates/preprocess.json"
     assert not mocks.of_type("gcp:dataflow/flexTemplateJob:FlexTemplateJob")
@@ -598,3 +634,70 @@ def test_the_guides_kueue_hand_install_configures_kueue_as_the_stack_does():
     values = yaml.safe_load(block)
     documented = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
     assert documented == yaml.safe_load(kueue_manager_config(pytorchjob=False))
+
+
+def test_bigquery_sources_get_exactly_the_roles_they_need():
+    """C7: `bigquery_query` / bq:// inputs run Beam's EXPORT read as the Dataflow account: a query
+    job and a temporary dataset in the project (bigquery.user), table data of the named datasets
+    only (dataViewer); nothing when no dataset is named (the exact sets above)."""
+    mocks, _ = stack({**VERTEX_CONFIG, "bigquery_datasets": ["raw", "other-proj.events"]})
+    bigquery = {g for g in _grants(mocks) if "bigquery" in g[2]}
+    assert bigquery == {
+        ("project", PROJECT, "roles/bigquery.user", DATAFLOW),
+        ("dataset", "raw", "roles/bigquery.dataViewer", DATAFLOW),
+        ("dataset", "events", "roles/bigquery.dataViewer", DATAFLOW),
+    }
+    (events,) = [
+        r for r in mocks.of_type("gcp:bigquery/datasetIamMember:DatasetIamMember")
+        if r.inputs["datasetId"] == "events"
+    ]  # fmt: skip
+    assert events.inputs["project"] == "other-proj"
+    services = {s.inputs["service"] for s in mocks.of_type("gcp:projects/service:Service")}
+    assert "bigquery.googleapis.com" in services
+
+
+def test_bigquery_dataset_names_are_checked():
+    from llmft_infra.settings import parse_settings
+
+    with pytest.raises(ValueError, match=r"bigquery_datasets: 'a\.b\.c'"):
+        parse_settings({**VERTEX_CONFIG, "bigquery_datasets": ["a.b.c"]})
+
+
+def test_the_gpu_pool_is_tainted_sized_and_on_gvnic(gke_stack):
+    """C5: the taint is set, not left to pool creation order; C6: the disk holds a 70B copy;
+    C8: gVNIC on every GPU pool; a G2 pool needs no GPUDirect networks."""
+    from components.platform.node_facts import GPU_NODE_DISK_GB
+
+    mocks, _ = gke_stack
+    config = mocks.named("gpu-pool").inputs["nodeConfig"]
+    assert config["taints"] == [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
+    ]
+    assert config["diskSizeGb"] == GPU_NODE_DISK_GB == 250
+    assert config["gvnic"] == {"enabled": True}
+    assert "taints" not in mocks.named("cpu-pool").inputs["nodeConfig"]
+    assert "networkConfig" not in mocks.named("gpu-pool").inputs
+    assert not mocks.of_type("gcp:compute/network:Network")
+    assert "enableMultiNetworking" not in mocks.named("gke").inputs
+
+
+def test_an_a3_high_pool_gets_the_gpudirect_tcpx_networks():
+    """C8: four GPU NIC networks, the pool on them, multi-networking, the Network objects the
+    pods name, and the vendored NCCL plugin installer."""
+    mocks, _ = stack({"project": "my-project", "region": "us-central1", "gke": True})
+    networks = mocks.of_type("gcp:compute/network:Network")
+    assert sorted(n.inputs["name"] for n in networks) == [f"llmft-gpu-net-{i}" for i in range(1, 5)]
+    assert {n.inputs["mtu"] for n in networks} == {8244}
+    pool = mocks.named("gpu-pool").inputs
+    assert len(pool["networkConfig"]["additionalNodeNetworkConfigs"]) == 4
+    assert mocks.named("gke").inputs["enableMultiNetworking"] is True
+    kinds = {
+        (r.inputs.get("kind"), r.inputs.get("metadata", {}).get("name")) for r in mocks.resources
+    }
+    assert {("Network", f"vpc{i}") for i in range(1, 5)} <= kinds
+    assert {("GKENetworkParamSet", f"vpc{i}") for i in range(1, 5)} <= kinds
+    assert ("DaemonSet", "nccl-tcpx-installer") in kinds
+    no_gpudirect = stack(
+        {"project": "my-project", "region": "us-central1", "gke": {"gpudirect": False}}
+    )
+    assert not no_gpudirect[0].of_type("gcp:compute/network:Network")

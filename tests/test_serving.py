@@ -209,9 +209,16 @@ def _register(run: str, metrics: dict[str, float]) -> tuple[str, Any]:
     return name, vertex_model
 
 
-def test_register_requests_golden(fake_registry: FakeModelService, golden: Any) -> None:
-    first, artifact = _register(
-        "run-1", {"tuned_eval_loss": 1.5, "exact_match": 0.25, "passed": 1.0}
+def test_register_requests_golden(
+    fake_registry: FakeModelService, golden: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="components.serving.lineage"):
+        first, artifact = _register(
+            "run-1", {"tuned_eval_loss": 1.5, "exact_match": 0.25, "passed": 1.0}
+        )
+    # C11: no metrics schema fits the gate's metrics: not imported, and the log says so.
+    assert "(exact_match, passed, tuned_eval_loss) are not imported as a model evaluation" in (
+        caplog.text
     )
     second, _ = _register("run-2", {"tuned_eval_loss": 1.2, "exact_match": 0.5, "passed": 1.0})
     assert (first, second) == (f"{PARENT}/models/1000@1", f"{PARENT}/models/1000@2")
@@ -223,11 +230,12 @@ def test_register_requests_golden(fake_registry: FakeModelService, golden: Any) 
     assert [list(v.version_aliases) for v in versions] == [[], ["default", "champion"]]
     wanted = (
         "UploadModelRequest",
-        "ImportModelEvaluationRequest",
+        "ImportModelEvaluationRequest",  # C11: never sent (no schema fits the gate's metrics)
         "MergeVersionAliasesRequest",
         "GetModelRequest",
     )
     requests = [_proto_json(r) for r in fake_registry.requests if type(r).__name__ in wanted]
+    assert "ImportModelEvaluationRequest" not in {type(r).__name__ for r in fake_registry.requests}
     golden.check("vertex_register_requests.json", requests)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.platform.node_facts import GPU_NODE_LABEL
 from components.runtime.run_identity import (
     K8S_RUN_LABEL,
     k8s_labels,
@@ -226,6 +227,21 @@ def build_etcd_statefulset(
                 },
                 "containers": [container],
                 "volumes": volumes,
+                # Never on a GPU node: an etcd that must not be evicted would keep an idle GPU
+                # node from scaling down (cloud audit 2026-12-07 C5); GKE labels every GPU node.
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": GPU_NODE_LABEL, "operator": "DoesNotExist"}
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                },
             },
         },
     }

@@ -35,6 +35,7 @@ from typing import Any
 
 from components.etcd.manifests import etcd_endpoint
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
+from components.launchers.node_setup import GPUDIRECT_SETUPS, apply_patch, gpudirect_patch
 from components.launchers.vocab import (
     DEFAULT_NAMESPACE,
     K8S_LABEL_NAME,
@@ -42,6 +43,7 @@ from components.launchers.vocab import (
     KUEUE_QUEUE_LABEL,
 )
 from components.platform.capacity import CAPACITIES
+from components.platform.node_facts import GPU_NODE_LABEL as GKE_ACCELERATOR_LABEL
 from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
 from components.runtime.image import DEFAULT_IMAGE
 from components.runtime.run_identity import k8s_labels, resource_name
@@ -56,7 +58,6 @@ OPERATOR_RDZV_BACKENDS = {"c10d", "etcd", "etcd-v2"}
 DEFAULT_RDZV_PORT = {"c10d": 29400, "etcd-v2": 2379, "etcd-v3": 2379}
 GPU_RESOURCE = "nvidia.com/gpu"
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
-GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 RESTART_POLICIES = ("OnFailure", "Never", "Always", "ExitCode")
 IMAGE_UID = 1000
@@ -156,6 +157,12 @@ class PyTorchJobOptions:
     """on-demand; spot (node selector `cloud.google.com/gke-spot` + its toleration: a Spot node
     pool or Autopilot Spot Pods); flex-start (node selector `cloud.google.com/gke-flex-start`: a
     node pool with flex-start provisioning, GKE >= 1.32.2-gke.1652000)."""
+    ephemeral_storage: str | None = None
+    """The trainer's ephemeral-storage request (node_setup.ephemeral_storage_request): a pod goes
+    only to a node whose disk holds its base model copy, not evicted after the GPUs are up (C6)."""
+    gpudirect: str | None = None
+    """"gpudirect-tcpx" (A3 High) or "gpudirect-tcpxo" (A3 Mega): the pods use the pool's GPU NIC
+    networks (launchers/node_setup.py; a pool set up by infra `gke.gpudirect`)."""
     termination_grace_s: int | None = None
     """The pods' terminationGracePeriodSeconds (time for the SIGTERM checkpoint); None: the
     Kubernetes default (30 s). A preempted Spot node gives pods at most GKE_SPOT_POD_GRACE_S
@@ -193,6 +200,10 @@ class PyTorchJobOptions:
             errors.append(f"capacity={self.capacity!r}: choose one of {', '.join(CAPACITIES)}")
         if self.termination_grace_s is not None and self.termination_grace_s < 0:
             errors.append(f"termination_grace_s={self.termination_grace_s}: cannot be negative")
+        if self.gpudirect and (self.gpudirect not in GPUDIRECT_SETUPS or not gpus):
+            errors.append(
+                f"gpudirect={self.gpudirect!r}: one of {', '.join(GPUDIRECT_SETUPS)}, on GPU pods"
+            )
         if (self.scheduling_queue or self.priority_class) and not self.gang_scheduling:
             errors.append("scheduling_queue/priority_class need gang_scheduling=True")
         if self.kueue_queue and self.gang_scheduling:
@@ -263,14 +274,21 @@ def build_pytorchjob(
                 "Worker": {
                     "replicas": launch.nodes,
                     "restartPolicy": options.restart_policy,
-                    "template": {
-                        "metadata": {"labels": dict(run_labels)},
-                        "spec": _pod_spec(launch, options, endpoint),
-                    },
+                    "template": _template(launch, options, endpoint, run_labels),
                 }
             },
         },
     }
+
+
+def _template(
+    launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str, labels: dict[str, str]
+) -> dict[str, Any]:
+    """The Worker pod template: labels, the pod spec, and the GPUDirect setup when asked for."""
+    template = {"metadata": {"labels": dict(labels)}, "spec": _pod_spec(launch, options, endpoint)}
+    if options.gpudirect:
+        apply_patch(template, CONTAINER, gpudirect_patch(options.gpudirect, options.gpus(launch)))
+    return template
 
 
 def rendezvous_endpoint(launch: TrainLaunch, namespace: str) -> str:
@@ -338,6 +356,9 @@ def container_resources(options: PyTorchJobOptions, gpus: int) -> dict[str, Any]
         limits["cpu"] = requests["cpu"] = options.cpu
     if options.memory:
         limits["memory"] = requests["memory"] = options.memory
+    if options.ephemeral_storage:
+        # A request only: the scheduler needs it; a limit would evict a pod that overshoots.
+        requests["ephemeral-storage"] = options.ephemeral_storage
     return {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
 
 

@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any
 
+from components.serving.presets import preset_image_error
 from trainer.packed_data.format import PREFERENCE_KIND
 
 TARGETS = ("local", "vertex", "kfp")
@@ -299,9 +300,11 @@ def check_registry(
     register_model: bool,
     registered_model: str,
     serving_image: str,
+    serving_preset: str,
 ) -> list[str]:
     """Reading the latest registered version (one of `models` is the value `latest`) or
-    registering needs the model's name; registering also needs a pinned serving image."""
+    registering needs the model's name; registering also needs a pinned serving image that the
+    serving preset can start (components/serving/presets.py)."""
     errors = []
     if (latest in models or register_model) and not registered_model:
         errors.append(
@@ -315,6 +318,8 @@ def check_registry(
             )
         elif serving_image.endswith(":latest"):
             errors.append(f"serving_image={serving_image!r} uses :latest: pin a version")
+        if pairing := preset_image_error(serving_preset, serving_image):
+            errors.append(pairing)
     return errors
 
 

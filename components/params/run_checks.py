@@ -119,6 +119,7 @@ def _quality_and_serving_errors(params: RunParams) -> list[str]:
         register_model=params.register_model,
         registered_model=params.registered_model,
         serving_image=params.serving_image,
+        serving_preset=params.serving_preset,
     )
     return errors + checks.check_deploy(
         backend=params.backend,

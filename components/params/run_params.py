@@ -240,6 +240,14 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
         steps=("train",),
         cloud=True,
     )
+    gpudirect: bool = param(
+        False,
+        "GKE: the GPU node pool has the GPUDirect-TCPX/TCPXO NIC networks and NCCL plugin (the "
+        "stack's gke.gpudirect on A3 High/Mega; `llmft config from-stack` sets it): a multi-node "
+        "PyTorchJob then uses the GPU NICs. False: NCCL uses the primary NIC.",
+        steps=("train",),
+        cloud=True,
+    )
     machine_type: str = param(
         DEFAULT_MACHINE_TYPE,
         "Machine type per node: on Vertex AI each replica's (e.g. a3-highgpu-8g, which carries "

@@ -23,18 +23,20 @@ throughput model; a model whose size is unknown).
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.launchers.vocab import resolve_nproc_per_node
 from components.params.trainer_params import planned_trainer_config
+from components.platform.node_facts import interconnect_note
 from components.platform.platform_facts import (
     GKE_SPOT_POD_GRACE_S,
     accelerator,
     unlisted_vertex_accelerator,
 )
+from components.preflight.data_size import input_bytes, tokens_from_bytes
 from components.preflight.model_size import ModelSize, checkpoint_gb, flops_per_token, model_size
 from components.preflight.prices import (
     DATAFLOW_GB_HOUR_USD,
@@ -65,10 +67,6 @@ PREPROCESS_TOKENS_PER_VCPU_S = 480_000.0
 "preprocess", third round), per vCPU-second."""
 DATAFLOW_STARTUP_S = 300.0
 """Dataflow's worker start and teardown, billed per job (assumed: "a few minutes")."""
-BYTES_PER_TOKEN = 2.86
-"""Raw JSONL bytes per token before preprocessing: 32 MB -> 11.2M tokens in the preprocess
-benchmark (8k BPE tokenizer, docs/performance.md); larger vocabularies give fewer tokens, so the
-estimate errs high."""
 CHECKPOINT_S_PER_GB = 9.4
 """Seconds to save one GB of DCP checkpoint per node: 9.44 s/GB measured on this project's
 2-core CI machine under load 6-10 (2 ranks, local disk, 1.61 GB, median of 3:
@@ -179,6 +177,8 @@ class RunShape:
     preprocess_runner: str = "DirectRunner"
     eval_accelerator_type: str = ""
     eval_gpus: int = 0
+    processes_per_node: int = 1
+    """The trainer's processes on each node (what a local run's line shows: it has no GPUs)."""
 
 
 def estimate(
@@ -222,8 +222,6 @@ def estimate(
             f"training time unknown: the model's size is unknown ({model_unknown or 'no size'}"
             "): set model_parameters"
         )
-    else:
-        notes.append("local training: runs on this machine, not priced")
     return Estimate(
         steps=(
             _preprocess(shape, data_tokens),
@@ -306,7 +304,11 @@ def _train_time(
 def _train(
     shape: RunShape, hours: float | None, *, gpus: int, price: float, per_gpu: float | None
 ) -> StepCost:
-    """The train step's cost: every GPU of the job billed for its wall hours."""
+    """The train step's cost: every GPU of the job billed for its wall hours (a local run: its
+    processes on this machine, not priced)."""
+    if shape.backend == "local":
+        where = f"{shape.nodes} x {shape.processes_per_node} processes on this machine"
+        return StepCost("train", None, 0.0, 0.0, f"{where}, not priced")
     gpu_hours = (hours or 0.0) * gpus
     return StepCost(
         "train",
@@ -388,11 +390,6 @@ def _evaluate(shape: RunShape, prices: Mapping[str, Mapping[str, float]] | None)
     )
 
 
-def tokens_from_bytes(size: int) -> int:
-    """Tokens expected from `size` bytes of raw records (`BYTES_PER_TOKEN`)."""
-    return math.ceil(size / BYTES_PER_TOKEN)
-
-
 # --- the budget ---------------------------------------------------------------------------------
 
 
@@ -449,21 +446,8 @@ def shape_of(params: Any) -> RunShape:
         preprocess_runner=params.preprocess_runner,
         eval_accelerator_type=params.eval_accelerator_type if params.backend != "local" else "",
         eval_gpus=params.eval_accelerator_count,
+        processes_per_node=nproc,
     )
-
-
-def input_bytes(uri: str, *, remote: bool) -> int | None:
-    """Total size of the raw input files (a path, glob or gs:// URI); None when it cannot be
-    listed here (gs:// outside the pipeline, a placeholder, nothing matches)."""
-    if not uri or "{{" in uri or ("://" in uri and not remote):
-        return None
-    import fsspec  # ~60 ms to import (as trainer/storage.py): only when an input is sized
-
-    try:
-        fs, _, paths = fsspec.get_fs_token_paths(uri, expand=True)
-        return sum(int(fs.size(p) or 0) for p in paths if fs.isfile(p)) or None
-    except (OSError, ValueError):
-        return None
 
 
 def estimate_for(
@@ -486,7 +470,7 @@ def estimate_for(
         except (ValueError, OSError) as exc:
             model, model_unknown = None, str(exc)
     size = input_bytes(params.train_data_uri, remote=remote)
-    return estimate(
+    result = estimate(
         shape_of(params),
         model=model,
         data_tokens=tokens_from_bytes(size) if size else None,
@@ -494,3 +478,10 @@ def estimate_for(
         prices=prices,
         model_unknown=model_unknown,
     )
+    # C8: the bandwidth a multi-node run is assumed to get, stated with the estimate.
+    note = interconnect_note(
+        params.machine_type, params.nodes, gpudirect=params.gpudirect, backend=params.backend
+    )
+    if note and params.backend in ("gke", "vertex"):
+        result = dataclasses.replace(result, notes=(*result.notes, note))
+    return result

@@ -6,9 +6,15 @@ GCPC's components chain from, the gate's metrics as the version's model evaluati
   (`google_cloud_pipeline_components.types.artifact_types.VertexModel`: schema
   `google.VertexModel` 0.0.1, metadata `resourceName`), so `ModelDeployOp`,
   `ModelBatchPredictOp` etc. take the register step's output as their `model` input.
-- `import_gate_evaluation`: `ModelServiceClient.import_model_evaluation` on the version with the
-  evaluate step's metrics (schema: Vertex's text-generation evaluation metrics, as GCPC's
-  `model_evaluation` import uses for text generation).
+- `skip_gate_evaluation`: the gate's metrics are not imported as a Vertex model evaluation
+  (cloud audit 2026-12-07, C11). A model evaluation carries a metrics schema, and GCPC imports
+  only its own evaluators' metrics, each under the schema that fits them
+  (google_cloud_pipeline_components/container/_implementation/model_evaluation/
+  import_model_evaluation.py, PROBLEM_TYPE_TO_SCHEMA_URI: classification, regression,
+  forecasting, text-generation, question-answering, summarization, embedding). The gate's
+  metrics (eval loss, perplexity, exact match, chrF, win rate, task scores) fit none of them: sent
+  under the text-generation schema they would be rejected, or kept meaning something else, after
+  the upload. They stay in the run's Metrics artifact (Vertex ML Metadata) instead.
 - `move_champion_alias`: the alias leaves the version that held it and moves to the new one; the
   register step runs only when the gate passed, so only a version that passed holds it.
 """
@@ -27,10 +33,8 @@ __all__ = ["VertexModel"]
 log = logging.getLogger(__name__)
 
 CHAMPION_ALIAS = "champion"
-TEXT_GENERATION_METRICS_SCHEMA = (
-    "gs://google-cloud-aiplatform/schema/modelevaluation/general_text_generation_metrics_1.0.0.yaml"
-)
-"""The metrics schema GCPC's import_model_evaluation uses for problem type text-generation."""
+GCPC_EVALUATION_SCHEMAS = "gs://google-cloud-aiplatform/schema/modelevaluation/"
+"""Where the metrics schemas GCPC imports with live (one per problem type)."""
 RESOURCE_NAME_KEY = "resourceName"
 """The metadata key of GCPC's Vertex artifacts (artifact_types._RESOURCE_NAME_KEY)."""
 
@@ -58,30 +62,18 @@ def evaluation_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def import_gate_evaluation(
-    client: Any, *, versioned_name: str, metrics: Mapping[str, Any], run_id: str
-) -> str:
-    """Attach the gate's metrics to the version as a model evaluation; return its name."""
-    from google.cloud import aiplatform_v1
-    from google.protobuf import json_format, struct_pb2
-
-    values = evaluation_metrics(metrics)
-    evaluation = aiplatform_v1.ModelEvaluation(
-        display_name=f"llmft-gate-{run_id}"[:128],
-        metrics_schema_uri=TEXT_GENERATION_METRICS_SCHEMA,
-        metrics=json_format.ParseDict(values, struct_pb2.Value()),
-        metadata=json_format.ParseDict(
-            {"pipeline_job_id": run_id, "evaluation_step": "llmft evaluate (quality gate)"},
-            struct_pb2.Value(),
-        ),
+def skip_gate_evaluation(versioned_name: str, metrics: Mapping[str, Any]) -> None:
+    """Say, in the step's log, why the gate's metrics are not the version's model evaluation
+    (module docstring) and where they are."""
+    names = ", ".join(evaluation_metrics(metrics)) or "none"
+    log.warning(
+        "warning: the gate's metrics (%s) are not imported as a model evaluation of %s: no "
+        "Vertex metrics schema under %s fits them (GCPC imports only its own evaluators' "
+        "metrics); they are in this run's Metrics artifact",
+        names,
+        versioned_name,
+        GCPC_EVALUATION_SCHEMAS,
     )
-    created = client.import_model_evaluation(
-        request=aiplatform_v1.ImportModelEvaluationRequest(
-            parent=versioned_name, model_evaluation=evaluation
-        )
-    )
-    log.info("attached the gate's metrics to %s as %s", versioned_name, created.name)
-    return str(created.name)
 
 
 def move_champion_alias(

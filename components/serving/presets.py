@@ -14,6 +14,12 @@ ports and routes (review item 3a). Each preset below holds what one server needs
   predict `/v1/chat/completions`, health `/health`; the smoke prompt goes through rawPredict.
 - `custom`: the image only (an image that reads AIP_STORAGE_URI itself, e.g. HF's TGI DLC).
 
+A preset's command line only starts in the images it was written for, so the preset and the image
+are checked as a pair (`preset_image_error`, cloud audit 2026-12-07 C2: the TGI image under the
+vLLM preset registered a model that crash-looped on every deployment): `PRESET_IMAGES` names the
+images (the last path component of the repository, so a copy in your own Artifact Registry keeps
+its name) each preset can start; any other image needs `serving_preset=custom`.
+
 Vertex copies the artifact to a bucket of its own and sets `AIP_STORAGE_URI`; the container's args
 refer to it as `$(AIP_STORAGE_URI)` (Vertex expands `$(VAR)` in ModelContainerSpec args). For a
 LoRA run the model is either the merged export (`lora_serving=merged`, the default) or the base
@@ -66,6 +72,37 @@ ENDPOINT_NAME = (
 """`deploy_endpoint`'s pattern: Vertex AI display names are at most 128 characters."""
 
 
+PRESET_IMAGES: dict[str, tuple[str, ...]] = {
+    # us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:<tag>
+    "vertex-vllm": ("pytorch-vllm-serve",),
+    # docker.io/vllm/vllm-openai:<tag> (or a copy of it under the same name)
+    "vllm-openai": ("vllm-openai",),
+}
+"""Image names (the repository path's last component) each non-custom preset starts."""
+
+
+def image_name(image: str) -> str:
+    """The image's name without registry, path, tag or digest (`.../pytorch-vllm-serve:1` ->
+    `pytorch-vllm-serve`)."""
+    path = image.split("@", 1)[0]
+    last = path.rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
+def preset_image_error(preset: str, image: str) -> str | None:
+    """Why `preset`'s command line would not start in `image`, with the fix; None when they
+    pair (or the preset is `custom`, which runs the image's own entrypoint)."""
+    names = PRESET_IMAGES.get(preset)
+    if not image or names is None or image_name(image) in names:
+        return None
+    known = ", ".join(f"{p}: {'/'.join(n)}" for p, n in PRESET_IMAGES.items())
+    return (
+        f"serving_image={image!r} with serving_preset={preset}: that preset starts the server "
+        f"with its own command line, which exists only in its images ({known}); use such an "
+        "image, or serving_preset=custom for an image that starts itself (e.g. TGI)"
+    )
+
+
 @dataclass(frozen=True)
 class ServingSpec:
     """What the serving presets need to know about the exported model."""
@@ -91,6 +128,8 @@ class ServingSpec:
 def serving_errors(spec: ServingSpec) -> list[str]:
     """What would stop the preset from serving this model, each saying what to change."""
     errors = []
+    if pairing := preset_image_error(spec.preset, spec.image):
+        errors.append(pairing)
     if spec.max_model_len < 1:
         errors.append(f"max_model_len={spec.max_model_len}: must be at least 1")
     if spec.tensor_parallel_size < 1:

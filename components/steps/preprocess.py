@@ -321,6 +321,7 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
     apply everywhere. hf:// inputs are staged under `<work_uri>/staged/` (a cache shared by
     runs: one copy per dataset commit). The HF token is read at run time (`run`), never a flag.
     """
+    from components.platform.node_facts import DATAFLOW_DISK_GB
     from components.runtime.image import DEFAULT_IMAGE
     from components.runtime.run_identity import resource_name, safe_run_id
 
@@ -343,6 +344,9 @@ def beam_argv(request: PreprocessRequest, output_uri: str) -> list[str]:
         options.setdefault("sdk_container_image", DEFAULT_IMAGE)
         if not any(flag.startswith("--sdk_location") for flag in extra):
             extra.append("--sdk_location=container")  # the image has Beam: stage no SDK
+        if not any(flag.startswith("--disk_size_gb") for flag in extra):
+            # The default 25 GB boot disk cannot pull the CUDA-sized image (C4).
+            extra.append(f"--disk_size_gb={DATAFLOW_DISK_GB}")
         if p.dataflow_service_account:
             options.setdefault("service_account_email", p.dataflow_service_account)
         options.update(project=p.project, region=p.region)

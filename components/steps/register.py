@@ -20,8 +20,8 @@ from typing import Any
 from components.params.run_params import RunParams
 from components.serving.lineage import (
     CHAMPION_ALIAS,
-    import_gate_evaluation,
     move_champion_alias,
+    skip_gate_evaluation,
     vertex_model_fields,
 )
 from components.serving.presets import ADAPTER_SUBDIR, ServingSpec, serving_container
@@ -154,12 +154,7 @@ def run(request: RegisterRequest) -> str:
     )
     client = _model_client(request.params.region, request.credentials)
     if request.metrics is not None:
-        import_gate_evaluation(
-            client,
-            versioned_name=version.versioned_name,
-            metrics=dict(request.metrics.metadata),
-            run_id=request.run_id,
-        )
+        skip_gate_evaluation(version.versioned_name, dict(request.metrics.metadata))
     move_champion_alias(
         client,
         model=version.resource_name,

@@ -22,10 +22,13 @@ from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, Tra
 from components.launchers.customjob import CustomJobOptions
 from components.launchers.gke import GkeLauncher, GkeOptions
 from components.launchers.local import LocalLauncher, LocalOptions
+from components.launchers.node_setup import GPUDIRECT_SETUPS, ephemeral_storage_request
 from components.launchers.pytorchjob import DEADLINE_GRACE_S, PyTorchJobOptions, deadline_for
 from components.launchers.vertex import VertexLauncher, VertexOptions
 from components.params.run_params import RunParams, choices
+from components.platform.node_facts import interconnect, interconnect_note
 from components.platform.platform_facts import gke_accelerator
+from components.preflight.train_fit import weight_bytes
 from components.serving.mlflow_tracking import (
     end_failed,
     finish_train,
@@ -101,6 +104,8 @@ def run(request: TrainRequest) -> tuple[str]:
     launch = trainer_launch(request, model.uri)
     options = backend_options(request)
     p = request.params
+    if note := interconnect_note(p.machine_type, p.nodes, gpudirect=p.gpudirect, backend=p.backend):
+        logger.warning("%s", note)  # C8: a multi-node run says what bandwidth it assumes
     tags = run_tags(
         base_model=p.base_model,
         backend=p.backend,
@@ -276,6 +281,9 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             # Ends the job on the cluster even if this step is killed before it can cancel.
             active_deadline_seconds=deadline_for(training_timeout_s(request)),
             kueue_queue=request.params.kueue_queue or None,
+            # C6: each pod copies the base model to its node's disk; C8: the GPU NIC networks.
+            ephemeral_storage=ephemeral_storage_request(weight_bytes(request.params.base_model)),
+            gpudirect=gpudirect_setup(request),
             **gke_capacity(request),
         )
         return GkeOptions(
@@ -305,6 +313,16 @@ def backend_options(request: TrainRequest) -> BackendOptions:
     if request.params.backend == "local":
         return LocalOptions()
     raise unknown_backend(request.params.backend)
+
+
+def gpudirect_setup(request: TrainRequest) -> str | None:
+    """The GPUDirect pod setup of a multi-node GKE run with `gpudirect` on, on a machine family
+    that needs one (node_facts.INTERCONNECTS); None otherwise."""
+    p = request.params
+    entry = interconnect(p.machine_type)
+    if not p.gpudirect or p.nodes < 2 or entry is None:
+        return None
+    return entry.gke_setup if entry.gke_setup in GPUDIRECT_SETUPS else None
 
 
 def gke_capacity(request: TrainRequest) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from components.params.run_params import (
     RunParams,
     fields,
 )
-from components.preflight import cost
+from components.preflight import cost, quota
 from components.preflight.launch_checks import gke_job_api_errors
 from components.preflight.validation import data_errors, evaluation_errors, fit_errors
 from components.runtime.model_location import is_hub_id
@@ -121,6 +121,12 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
         + estimate.table()
     )
     raise_errors([e for e in [cost.budget_error(estimate, params.max_cost_usd)] if e])
+    if request.target in ("vertex", "kfp"):
+        # A console run has not been through `llmft run`'s quota check (C1).
+        report = quota.quota_check(params)
+        for warning in report.warnings:
+            print(f"warning: {warning}")
+        raise_errors(report.errors)
     timeout_s = cost.budget_timeout_s(estimate, params.max_cost_usd)
     return base_model, uri, resolve_champion(params), timeout_s, estimate.to_dict()
 

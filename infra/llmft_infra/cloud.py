@@ -16,7 +16,9 @@ import pulumi_gcp as gcp
 from llmft_infra.settings import (
     DATAFLOW_ACCOUNT,
     KFP_REPOSITORY,
+    SCRATCH_NONCURRENT_DAYS,
     SCRATCH_PREFIXES,
+    SOFT_DELETE_RETENTION_S,
     TRAINER_ACCOUNT,
     Names,
     Settings,
@@ -29,6 +31,9 @@ APIS = (
     # Project-level IAM grants (projects.setIamPolicy) go through this API; a fresh project
     # answers 403 "has not been used" without it.
     "cloudresourcemanager.googleapis.com",
+    # `llmft run` and the validate step read the GPU and CPU quota a run needs before it starts
+    # (components/preflight/quota.py).
+    "cloudquotas.googleapis.com",
     "compute.googleapis.com",
     "dataflow.googleapis.com",
     "iam.googleapis.com",
@@ -37,6 +42,8 @@ APIS = (
     "storage.googleapis.com",
 )
 """What the pipeline touches; GKE adds container.googleapis.com."""
+BIGQUERY_API = "bigquery.googleapis.com"
+"""Enabled when the settings name BigQuery datasets (C7)."""
 
 BUILDER_ACCOUNT = "llmft-builder"
 """Cloud Build runs as this account (`gcloud builds submit --service-account`), not the default."""
@@ -160,6 +167,20 @@ class Grants:
             )
         )
 
+    def dataset(self, dataset: str, role: str, who: str, member: pulumi.Input[str]) -> None:
+        """On one BigQuery dataset (`DATASET` in the stack's project or `PROJECT.DATASET`)."""
+        project, _, dataset_id = dataset.rpartition(".")
+        self.created.append(
+            gcp.bigquery.DatasetIamMember(
+                self._name(f"dataset-{dataset.replace('.', '-')}", role, who),
+                project=project or self.settings.project,
+                dataset_id=dataset_id,
+                role=role,
+                member=member,
+                opts=self._opts(),
+            )
+        )
+
 
 def member_of(account: gcp.serviceaccount.Account) -> pulumi.Output[str]:
     return account.email.apply(lambda email: f"serviceAccount:{email}")
@@ -168,11 +189,12 @@ def member_of(account: gcp.serviceaccount.Account) -> pulumi.Output[str]:
 def build_cloud(settings: Settings, names: Names) -> tuple[Cloud, Grants]:
     """Create the project-level part; returns the handles and the grant helper (GKE adds more)."""
     project = settings.project
+    wanted = (*APIS, BIGQUERY_API) if settings.bigquery_datasets else APIS
     apis = {
         api: gcp.projects.Service(
             f"api-{api.split('.')[0]}", project=project, service=api, disable_on_destroy=False
         )
-        for api in APIS
+        for api in wanted
     }
     after_apis = pulumi.ResourceOptions(depends_on=list(apis.values()))
     bucket = _bucket(settings, after_apis)
@@ -212,7 +234,17 @@ def _bucket(settings: Settings, after_apis: pulumi.ResourceOptions) -> gcp.stora
                     "matches_prefixes": list(SCRATCH_PREFIXES),
                 },
             },
+            {
+                "action": {"type": "Delete"},
+                "condition": {
+                    "days_since_noncurrent_time": SCRATCH_NONCURRENT_DAYS,
+                    "with_state": "ARCHIVED",
+                    "matches_prefixes": list(SCRATCH_PREFIXES),
+                },
+            },
         ],
+        # Versioning keeps deleted objects; soft delete would bill them again (settings.py).
+        soft_delete_policy={"retention_duration_seconds": SOFT_DELETE_RETENTION_S},
         force_destroy=False,
         labels=settings.labels,
         opts=after_apis,
@@ -306,6 +338,8 @@ def _grant_service_accounts(grants: Grants, cloud: Cloud) -> None:
     grants.project("roles/aiplatform.user", "pipeline", pipeline)
     grants.project("roles/dataflow.developer", "pipeline", pipeline)
     grants.project("roles/logging.logWriter", "pipeline", pipeline)
+    # The validate step of a console run reads the run's GPU/CPU quota (C1).
+    grants.project("roles/cloudquotas.viewer", "pipeline", pipeline)
     grants.bucket(bucket, "roles/storage.objectAdmin", "pipeline", pipeline)
     grants.repository(docker_repo, "roles/artifactregistry.reader", "pipeline", pipeline)
     grants.secret(hf_token, "roles/secretmanager.secretAccessor", "pipeline", pipeline)
@@ -322,6 +356,13 @@ def _grant_service_accounts(grants: Grants, cloud: Cloud) -> None:
     grants.project("roles/dataflow.worker", "dataflow", dataflow)
     grants.bucket(bucket, "roles/storage.objectAdmin", "dataflow", dataflow)
     grants.repository(docker_repo, "roles/artifactregistry.reader", "dataflow", dataflow)
+
+    # BigQuery sources (C7): Beam's EXPORT read runs a query job and creates a temporary dataset
+    # in the project (bigquery.user), then reads only the datasets named in the settings.
+    if grants.settings.bigquery_datasets:
+        grants.project("roles/bigquery.user", "dataflow", dataflow)
+        for dataset in grants.settings.bigquery_datasets:
+            grants.dataset(dataset, "roles/bigquery.dataViewer", "dataflow", dataflow)
 
     # Cloud Build: reads the staged source from the bucket, pushes the image, writes its log.
     grants.bucket(bucket, "roles/storage.objectViewer", "builder", builder)
@@ -342,6 +383,7 @@ def _grant_deployers(grants: Grants, cloud: Cloud, deployers: tuple[str, ...]) -
         grants.project("roles/aiplatform.user", who, member)
         grants.project("roles/dataflow.developer", who, member)
         grants.project("roles/cloudbuild.builds.editor", who, member)
+        grants.project("roles/cloudquotas.viewer", who, member)  # `llmft run` reads quota
         grants.bucket(bucket, "roles/storage.objectAdmin", who, member)
         grants.repository(docker_repo, "roles/artifactregistry.writer", who, member)
         grants.repository(kfp_repo, "roles/artifactregistry.writer", who, member)

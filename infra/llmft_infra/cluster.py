@@ -21,6 +21,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from components.platform.node_facts import GPU_TAINT
+from llmft_infra import gpudirect
 from llmft_infra.cloud import Cloud, Grants, member_of
 from llmft_infra.kubeflow import Kubeflow, build_kubeflow
 from llmft_infra.settings import (
@@ -167,9 +169,14 @@ def build_gke(settings: Settings, names: Names, cloud: Cloud, grants: Grants) ->
     gke = settings.gke
     assert gke is not None
     api, nodes = _node_account(settings, cloud, grants)
-    cluster = _cluster(settings, api, nodes, cloud)
-    cpu_pool, gpu_pool = _node_pools(gke, settings.project, cluster, nodes)
+    setup = gpudirect.setup_of(gke)
+    after_apis = [api, cloud.apis["compute.googleapis.com"]]
+    networks = gpudirect.build_networks(settings, setup, after_apis) if setup else None
+    cluster = _cluster(settings, api, nodes, cloud, multi_networking=networks is not None)
+    cpu_pool, gpu_pool = _node_pools(gke, settings.project, cluster, nodes, networks)
     provider, namespaces = _namespaces(gke, cluster, cpu_pool)
+    if networks is not None:
+        gpudirect.build_cluster_objects(networks, provider, [gpu_pool])
     _workload_identity(gke, settings.project, names, cloud, grants, cluster)
     rbac, operator = _kubernetes_objects(gke, settings.project, names, provider, namespaces)
     kubeflow = build_kubeflow(gke, provider, namespaces, operator)
@@ -204,7 +211,12 @@ def _node_account(
 
 
 def _cluster(
-    settings: Settings, api: Any, nodes: gcp.serviceaccount.Account, cloud: Cloud
+    settings: Settings,
+    api: Any,
+    nodes: gcp.serviceaccount.Account,
+    cloud: Cloud,
+    *,
+    multi_networking: bool = False,
 ) -> gcp.container.Cluster:
     """The cluster, with Workload Identity and no default pool."""
     gke = settings.gke
@@ -225,6 +237,8 @@ def _cluster(
         # (components/etcd/manifests.py) is inert and any pod could reach that etcd. It can only
         # be chosen when the cluster is created.
         datapath_provider=DATAPATH_PROVIDER,
+        # GPUDirect pools attach their nodes to one VPC per GPU NIC (llmft_infra/gpudirect.py).
+        enable_multi_networking=multi_networking or None,
         release_channel={"channel": "REGULAR"},
         deletion_protection=gke.deletion_protection,
         resource_labels=settings.labels,
@@ -238,8 +252,11 @@ def _node_pools(
     project: str,
     cluster: gcp.container.Cluster,
     nodes: gcp.serviceaccount.Account,
+    networks: gpudirect.GpuNetworks | None = None,
 ) -> tuple[gcp.container.NodePool, gcp.container.NodePool]:
-    """A CPU pool for KFP, etcd and component pods; a GPU pool that scales from zero."""
+    """A CPU pool for KFP, etcd and component pods; a GPU pool that scales from zero, tainted so
+    that only pods asking for GPUs land on it (C5), with a disk for the base model's copy (C6),
+    gVNIC and, for A3 High/Mega, the GPU NIC networks (C8)."""
     cpu_pool = gcp.container.NodePool(
         "cpu-pool",
         name="cpu",
@@ -271,6 +288,11 @@ def _node_pools(
             **_node_config(nodes, "gpu"),
             machine_type=gke.gpu_machine_type,
             spot=gke.gpu_spot,
+            # Not left to GKE: it taints a GPU pool only when a non-GPU pool existed first, and
+            # Pulumi creates both at once (GPU_TAINT_SOURCE). GPU pods tolerate it.
+            taints=[gcp.container.NodePoolNodeConfigTaintArgs(**GPU_TAINT)],
+            disk_size_gb=gke.gpu_disk_size_gb,
+            gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True),
             guest_accelerators=[
                 gcp.container.NodePoolNodeConfigGuestAcceleratorArgs(
                     type=gke.accelerator_type,
@@ -279,6 +301,13 @@ def _node_pools(
                     gpu_driver_installation_config=gpu_driver(gpu_driver_version="LATEST"),
                 )
             ],
+        ),
+        network_config=(
+            gcp.container.NodePoolNetworkConfigArgs(
+                additional_node_network_configs=networks.node_network_configs()
+            )
+            if networks
+            else None
         ),
     )
     return cpu_pool, gpu_pool

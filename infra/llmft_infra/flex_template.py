@@ -34,6 +34,7 @@ def container_spec(
 ) -> dict[str, Any]:
     """The Flex Template container spec (the JSON file a template launch reads)."""
     from beam_preprocess.flex_template import metadata
+    from components.platform.node_facts import DATAFLOW_DISK_GB
 
     return {
         "image": launcher_image,
@@ -44,6 +45,8 @@ def container_spec(
             "sdkContainerImage": worker_image,
             "tempLocation": f"gs://{bucket}/work/dataflow/tmp",
             "stagingLocation": f"gs://{bucket}/work/dataflow/staging",
+            # The default 25 GB worker disk cannot pull the CUDA-sized image (C4).
+            "diskSizeGb": DATAFLOW_DISK_GB,
         },
     }
 

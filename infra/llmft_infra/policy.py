@@ -27,6 +27,11 @@ PROJECT_ONLY_ROLES: Mapping[str, str] = {
     "roles/cloudbuild.builds.editor": "Cloud Build builds have no per-build IAM",
     "roles/container.clusterViewer": "GKE has no per-cluster IAM; Kubernetes RBAC narrows it",
     "roles/container.defaultNodeServiceAccount": "Google's minimal role for node accounts, project only",
+    "roles/cloudquotas.viewer": "quota is read per project (cloudquotas.quotas.get)",
+    "roles/bigquery.user": (
+        "BigQuery jobs (jobs.create) and the temporary dataset Beam's EXPORT read of a query "
+        "creates (datasets.create) are project permissions; table data stays per dataset"
+    ),
 }
 """Roles that may be bound on the project, each with the reason no narrower scope exists."""
 
@@ -36,6 +41,7 @@ IAM_MEMBER_TYPES = {
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": "repository",
     "gcp:secretmanager/secretIamMember:SecretIamMember": "secret",
     "gcp:serviceaccount/iAMMember:IAMMember": "service account",
+    "gcp:bigquery/datasetIamMember:DatasetIamMember": "dataset",
 }
 """The additive grant resources the stack may use, by scope."""
 

@@ -10,10 +10,18 @@ from typing import Any
 
 import pulumi
 
+from llmft_infra import gpudirect
 from llmft_infra.cloud import build_cloud
 from llmft_infra.cluster import CLUSTER_NAME, build_gke
 from llmft_infra.flex_template import LAUNCHER_IMAGE_NAME, build_flex_template
-from llmft_infra.settings import TRAINER_ACCOUNT, Settings, names
+from llmft_infra.settings import (
+    KFP_ROOT_PREFIX,
+    PIPELINE_ROOT_PREFIX,
+    TRAINER_ACCOUNT,
+    WORK_PREFIX,
+    Settings,
+    names,
+)
 
 
 def build_stack(settings: Settings) -> dict[str, Any]:
@@ -33,9 +41,9 @@ def build_stack(settings: Settings) -> dict[str, Any]:
         "project": settings.project,
         "region": settings.region,
         "bucket": cloud.bucket.name,
-        "pipeline_root": f"{bucket}/pipeline-root",
-        "kfp_pipeline_root": f"{bucket}/kfp-root",
-        "work_uri": f"{bucket}/work",
+        "pipeline_root": f"{bucket}/{PIPELINE_ROOT_PREFIX}",
+        "kfp_pipeline_root": f"{bucket}/{KFP_ROOT_PREFIX}",
+        "work_uri": f"{bucket}/{WORK_PREFIX}",
         "kfp_registry": pulumi.Output.concat(
             "https://",
             settings.region,
@@ -73,6 +81,8 @@ def build_stack(settings: Settings) -> dict[str, Any]:
                 "accelerator_type": settings.gke.accelerator_type,
                 "accelerator_count": settings.gke.accelerator_count,
                 "gpu_machine_type": settings.gke.gpu_machine_type,
+                # The pool has the GPUDirect NIC networks: runs pass gpudirect=true (C8).
+                "gpudirect": gpudirect.setup_of(settings.gke) is not None,
             }
         )
     return outputs

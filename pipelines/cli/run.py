@@ -106,6 +106,37 @@ def _check_fit_and_cost(run_params: Any, prices: Path | None, *, remote: bool) -
         raise ValueError(error)
 
 
+def _check_quota(run_params: Any, *, dry_run: bool) -> None:
+    """Refuse a run that needs more GPU or CPU quota than the project is granted
+    (components/preflight/quota.py); a quota that cannot be read is a warning. A dry run reads
+    quota only where application-default login was done (it needs no access otherwise); a real
+    run without any access is left to the submission, which says so in its own error."""
+    from components.preflight import quota
+
+    if not quota.needs_for(run_params):
+        return
+    session = None
+    if quota.SESSION_FACTORY is quota.default_session:
+        if dry_run and not quota.local_credentials():
+            typer.secho(
+                "warning: quota not checked: a dry run reads it only after "
+                "`gcloud auth application-default login`",
+                err=True,
+            )
+            return
+        try:
+            session = quota.default_session()
+        except quota.QuotaUnreadable as exc:
+            if dry_run:
+                typer.secho(f"warning: quota not checked: {exc}", err=True)
+            return
+    report = quota.quota_check(run_params, session=session)
+    for warning in report.warnings:
+        typer.secho(f"warning: {warning}", err=True)
+    if report.errors:
+        raise ValueError("; ".join(report.errors))
+
+
 def _warn_ignored(remote: dict[str, Any]) -> None:
     """Warn about each remote-only flag given with `--backend local` (it would do nothing)."""
     ignored = [
@@ -159,9 +190,9 @@ def _submit(
     cfg = load_for(backend, config, parameters=params, **remote)
     when = parse_schedule_time(schedule_time)
     checked = check_run(cfg, backend, schedule_time=when)
-    _check_fit_and_cost(
-        params_from_mapping(checked, base=RunParams.for_target(backend)), prices, remote=False
-    )
+    run_params = params_from_mapping(checked, base=RunParams.for_target(backend))
+    _check_fit_and_cost(run_params, prices, remote=False)
+    _check_quota(run_params, dry_run=dry_run)
     if dry_run:
         typer.echo(
             f"dry run: a {backend} run of {cfg.template} passes validation; nothing was sent. "

@@ -27,6 +27,10 @@ from typing import Any, Literal
 from components.params.run_params import RunParams
 from trainer.config_file import read_yaml_mapping
 
+DERIVED_WORK_DIR = "llmft-work"
+"""A run without `work_uri` keeps its scratch in this folder under its gs:// pipeline root
+(pipelines/deploy/submit.py); the stack's lifecycle rule expires it there (infra settings)."""
+
 Backend = Literal["vertex", "kfp"]
 Purpose = Literal["run", "schedule", "upload", "manage"]
 

@@ -68,6 +68,9 @@ def config_from_stack(outputs: dict[str, Any]) -> dict[str, Any]:
     }
     vertex_parameters = {"service_account": outputs["trainer_service_account"]}
     kfp: dict[str, Any] = {"pipeline_root": outputs["kfp_pipeline_root"]}
+    if outputs.get("gpudirect"):
+        # The GPU pool has the GPUDirect NIC networks (infra/llmft_infra/gpudirect.py).
+        parameters["gpudirect"] = True
     if outputs.get("gke_cluster"):
         parameters["gke_cluster"] = outputs["gke_cluster"]
         parameters["namespace"] = outputs["namespace"]

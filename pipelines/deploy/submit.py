@@ -31,7 +31,7 @@ from pipelines.deploy.clients import (
     kfp_ui_url,
     vertex_run_url,
 )
-from pipelines.deploy.config import DeployConfig
+from pipelines.deploy.config import DERIVED_WORK_DIR, DeployConfig
 from pipelines.deploy.template import (
     TemplateInfo,
     check_for_backend,
@@ -151,7 +151,7 @@ def _derived_defaults(
         # The pipeline's CMEK key also covers the training CustomJob and a created endpoint.
         derived["encryption_key"] = config.vertex.encryption_key or ""
     if root and root.startswith("gs://"):
-        derived["work_uri"] = f"{root.rstrip('/')}/llmft-work"
+        derived["work_uri"] = f"{root.rstrip('/')}/{DERIVED_WORK_DIR}"
     filled = dict(params)
     for name, value in derived.items():
         if name in info.parameters and value and not filled.get(name):

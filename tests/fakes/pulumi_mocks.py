@@ -163,6 +163,7 @@ IAM_WHERE = {
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": ("repository", "repository"),
     "gcp:secretmanager/secretIamMember:SecretIamMember": ("secret", "secretId"),
     "gcp:serviceaccount/iAMMember:IAMMember": ("account", "serviceAccountId"),
+    "gcp:bigquery/datasetIamMember:DatasetIamMember": ("dataset", "datasetId"),
 }
 """IAM member resource type -> (scope kind, the input naming the scope)."""
 

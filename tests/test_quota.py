@@ -1,0 +1,180 @@
+"""Quota before money (cloud audit 2026-12-07, C1): what a run needs, read against a fresh
+project's granted quota through the Cloud Quotas API fake (tests/fakes/cloud_quotas.py, answers
+from the reviewed tests/golden/cloud_quotas_fresh_project.json), refused before anything starts
+by `llmft run` and the validate step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.cloud_quotas import FakeCloudQuotas
+from typer.testing import CliRunner
+
+from components.params.param_values import params_from_mapping
+from components.params.run_params import RunParams
+from components.preflight import quota
+from pipelines.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+VERTEX = "aiplatform.googleapis.com"
+COMPUTE = "compute.googleapis.com"
+
+
+def run_params(target: str, **changes: Any) -> RunParams:
+    values = {"project": "my-project", "region": "us-central1", **changes}
+    return params_from_mapping(values, base=RunParams.for_target(target))
+
+
+def test_a_default_vertex_run_needs_16_on_demand_h100_an_l4_and_a_dataflow_worker() -> None:
+    needs = {(n.metric, n.region, n.amount, n.hard) for n in quota.needs_for(run_params("vertex"))}
+    assert needs == {
+        (f"{VERTEX}/custom_model_training_nvidia_h100_gpus", "us-central1", 16, True),
+        (f"{VERTEX}/custom_model_training_nvidia_l4_gpus", "us-central1", 1, True),
+        (f"{COMPUTE}/cpus", "us-central1", 1, True),
+    }
+
+
+def test_capacity_picks_the_preemptible_quota_and_a_reservation_none() -> None:
+    spot = quota.needs_for(run_params("vertex", capacity="spot"))
+    assert f"{VERTEX}/custom_model_training_preemptible_nvidia_h100_gpus" in {
+        n.metric for n in spot
+    }
+    reserved = quota.needs_for(
+        run_params("vertex", reservation="projects/p/zones/z/reservations/r")
+    )
+    assert not [n for n in reserved if "h100" in n.metric]
+
+
+def test_a_local_run_needs_no_quota() -> None:
+    assert quota.needs_for(run_params("local")) == []
+
+
+def test_a_fresh_project_refuses_the_default_vertex_run_with_one_line(golden: Any) -> None:
+    fake = FakeCloudQuotas()
+    report = quota.quota_check(run_params("vertex"), session=fake.session())
+    (error,) = report.errors
+    assert error.startswith(
+        f"quota {VERTEX}/custom_model_training_nvidia_h100_gpus "
+        "(CustomModelTrainingNvidiaH100GpusPerProjectPerRegion) in us-central1 is 0, the run "
+        "needs 16 (training: 2 nodes x 8 NVIDIA_H100_80GB): ask for more at "
+        "https://console.cloud.google.com/iam-admin/quotas?project=my-project"
+    )
+    assert report.warnings == []
+    golden.check("cloud_quotas_requests.json", fake.requests)
+
+
+def test_spot_h100_and_l4_fit_what_the_fresh_project_has() -> None:
+    fake = FakeCloudQuotas()
+    assert (
+        quota.quota_check(run_params("vertex", capacity="spot"), session=fake.session()).errors
+        == []
+    )
+    l4 = run_params(
+        "kfp", gke_cluster="projects/my-project/locations/us-central1-a/clusters/llmft",
+        machine_type="g2-standard-24", accelerator_type="NVIDIA_L4", accelerator_count=2,
+    )  # fmt: skip
+    report = quota.quota_check(l4, session=fake.session())
+    assert (report.errors, report.warnings) == ([], [])
+
+
+def test_gke_h100_counts_against_the_gpu_family_quota_in_the_clusters_region() -> None:
+    params = run_params(
+        "kfp", gke_cluster="projects/my-project/locations/us-central1-c/clusters/llmft"
+    )
+    report = quota.quota_check(params, session=FakeCloudQuotas().session())
+    (error,) = report.errors
+    assert f"{COMPUTE}/nvidia_h100_gpus (GPUS-PER-GPU-FAMILY-per-project-region)" in error
+    assert "in us-central1 is 0, the run needs 16" in error
+
+
+def test_more_dataflow_workers_than_the_cpu_quota_is_a_warning() -> None:
+    params = run_params(
+        "vertex", capacity="spot", dataflow_options={"max_num_workers": 10, "machine_type": "n2-standard-8"}
+    )  # fmt: skip
+    report = quota.quota_check(params, session=FakeCloudQuotas().session())
+    assert report.errors == []
+    (warning,) = report.warnings
+    assert "compute.googleapis.com/cpus" in warning and "is 24, the run needs 80" in warning
+
+
+def test_unreadable_quota_is_a_warning_naming_the_role() -> None:
+    report = quota.quota_check(run_params("vertex"), session=FakeCloudQuotas().deny().session())
+    assert report.errors == []
+    assert report.warnings and all("roles/cloudquotas.viewer" in w for w in report.warnings)
+
+
+def test_no_credentials_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    def none() -> Any:
+        raise quota.QuotaUnreadable("no Google Cloud credentials (test)")
+
+    monkeypatch.setattr(quota, "SESSION_FACTORY", none)
+    report = quota.quota_check(run_params("vertex"))
+    assert report.errors == [] and "no Google Cloud credentials" in report.warnings[0]
+
+
+@pytest.fixture
+def fake_quotas(monkeypatch: pytest.MonkeyPatch) -> FakeCloudQuotas:
+    fake = FakeCloudQuotas()
+    monkeypatch.setattr(quota, "SESSION_FACTORY", fake.session)
+    monkeypatch.chdir(REPO)
+    return fake
+
+
+def _run(*extra: str) -> Any:
+    return CliRunner().invoke(
+        app,
+        [
+            "run", "--backend", "vertex", "--config", "docs/deploy/example.yaml", "--dry-run",
+            "--project", "my-project", "--pipeline-root", "gs://my-bucket/pipeline-root",
+            "--schedule-time", "2026-01-05T03:00:00Z", "--param", "base_model=org/model", *extra,
+        ],
+    )  # fmt: skip
+
+
+def test_llmft_run_refuses_before_anything_starts(fake_quotas: FakeCloudQuotas) -> None:
+    result = _run()
+    assert result.exit_code == 2, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert "custom_model_training_nvidia_h100_gpus" in line and "is 0, the run needs 16" in line
+    assert "dry run:" not in result.output
+
+
+def test_llmft_run_passes_one_parameter_away(fake_quotas: FakeCloudQuotas) -> None:
+    result = _run("--param", "capacity=spot")
+    assert result.exit_code == 0, result.output
+
+
+def test_the_validate_step_checks_quota_for_a_console_run(
+    fake_quotas: FakeCloudQuotas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's own quota check, after its other checks (their inputs faked as passing)."""
+    from components.steps import validate
+
+    monkeypatch.setattr(validate, "data_errors", lambda *a, **k: [])
+    monkeypatch.setattr(validate, "evaluation_errors", lambda *a, **k: [])
+    monkeypatch.setattr(validate, "fit_errors", lambda *a, **k: [])
+    monkeypatch.setattr(validate, "load_hf_token", lambda **k: None)
+    request = validate.ValidateRequest(
+        **{**run_params("vertex").as_dict(), "train_data_uri": "gs://b/d.jsonl",
+           "base_model": "gs://b/model", "work_uri": "gs://b/work",
+           "dataflow_service_account": "llmft-dataflow@my-project.iam.gserviceaccount.com"},
+        target="vertex", run_id="run-1",
+    )  # fmt: skip
+    monkeypatch.setattr(validate.cost, "estimate_for", _FakeEstimate)
+    with pytest.raises(ValueError, match="is 0, the run needs 16"):
+        validate.run(request)
+
+
+class _FakeEstimate:
+    """The cost estimate stands in (it reads the model's config.json, not under test here)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def table(self) -> str:
+        return "(estimate)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {}
