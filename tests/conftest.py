@@ -20,6 +20,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # gcsfs's documented switch to its plain JSON-API filesystem; must be set before gcsfs is imported
 # (see tests/gcs_fixtures.py: the default probes a gRPC API that no GCS emulator serves).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# Under `pytest -n 2` (make test) two workers share 2 cores: one intra-op thread each (and in
+# the children they start), as more threads than free cores make every torch op wait on the
+# slowest thread. Set before any test module imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -219,7 +224,7 @@ TIERS = {
     "test_deploy_docs.py": "unit",
     "test_deploy_guide.py": "e2e",
     "test_deploy_image.py": "unit",
-    "test_deploy_kfp.py": "unit",
+    "test_deploy_kfp.py": "integration",
     "test_deploy_vertex.py": "unit",
     "test_dpo.py": "unit",
     "test_evaluate_end_to_end.py": "e2e",
@@ -256,6 +261,7 @@ TIERS = {
     "test_rendezvous_torchrun.py": "integration",
     "test_secrets.py": "unit",
     "test_storage.py": "integration",
+    "test_train_fit.py": "unit",
     "test_train_step.py": "unit",
     "test_trainer_config.py": "unit",
     "test_trainer_data.py": "integration",
