@@ -263,6 +263,7 @@ TIERS = {
     "test_storage.py": "integration",
     "test_train_fit.py": "unit",
     "test_train_step.py": "unit",
+    "test_unit_guard.py": "unit",
     "test_trainer_config.py": "unit",
     "test_trainer_data.py": "integration",
     "test_trainer_distributed.py": "integration",
