@@ -62,14 +62,15 @@ test-e2e: install  ## e2e tier: a user's command end to end
 # The suite twice in a row on 2 workers while a Python busy loop holds one core (docs/testing.md):
 # a test that waits on time instead of a signal shows up here.
 test-loaded: install  ## the whole suite twice under a CPU hog (flake check)
-	@$(PY) -c 'while True: pass' & hog=$$!; trap "kill $$hog" EXIT; \
-	for run in 1 2; do echo "== loaded run $$run"; $(PYTEST_ALL) --durations=10 || exit 1; done
+	@$(PY) -c 'while True: pass' & hog=$$!; trap "kill $$hog" EXIT; rc=0; \
+	for run in 1 2; do echo "== loaded run $$run"; $(PYTEST_ALL) --durations=10 || rc=1; done; \
+	exit $$rc
 
 COVERAGE_PACKAGES := components pipelines trainer beam_preprocess
 
 coverage: install  ## branch coverage of the whole suite, children included, per package
 	$(PYTEST_ALL) --cov --cov-report=
-	@$(VENV)/bin/coverage combine -q 2>/dev/null || true
+	@$(VENV)/bin/coverage combine --append -q 2>/dev/null || true  # children pytest-cov left
 	@for pkg in $(COVERAGE_PACKAGES); do \
 	  printf "%-16s %s%% branch coverage\n" $$pkg \
 	    "$$($(VENV)/bin/coverage report --include="$$pkg/*" --format=total)"; done
