@@ -88,8 +88,19 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
     """Remember what each fixture starts (tests/unit_guard.py), whichever tier set it up."""
-    with unit_guard.fixture_setup(fixturedef.argname):
+    with unit_guard.fixture_setup(_fixture_key(fixturedef)):
         return (yield)
+
+
+def _fixture_key(fixturedef: pytest.FixtureDef) -> str:
+    """A fixture by its definition: two modules may each define their own `endpoint`."""
+    return f"{fixturedef.baseid}::{fixturedef.argname}" if fixturedef.baseid else fixturedef.argname
+
+
+def _fixture_keys(item: pytest.Item) -> list[str]:
+    """The definitions of the fixtures a test uses (the closest one of each name)."""
+    defs = getattr(item, "_fixtureinfo", None)
+    return [_fixture_key(d[-1]) for d in (defs.name2fixturedefs.values() if defs else ()) if d]
 
 
 def _unit(item: pytest.Item) -> bool:
@@ -103,7 +114,7 @@ def pytest_runtest_setup(item: pytest.Item):
     fixture: a fixture runs after the session and module fixtures it would have to watch."""
     if not _unit(item):
         return (yield)
-    unit_guard.begin(item.nodeid, item.fixturenames)
+    unit_guard.begin(item.nodeid, _fixture_keys(item))
     result = yield
     if message := unit_guard.failure():
         pytest.fail(message, pytrace=False)

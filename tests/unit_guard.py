@@ -41,7 +41,7 @@ class _State:
     phase: str = ""  # "setup", "call" or "teardown"
     fixture: str | None = None  # the fixture being set up now (any tier)
     seen: ClassVar[list[str]] = []  # what the running unit test started
-    by_fixture: ClassVar[dict[str, str]] = {}  # fixture name -> the first thing it started
+    by_fixture: ClassVar[dict[str, str]] = {}  # fixture definition -> what it first started
 
 
 def started(what: str) -> None:
@@ -50,7 +50,8 @@ def started(what: str) -> None:
         _State.by_fixture.setdefault(_State.fixture, what)
     if _State.unit_test is None:
         return
-    _State.seen.append(what if _State.fixture is None else f"{what}, in fixture {_State.fixture!r}")
+    where = _State.fixture.rsplit("::", 1)[-1] if _State.fixture else None
+    _State.seen.append(what if where is None else f"{what}, in fixture {where!r}")
     if _State.phase == "call":
         pytest.fail(MESSAGE.format(what=what), pytrace=False)
 
@@ -114,12 +115,14 @@ def install_lazy() -> None:
 
 
 def begin(nodeid: str, fixtures: Iterable[str]) -> None:
-    """A unit test starts: watch it (setup, call, teardown)."""
+    """A unit test starts: watch it (setup, call, teardown). `fixtures`: the definitions it uses,
+    "<where defined>::<name>" (tests/conftest.py `_fixture_key`)."""
     install_lazy()
     _State.unit_test, _State.phase, _State.seen = nodeid, "setup", []
     for name in fixtures:
         if name in _State.by_fixture:
-            _State.seen.append(f"{_State.by_fixture[name]}, through fixture {name!r}")
+            where = name.rsplit("::", 1)[-1]
+            _State.seen.append(f"{_State.by_fixture[name]}, through fixture {where!r}")
 
 
 def phase(name: str) -> None:
