@@ -304,8 +304,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_collection_modifyitems_xdist_groups(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """What `--dist loadgroup` does to a test marked xdist_group: its group as a suffix of its node
-    id (the scheduler sends one suffix to one worker). pytest-xdist 3.8's own hook writes the
+    """What `--dist loadgroup` does to a test marked xdist_group (and, here, to every integration
+    and e2e test: its file is its group): its group as a suffix of its node id (the scheduler sends one suffix to one worker). pytest-xdist 3.8's own hook writes the
     suffix where pytest 9.2 no longer reads a node id (checked: `-n 2 --dist loadgroup` split a
     marked group across workers), so it is done here. Drop this once xdist writes `_id`."""
     if not getattr(config.option, "loadgroup", False):
@@ -313,6 +313,11 @@ def pytest_collection_modifyitems_xdist_groups(
     for item in items:
         groups = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                   for m in item.iter_markers("xdist_group")}  # fmt: skip
+        if not groups and item.get_closest_marker("unit") is None:
+            # A process-heavy file runs on one worker: its module fixtures (a trained run, a
+            # started service) are built once, and a chain of dependent tests (test_gcs_chain.py)
+            # stays in order. Unit tests spread freely.
+            groups = {item.nodeid.split("::", 1)[0]}
         if groups and "@" not in item.nodeid:
             # pytest 9 keeps the id in `_id` (a NodeId); xdist 3.8 still writes `_nodeid`.
             from _pytest.nodeid import coerce_node_id
