@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 DEMO_DIR ?= runs/demo
 DEMO_REAL_DIR ?= runs/demo-real
 
-.PHONY: help install demo demo-real test test-fast test-unit test-integration test-e2e rehearsal mlflow-server-venv lint format compile clean
+.PHONY: help install demo demo-real test test-fast test-unit test-integration test-e2e test-loaded coverage rehearsal mlflow-server-venv lint format compile clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -35,20 +35,46 @@ demo-real: install  ## the same pipeline on a real pretrained model: SmolLM2-135
 	GGUF=$$($(PY) -m pipelines.quickstart.smollm2 $(DEMO_REAL_DIR)/assets) && $(VENV)/bin/llmft run --backend local \
 	  --config pipelines/quickstart/demo_real.yaml --param workdir=$(DEMO_REAL_DIR) --param base_model=$$GGUF
 
-test: install lint  ## lint, type-check and run the test suite (CPU)
-	$(VENV)/bin/pytest -q
+# The whole suite on 2 workers (pytest-xdist; `--dist loadgroup` keeps the tests marked
+# xdist_group together: tests/conftest.py). Lint runs beside it, niced so the tests keep the cores,
+# its output printed after pytest's; `make test` fails if either fails.
+PYTEST_ALL := $(VENV)/bin/pytest -q -n 2 --dist loadgroup
 
-test-fast: install  ## tests without the slow ones
-	$(VENV)/bin/pytest -q -m 'not slow and not gpu'
+test: install  ## lint beside the whole suite on 2 workers (CPU); the 30 slowest tests listed
+	@lint_log=$$(mktemp); nice -n 5 $(MAKE) --no-print-directory lint >$$lint_log 2>&1 & lint=$$!; \
+	$(PYTEST_ALL) --durations=30; tests=$$?; \
+	wait $$lint; lint_rc=$$?; cat $$lint_log; rm -f $$lint_log; \
+	[ $$lint_rc = 0 ] || echo "make test: lint failed (exit $$lint_rc)"; \
+	[ $$tests = 0 ] || echo "make test: pytest failed (exit $$tests)"; \
+	[ $$lint_rc = 0 ] && [ $$tests = 0 ]
 
-test-unit: install  ## unit tier: in process, cloud APIs faked at their boundary (docs/testing.md)
+test-fast: install  ## the unit tier, one process (<= 2 min): the loop to run after each change
 	$(VENV)/bin/pytest -q -m 'unit and not gpu'
 
+test-unit: test-fast  ## = test-fast (unit tier: in process, cloud APIs faked at their boundary)
+
 test-integration: install  ## integration tier: real etcd, torchrun, Beam, kfp.local, GCS emulator
-	$(VENV)/bin/pytest -q -m 'integration and not gpu'
+	$(PYTEST_ALL) -m 'integration and not gpu'
 
 test-e2e: install  ## e2e tier: a user's command end to end
-	$(VENV)/bin/pytest -q -m 'e2e and not gpu'
+	$(PYTEST_ALL) -m 'e2e and not gpu'
+
+# The suite twice in a row on 2 workers while a Python busy loop holds one core (docs/testing.md):
+# a test that waits on time instead of a signal shows up here.
+test-loaded: install  ## the whole suite twice under a CPU hog (flake check)
+	@$(PY) -c 'while True: pass' & hog=$$!; trap "kill $$hog" EXIT; rc=0; \
+	for run in 1 2; do echo "== loaded run $$run"; $(PYTEST_ALL) --durations=10 || rc=1; done; \
+	exit $$rc
+
+COVERAGE_PACKAGES := components pipelines trainer beam_preprocess
+
+coverage: install  ## branch coverage of the whole suite, children included, per package
+	$(PYTEST_ALL) --cov --cov-report=
+	@$(VENV)/bin/coverage combine --append -q 2>/dev/null || true  # children pytest-cov left
+	@for pkg in $(COVERAGE_PACKAGES); do \
+	  printf "%-16s %s%% branch coverage\n" $$pkg \
+	    "$$($(VENV)/bin/coverage report --include="$$pkg/*" --format=total)"; done
+	@echo "least covered modules:"; $(VENV)/bin/coverage report --sort=cover | sed -n '3,12p'
 
 rehearsal: install  ## the whole chain with every URI on gs:// (a local GCS emulator), full size
 	$(VENV)/bin/pytest -q --rehearsal tests/test_gcs_chain.py tests/test_storage.py

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import unit_guard
+from goldens import RBAC_SOURCES
 
 # Keep tests offline and quiet, whatever the developer's environment says.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -18,6 +20,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # gcsfs's documented switch to its plain JSON-API filesystem; must be set before gcsfs is imported
 # (see tests/gcs_fixtures.py: the default probes a gRPC API that no GCS emulator serves).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# Under `pytest -n 2` (make test) two workers share 2 cores: one intra-op thread each (and in
+# the children they start), as more threads than free cores make every torch op wait on the
+# slowest thread. Set before any test module imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +76,75 @@ def subprocess_tmpdir(tmp_path_factory: pytest.TempPathFactory):
         else:
             os.environ[key] = value
     shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    unit_guard.install()
+    if config.getoption("--update-goldens") and getattr(config.option, "numprocesses", None):
+        # each worker would write the RBAC golden from its own share of the tests
+        raise pytest.UsageError("--update-goldens needs one process: drop -n")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    """Remember what each fixture starts (tests/unit_guard.py), whichever tier set it up."""
+    with unit_guard.fixture_setup(_fixture_key(fixturedef)):
+        return (yield)
+
+
+def _fixture_key(fixturedef: pytest.FixtureDef) -> str:
+    """A fixture by its definition: two modules may each define their own `endpoint`."""
+    return f"{fixturedef.baseid}::{fixturedef.argname}" if fixturedef.baseid else fixturedef.argname
+
+
+def _fixture_keys(item: pytest.Item) -> list[str]:
+    """The definitions of the fixtures a test uses (the closest one of each name)."""
+    defs = getattr(item, "_fixtureinfo", None)
+    return [_fixture_key(d[-1]) for d in (defs.name2fixturedefs.values() if defs else ()) if d]
+
+
+def _unit(item: pytest.Item) -> bool:
+    return item.get_closest_marker("unit") is not None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """The unit tier's rule (tests/unit_guard.py): a unit test, its fixtures included, starts no
+    process and binds no socket. A hook around setup, call and teardown rather than an autouse
+    fixture: a fixture runs after the session and module fixtures it would have to watch."""
+    if not _unit(item):
+        return (yield)
+    unit_guard.begin(item.nodeid, _fixture_keys(item))
+    result = yield
+    if message := unit_guard.failure():
+        pytest.fail(message, pytrace=False)
+    unit_guard.phase("call")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    result = yield
+    if _unit(item) and (message := unit_guard.failure()):
+        pytest.fail(message, pytrace=False)  # the test swallowed the guard's own failure
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    if not _unit(item):
+        return (yield)
+    before = unit_guard.seen_count()
+    unit_guard.phase("teardown")
+    try:
+        result = yield
+    finally:
+        started_now = unit_guard.seen_count() > before
+        message = unit_guard.failure()
+        unit_guard.end()
+    if started_now and message:
+        pytest.fail(message, pytrace=False)
+    return result
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -148,40 +224,112 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 TIERS = {
-    "unit": (
-        "test_artifacts.py", "test_beam_transforms.py", "test_cli_errors.py",
-        "test_deploy_config.py", "test_deploy_docs.py", "test_deploy_image.py",
-        "test_deploy_kfp.py",
-        "test_deploy_vertex.py", "test_evaluate_registry.py", "test_evaluate_units.py",
-        "test_quota.py", "test_node_setup.py",
-        "test_evaluate_judge.py", "test_evaluate_gate_tasks.py",
-        "test_flex_template.py", "test_infra_from_stack.py", "test_infra_policy.py",
-        "test_infra_stack.py", "test_launcher_gke.py", "test_launcher_trainjob.py", "test_launcher_vertex.py",
-        "test_pytorchjob_manifest.py", "test_trainjob_manifest.py", "test_rbac.py", "test_secrets.py",
-        "test_rendezvous_kubernetes.py", "test_train_step.py", "test_trainer_config.py",
-        "test_validation.py", "test_import_contracts.py", "test_packed_data.py",
-        "test_dpo.py", "test_memory_model.py", "test_component_source.py",
-        "test_tracking_units.py",
-    ),
-    "integration": (
-        "test_beam_pipeline.py", "test_compile.py", "test_component_signals.py", "test_gpu.py",
-        "test_launcher_local.py", "test_model_families.py", "test_quickstart.py",
-        "test_real_model.py", "test_rendezvous_etcd_v3.py", "test_rendezvous_local_etcd.py",
-        "test_rendezvous_torchrun.py", "test_storage.py", "test_trainer_data.py",
-        "test_trainer_distributed.py", "test_trainer_single.py", "test_qlora.py",
-        "test_evaluate_harness.py", "test_evaluate_sharding.py", "test_preference_beam.py",
-        "test_mlflow_tracking.py",
-    ),
-    "e2e": (
-        "test_deploy_cli.py", "test_deploy_guide.py", "test_evaluate_end_to_end.py",
-        "test_gcs_chain.py",
-        "test_pipeline_local.py",
-    ),
-}  # fmt: skip
-"""Each test file's tier (docs/testing.md); a test may carry another tier's marker itself.
-unit: in process, cloud APIs faked at their boundary; integration: real processes and services
-(etcd, torchrun, Beam, the KFP local runner, a GCS emulator); e2e: a user's command end to end."""
-_TIER_OF_FILE = {name: tier for tier, names in TIERS.items() for name in names}
+    "test_artifacts.py": "unit",
+    "test_beam_pipeline.py": "integration",
+    "test_beam_transforms.py": "unit",
+    "test_cli_errors.py": "unit",
+    "test_compile.py": "integration",
+    "test_component_signals.py": "integration",
+    "test_deploy_cli.py": "e2e",
+    "test_deploy_config.py": "unit",
+    "test_deploy_docs.py": "unit",
+    "test_deploy_guide.py": "e2e",
+    "test_deploy_image.py": "unit",
+    "test_deploy_kfp.py": "integration",
+    "test_deploy_vertex.py": "unit",
+    "test_dpo.py": "unit",
+    "test_evaluate_end_to_end.py": "e2e",
+    "test_evaluate_gate_tasks.py": "unit",
+    "test_evaluate_harness.py": "integration",
+    "test_evaluate_judge.py": "unit",
+    "test_evaluate_registry.py": "unit",
+    "test_evaluate_sharding.py": "integration",
+    "test_evaluate_units.py": "unit",
+    "test_flex_template.py": "unit",
+    "test_gcs_chain.py": "e2e",
+    "test_gpu.py": "integration",
+    "test_import_contracts.py": "unit",
+    "test_infra_from_stack.py": "unit",
+    "test_infra_policy.py": "unit",
+    "test_infra_stack.py": "unit",
+    "test_launcher_gke.py": "unit",
+    "test_launcher_local.py": "integration",
+    "test_launcher_vertex.py": "unit",
+    "test_local_progress.py": "unit",
+    "test_memory_model.py": "unit",
+    "test_model_families.py": "integration",
+    "test_packed_data.py": "unit",
+    "test_pipeline_local.py": "e2e",
+    "test_preference_beam.py": "integration",
+    "test_pytorchjob_manifest.py": "unit",
+    "test_qlora.py": "integration",
+    "test_quickstart.py": "integration",
+    "test_rbac.py": "unit",
+    "test_real_model.py": "integration",
+    "test_rendezvous_etcd_v3.py": "integration",
+    "test_rendezvous_kubernetes.py": "unit",
+    "test_rendezvous_local_etcd.py": "integration",
+    "test_rendezvous_torchrun.py": "integration",
+    "test_secrets.py": "unit",
+    "test_storage.py": "integration",
+    "test_train_fit.py": "unit",
+    "test_train_step.py": "unit",
+    "test_unit_guard.py": "unit",
+    "test_trainer_config.py": "unit",
+    "test_trainer_data.py": "integration",
+    "test_trainer_distributed.py": "integration",
+    "test_trainer_single.py": "integration",
+    "test_validation.py": "unit",
+    "test_component_source.py": "unit",
+    "test_tracking_units.py": "unit",
+    "test_quota.py": "unit",
+    "test_node_setup.py": "unit",
+    "test_launcher_trainjob.py": "unit",
+    "test_trainjob_manifest.py": "unit",
+    "test_mlflow_tracking.py": "integration",
+}
+"""Each test file's tier (docs/testing.md), one line per file; a test may carry another tier's
+marker itself (a file that mixes tiers marks its tests), and a file that marks all its tests
+itself (`pytestmark`) needs no line. The tier is what a test starts:
+unit: runs in one process: no subprocess, no server, no port bound, no Beam pipeline run, no torch
+process group (enforced: tests/unit_guard.py); integration: real processes and services (etcd,
+torchrun, Beam, the KFP local runner, a GCS emulator, loopback fakes); e2e: a user's command end
+to end."""
+TIER_NAMES = ("unit", "integration", "e2e")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """test_rbac.py compares the golden with what the Kubernetes fakes saw in its own process:
+    under `pytest -n 2 --dist loadgroup` it and the files it needs run on one worker, test_rbac.py
+    last. (Marked here, as each test is collected: xdist reads the group in its own
+    collection_modifyitems, which may run before ours.)"""
+    if item.path.name in (*RBAC_SOURCES, "test_rbac.py"):
+        item.add_marker(pytest.mark.xdist_group("rbac"))
+
+
+@pytest.hookimpl(specname="pytest_collection_modifyitems", trylast=True)
+def pytest_collection_modifyitems_xdist_groups(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """What `--dist loadgroup` does to a test marked xdist_group (and, here, to every integration
+    and e2e test: its file is its group): its group as a suffix of its node id (the scheduler sends one suffix to one worker). pytest-xdist 3.8's own hook writes the
+    suffix where pytest 9.2 no longer reads a node id (checked: `-n 2 --dist loadgroup` split a
+    marked group across workers), so it is done here. Drop this once xdist writes `_id`."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        groups = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                  for m in item.iter_markers("xdist_group")}  # fmt: skip
+        if not groups and item.get_closest_marker("unit") is None:
+            # A process-heavy file runs on one worker: its module fixtures (a trained run, a
+            # started service) are built once, and a chain of dependent tests (test_gcs_chain.py)
+            # stays in order. Unit tests spread freely.
+            groups = {item.nodeid.split("::", 1)[0]}
+        if groups and "@" not in item.nodeid:
+            # pytest 9 keeps the id in `_id` (a NodeId); xdist 3.8 still writes `_nodeid`.
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(sorted(groups))}")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers added here
@@ -189,11 +337,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Give every test exactly one tier; run test_rbac.py last (it compares the RBAC golden with
     what the other tests' fakes observed)."""
     for item in items:
-        own = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+        own = {mark.name for mark in item.iter_markers() if mark.name in TIER_NAMES}
         if len(own) > 1:
             raise pytest.UsageError(f"{item.nodeid}: more than one tier ({sorted(own)})")
         if not own:
-            tier = _TIER_OF_FILE.get(item.path.name)
+            tier = TIERS.get(item.path.name)
             if tier is None:
                 raise pytest.UsageError(f"{item.path.name}: give it a tier in tests/conftest.py")
             item.add_marker(tier)

@@ -13,6 +13,7 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
 from kfp import dsl
 
 from components import kfp_components
@@ -20,6 +21,7 @@ from components.runtime.artifacts import data_artifact_uri
 from trainer import storage
 
 
+@pytest.mark.integration  # the GCS emulator
 def test_cloud_artifact_uri_is_reachable_everywhere_path_only_through_a_mount(
     gcs_emulator,
 ) -> None:

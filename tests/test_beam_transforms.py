@@ -38,6 +38,7 @@ def _config(**overrides) -> PreprocessConfig:
     return PreprocessConfig(**{**base, **overrides})
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_read_records_all_formats(tmp_path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -87,6 +88,7 @@ def test_read_records_all_formats(tmp_path: Path):
         )
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_prepare_rejects_bad_records_with_reasons():
     records = [
         {"source": "f:1", "record": {"prompt": "P", "response": "R"}},
@@ -125,6 +127,7 @@ def test_prepare_rejects_bad_records_with_reasons():
         )
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_prepare_cleans_and_filters_by_characters():
     records = [
         {"source": "a", "record": {"text": "  Cafe\u0301\r\nok\x07  "}},
@@ -167,6 +170,7 @@ def _columns(examples: list[tuple[str, str, tuple[bytes, bytes], bool]]) -> tupl
     return "train", hashes, sources, documents, retokenized, []
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_deduplicate_keeps_lowest_source_once():
     from beam_preprocess.records import RETOKENIZED
 
@@ -192,6 +196,7 @@ def test_deduplicate_keeps_lowest_source_once():
         )
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_split_is_deterministic_by_prompt():
     examples = [
         {
@@ -221,6 +226,7 @@ def test_split_is_deterministic_by_prompt():
     assert 0.14 < eval_share < 0.26
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_tokenize_masks_exactly_the_response(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
@@ -335,6 +341,7 @@ def _check_rows(tables, docs, seq_len: int, pad_id: int) -> None:
     assert sorted(found) == sorted(docs)
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_pack_invariants_and_fill():
     seq_len, pad_id = 128, -1
     docs = _random_docs(1500, seq_len)
@@ -398,6 +405,7 @@ def test_chat_fast_path_only_when_it_matches_jinja(tiny_model_dir: Path):
     assert text[spans[0][0] : spans[0][1]] == "42<|end|>"
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_tokenize_plain_text_appends_eos_and_splits_overlong(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
@@ -425,6 +433,7 @@ def test_tokenize_plain_text_appends_eos_and_splits_overlong(tiny_model_dir: Pat
         assert_that(out.documents | beam.FlatMap(_documents_of), equal_to(expected))
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_jsonl_read_in_ranges_keeps_exact_line_numbers(tmp_path: Path):
     from beam_preprocess.readers import WHOLE_FILE, line_ranges
 
@@ -542,6 +551,7 @@ def test_answer_boundary_refused_when_the_tokenizer_alters_pieces(tmp_path: Path
     assert "generation prompt ends in" in result.error and "no trailing space" in result.error
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_tokenize_reports_retokenized_sources(tiny_model_dir: Path, tmp_path: Path):
     from beam_preprocess.records import RETOKENIZED
 
@@ -613,6 +623,7 @@ def test_tokenized_columns_round_trip_ids_masks_and_flags(largest_id: int):
         ]
 
 
+@pytest.mark.integration  # a Beam pipeline run
 def test_spilled_shuffle_packs_the_same_rows_as_the_in_memory_one(
     tiny_model_dir: Path, tmp_path: Path
 ):

@@ -178,6 +178,7 @@ def test_preprocess_refuses_the_local_runner_mode_that_loses_records(
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # a Beam pipeline run
 def test_preprocess_fails_on_input_where_every_record_is_filtered(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -244,6 +245,7 @@ def _fresh_llmft(
         ["--backend", "kfp", "--host", "http://127.0.0.1:9", "--pipeline-root", "gs://b/root"],
     ],
 )
+@pytest.mark.integration  # a fresh `llmft` process
 def test_cloud_run_checks_parameters_before_credentials_or_server(
     backend_flags: list[str],
 ) -> None:
@@ -258,6 +260,7 @@ def test_cloud_run_checks_parameters_before_credentials_or_server(
     assert "credentials" not in err and "connect" not in err.lower(), err
 
 
+@pytest.mark.integration  # a fresh `llmft` process
 def test_cloud_schedule_checks_parameters_before_credentials() -> None:
     result = _fresh_llmft(
         "schedule", "--backend", "vertex", "--project", "my-project", "--pipeline-root",

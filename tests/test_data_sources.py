@@ -232,7 +232,7 @@ def test_bigquery_read_requests_match_the_reviewed_golden(
     )
 
 
-@pytest.mark.unit
+@pytest.mark.integration  # a Beam pipeline run; BigQuery's fake on loopback
 def test_bigquery_rows_become_records_with_stable_sources_and_counts():
     import apache_beam as beam
     from apache_beam.testing.test_pipeline import TestPipeline

@@ -10,6 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -122,6 +123,7 @@ def _repo_text_files() -> list[Path]:
     return [REPO / p for p in listed if (REPO / p).is_file()]
 
 
+@pytest.mark.integration  # runs git
 def test_no_image_reference_floats_on_latest() -> None:
     """Nothing shipped (code, compiled YAML, manifests, docs, Dockerfile) names a moving tag.
 

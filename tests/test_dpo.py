@@ -205,6 +205,7 @@ def test_packed_dpo_equals_the_formula_on_unpacked_pairs(
     assert int(stats[2]) == int((margins > 0).sum())
 
 
+@pytest.mark.integration  # TRL's DPOTrainer: a third-party training loop, kept out of the 2-minute unit loop
 def test_dpo_loss_and_margins_match_trls_dpo_trainer(
     tmp_path: Path, tiny_model_dir: Path, tokenizer: Any, sample_data_dir: Path
 ) -> None:

@@ -53,6 +53,7 @@ def test_template_flags_become_pipeline_flags():
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # a Beam pipeline run
 def test_launcher_entry_runs_the_pipeline_and_finalize_rewrites_the_same_manifest(
     sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ):

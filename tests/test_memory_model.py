@@ -67,6 +67,7 @@ def test_lora_parameter_count_is_peft_s(tiny_model_dir) -> None:
     assert shape.block_linear_params == linear
 
 
+@pytest.mark.integration  # a fresh interpreter
 def test_the_estimate_imports_no_torch() -> None:
     """Parameter checks can call it in a process that never loads torch."""
     import subprocess

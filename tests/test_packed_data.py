@@ -85,6 +85,7 @@ def test_a_documents_first_token_is_never_a_target(tmp_path: Path) -> None:
     assert set(COLUMNS) == {"input_ids", "loss_mask", "position_ids"}
 
 
+@pytest.mark.integration  # a fresh interpreter
 def test_the_format_package_imports_no_torch_beam_or_transformers() -> None:
     """Beam workers, the trainer and evaluation all import it: it must stay light."""
     code = (

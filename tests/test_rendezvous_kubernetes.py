@@ -141,6 +141,7 @@ def _created(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
     return 201, {**body, "metadata": {**body["metadata"], "uid": f"uid-{body['kind']}"}}
 
 
+@pytest.mark.integration  # the Kubernetes API fake serves on loopback
 def test_create_posts_statefulset_then_owned_service_and_network_policy(
     fake_api: Callable[[Responder], KubeApiServer], golden: Any
 ) -> None:
@@ -186,6 +187,7 @@ def test_network_policy_admits_only_the_runs_pods() -> None:
     assert rule["from"][0]["podSelector"]["matchLabels"].items() <= pod_labels.items()
 
 
+@pytest.mark.integration  # the Kubernetes API fake serves on loopback
 def test_adopt_gives_an_ownerless_statefulset_to_the_training_job(
     fake_api: Callable[[Responder], KubeApiServer],
 ) -> None:
@@ -206,6 +208,7 @@ def test_adopt_gives_an_ownerless_statefulset_to_the_training_job(
     assert not k8s_etcd.adopt_etcd(server.api_client, run_id=RUN_ID, namespace=NS, owner=job)
 
 
+@pytest.mark.integration  # the Kubernetes API fake serves on loopback
 def test_create_reuses_existing_objects(fake_api: Callable[[Responder], KubeApiServer]) -> None:
     def respond(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "GET":  # the existing StatefulSet, read for its uid
@@ -218,6 +221,7 @@ def test_create_reuses_existing_objects(fake_api: Callable[[Responder], KubeApiS
     assert server.requests[2].body["metadata"]["ownerReferences"][0]["uid"] == "sts-1"
 
 
+@pytest.mark.integration  # the Kubernetes API fake serves on loopback
 def test_create_raises_other_errors(fake_api: Callable[[Responder], KubeApiServer]) -> None:
     server = fake_api(lambda method, path, body: _status(403, "Forbidden"))
     with pytest.raises(client.ApiException) as info:
@@ -225,6 +229,7 @@ def test_create_raises_other_errors(fake_api: Callable[[Responder], KubeApiServe
     assert info.value.status == 403
 
 
+@pytest.mark.integration  # the Kubernetes API fake serves on loopback
 def test_wait_returns_when_ready(fake_api: Callable[[Responder], KubeApiServer]) -> None:
     polls = iter([0, 0, 1])
 
@@ -246,6 +251,7 @@ def test_wait_returns_when_ready(fake_api: Callable[[Responder], KubeApiServer])
     assert naps == [2.0, 2.0]
 
 
+@pytest.mark.integration  # the Kubernetes API fake serves on loopback
 def test_wait_timeout_reports_pod_state_and_events(
     fake_api: Callable[[Responder], KubeApiServer],
 ) -> None:
@@ -319,6 +325,7 @@ def test_wait_timeout_reports_pod_state_and_events(
     assert f"involvedObject.name={pod_name}" in event_query["fieldSelector"]
 
 
+@pytest.mark.integration  # the Kubernetes API fake serves on loopback
 def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], KubeApiServer]) -> None:
     name = etcd_manifests.etcd_name(RUN_ID)
 
@@ -347,6 +354,7 @@ def test_delete_by_label_ignores_not_found(fake_api: Callable[[Responder], KubeA
     assert all(b["propagationPolicy"] == "Background" for _, b in deletes)
 
 
+@pytest.mark.integration  # the Kubernetes API fake serves on loopback
 def test_run_owner_is_the_kfp_runs_workflow(
     fake_api: Callable[[Responder], KubeApiServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

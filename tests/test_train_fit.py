@@ -15,8 +15,6 @@ from test_cli_errors import _DRY_RUN_BACKENDS, _DRY_RUN_PARAMS, assert_user_erro
 from components.params.run_params import RunParams
 from components.preflight.train_fit import training_fit_error
 
-pytestmark = pytest.mark.unit
-
 LLAMA3_8B_CONFIG = {
     "model_type": "llama",
     "hidden_size": 4096,
@@ -224,6 +222,7 @@ def test_llmft_run_dry_run_refuses_it_before_anything_starts(llama3_8b: str) -> 
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.integration  # the Hub's fake on loopback; a fresh `llmft` process
 def test_a_hub_model_is_sized_from_its_config_json_alone(tmp_path) -> None:
     """`base_model=owner/name`: config.json is downloaded (with the token), nothing else; a gated
     model without a token, or with one that has no access, is left to the run with a warning

@@ -60,6 +60,7 @@ def test_every_field_is_documented() -> None:
     assert all(len(text) > 10 for text in docs.values())
 
 
+@pytest.mark.integration  # a fresh trainer process
 def test_cli_config_error_is_one_line_exit_2() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(

@@ -183,6 +183,7 @@ def test_every_field_has_a_description_and_the_parameters_are_frozen() -> None:
         RunParams().seq_len = 1  # type: ignore[misc]
 
 
+@pytest.mark.integration  # runs git
 def test_each_default_is_written_once_in_the_code() -> None:
     """`git grep` finds each run default in one place (docs, tests and benchmarks aside)."""
     owners = {
