@@ -159,7 +159,7 @@ TIERS = {
         "test_pytorchjob_manifest.py", "test_trainjob_manifest.py", "test_rbac.py", "test_secrets.py",
         "test_rendezvous_kubernetes.py", "test_train_step.py", "test_trainer_config.py",
         "test_validation.py", "test_import_contracts.py", "test_packed_data.py",
-        "test_dpo.py", "test_memory_model.py", "test_component_source.py",
+        "test_dpo.py", "test_memory_model.py", "test_component_source.py", "test_grpo.py",
     ),
     "integration": (
         "test_beam_pipeline.py", "test_compile.py", "test_component_signals.py", "test_gpu.py",
