@@ -22,7 +22,7 @@ from trl.trainer.utils import nanstd
 
 from trainer.grpo import reward_module
 from trainer.grpo.loss import LOSS_TYPES, GrpoLoss, group_advantages, grpo_stats
-from trainer.grpo.rewards import RewardError, normalize, parse_rewards, score, total
+from trainer.grpo.rewards import Reward, RewardError, normalize, parse_rewards, score, total
 
 G = 4  # completions per prompt
 PROMPTS = 3
@@ -290,3 +290,65 @@ def test_user_reward_errors_name_function_and_record(
             ["r0", "r1", "r2"],
         )
     assert str(err.value).startswith(message % path)
+
+
+@pytest.fixture(scope="module")
+def tiny_lora(tiny_model_dir: Path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    return model, tokenizer
+
+
+def test_rollout_log_probs_equal_unpadded_forward(tiny_lora) -> None:
+    """Left-padded prompts of unequal length, G completions each: every completion's log-probs equal
+    those of its own unpadded prompt+completion forward (positions and masks are right)."""
+    from trainer.grpo.rollout import Sampling, completion_logps, sample
+
+    model, tokenizer = tiny_lora
+    prompts = ["hi", [{"role": "user", "content": "What is the capital of a very large country?"}]]
+    rollout = sample(model, tokenizer, prompts, Sampling(group_size=3, max_completion_tokens=6))
+    assert rollout.completion_ids.shape[0] == len(rollout.completions) == 6
+    mask = rollout.completion_mask
+    assert (mask[:, 0] == 1).all() and (mask[:, 1:] <= mask[:, :-1]).all()  # a prefix of each row
+    with torch.no_grad():
+        batched = completion_logps(model, rollout, temperature=0.7)
+        for i in range(6):
+            prompt = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()]
+            completion = rollout.completion_ids[i][mask[i].bool()]
+            ids = torch.cat([prompt, completion])[None]
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / 0.7
+            alone = torch.log_softmax(logits, -1).gather(-1, completion[:, None]).squeeze(-1)
+            assert torch.allclose(batched[i][: len(completion)], alone, atol=1e-4)
+
+
+def test_grpo_step_trains_the_adapters_with_a_reference(tiny_lora) -> None:
+    from trainer.grpo.loss import GrpoLoss
+    from trainer.grpo.policy_step import GrpoSettings, grpo_step
+    from trainer.grpo.rollout import Sampling
+
+    model, tokenizer = tiny_lora
+    records = [{"id": f"q{i}", "prompt": f"say {i}", "answer": str(i)} for i in range(3)]
+    # Rewards that differ within every group: non-zero advantages whatever the tiny model writes.
+    alternate = Reward(
+        "alternate",
+        lambda completions, prompts, **c: [float(i % 2) for i in range(len(completions))],
+        1.0,
+    )
+    rewards = [alternate]
+    lora = [p for n, p in model.named_parameters() if "lora_B" in n]
+    before = [p.detach().clone() for p in lora]
+    settings = GrpoSettings(
+        sampling=Sampling(group_size=4, max_completion_tokens=8),
+        loss=GrpoLoss(loss_type="grpo", beta=0.1, max_completion_tokens=8),
+        micro_batch=5,  # not a multiple of G: accumulation crosses groups
+    )
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    report = grpo_step(model, tokenizer, optimizer, records, rewards, settings)
+    assert report.completion_tokens > 0 and report.generate_s > 0 and report.train_s > 0
+    assert report.kl == pytest.approx(0.0, abs=1e-6)  # B = 0 at init: policy equals reference
+    assert any(not torch.equal(a, b) for a, b in zip(before, lora, strict=True))
