@@ -352,3 +352,23 @@ def test_grpo_step_trains_the_adapters_with_a_reference(tiny_lora) -> None:
     assert report.completion_tokens > 0 and report.generate_s > 0 and report.train_s > 0
     assert report.kl == pytest.approx(0.0, abs=1e-6)  # B = 0 at init: policy equals reference
     assert any(not torch.equal(a, b) for a, b in zip(before, lora, strict=True))
+
+
+def test_kv_cache_estimate_equals_the_cache_generate_holds(tiny_lora) -> None:
+    """trainer/memory_model.kv_cache_bytes against the bytes of the cache transformers builds."""
+    import json
+
+    from trainer.memory_model import ModelShape, kv_cache_bytes
+
+    model, tokenizer = tiny_lora
+    config = json.loads(
+        Path(model.base_model.model.config._name_or_path, "config.json").read_text()
+    )
+    shape = ModelShape.from_hf_config(config, params=sum(p.numel() for p in model.parameters()))
+    ids = tokenizer(["a b c d e f"] * 3, return_tensors="pt").input_ids
+    with torch.no_grad():
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+    held = sum(
+        t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+    )
+    assert kv_cache_bytes(shape, sequences=3, tokens=ids.size(1), dtype_bytes=4) == held
