@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--held-out", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--max-completion-tokens", type=int, default=24)
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--loss-type", default="dapo")
     parser.add_argument("--beta", type=float, default=0.0)
     parser.add_argument(
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> int:
     settings = GrpoSettings(
         sampling=Sampling(
             group_size=args.group_size,
-            temperature=1.0,
+            temperature=args.temperature,
             max_completion_tokens=args.max_completion_tokens,
         ),
         loss=GrpoLoss(

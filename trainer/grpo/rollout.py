@@ -93,7 +93,7 @@ def sample(
     model.train(was_training)
     prompt_len = enc.input_ids.size(1)
     completion_ids = out[:, prompt_len:]
-    mask = _until_eos(completion_ids, tokenizer.eos_token_id)
+    mask = until_eos(completion_ids, tokenizer.eos_token_id)
     completion_ids = completion_ids.masked_fill(mask == 0, tokenizer.pad_token_id)
     decoded = tokenizer.batch_decode(completion_ids * mask, skip_special_tokens=True)
     return Rollout(
@@ -107,7 +107,7 @@ def sample(
     )
 
 
-def _until_eos(ids: torch.Tensor, eos: int) -> torch.Tensor:
+def until_eos(ids: torch.Tensor, eos: int) -> torch.Tensor:
     """[N, T] 1 for the tokens up to and including the first EOS (all when there is none)."""
     is_eos = ids == eos
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1), ids.size(1))
