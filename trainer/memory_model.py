@@ -184,3 +184,30 @@ def estimate(
 def fits(estimate_: MemoryEstimate, gpu_memory_bytes: float) -> bool:
     """Whether the estimate's total fits a GPU with this much memory."""
     return estimate_.total <= gpu_memory_bytes
+
+
+def kv_cache_bytes(shape: ModelShape, sequences: int, tokens: int, dtype_bytes: int = 2) -> float:
+    """The KV cache of `generate` for `sequences` rows of `tokens` (prompt + completion) each:
+    K and V, per layer, kv_hidden wide (grouped-query attention shrinks it), in the compute dtype
+    (bf16: 2 bytes). GRPO's rollout holds it for prompts x G rows at once."""
+    kv = shape.kv_hidden or shape.hidden
+    return 2.0 * shape.layers * kv * tokens * sequences * dtype_bytes
+
+
+def grpo_peak(
+    train: MemoryEstimate,
+    shape: ModelShape,
+    *,
+    completions: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> float:
+    """Peak bytes of a GRPO process: the larger of its training peak and its rollout peak. The
+    rollout runs without gradients before the step's first backward (trainer/grpo/policy_step.py),
+    so its KV cache and sampling logits (fp32, vocab per row) never coexist with activations; the
+    weights and optimizer state are live in both."""
+    cache = kv_cache_bytes(shape, completions, prompt_tokens + completion_tokens)
+    sampling_logits = 4.0 * shape.vocab * completions * 2  # logits and their softmax, one step
+    live = train.weights + train.trainable + cache + sampling_logits
+    rollout = OVERHEAD_FIXED + OVERHEAD_FRACTION * live + live
+    return max(train.total, rollout)
