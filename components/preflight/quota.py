@@ -86,6 +86,11 @@ def needs_for(params: Any) -> list[QuotaNeed]:
         metric = facts.compute_gpu_metric(params.accelerator_type, preemptible=preemptible)
         family = "" if preemptible else facts.compute_gpu_family(params.accelerator_type)
         needs.append(QuotaNeed(facts.COMPUTE_SERVICE, metric, region, gpus, training, family))
+        # The project-wide GPU quota bounds GKE's nodes too; a fresh project often has 0 there.
+        needs.append(
+            QuotaNeed(facts.COMPUTE_SERVICE, facts.GPUS_ALL_REGIONS_METRIC, facts.GLOBAL, gpus,
+                      training)
+        )  # fmt: skip
     if params.backend in ("vertex", "gke") and params.eval_accelerator_type:
         # The evaluate task: a Vertex Pipelines task with an accelerator runs as custom training;
         # on KFP it lands on the GKE GPU pool (already counted above by node).
