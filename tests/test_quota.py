@@ -114,6 +114,34 @@ def test_gke_gpus_are_also_bounded_by_the_project_wide_gpu_quota() -> None:
     )
 
 
+def test_a_gke_run_larger_than_its_gpu_pool_is_refused() -> None:
+    """Review Q3: 4 nodes against a pool that grows to 2 per zone (tests/golden/
+    gke_node_pools.json) would wait for nodes the autoscaler may not add."""
+    cluster = "projects/my-project/locations/us-central1-a/clusters/llmft"
+    params = run_params("kfp", gke_cluster=cluster, capacity="spot", nodes=4)
+    fake = FakeCloudQuotas()
+    report = quota.quota_check(params, session=fake.session())
+    assert report.errors[-1:] == [
+        f"node pool: the a3-highgpu-8g pools of {cluster} grow to at most 2 nodes in a zone, the "
+        "run needs 4: raise the pool's maximum (infra setting gke.gpu_max_nodes) or pass "
+        "--param nodes=2"
+    ]
+    assert fake.pool_router.requests[0].path == f"/v1/{cluster}/nodePools"
+    two = run_params("kfp", gke_cluster=cluster, capacity="spot", nodes=2)
+    assert quota.pool_check(two, FakeCloudQuotas().session()).errors == []
+    other = run_params("kfp", gke_cluster=cluster, capacity="spot", machine_type="a3-megagpu-8g")
+    (warning,) = quota.pool_check(other, FakeCloudQuotas().session()).warnings
+    assert "has no a3-megagpu-8g pool" in warning
+    (denied,) = quota.pool_check(two, FakeCloudQuotas().deny().session()).warnings
+    assert "HTTP 403" in denied and "roles/container.clusterViewer" in denied
+
+
+def test_a_pools_size_is_its_per_zone_autoscaling_maximum() -> None:
+    assert quota.pool_max_nodes({"autoscaling": {"enabled": True, "maxNodeCount": 3}}) == 3
+    assert quota.pool_max_nodes({"autoscaling": {"enabled": True, "totalMaxNodeCount": 5}}) == 5
+    assert quota.pool_max_nodes({"initialNodeCount": 2, "locations": ["a", "b"]}) == 2
+
+
 def test_more_dataflow_workers_than_the_cpu_quota_is_a_warning() -> None:
     params = run_params(
         "vertex", capacity="spot", dataflow_options={"max_num_workers": 10, "machine_type": "n2-standard-8"}

@@ -130,3 +130,15 @@ DATAFLOW_WORKER_SOURCE = (
     "autoscale up to max_num_workers within the available quota)"
 )
 DATAFLOW_DEFAULT_MACHINE = "n1-standard-1"
+
+# --- the GKE GPU pool's size -----------------------------------------------------------------------
+
+GKE_ENDPOINT = "https://container.googleapis.com/v1"
+NODE_POOLS_SOURCE = (
+    "cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters."
+    "nodePools/list (GET v1/{parent=projects/*/locations/*/clusters/*}/nodePools, needs "
+    "container.clusters.get); NodePool: config.machineType, initialNodeCount, locations, "
+    "autoscaling {enabled, maxNodeCount (per zone), totalMaxNodeCount}"
+)
+CLUSTER_VIEWER_ROLE = "roles/container.clusterViewer"
+"""A predefined role with container.clusters.get (reads the node pools)."""
