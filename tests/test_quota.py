@@ -158,6 +158,24 @@ def test_unreadable_quota_is_a_warning_naming_the_role() -> None:
     assert report.warnings and all("roles/cloudquotas.viewer" in w for w in report.warnings)
 
 
+def test_user_credentials_without_a_quota_project_get_the_gcloud_fix() -> None:
+    """Review Q4: a 403 for a missing quota project names the command that sets one, not a role."""
+    fake = FakeCloudQuotas().deny()
+    fake.router.routes.clear()
+    message = (
+        "Your application is authenticating by using local Application Default Credentials. The "
+        "cloudquotas.googleapis.com API requires a quota project, which is not set by default."
+    )
+    fake.router.on("GET", r"/v1/.*", (403, {"error": {"code": 403, "message": message}}))
+    report = quota.quota_check(run_params("vertex"), session=fake.session())
+    assert report.errors == []
+    assert report.warnings and all(
+        "gcloud auth application-default set-quota-project my-project" in w
+        and "roles/cloudquotas.viewer" not in w
+        for w in report.warnings
+    )
+
+
 def test_no_credentials_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     def none() -> Any:
         raise quota.QuotaUnreadable("no Google Cloud credentials (test)")

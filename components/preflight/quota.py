@@ -174,6 +174,12 @@ def _http_why(response: Any) -> str:
 
 def _unreadable(response: Any, project: str, service: str) -> str:
     why = _http_why(response)
+    if response.status_code == 403 and "quota project" in why:
+        # User credentials without a quota project (gcloud's ADC login): some APIs refuse them.
+        return (
+            f"cannot read the {service} quota of {project} ({why}): run `gcloud auth "
+            f"application-default set-quota-project {project}`"
+        )
     if response.status_code == 403:
         return (
             f"cannot read the {service} quota of {project} ({why}): grant "
