@@ -697,6 +697,9 @@ def test_an_a3_high_pool_gets_the_gpudirect_tcpx_networks():
     assert {("Network", f"vpc{i}") for i in range(1, 5)} <= kinds
     assert {("GKENetworkParamSet", f"vpc{i}") for i in range(1, 5)} <= kinds
     assert ("DaemonSet", "nccl-tcpx-installer") in kinds
+    # Review Q2: the pods' tcpx-daemon is unprivileged and gets the GPUs only through the NRI
+    # device injector acting on its devices.gke.io annotation.
+    assert ("DaemonSet", "device-injector") in kinds
     no_gpudirect = stack(
         {"project": "my-project", "region": "us-central1", "gke": {"gpudirect": False}}
     )

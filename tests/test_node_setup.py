@@ -116,7 +116,8 @@ def test_interconnect_facts_and_the_stated_assumption() -> None:
     assert node_facts.interconnect("a3-highgpu-4g").gke_setup == "gvnic"  # type: ignore[union-attr]
     assert node_facts.interconnect_note("a3-highgpu-8g", 1, gpudirect=False) is None
     slow = node_facts.interconnect_note("a3-highgpu-8g", 2, gpudirect=False)
-    assert slow and "100 Gbit/s per node" in slow and "network-bound" in slow
+    # The A3 High primary NIC: up to 200 Gbit/s (GKE's GPUDirect-TCPX guide; review Q5).
+    assert slow and "200 Gbit/s per node" in slow and "network-bound" in slow
     fast = node_facts.interconnect_note("a3-highgpu-8g", 2, gpudirect=True)
     assert fast and "800 Gbit/s per node" in fast and "network-bound" not in fast
     g2 = node_facts.interconnect_note("g2-standard-24", 2, gpudirect=False)

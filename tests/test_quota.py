@@ -5,16 +5,18 @@ by `llmft run` and the validate step."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.cloud_quotas import FakeCloudQuotas
+from fakes.cloud_quotas import GOLDEN, FakeCloudQuotas
 from typer.testing import CliRunner
 
 from components.params.param_values import params_from_mapping
 from components.params.run_params import RunParams
 from components.preflight import quota
+from components.steps.component_spec import request_of
 from pipelines.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,9 +86,60 @@ def test_gke_h100_counts_against_the_gpu_family_quota_in_the_clusters_region() -
         "kfp", gke_cluster="projects/my-project/locations/us-central1-c/clusters/llmft"
     )
     report = quota.quota_check(params, session=FakeCloudQuotas().session())
+    family, all_regions = report.errors
+    assert f"{COMPUTE}/nvidia_h100_gpus (GPUS-PER-GPU-FAMILY-per-project-region)" in family
+    assert "in us-central1 is 0, the run needs 16" in family
+    assert (
+        f"{COMPUTE}/gpus_all_regions (GPUS-ALL-REGIONS-per-project) in global is 4" in all_regions
+    )
+
+
+def test_gke_gpus_are_also_bounded_by_the_project_wide_gpu_quota() -> None:
+    """Review Q1: a regional grant is not enough where GPUS_ALL_REGIONS is 0 (a fresh project's
+    usual value); the autoscaler could not add the nodes."""
+    pages = json.loads(GOLDEN.read_text())
+    for page in pages[COMPUTE]:
+        for info in page["quotaInfos"]:
+            if info["quotaId"] == "GPUS-ALL-REGIONS-per-project":
+                info["dimensionsInfos"][0]["details"]["value"] = "0"
+    l4 = run_params(
+        "kfp", gke_cluster="projects/my-project/locations/us-central1-a/clusters/llmft",
+        machine_type="g2-standard-24", accelerator_type="NVIDIA_L4", accelerator_count=2,
+    )  # fmt: skip
+    report = quota.quota_check(l4, session=FakeCloudQuotas(pages).session())
     (error,) = report.errors
-    assert f"{COMPUTE}/nvidia_h100_gpus (GPUS-PER-GPU-FAMILY-per-project-region)" in error
-    assert "in us-central1 is 0, the run needs 16" in error
+    assert error.startswith(
+        f"quota {COMPUTE}/gpus_all_regions (GPUS-ALL-REGIONS-per-project) in global is 0, the run "
+        "needs 4 (training: 2 nodes x 2 NVIDIA_L4)"
+    )
+
+
+def test_a_gke_run_larger_than_its_gpu_pool_is_refused() -> None:
+    """Review Q3: 4 nodes against a pool that grows to 2 per zone (tests/golden/
+    gke_node_pools.json) would wait for nodes the autoscaler may not add."""
+    cluster = "projects/my-project/locations/us-central1-a/clusters/llmft"
+    params = run_params("kfp", gke_cluster=cluster, capacity="spot", nodes=4)
+    fake = FakeCloudQuotas()
+    report = quota.quota_check(params, session=fake.session())
+    assert report.errors[-1:] == [
+        f"node pool: the a3-highgpu-8g pools of {cluster} grow to at most 2 nodes in a zone, the "
+        "run needs 4: raise the pool's maximum (infra setting gke.gpu_max_nodes) or pass "
+        "--param nodes=2"
+    ]
+    assert fake.pool_router.requests[0].path == f"/v1/{cluster}/nodePools"
+    two = run_params("kfp", gke_cluster=cluster, capacity="spot", nodes=2)
+    assert quota.pool_check(two, FakeCloudQuotas().session()).errors == []
+    other = run_params("kfp", gke_cluster=cluster, capacity="spot", machine_type="a3-megagpu-8g")
+    (warning,) = quota.pool_check(other, FakeCloudQuotas().session()).warnings
+    assert "has no a3-megagpu-8g pool" in warning
+    (denied,) = quota.pool_check(two, FakeCloudQuotas().deny().session()).warnings
+    assert "HTTP 403" in denied and "roles/container.clusterViewer" in denied
+
+
+def test_a_pools_size_is_its_per_zone_autoscaling_maximum() -> None:
+    assert quota.pool_max_nodes({"autoscaling": {"enabled": True, "maxNodeCount": 3}}) == 3
+    assert quota.pool_max_nodes({"autoscaling": {"enabled": True, "totalMaxNodeCount": 5}}) == 5
+    assert quota.pool_max_nodes({"initialNodeCount": 2, "locations": ["a", "b"]}) == 2
 
 
 def test_more_dataflow_workers_than_the_cpu_quota_is_a_warning() -> None:
@@ -103,6 +156,24 @@ def test_unreadable_quota_is_a_warning_naming_the_role() -> None:
     report = quota.quota_check(run_params("vertex"), session=FakeCloudQuotas().deny().session())
     assert report.errors == []
     assert report.warnings and all("roles/cloudquotas.viewer" in w for w in report.warnings)
+
+
+def test_user_credentials_without_a_quota_project_get_the_gcloud_fix() -> None:
+    """Review Q4: a 403 for a missing quota project names the command that sets one, not a role."""
+    fake = FakeCloudQuotas().deny()
+    fake.router.routes.clear()
+    message = (
+        "Your application is authenticating by using local Application Default Credentials. The "
+        "cloudquotas.googleapis.com API requires a quota project, which is not set by default."
+    )
+    fake.router.on("GET", r"/v1/.*", (403, {"error": {"code": 403, "message": message}}))
+    report = quota.quota_check(run_params("vertex"), session=fake.session())
+    assert report.errors == []
+    assert report.warnings and all(
+        "gcloud auth application-default set-quota-project my-project" in w
+        and "roles/cloudquotas.viewer" not in w
+        for w in report.warnings
+    )
 
 
 def test_no_credentials_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +227,8 @@ def test_the_validate_step_checks_quota_for_a_console_run(
     monkeypatch.setattr(validate, "evaluation_errors", lambda *a, **k: [])
     monkeypatch.setattr(validate, "fit_errors", lambda *a, **k: [])
     monkeypatch.setattr(validate, "load_hf_token", lambda **k: None)
-    request = validate.ValidateRequest(
+    request = request_of(
+        validate.COMPONENT,
         **{**run_params("vertex").as_dict(), "train_data_uri": "gs://b/d.jsonl",
            "base_model": "gs://b/model", "work_uri": "gs://b/work",
            "dataflow_service_account": "llmft-dataflow@my-project.iam.gserviceaccount.com"},

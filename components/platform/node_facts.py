@@ -99,6 +99,7 @@ default A3 pool trains): 250 GB (infra/llmft_infra/settings.py `gke.gpu_disk_siz
 INTERCONNECT_SOURCE = (
     "cloud.google.com/compute/docs/gpus/gpu-network-bandwidth (per machine type: GPU NICs and "
     "their bandwidth; A3 High 4x200 Gbps GPU NICs, A3 Mega 8x200, A3 Ultra and A4 8x400 RDMA; "
+    "the A3 High primary NIC up to 200 Gbps: the GKE GPUDirect-TCPX guide's A3 list; "
     "A2 and G2 one gVNIC, up to 100 Gbps); cloud.google.com/kubernetes-engine/docs/how-to/"
     "gpu-bandwidth-gpudirect-tcpx (GKE: gVNIC, multi-networking with one additional VPC per GPU "
     "NIC, the GPUDirect-TCPX/TCPXO NCCL plugin installed by a DaemonSet and its receive-data-path "
@@ -140,7 +141,7 @@ _VERTEX_UNSTATED = (
     "measured (docs/launchers.md, interconnect)"
 )
 INTERCONNECTS: tuple[Interconnect, ...] = (
-    Interconnect("a3-highgpu-8g", 800, 100, "gpudirect-tcpx", _VERTEX_UNSTATED),
+    Interconnect("a3-highgpu-8g", 800, 200, "gpudirect-tcpx", _VERTEX_UNSTATED),
     Interconnect("a3-megagpu-8g", 1600, 200, "gpudirect-tcpxo", _VERTEX_UNSTATED),
     Interconnect("a3-ultragpu-8g", 3200, 400, "gpudirect-rdma", _VERTEX_UNSTATED),
     Interconnect("a4-highgpu-8g", 3200, 400, "gpudirect-rdma", _VERTEX_UNSTATED),

@@ -95,6 +95,15 @@ _COMPUTE_MODEL = {
 """Vertex accelerator name -> Compute Engine's GPU model in its quota names."""
 GPU_FAMILY_QUOTA_ID = "GPUS-PER-GPU-FAMILY-per-project-region"
 """The per-family GPU quota (dimension `gpu_family`) that newer GPU models are granted under."""
+GPUS_ALL_REGIONS_METRIC = f"{COMPUTE_SERVICE}/gpus_all_regions"
+"""The project-wide GPU quota (GPUS_ALL_REGIONS, quota ID GPUS-ALL-REGIONS-per-project, a global
+quota: applicableLocations ["global"]) that bounds every Compute Engine GPU on top of the regional
+per-model quota (cloud.google.com/compute/resource-usage#gpu_quota, "GPUs (all regions)"; the
+Compute API's Quota.Metric GPUS_ALL_REGIONS). A fresh project often has 0 here even where a
+regional GPU quota is granted. Read as counting Spot/preemptible GPUs too (not confirmed offline:
+cloud round-4 review Q1)."""
+GLOBAL = "global"
+"""The location of a quota that is not per region or zone (DimensionsInfo.applicableLocations)."""
 CPUS_METRIC = f"{COMPUTE_SERVICE}/cpus"
 """Regional vCPUs (the CPUS quota): Dataflow workers are Compute Engine VMs and count against it
 (cloud.google.com/dataflow/docs/guides/common-errors#worker-pool-failure, "quota")."""
@@ -121,3 +130,15 @@ DATAFLOW_WORKER_SOURCE = (
     "autoscale up to max_num_workers within the available quota)"
 )
 DATAFLOW_DEFAULT_MACHINE = "n1-standard-1"
+
+# --- the GKE GPU pool's size -----------------------------------------------------------------------
+
+GKE_ENDPOINT = "https://container.googleapis.com/v1"
+NODE_POOLS_SOURCE = (
+    "cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters."
+    "nodePools/list (GET v1/{parent=projects/*/locations/*/clusters/*}/nodePools, needs "
+    "container.clusters.get); NodePool: config.machineType, initialNodeCount, locations, "
+    "autoscaling {enabled, maxNodeCount (per zone), totalMaxNodeCount}"
+)
+CLUSTER_VIEWER_ROLE = "roles/container.clusterViewer"
+"""A predefined role with container.clusters.get (reads the node pools)."""

@@ -9,8 +9,9 @@ components/platform/node_facts.py, cloud audit 2026-12-07 C8):
   with multi-networking (needs Dataplane V2, which the cluster has);
 - in the cluster, a `GKENetworkParamSet` and a `Network` per VPC named `vpc1`..`vpcN` (the names
   the pods' `networking.gke.io/interfaces` annotation uses: components/launchers/node_setup.py);
-- the NCCL plugin installer DaemonSet, vendored from GoogleCloudPlatform/container-engine-
-  accelerators (infra/vendor/gpudirect/, commit 992db81).
+- the NRI device injector DaemonSet (gives the pods' receive-data-path manager the GPU devices
+  its annotation names) and the NCCL plugin installer DaemonSet, both vendored from
+  GoogleCloudPlatform/container-engine-accelerators (infra/vendor/gpudirect/, commit 992db81).
 
 A3 Ultra and A4 (RDMA) need an RDMA network profile and the gIB plugin instead: not set up here
 (the stack refuses nothing for them; a multi-node run says it assumes the primary NIC).
@@ -34,6 +35,10 @@ INSTALLERS = {
     "gpudirect-tcpx": VENDOR / "nccl-tcpx-installer.yaml",
     "gpudirect-tcpxo": VENDOR / "nccl-tcpxo-installer.yaml",
 }
+DEVICE_INJECTOR = VENDOR / "nri-device-injector.yaml"
+"""The NRI device injector DaemonSet (container-engine-accelerators nri_device_injector/, same
+commit): injects the devices a pod's `devices.gke.io/container.<name>` annotation lists; Google's
+TCPX/TCPXO manifests rely on it for their unprivileged receive-data-path manager."""
 MTU = 8244
 """The GPU NIC networks' MTU in Google's guide."""
 SUBNET_RANGE = "192.168.{index}.0/24"
@@ -102,7 +107,8 @@ def build_networks(settings: Settings, setup: str, after: Sequence[pulumi.Resour
 def build_cluster_objects(
     gpu: GpuNetworks, provider: k8s.Provider, after: list[pulumi.Resource]
 ) -> k8s.yaml.ConfigFile:
-    """The Network objects the pods attach to, and the NCCL plugin installer."""
+    """The Network objects the pods attach to, the NRI device injector and the NCCL plugin
+    installer."""
     on_cluster = pulumi.ResourceOptions(provider=provider, depends_on=after)
     for index, (network, subnet) in enumerate(zip(gpu.networks, gpu.subnets, strict=True), 1):
         name = f"vpc{index}"
@@ -129,6 +135,10 @@ def build_cluster_objects(
             },
             opts=pulumi.ResourceOptions(provider=provider, depends_on=[params, *after]),
         )
+    # The receive-data-path manager is not privileged: it gets the GPU devices from the NRI device
+    # injector, which acts on the pod's devices.gke.io annotation (node_setup.py). Without the
+    # injector the annotation is ignored and the manager cannot open the GPUs (review Q2).
+    k8s.yaml.ConfigFile("nri-device-injector", file=str(DEVICE_INJECTOR), opts=on_cluster)
     return k8s.yaml.ConfigFile(
         "nccl-plugin-installer", file=str(INSTALLERS[gpu.setup]), opts=on_cluster
     )
