@@ -170,6 +170,25 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch):
     return install_model_registry(monkeypatch, "my-project", "us-central1")
 
 
+@pytest.fixture(autouse=True)
+def _unit_tests_size_no_remote_model(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+):
+    """A unit test's GKE launch never reads a gs:// base model's config.json over the network (the
+    train step sizes the pods' ephemeral storage from it: tests/test_node_setup.py tests that on
+    local files); gcsfs would retry an unreachable bucket for minutes."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import components.steps.train as train_step
+
+    real = train_step.weight_bytes
+    monkeypatch.setattr(
+        train_step,
+        "weight_bytes",
+        lambda base_model: None if "://" in base_model else real(base_model),
+    )
+
+
 @pytest.fixture
 def golden(request: pytest.FixtureRequest):
     """`golden.check("name.json", data)`: compare with a reviewed file under tests/golden/."""
