@@ -302,6 +302,9 @@ _DRY_RUN_PARAMS = [
     "--param", "train_data_uri=gs://b/d/*.jsonl", "--param", "base_model=gs://b/m",
     "--param", "project=my-project", "--param", "work_uri=gs://b/w",
     "--param", "dataflow_service_account=llmft-dataflow@my-project.iam.gserviceaccount.com",
+    # The model's size given: the estimate would otherwise read gs://b/m/config.json, which
+    # this offline machine retries for most of a minute.
+    "--param", "model_parameters=7000000000",
 ]  # fmt: skip
 _DRY_RUN_BACKENDS = {
     "vertex": ["--backend", "vertex", "--project", "my-project", "--pipeline-root", "gs://b/root"],

@@ -203,7 +203,7 @@ def test_time_queued_in_kueue_is_recorded_apart_and_not_billed() -> None:
     """A job suspended in a Kueue queue holds no GPU: 30 of its 90 minutes were queued."""
     from components.evaluation.outputs import cost_details
 
-    actual = cost.actual_cost(
+    actual = actual_cost(
         started="2026-12-04T10:00:00+00:00",
         ended="2026-12-04T11:30:00+00:00",
         gpus=16,

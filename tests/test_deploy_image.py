@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import subprocess
@@ -94,7 +93,11 @@ def test_image_is_a_dataflow_custom_container() -> None:
 
     assert f"--disk_size_gb={DATAFLOW_DISK_GB}" in argv
     assert DATAFLOW_DISK_GB >= DATAFLOW_DEFAULT_DISK_GB + 2 * IMAGE_UNPACKED_GB
-    own = dataclasses.replace(request, dataflow_options={"disk_size_gb": 200})
+    own = request_of(
+        PREPROCESS_STEP,
+        **{**request.params.as_dict(), "dataflow_options": {"disk_size_gb": 200}},
+        run_id="r", dataset=None, summary=None, gcp_resources="",
+    )  # fmt: skip
     assert [a for a in beam_argv(own, "gs://bkt/o") if a.startswith("--disk_size_gb")] == [
         "--disk_size_gb=200"
     ]
