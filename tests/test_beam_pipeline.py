@@ -326,8 +326,9 @@ def test_component_writes_gcp_resources_for_the_dataflow_job(tmp_path: Path, mon
     argv = build_argv(
         input_uri="gs://llmft-bucket/raw/*.jsonl", output_uri="gs://llmft-bucket/packed",
         tokenizer="gs://llmft-bucket/tokenizer", seq_len=512, runner="DataflowRunner",
-        project="llmft-project", region="us-central1", temp_location="gs://llmft-bucket/tmp",
-        sdk_container_image="us-docker.pkg.dev/llmft-project/llmft/llmft:0.1.0",
+        beam_options={"project": "llmft-project", "region": "us-central1",
+                      "temp_location": "gs://llmft-bucket/tmp",
+                      "sdk_container_image": "us-docker.pkg.dev/llmft-project/llmft/llmft:0.1.0"},
         extra_args=["--dry_run=True"],
     )  # fmt: skip
     result = run_beam(argv, gcp_resources_path=str(path))

@@ -411,7 +411,9 @@ def test_kfp_component_entry_point(env: Env, tmp_path: Path) -> None:
     run directory in metadata in, report file + scalars out."""
     from kfp.dsl import HTML, Dataset, Metrics, Model
 
-    from components.steps.evaluate import EvaluateRequest, run
+    from components.steps.component_spec import request_of
+    from components.steps.evaluate import COMPONENT as EVALUATE_STEP
+    from components.steps.evaluate import run
 
     run_dir, model = tmp_path / "train-run", tmp_path / "model"
     shutil.copytree(env.tuned, model)
@@ -420,7 +422,8 @@ def test_kfp_component_entry_point(env: Env, tmp_path: Path) -> None:
     report = tmp_path / "report.html"
     metrics = Metrics(uri=str(tmp_path / "metrics"))
     (passed,) = run(
-        EvaluateRequest(
+        request_of(
+            EVALUATE_STEP,
             base_model=str(env.base),
             tuned_model=Model(uri=str(model), metadata={"run_uri": str(run_dir)}),
             dataset=Dataset(uri=str(env.data)),

@@ -38,10 +38,10 @@ class DeployRequest:
     run_id: str = component_input("str")
     local: bool = component_input("bool")
     """Serve on this machine (the local pipeline) instead of a Vertex endpoint."""
-    vertex_model: Any = component_input("Input[VertexModel]", default=None)
+    vertex_model: Any = component_input("Input[VertexModel]", optional=True, default=None)
     """The register step's `google.VertexModel` artifact (`.metadata["resourceName"]`:
     `projects/P/locations/L/models/M@V`); None in a local run."""
-    gate_passed: bool = component_input("bool", default=True)
+    gate_passed: bool = component_input("bool", optional=True, default=True)
     """The evaluate step's verdict (the local pipeline passes it; the cloud ones run the step
     only when it passed)."""
     clients: Any = None

@@ -48,6 +48,8 @@ class EvaluateRequest:
     """The Metrics artifact the finite scalars are logged to (`.log_metric`)."""
     report: Any = component_input("Output[HTML]")
     """The HTML artifact the report goes to (by `.path`)."""
+    run_id: str = component_input("str", default="")
+    """The pipeline run's id (its MLflow run's tag: the evaluate run nests in it)."""
 
 
 COMPONENT = StepComponent(

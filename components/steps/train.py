@@ -64,6 +64,8 @@ class TrainRequest:
     """The Model artifact written: its `.uri` and `.metadata` are set here."""
     gcp_resources: str = component_input("OutputPath(str)")
     """Path of the component's gcp_resources output (Vertex: cancel with the pipeline)."""
+    schedule_time: str = component_input("str", default="")
+    """The run's schedule time (scheduled runs), a tag of its MLflow run."""
 
 
 COMPONENT = StepComponent(

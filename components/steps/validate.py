@@ -35,11 +35,11 @@ class ValidateRequest:
     params: RunParams
     """The run parameters the validate_inputs step takes (`steps=(...)` in components/params/run_params.py;
     components/params/step_params.py `for_step`)."""
-    target: str = component_input("str")
+    target: str = component_input("str", default="")
     """The pipeline's compile target (local, vertex, kfp; "" skips the target's rules)."""
-    run_id: str = component_input("str")
+    run_id: str = component_input("str", default="")
     """The run's id (checked resolved: an unresolved placeholder is an error)."""
-    schedule_time: str = component_input("str")
+    schedule_time: str = component_input("str", default="")
     """The schedule time that fills the placeholder in `train_data_uri` ("" when unscheduled)."""
 
 
