@@ -207,7 +207,7 @@ def test_documented_configs_register_a_model_that_starts(offline: None, backend:
 def test_a_serving_image_the_preset_cannot_start_is_refused(offline: None) -> None:
     """C2's reproduction: the TGI image under the default vLLM preset is refused before anything
     starts, with the fix; with serving_preset=custom it passes."""
-    tgi = "us-docker.pkg.dev/deeplearning-platform-release/gcr.io/huggingface-text-generation-inference-cu124.2-4.ubuntu2204.py311"
+    tgi = "us-docker.pkg.dev/deeplearning-platform-release/gcr.io/huggingface-text-generation-inference-cu124.2-4.ubuntu2204.py311:20250115"
     config = REPO / "docs/deploy/example.yaml"
     refused = _dry_run(config, "vertex", "--param", f"serving_image={tgi}")
     assert refused.exit_code == 2, refused.output
