@@ -221,7 +221,7 @@ def _start(workdir: Path, resolved: dict[str, Any], log_file: Path, terminal_fd:
         "ignore", message="You may be attemping to run a task", category=RuntimeWarning
     )
     console.print(f"[bold]llmft[/] local run in {workdir}")
-    cloud = {name for name, f in fields().items() if f.metadata["cloud"]}
+    cloud = {name for name, f in fields().items() if f.metadata.get("cloud")}
     for key in sorted(set(resolved) - cloud):
         console.print(f"  {key} = {resolved[key]!r}", highlight=False)
     console.print(f"  log: {log_file} (with the {len(cloud)} cloud settings)", highlight=False)
