@@ -79,5 +79,5 @@ def test_within_budget_dry_run_passes_and_prices_file_overrides(tmp_path: Path) 
 def test_local_dry_run_needs_no_assets(tmp_path: Path) -> None:
     result = fresh_llmft("run", "--dry-run", "--param", f"workdir={tmp_path / 'w'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "local training: runs on this machine, not priced" in result.stdout
+    assert "processes on this machine, not priced" in result.stdout  # what it runs on, unpriced
     assert not (tmp_path / "w").exists()
