@@ -485,3 +485,33 @@ def test_flex_start_deadline_does_not_count_the_queue(
     result = launcher.run(launch(), timeout=1500)
     assert result.status == status, result.message
     assert len(router.sent("POST", f"/v1/{JOB}:cancel")) == (status == "failed")
+
+
+def test_secret_env_reaches_the_replicas_by_name_and_is_read_at_start() -> None:
+    """The MLflow token (any `secret_env`): the job spec holds the secret version's name as
+    `<ENV>_SECRET`, never a value; each replica's script reads it before torchrun starts."""
+    version = "projects/p/secrets/mlflow-token/versions/latest"
+    job = build_custom_job(
+        launch=launch(nodes=2, nproc_per_node=1),
+        options=CustomJobOptions(
+            machine_type="n2-standard-8",
+            accelerator_type=None,
+            secret_env={"MLFLOW_TRACKING_TOKEN": version},
+        ),
+    )
+    for pool in job.job_spec.worker_pool_specs:
+        env = {e.name: e.value for e in pool.container_spec.env}
+        assert env["MLFLOW_TRACKING_TOKEN_SECRET"] == version
+        assert "MLFLOW_TRACKING_TOKEN" not in env
+        script = pool.container_spec.command[-1]
+        read = 'MLFLOW_TRACKING_TOKEN="$(python -m components.runtime.secrets "$MLFLOW_TRACKING_TOKEN_SECRET")"'
+        assert read in script and script.index(read) < script.index("exec python -m torch")
+    for options, fragment in [
+        ({"secret_env": {"MLFLOW_TRACKING_TOKEN": "mlflow-token"}}, "secret version's resource"),
+        (
+            {"secret_env": {"T": version}, "env": {"T": "value"}},
+            "T is in both env and secret_env",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=fragment):
+            build_custom_job(launch=launch(), options=CustomJobOptions(**options))

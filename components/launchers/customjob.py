@@ -31,11 +31,18 @@ _PRIMARY_ADDRESS = (
     'python -c "import json,os; '
     "print(json.loads(os.environ['CLUSTER_SPEC'])['cluster']['workerpool0'][0])\""
 )
-_READ_HF_TOKEN = (
-    f'if [ -n "${{{HF_TOKEN_SECRET_ENV}:-}}" ]; then '
-    f'HF_TOKEN="$(python -m components.runtime.secrets "${HF_TOKEN_SECRET_ENV}")"; '
-    'if [ -n "$HF_TOKEN" ]; then export HF_TOKEN; else unset HF_TOKEN; fi; fi; '
-)
+
+
+def read_secret_script(env: str, name_env: str) -> str:
+    """Shell that sets `env` from the Secret Manager version named in `name_env` (if any)."""
+    return (
+        f'if [ -n "${{{name_env}:-}}" ]; then '
+        f'{env}="$(python -m components.runtime.secrets "${name_env}")"; '
+        f'if [ -n "${env}" ]; then export {env}; else unset {env}; fi; fi; '
+    )
+
+
+_READ_HF_TOKEN = read_secret_script("HF_TOKEN", HF_TOKEN_SECRET_ENV)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,10 @@ class CustomJobOptions:
     hf_token_secret: str | None = None
     """Secret Manager secret version holding a Hugging Face token
     (`projects/P/secrets/NAME/versions/V`); replicas read it at start. Optional."""
+    secret_env: Mapping[str, str] = field(default_factory=dict)
+    """Env vars each replica reads from Secret Manager at start: `{"MLFLOW_TRACKING_TOKEN":
+    "projects/P/secrets/NAME/versions/V"}`; only the version's name is in the job spec (as
+    `<ENV>_SECRET`)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Plain environment variables (secrets: read them from Secret Manager by name)."""
     base_output_directory: str | None = None
@@ -145,23 +156,38 @@ class CustomJobOptions:
             errors.append(
                 "env must not carry the HF token: pass hf_token_secret (read at run time)"
             )
+        for env, version in self.secret_env.items():
+            if not version.startswith("projects/") or "/versions/" not in version:
+                errors.append(
+                    f"secret_env[{env!r}]={version!r}: give the secret version's resource name "
+                    "(projects/P/secrets/NAME/versions/V)"
+                )
+            if env in self.env:
+                errors.append(f"{env} is in both env and secret_env: keep it in secret_env only")
         errors += tracking_errors(self)
         return errors + self.capacity_errors()
 
 
-def torchrun_command(launch: TrainLaunch, *, primary: bool) -> list[str]:
-    """`bash -c` script: read the HF token from Secret Manager when a secret is named, resolve
-    the primary's address at run time, then exec torchrun."""
+def torchrun_command(
+    launch: TrainLaunch, *, primary: bool, secret_env: tuple[str, ...] = ()
+) -> list[str]:
+    """`bash -c` script: read the HF token (and each of `secret_env`) from Secret Manager when a
+    secret is named, resolve the primary's address at run time, then exec torchrun."""
     placeholder = "@RDZV@"
     torchrun = [
         '--rdzv-endpoint="$RDZV"' if arg == f"--rdzv-endpoint={placeholder}" else shlex.quote(arg)
         for arg in launch.torchrun_args(placeholder, rdzv_conf=f"is_host={int(primary)}")
     ]
     program = shlex.join([*launch.entrypoint, *launch.trainer_args()])
-    script = _READ_HF_TOKEN + (
-        'if [ -n "${MASTER_ADDR:-}" ]; then RDZV="$MASTER_ADDR:${MASTER_PORT:-29400}"; '
-        f"else RDZV=$({_PRIMARY_ADDRESS}); fi; "
-        f"exec python -m torch.distributed.run {' '.join(torchrun)} {program}"
+    reads = "".join(read_secret_script(env, f"{env}_SECRET") for env in secret_env)
+    script = (
+        _READ_HF_TOKEN
+        + reads
+        + (
+            'if [ -n "${MASTER_ADDR:-}" ]; then RDZV="$MASTER_ADDR:${MASTER_PORT:-29400}"; '
+            f"else RDZV=$({_PRIMARY_ADDRESS}); fi; "
+            f"exec python -m torch.distributed.run {' '.join(torchrun)} {program}"
+        )
     )
     return ["bash", "-c", script]
 
@@ -214,13 +240,15 @@ def _pool(launch: TrainLaunch, options: CustomJobOptions, *, primary: bool, repl
     if options.hf_token_secret:
         # A name; the value is read at run time.
         plain_env[HF_TOKEN_SECRET_ENV] = options.hf_token_secret
+    for env, version in options.secret_env.items():
+        plain_env[f"{env}_SECRET"] = version  # the name only, read at run time
     return aiplatform_v1.WorkerPoolSpec(
         machine_spec=machine,
         replica_count=replicas,
         disk_spec=disk,
         container_spec=aiplatform_v1.ContainerSpec(
             image_uri=options.image,
-            command=torchrun_command(launch, primary=primary),
+            command=torchrun_command(launch, primary=primary, secret_env=tuple(options.secret_env)),
             env=[aiplatform_v1.EnvVar(name=k, value=v) for k, v in plain_env.items()],
         ),
     )

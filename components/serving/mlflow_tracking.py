@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.runtime.secrets import load_secret_env, secret_problem
+from components.runtime.secrets import load_secret_env, secret_problem, secret_version_name
 from trainer import storage
 from trainer.tracking import TOKEN_ENV, mlflow_client, redact, tracking_uri_problem
 
@@ -322,6 +322,14 @@ def gke_token_env(uri: str, token_secret: str) -> dict[str, str]:
     if not (uri and token_secret):
         return {}
     return {TOKEN_ENV: f"{KFP_TRACKING_TOKEN_SECRET}:token"}
+
+
+def vertex_token_env(uri: str, token_secret: str, *, project: str) -> dict[str, str]:
+    """The Vertex replicas' `CustomJobOptions.secret_env`: the MLflow token's Secret Manager
+    version, read by each replica at start (only its name is in the job spec)."""
+    if not (uri and token_secret):
+        return {}
+    return {TOKEN_ENV: secret_version_name(token_secret, project)}
 
 
 def run_tags(
