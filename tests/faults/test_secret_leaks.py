@@ -15,8 +15,10 @@ import os
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from faults.conftest import error_lines, llmft_process
+from pipelines.cli import app
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,6 +53,14 @@ def test_a_token_never_reaches_logs_outputs_or_reports(
         outputs.append(result.output)
         return result.output
 
+    def checked(*args: str, code: int) -> str:
+        """A dry run or a refusal: in this process (what it prints is the same; no child
+        interpreter needed to start nothing)."""
+        result = CliRunner().invoke(app, list(args), env=TOKEN_ENV)
+        assert result.exit_code == code, result.output
+        outputs.append(result.output)
+        return result.output
+
     step(
         "preprocess", f"--input={records}", f"--output={data}",
         f"--tokenizer={tiny_model_dir}", "--seq-len=128",
@@ -63,7 +73,9 @@ def test_a_token_never_reaches_logs_outputs_or_reports(
         "evaluate", "--base", str(tiny_model_dir), "--tuned", str(run / "model"),
         "--data", str(data), "--output", str(report), "--max-examples", "2",
     )  # fmt: skip
-    step("run", "--backend", "local", "--dry-run", "--param", f"workdir={tmp_path / 'w'}")
+    checked(
+        "run", "--backend", "local", "--dry-run", "--param", f"workdir={tmp_path / 'w'}", code=0
+    )
 
     # Typed into a parameter by mistake: refused, and the refusal does not quote it.
     for args in (
@@ -73,7 +85,7 @@ def test_a_token_never_reaches_logs_outputs_or_reports(
         ["train", "--model", str(tiny_model_dir), "--data", str(data), "--output",
          str(tmp_path / "typo"), "--set", f"learning_rate={TOKEN}"],
     ):  # fmt: skip
-        output = step(*args, code=2)
+        output = checked(*args, code=2)
         assert len(error_lines(output)) == 1, output
 
     assert (report / "metrics.json").exists() and (run / "model" / "config.json").exists()
