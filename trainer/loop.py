@@ -18,7 +18,8 @@ from trainer import checkpoint
 from trainer.attention import sdpa_kernels
 from trainer.data import DataPosition
 from trainer.divergence import DivergedError, DivergenceGuard
-from trainer.metrics import flops_per_token, peak_flops, peak_memory_bytes
+from trainer.gpu_peaks import flops_per_token
+from trainer.metrics import peak_flops, peak_memory_bytes
 from trainer.run_state import NonFiniteLossError, Preempted, Run, checkpoints_dir
 from trainer.step import optimizer_step
 

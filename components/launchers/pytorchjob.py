@@ -65,10 +65,6 @@ IMAGE_UID = 1000
 ZONE_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
 """The well-known node label of a node's zone (kubernetes.io/docs/reference/labels-annotations-
 taints/#topologykubernetesiozone)."""
-DEADLINE_GRACE_S = 600
-"""`activeDeadlineSeconds` = the launcher's own timeout + this: the launcher deletes the job at its
-timeout; the operator ends it by itself a little later should the launcher have been killed
-(a KFP terminate can cut the launcher's cancel short, issue 29 N9)."""
 
 
 def backoff_limit_for(nodes: int, restarts_per_node: int) -> int:
@@ -424,11 +420,6 @@ def same_zone_affinity(run_id: str) -> dict[str, Any]:
             ]
         }
     }
-
-
-def deadline_for(timeout_s: float | None) -> int | None:
-    """`runPolicy.activeDeadlineSeconds` for a launcher timeout (`DEADLINE_GRACE_S` later)."""
-    return None if timeout_s is None else int(timeout_s) + DEADLINE_GRACE_S
 
 
 # --- capacity: Spot and flex-start nodes, the termination grace period --------------------------

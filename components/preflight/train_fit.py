@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.params.trainer_params import planned_trainer_config
-from components.platform import node_facts
 from components.platform.platform_facts import accelerator
 from components.preflight.model_size import model_config, size_of
 from trainer.config import TrainConfig
@@ -236,16 +235,3 @@ def _what_fits(shape: ModelShape, plan: Plan, gpu_bytes: float) -> str:
 
 def _overrides(changes: dict[str, Any]) -> str:
     return f"trainer_overrides {json.dumps(changes)}"
-
-
-def weight_bytes(base_model: str) -> int | None:
-    """Bytes of the base model's weights on disk, from its config.json (parameters x the bytes of
-    its stored dtype, bf16 unless it says float32); None when the config cannot be read."""
-
-    try:
-        config = model_config(base_model)
-    except (ValueError, OSError) as exc:
-        log.warning("base model size unknown (%s): no ephemeral-storage request", exc)
-        return None
-    wide = str(getattr(config, "torch_dtype", "") or "").endswith("float32")
-    return node_facts.model_bytes(size_of(config).parameters, 4 if wide else 2)
