@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import storage
+from trainer.checkpoint_files import check_resume
 from trainer.config import TrainConfig
 from trainer.gguf import gguf_errors, is_gguf
 from trainer.packed_data.format import TokenizerIdentity, compatibility_errors, read_manifest
@@ -27,7 +28,7 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
     that it has positions for `seq_len` tokens. `local`: the model and data paths are on this
     machine (the local backend); otherwise only what is readable here (gs:// via fsspec) is read.
     A run that would resume from a checkpoint another run left in its output (another model,
-    data or recipe: `trainer.checkpoint.RESUME_MUST_MATCH`) is refused, unless `overwrite` (the
+    data or recipe: `trainer.checkpoint_files.RESUME_MUST_MATCH`) is refused, unless `overwrite` (the
     caller then deletes those checkpoints).
     """
     config.validate()
@@ -74,9 +75,6 @@ def _resume_errors(config: TrainConfig) -> list[str]:
     """A checkpoint of another run in the output: the trainer would refuse it on every rank."""
     if not storage.exists(config.checkpoints_dir()):
         return []
-    # imports torch: only when a run resumes
-    from trainer.checkpoint import check_resume  # imports torch: only when there is one
-
     try:
         check_resume(config.checkpoints_dir(), config)
     except ValueError as exc:

@@ -39,7 +39,7 @@ from components.platform.platform_facts import accelerator
 from components.preflight.model_size import model_config, size_of
 from trainer.config import TrainConfig
 from trainer.gguf import is_gguf
-from trainer.memory_model import MemoryEstimate, ModelShape, estimate
+from trainer.memory_model import MemoryEstimate, ModelShape, estimate, replicates
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +154,6 @@ def plan_of(params: Any) -> Plan:
 
 
 def fit_of(shape: ModelShape, plan: Plan, gpu_bytes: float) -> TrainingFit:
-    # imports torch: only when a fit is computed
-    from trainer.model import replicates
-
     c = plan.config
     method = "qlora" if c.quantize_base == "nf4" else "lora" if c.lora_rank else "full"
     shards = 1 if replicates(c, shape.params, plan.world_size) else plan.world_size

@@ -246,9 +246,9 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
 
 def backend_options(request: TrainRequest) -> BackendOptions:
     """The request's backend, with the run parameters that concern it (its own step module)."""
-    # Only the chosen backend's module is imported: a GKE launch need not load the Vertex SDK
-    # nor the local process code, a local run neither cloud client (python -X importtime:
-    # docs/architecture.md, "The train step's backends").
+    # Only the chosen backend's module is imported, here: a GKE launch loads neither the Vertex
+    # launcher nor the local processes and etcd, a local run no cloud launcher (measured in
+    # docs/architecture.md, "The train step's backends"; tests/test_import_contracts.py).
     p = request.params
     if p.backend == "gke":
         from components.steps.train_gke import gke_options
