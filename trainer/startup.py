@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer import attention, checkpoint, checkpoint_files
+from trainer import attention_support, checkpoint, checkpoint_files
 from trainer.config import TrainConfig
 from trainer.data import TrainBatches
 from trainer.metrics import MetricsWriter
@@ -91,7 +91,7 @@ def _data(r: Run) -> None:
     config = r.config
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     r.model_dir = resolve_model_dir(config.model, local_rank=local_rank)
-    attention.check_model(config.attention, r.model_dir)
+    attention_support.check_model(config.attention, r.model_dir)
     tokenizer_dir = (
         r.model_dir
         if config.resolved_tokenizer() == config.model

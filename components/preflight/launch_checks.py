@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import storage
+from trainer.attention_support import check_model
 from trainer.checkpoint_files import check_resume
 from trainer.config import TrainConfig
 from trainer.gguf import gguf_errors, is_gguf
@@ -37,9 +38,6 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
     if model_dir is not None and (model_dir / "config.json").is_file():
         # A family feature the chosen attention cannot compute exactly (e.g. gpt-oss's sinks
         # with attention=sdpa) is refused here, before any node starts.
-        # imports torch: only when a local model is checked
-        from trainer.attention import check_model
-
         try:
             check_model(config.attention, str(model_dir))
         except ValueError as exc:
