@@ -100,8 +100,8 @@ OTHER_BACKENDS = ("components.steps.train_vertex", "components.steps.train_local
 """The other backends' step modules: the train step imports each only when it is the chosen one."""
 GKE_TRAIN_CLOSURE_MAX = 52
 """Project modules a GKE launch of the train step may import (module- and function-level
-imports), as measured on 2026-12-07 after the per-backend split (70 before it). Lower it when a
-dependency is cut; issue 44 aims at 30."""
+imports): 52 on 2026-12-07 after the per-backend split, 70 before it (docs/architecture.md, "The
+train step's backends"). Lower it when a dependency is cut; issue 44 aims at 30."""
 
 
 def _project_closure(
