@@ -247,7 +247,8 @@ def _apply_kubernetes_settings(
     """kfp-kubernetes settings for KFP on GKE (never in the Vertex target)."""
     from kfp import kubernetes
 
-    from components.launchers.pytorchjob import DEADLINE_GRACE_S, IMAGE_UID
+    from components.launchers.pytorchjob import IMAGE_UID
+    from components.launchers.vocab import DEADLINE_GRACE_S
 
     for task in tasks:
         # The image runs as root for Dataflow's worker boot; task pods use its `llmft` user.

@@ -179,11 +179,11 @@ def _unit_tests_size_no_remote_model(
     local files); gcsfs would retry an unreachable bucket for minutes."""
     if request.node.get_closest_marker("unit") is None:
         return
-    import components.steps.train as train_step
+    import components.steps.train_gke as train_gke
 
-    real = train_step.weight_bytes
+    real = train_gke.weight_bytes
     monkeypatch.setattr(
-        train_step,
+        train_gke,
         "weight_bytes",
         lambda base_model: None if "://" in base_model else real(base_model),
     )

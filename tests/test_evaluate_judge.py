@@ -19,9 +19,10 @@ from google.auth.credentials import AnonymousCredentials
 from google.protobuf.json_format import MessageToDict
 
 from components.evaluation.gate import GateThresholds, decide
-from components.evaluation.judge import PAIRWISE_METRICS, JudgeMetric, JudgeSettings, judge_pairwise
+from components.evaluation.judge import JudgeSettings, judge_pairwise
 from components.params.run_checks import run_errors
 from components.params.run_params import RunParams
+from components.platform.platform_facts import PAIRWISE_METRICS, JudgeMetric
 
 PROMPTS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"]
 BASE = ["Paris is the capital.", "Blue", "5"]

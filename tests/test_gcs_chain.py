@@ -216,7 +216,7 @@ def _trainer_workers(run_id: str) -> list[int]:
 
 
 def _complete_steps(chain: Chain) -> list[int]:
-    from trainer.checkpoint import complete_checkpoints
+    from trainer.checkpoint_files import complete_checkpoints
 
     return [step for step, _ in complete_checkpoints(chain.uri("run/checkpoints"))]
 

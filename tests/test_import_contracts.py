@@ -92,3 +92,47 @@ def test_a_cycle_inside_a_package_is_reported(graph: grimp.ImportGraph) -> None:
         "acyclic", graph, ("trainer.packed_data.format", "trainer.packed_data.reader")
     ).metadata["cycle_breakers_by_package"]
     assert "trainer.packed_data" in after
+
+
+GKE_TRAIN_STEP = ("components.steps.train", "components.steps.train_gke")
+"""What a GKE launch of the train step imports: the shared step and its GKE module."""
+OTHER_BACKENDS = ("components.steps.train_vertex", "components.steps.train_local")
+"""The other backends' step modules: the train step imports each only when it is the chosen one."""
+GKE_TRAIN_CLOSURE_MAX = 52
+"""Project modules a GKE launch of the train step may import (module- and function-level
+imports): 52 on 2026-12-07 after the per-backend split, 70 before it (docs/architecture.md, "The
+train step's backends"). Lower it when a dependency is cut; issue 44 aims at 30."""
+
+
+def _project_closure(
+    graph: grimp.ImportGraph, roots: tuple[str, ...], excluded: tuple[str, ...]
+) -> set[str]:
+    """Every project module `roots` import, directly or not, at module or function level,
+    not following `excluded`."""
+    projects = set(CONFIG["root_packages"])
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        if module in seen or module in excluded or module.split(".")[0] not in projects:
+            continue
+        seen.add(module)
+        todo.extend(graph.find_modules_directly_imported_by(module))
+    return seen
+
+
+def test_a_gke_launch_of_the_train_step_imports_no_other_backend(graph: grimp.ImportGraph) -> None:
+    """The train step dispatches per backend: a GKE launch loads neither the Vertex launcher nor
+    the local one (processes, etcd), and nothing but the dispatcher imports the other backends'
+    step modules, so leaving them out measures exactly what a GKE launch needs."""
+    closure = _project_closure(graph, GKE_TRAIN_STEP, OTHER_BACKENDS)
+    assert not closure & {
+        "components.launchers.vertex",
+        "components.launchers.customjob",
+        "components.launchers.local",
+        "components.etcd.local",
+    }
+    for backend in OTHER_BACKENDS:
+        importers = graph.find_modules_that_directly_import(backend)
+        assert importers & closure <= {"components.steps.train"}, backend
+    assert len(closure) <= GKE_TRAIN_CLOSURE_MAX, sorted(closure)

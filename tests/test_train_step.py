@@ -63,7 +63,8 @@ def _request(backend: str, **changes: object):
 def test_the_jobs_carry_the_train_timeout_plus_a_grace() -> None:
     """N9: a KFP terminate can kill the step before its cancel reaches the cluster; the job then
     still ends by itself (the operator's activeDeadlineSeconds, Vertex's scheduling timeout)."""
-    from components.launchers.pytorchjob import DEADLINE_GRACE_S, build_pytorchjob
+    from components.launchers.pytorchjob import build_pytorchjob
+    from components.launchers.vocab import DEADLINE_GRACE_S
     from components.steps.train import backend_options, trainer_launch
 
     gke = backend_options(_request("gke"))

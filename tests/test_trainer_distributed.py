@@ -211,7 +211,7 @@ def test_sigterm_saves_and_rerun_resumes_matching_uninterrupted(
         wait(procs, timeout=120)
     log_text = logs(out)
     assert "SIGTERM: saved step" in log_text, log_text
-    from trainer.checkpoint import latest_checkpoint
+    from trainer.checkpoint_files import latest_checkpoint
 
     latest = latest_checkpoint(str(out / "checkpoints"))
     assert latest is not None, log_text
@@ -278,7 +278,7 @@ def test_preemption_rehearsal_time_checkpoint_then_resume(
     complete one and its losses continue A's curve step for step; summary.json counts the starts
     and the preemptions that saved."""
     from components.platform.platform_facts import GKE_SPOT_POD_GRACE_S
-    from trainer.checkpoint import latest_checkpoint
+    from trainer.checkpoint_files import latest_checkpoint
 
     out = tmp_path / "run_spot"
     paused = tmp_path / "paused"

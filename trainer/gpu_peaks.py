@@ -1,9 +1,10 @@
-"""Peak dense tensor FLOP/s of each GPU model: the MFU denominator, held once.
+"""MFU's two halves, held once: peak dense tensor FLOP/s of each GPU model (the denominator) and
+training FLOPs per token (the numerator, `flops_per_token`).
 
 The trainer looks a GPU up by its CUDA device name (`trainer.metrics.peak_flops`); the platform
 table looks each Vertex/GKE accelerator up by the key it names (components/platform/platform_facts.py,
-`Accelerator.cuda_name`), which is what the cost estimate uses. No torch here, so the launch
-checks can import it.
+`Accelerator.cuda_name`), which is what the cost estimate uses, with the trainer's FLOPs per token
+(components/preflight/model_size.py). No torch here, so the launch checks can import it.
 
 Sources: NVIDIA data sheets, dense (without 2:4 sparsity), bf16, or fp16 where the GPU has no
 bf16 -- H200 SXM and H100 SXM: 989.5 TFLOPS ("1,979 with sparsity"); H200 NVL and H100 NVL:
@@ -39,3 +40,11 @@ name it contains ("H100 NVL" before "H100", "A100" before "A10", "L40S" before "
 def peak_of(device_name: str) -> float | None:
     """Peak FLOP/s of the GPU called `device_name`, or None when the model is not listed."""
     return next((v for key, v in PEAK_TENSOR_FLOPS.items() if key in device_name), None)
+
+
+def flops_per_token(
+    matmul_params: int, num_layers: int, hidden: int, seq_len: int, lora: bool = False
+) -> float:
+    """Training FLOPs per token: 6 per matmul parameter (4 with LoRA: no weight gradients of the
+    frozen base) plus the attention scores' 12 x layers x hidden x seq_len."""
+    return (4 if lora else 6) * matmul_params + 12 * num_layers * hidden * seq_len

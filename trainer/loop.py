@@ -14,11 +14,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_files
 from trainer.attention import sdpa_kernels
 from trainer.data import DataPosition
 from trainer.divergence import DivergedError, DivergenceGuard
-from trainer.metrics import flops_per_token, peak_flops, peak_memory_bytes
+from trainer.gpu_peaks import flops_per_token
+from trainer.metrics import peak_flops, peak_memory_bytes
 from trainer.run_state import NonFiniteLossError, Preempted, Run, checkpoints_dir
 from trainer.step import optimizer_step
 
@@ -100,7 +101,7 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
 def _kept(r: Run, rose_at: int | None = None) -> str:
     """Which checkpoints a stopped run leaves: only ones that exist are named. `rose_at`: the
     step after which the loss rose (a checkpoint from then on holds weights of the rise)."""
-    complete = checkpoint.complete_checkpoints(checkpoints_dir(r))
+    complete = checkpoint_files.complete_checkpoints(checkpoints_dir(r))
     if rose_at is not None:
         before = [path for step, path in complete if step < rose_at]
         after = [path.rsplit("/", 1)[-1] for step, path in complete if step >= rose_at]

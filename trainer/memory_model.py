@@ -2,7 +2,8 @@
 
 No torch (trainer/quantize.py imports it lazily): the pipeline's checks can call it before
 anything starts. `estimate(shape, ...)` returns
-the parts in bytes, `fits(...)` compares their sum with a GPU's memory. What each part counts,
+the parts in bytes, `fits(...)` compares their sum with a GPU's memory; `replicates` is whether the
+trainer replicates a model (DDP) or shards it (FSDP2), decided here for both. What each part counts,
 and where its constant comes from, is written next to it; the parts follow how this trainer lays
 the model out (trainer/model.py, trainer/quantize.py), not a generic trainer.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainer.config import TrainConfig
 from trainer.quantize import nf4_bytes
 
 GB = 1e9
@@ -211,3 +213,18 @@ def grpo_peak(
     live = train.weights + train.trainable + cache + sampling_logits
     rollout = OVERHEAD_FIXED + OVERHEAD_FRACTION * live + live
     return max(train.total, rollout)
+
+
+def replicates(config: TrainConfig, parameters: int, world_size: int = 2) -> bool:
+    """Whether `data_parallel` resolves to "replicate" for a model of this many parameters.
+
+    An NF4 base on one process always replicates: FSDP2's one-process shortcut in torch 2.13
+    (`FSDPParamGroup.wait_for_unshard`, world size 1) copies a single all-gather input and so
+    breaks tensors with all-gather extensions such as NF4 ("not enough values to unpack");
+    one process has nothing to shard anyway.
+    """
+    if config.quantize_base == "nf4" and world_size == 1:
+        return True
+    if config.data_parallel == "auto":
+        return parameters <= config.replicate_max_params
+    return config.data_parallel == "replicate"

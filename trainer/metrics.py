@@ -44,12 +44,6 @@ def peak_flops(device: torch.device, override: float | None = None) -> float | N
     return peak
 
 
-def flops_per_token(
-    matmul_params: int, num_layers: int, hidden: int, seq_len: int, lora: bool = False
-) -> float:
-    return (4 if lora else 6) * matmul_params + 12 * num_layers * hidden * seq_len
-
-
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)

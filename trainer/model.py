@@ -38,6 +38,7 @@ from torch import nn
 
 from trainer import attention, last_block, rms_norm
 from trainer.config import TrainConfig
+from trainer.memory_model import replicates
 from trainer.meta_init import parameters_on_meta
 
 log = logging.getLogger(__name__)
@@ -267,21 +268,6 @@ def lora_config(config: TrainConfig) -> Any:
         target_modules=list(config.lora_target_modules),
         task_type="CAUSAL_LM",
     )
-
-
-def replicates(config: TrainConfig, parameters: int, world_size: int = 2) -> bool:
-    """Whether `data_parallel` resolves to "replicate" for a model of this many parameters.
-
-    An NF4 base on one process always replicates: FSDP2's one-process shortcut in torch 2.13
-    (`FSDPParamGroup.wait_for_unshard`, world size 1) copies a single all-gather input and so
-    breaks tensors with all-gather extensions such as NF4 ("not enough values to unpack");
-    one process has nothing to shard anyway.
-    """
-    if config.quantize_base == "nf4" and world_size == 1:
-        return True
-    if config.data_parallel == "auto":
-        return parameters <= config.replicate_max_params
-    return config.data_parallel == "replicate"
 
 
 def data_parallel_mesh(device: torch.device) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer import attention, checkpoint
+from trainer import attention_support, checkpoint, checkpoint_files
 from trainer.config import TrainConfig
 from trainer.data import TrainBatches
 from trainer.metrics import MetricsWriter
@@ -91,7 +91,7 @@ def _data(r: Run) -> None:
     config = r.config
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     r.model_dir = resolve_model_dir(config.model, local_rank=local_rank)
-    attention.check_model(config.attention, r.model_dir)
+    attention_support.check_model(config.attention, r.model_dir)
     tokenizer_dir = (
         r.model_dir
         if config.resolved_tokenizer() == config.model
@@ -134,19 +134,19 @@ def _data(r: Run) -> None:
 
 def _resume(r: Run) -> None:
     """Model, optimizer, scheduler and trainer state from the newest checkpoint that loads, if
-    any: a damaged one (trainer/checkpoint.py) is passed over for the one before, said in the log,
+    any: a damaged one (trainer/checkpoint_files.py) is passed over for the one before, said in the log,
     and demoted; when none loads the run stops (NoResumableCheckpoint), never restarting at 0."""
     config = r.config
     folder = checkpoints_dir(r)
-    good, damaged = checkpoint.resumable_checkpoints(folder)
+    good, damaged = checkpoint_files.resumable_checkpoints(folder)
     if not good:
         return
-    checkpoint.check_resume(folder, config)  # another run's checkpoint: refused
+    checkpoint_files.check_resume(folder, config)  # another run's checkpoint: refused
     dist.barrier()  # every rank has read the markers before rank 0 demotes a damaged one
     for step, path, why in damaged:
         log.warning("checkpoint step %d is damaged (%s): passed over", step, why)
         if r.rank == 0:
-            checkpoint.demote(path, why)
+            checkpoint_files.demote(path, why)
     for step, path in good:
         failure = _load(r, path)
         if failure is None:
@@ -154,14 +154,14 @@ def _resume(r: Run) -> None:
         damaged.append((step, path, failure))
         log.warning("checkpoint %s does not load (%s): trying the one before", path, failure)
         if r.rank == 0:
-            checkpoint.demote(path, failure)
+            checkpoint_files.demote(path, failure)
     else:
-        raise checkpoint.no_resumable_checkpoint(folder, damaged)
+        raise checkpoint_files.no_resumable_checkpoint(folder, damaged)
     if damaged:
         log.warning(
             "resuming from step %d: newer checkpoint(s) damaged: %s",
             step,
-            checkpoint.describe_damage(damaged),
+            checkpoint_files.describe_damage(damaged),
         )
     r.scheduler.load_state_dict(r.state.scheduler)
     r.resumed_from_step = step

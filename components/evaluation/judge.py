@@ -19,18 +19,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
+
+from components.platform.platform_facts import PAIRWISE_METRICS
 
 log = logging.getLogger(__name__)
 
-JudgeMetric = Literal[
-    "", "text_quality", "instruction_following", "fluency", "coherence", "safety", "verbosity",
-    "groundedness",
-]  # fmt: skip
-"""The `judge_metric` run parameter: "" (no judge) or one of the service's pairwise metrics."""
-PAIRWISE_METRICS: tuple[str, ...] = tuple(m for m in get_args(JudgeMetric) if m)
-"""The service's pairwise metrics by their short names (vertexai's MetricPromptTemplateExamples
-.Pairwise, upper-cased)."""
 CANDIDATE, BASELINE, TIE = "CANDIDATE", "BASELINE", "TIE"
 JUDGED = (CANDIDATE, BASELINE, TIE)
 """The choices of a judged prompt; the SDK writes "Error" for a row whose request failed."""

@@ -2,7 +2,7 @@
 
 `base` is the one interface; `local`, `gke` and `vertex` implement it, each with its own typed
 options; `pytorchjob` and `customjob` build the cloud jobs' specs. The train step
-(components/steps/train.py) picks a launcher from the options' type.
+(components/steps/train.py) gets its launcher from the options (`options.launcher()`).
 """
 
 from components.launchers.base import (

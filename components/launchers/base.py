@@ -2,8 +2,8 @@
 and clean up after it by run id.
 
 Every backend (local torchrun agents, a PyTorchJob on GKE, a Vertex AI CustomJob) implements
-`Launcher` and takes its own typed options (`LocalOptions`, `GkeOptions`, `VertexOptions`);
-`components.steps.train.launcher` picks one by the options' type, so this module imports none of
+`Launcher` and takes its own typed options (`LocalOptions`, `GkeOptions`, `VertexOptions`: each a
+`BackendOptions`, which names its backend and makes its launcher), so this module imports none of
 its subclasses. What to run is described once, by `TrainLaunch`, so the trainer receives the same
 arguments whatever starts it.
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from components.launchers.vocab import DEFAULT_RDZV_BACKEND, RDZV_BACKENDS
 from components.runtime.run_identity import safe_run_id
@@ -229,6 +229,18 @@ def _signals_raise() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+class BackendOptions(Protocol):
+    """A backend's launch options (`LocalOptions`, `GkeOptions`, `VertexOptions`): their type is
+    the backend. Code that handles any backend (components/steps/train.py) needs no import of the
+    others' modules: `backend` names it, `launcher` makes its launcher."""
+
+    backend: ClassVar[str]
+
+    def launcher(self, *, log: LogSink | None = None) -> Launcher:
+        """The launcher of this backend, following one run."""
+        ...
 
 
 class Launcher(ABC):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from components.etcd.kubernetes import (
     adopt_etcd,
@@ -81,6 +81,8 @@ job_times = pytorchjob_times
 class GkeOptions:
     """Where and how the GKE backend runs a training job (`GkeLauncher`)."""
 
+    backend: ClassVar[str] = "gke"
+
     job: PyTorchJobOptions = field(default_factory=PyTorchJobOptions)
     """The job's settings (either API); its `namespace` is where the job and the run's etcd
     live."""
@@ -105,6 +107,10 @@ class GkeOptions:
     job is Succeeded when any worker is) before the run fails."""
     follow_logs: bool = True
     """Stream the rank-0 pod's log to the log sink."""
+
+    def launcher(self, *, log: LogSink | None = None) -> GkeLauncher:
+        """The launcher of these options' backend (`GkeLauncher`)."""
+        return GkeLauncher(self, log=log)
 
 
 @dataclass
@@ -484,15 +490,11 @@ class GkeLauncher(Launcher):
                 name = item["metadata"]["name"]
                 if jobs.delete(name, item["metadata"].get("namespace")):
                     removed.append(f"{kind.kind} {self.namespace}/{name}")
-        removed += _cleanup_etcd(self.api_client, run_id, self.namespace)
+        etcd = delete_etcd(self.api_client, run_id=run_id, namespace=self.namespace)  # by label
+        removed += [f"etcd {obj}" for obj in etcd]
         return removed
 
 
 def _pods_phase(pods: list[Any]) -> str:
     """Running once any pod runs (a TrainJob has no Running condition), else Pending."""
     return "Running" if any(p.status and p.status.phase == "Running" for p in pods) else ""
-
-
-def _cleanup_etcd(api_client: Any, run_id: str, namespace: str) -> list[str]:
-    """The run's etcd StatefulSet/Service/PVCs, deleted by label (components/etcd/kubernetes.py)."""
-    return [f"etcd {obj}" for obj in delete_etcd(api_client, run_id=run_id, namespace=namespace)]

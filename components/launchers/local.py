@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 from components.launchers.base import (
     CANCELLED,
@@ -87,6 +87,8 @@ class _RunState:
 class LocalOptions:
     """How the local backend runs its torchrun agents (`LocalLauncher`)."""
 
+    backend: ClassVar[str] = "local"
+
     log_dir: str | os.PathLike[str] | None = None
     """Where each node's log goes (`node<i>.log`) and torchrun's per-rank files; default
     `<output>/logs` (`<state dir>/logs` when the output is remote, e.g. gs://)."""
@@ -102,6 +104,10 @@ class LocalOptions:
     """Extra environment for every agent and worker."""
     poll_s: float = 0.2
     """How often the wait loop checks the agents."""
+
+    def launcher(self, *, log: LogSink | None = None) -> LocalLauncher:
+        """The launcher of these options' backend (`LocalLauncher`)."""
+        return LocalLauncher(self, log=log)
 
 
 class LocalLauncher(Launcher):

@@ -1,7 +1,8 @@
 """What a training pod needs from its GPU node beyond GPUs, for any Kubernetes job kind
 (PyTorchJob here; a TrainJob's pod template takes the same patch): an ephemeral-storage request
-sized from the base model (C6), and the GPUDirect-TCPX/TCPXO setup that gives A3 nodes their GPU
-NICs' bandwidth (C8).
+sized from the base model (C6), the GPUDirect-TCPX/TCPXO setup that gives A3 nodes their GPU
+NICs' bandwidth (C8), GKE's driver mount and the CUDA expectation (`gpu_env`) and one zone for a
+multi-node job's pods (`same_zone_affinity`).
 
 GPUDirect follows Google's own manifests (GoogleCloudPlatform/container-engine-accelerators
 gpudirect-tcpx/nccl-test-latest.yaml, nccl-config.yaml, gpudirect-tcpxo/nccl-test-latest.yaml
@@ -21,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.platform.node_facts import GPUDIRECT_NETWORKS, ephemeral_storage_gib
+from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
+from components.runtime.run_identity import k8s_labels
+from trainer.cuda_guard import expect_cuda_env
 
 NVIDIA_LIB = "/usr/local/nvidia/lib64"
 
@@ -171,3 +175,35 @@ def ephemeral_storage_request(weight_bytes: int | None) -> str | None:
     if not weight_bytes:
         return None
     return f"{ephemeral_storage_gib(weight_bytes)}Gi"
+
+
+ZONE_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
+"""The well-known node label of a node's zone (kubernetes.io/docs/reference/labels-annotations-
+taints/#topologykubernetesiozone)."""
+
+
+def gpu_env(gpus: int) -> dict[str, str]:
+    """Environment of a pod given `gpus` GPUs on GKE: the driver mount on the loader path and the
+    expectation of CUDA (trainer/cuda_guard.py); {} for CPU pods."""
+    if gpus <= 0:
+        return {}
+    return {"LD_LIBRARY_PATH": GKE_NVIDIA_LIBRARY_PATH, **expect_cuda_env(gpus)}
+
+
+def same_zone_affinity(run_id: str) -> dict[str, Any]:
+    """A required podAffinity: every pod of the run's training job in the zone of the others.
+
+    The first pod matches its own term, which the scheduler accepts when no other pod matches
+    yet (kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-
+    and-anti-affinity); the rest follow it into its zone.
+    """
+    return {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": k8s_labels(run_id, "trainer")},
+                    "topologyKey": ZONE_TOPOLOGY_KEY,
+                }
+            ]
+        }
+    }

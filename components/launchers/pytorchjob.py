@@ -20,8 +20,9 @@ Design choices:
 - Pods run as the image's user uid 1000 (the image runs as root: Dataflow's worker boot needs it).
 - GPU pods get GKE's driver mount on the loader path (`GKE_NVIDIA_LIBRARY_PATH`, else pip torch
   sees no CUDA) and `LLMFT_EXPECT_CUDA=1`, so a trainer that still sees no GPU stops at once
-  instead of training on CPU while the GPUs are billed (trainer/cuda_guard.py).
-- A multi-node job's pods must share one zone (a required podAffinity on
+  instead of training on CPU while the GPUs are billed (trainer/cuda_guard.py;
+  `node_setup.gpu_env`).
+- A multi-node job's pods must share one zone (`node_setup.same_zone_affinity`, a podAffinity on
   `topology.kubernetes.io/zone`): a regional GPU pool would otherwise spread them, and FSDP's
   collectives would cross zones every step (slower, and inter-zone egress is billed).
 """
@@ -35,7 +36,13 @@ from typing import Any
 
 from components.etcd.manifests import etcd_endpoint
 from components.launchers.base import TORCHRUN_ENV, TrainLaunch
-from components.launchers.node_setup import GPUDIRECT_SETUPS, apply_patch, gpudirect_patch
+from components.launchers.node_setup import (
+    GPUDIRECT_SETUPS,
+    apply_patch,
+    gpu_env,
+    gpudirect_patch,
+    same_zone_affinity,
+)
 from components.launchers.vocab import (
     DEFAULT_NAMESPACE,
     K8S_LABEL_NAME,
@@ -44,10 +51,8 @@ from components.launchers.vocab import (
 )
 from components.platform.capacity import CAPACITIES
 from components.platform.node_facts import GPU_NODE_LABEL as GKE_ACCELERATOR_LABEL
-from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
 from components.runtime.image import DEFAULT_IMAGE
 from components.runtime.run_identity import k8s_labels, resource_name
-from trainer.cuda_guard import expect_cuda_env
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"
@@ -62,13 +67,6 @@ CLEAN_POD_POLICIES = ("None", "Running", "All")
 RESTART_POLICIES = ("OnFailure", "Never", "Always", "ExitCode")
 IMAGE_UID = 1000
 """The unprivileged user the Dockerfile creates (`llmft`)."""
-ZONE_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
-"""The well-known node label of a node's zone (kubernetes.io/docs/reference/labels-annotations-
-taints/#topologykubernetesiozone)."""
-DEADLINE_GRACE_S = 600
-"""`activeDeadlineSeconds` = the launcher's own timeout + this: the launcher deletes the job at its
-timeout; the operator ends it by itself a little later should the launcher have been killed
-(a KFP terminate can cut the launcher's cancel short, issue 29 N9)."""
 
 
 def backoff_limit_for(nodes: int, restarts_per_node: int) -> int:
@@ -397,38 +395,6 @@ def pod_placement(launch: TrainLaunch, options: PyTorchJobOptions) -> dict[str, 
         pod_spec["affinity"] = same_zone_affinity(launch.run_id)
     schedule_capacity(pod_spec, options)
     return pod_spec
-
-
-def gpu_env(gpus: int) -> dict[str, str]:
-    """Environment of a pod given `gpus` GPUs on GKE: the driver mount on the loader path and the
-    expectation of CUDA (trainer/cuda_guard.py); {} for CPU pods."""
-    if gpus <= 0:
-        return {}
-    return {"LD_LIBRARY_PATH": GKE_NVIDIA_LIBRARY_PATH, **expect_cuda_env(gpus)}
-
-
-def same_zone_affinity(run_id: str) -> dict[str, Any]:
-    """A required podAffinity: every pod of the run's training job in the zone of the others.
-
-    The first pod matches its own term, which the scheduler accepts when no other pod matches
-    yet (kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-
-    and-anti-affinity); the rest follow it into its zone.
-    """
-    return {
-        "podAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "labelSelector": {"matchLabels": k8s_labels(run_id, "trainer")},
-                    "topologyKey": ZONE_TOPOLOGY_KEY,
-                }
-            ]
-        }
-    }
-
-
-def deadline_for(timeout_s: float | None) -> int | None:
-    """`runPolicy.activeDeadlineSeconds` for a launcher timeout (`DEADLINE_GRACE_S` later)."""
-    return None if timeout_s is None else int(timeout_s) + DEADLINE_GRACE_S
 
 
 # --- capacity: Spot and flex-start nodes, the termination grace period --------------------------

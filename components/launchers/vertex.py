@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from components.launchers.base import (
     CANCELLED,
@@ -119,6 +119,8 @@ def transient_errors() -> tuple[type[BaseException], ...]:
 class VertexOptions:
     """Where and how the Vertex backend runs a CustomJob (`VertexLauncher`)."""
 
+    backend: ClassVar[str] = "vertex"
+
     project: str
     """The Google Cloud project of the job."""
     location: str = DEFAULT_REGION
@@ -141,6 +143,10 @@ class VertexOptions:
     """The first wait between retries."""
     sleep: Callable[[float], None] = time.sleep
     """How to wait between retries (tests pass a recorder)."""
+
+    def launcher(self, *, log: LogSink | None = None) -> VertexLauncher:
+        """The launcher of these options' backend (`VertexLauncher`)."""
+        return VertexLauncher(self, log=log)
 
 
 class VertexLauncher(Launcher):

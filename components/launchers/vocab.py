@@ -35,6 +35,18 @@ PyTorchJob, or `auto` (what the cluster's discovery API serves, TrainJob first).
 JOB_APIS: tuple[str, ...] = get_args(JobApi)
 DEFAULT_JOB_API: JobApi = "auto"
 
+DEADLINE_GRACE_S = 600
+"""A cloud job's own deadline = the launcher's timeout + this (PyTorchJob/TrainJob
+`activeDeadlineSeconds`, CustomJob `timeout`): the launcher deletes the job at its timeout; the
+platform ends it by itself a little later should the launcher have been killed (a KFP terminate
+can cut the launcher's cancel short, issue 29 N9)."""
+
+
+def deadline_for(timeout_s: float | None) -> int | None:
+    """A cloud job's own deadline for a launcher timeout (`DEADLINE_GRACE_S` later)."""
+    return None if timeout_s is None else int(timeout_s) + DEADLINE_GRACE_S
+
+
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 """The label that hands a job to a Kueue LocalQueue (kueue.sigs.k8s.io/docs/tasks/run/trainjobs,
 site/content/en/docs/tasks/run/trainjobs.md in kubernetes-sigs/kueue v0.19.2)."""

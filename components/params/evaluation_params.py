@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.evaluation.judge import JudgeMetric
 from components.params.param_schema import param
 from components.params.serving_params import LATEST_REGISTERED
+from components.platform.platform_facts import JudgeMetric
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from trainer.gpu_peaks import PEAK_TENSOR_FLOPS
 
@@ -429,3 +430,16 @@ def vertex_flex_start(accelerator_name: str) -> bool:
     if not accelerator_name:
         return False
     return accelerator(accelerator_name).vertex_name in VERTEX_FLEX_START_GPUS
+
+
+# --- Vertex AI Gen AI evaluation service ---------------------------------------------------------
+
+JudgeMetric = Literal[
+    "", "text_quality", "instruction_following", "fluency", "coherence", "safety", "verbosity",
+    "groundedness",
+]  # fmt: skip
+"""The `judge_metric` run parameter: "" (no judge) or one of the service's pairwise metrics
+(components/evaluation/judge.py)."""
+PAIRWISE_METRICS: tuple[str, ...] = tuple(m for m in get_args(JudgeMetric) if m)
+"""The service's pairwise metrics by their short names (vertexai's MetricPromptTemplateExamples
+.Pairwise, upper-cased)."""

@@ -6,7 +6,7 @@ The estimate is a throughput model, not a measurement of this run:
     tokens trained   = max_steps x global batch rows x seq_len        (what the trainer counts)
     tokens/s per GPU = MFU x peak FLOP/s / FLOPs per token
     FLOPs per token  = 6 x matmul parameters (4 with LoRA) + 12 x layers x hidden x seq_len
-                       (trainer/metrics.py `flops_per_token`, the convention MFU is measured in)
+                       (trainer/gpu_peaks.py `flops_per_token`, the convention MFU is measured in)
     train wall time  = startup + tokens / (tokens/s per GPU x GPUs) + checkpoint saves
     GPU-hours        = train wall time x every GPU of the job (all are billed while it runs)
 

@@ -7,11 +7,12 @@ a model without enough positions or an empty dataset is one clear error instead 
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 from trainer import storage
+from trainer.attention_support import check_model
+from trainer.checkpoint_files import check_resume
 from trainer.config import TrainConfig
 from trainer.gguf import gguf_errors, is_gguf
 from trainer.packed_data.format import TokenizerIdentity, compatibility_errors, read_manifest
@@ -28,7 +29,7 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
     that it has positions for `seq_len` tokens. `local`: the model and data paths are on this
     machine (the local backend); otherwise only what is readable here (gs:// via fsspec) is read.
     A run that would resume from a checkpoint another run left in its output (another model,
-    data or recipe: `trainer.checkpoint.RESUME_MUST_MATCH`) is refused, unless `overwrite` (the
+    data or recipe: `trainer.checkpoint_files.RESUME_MUST_MATCH`) is refused, unless `overwrite` (the
     caller then deletes those checkpoints).
     """
     config.validate()
@@ -37,9 +38,6 @@ def preflight(config: TrainConfig, *, local: bool, overwrite: bool = False) -> N
     if model_dir is not None and (model_dir / "config.json").is_file():
         # A family feature the chosen attention cannot compute exactly (e.g. gpt-oss's sinks
         # with attention=sdpa) is refused here, before any node starts.
-        # imports torch: only when a local model is checked
-        from trainer.attention import check_model
-
         try:
             check_model(config.attention, str(model_dir))
         except ValueError as exc:
@@ -75,9 +73,6 @@ def _resume_errors(config: TrainConfig) -> list[str]:
     """A checkpoint of another run in the output: the trainer would refuse it on every rank."""
     if not storage.exists(config.checkpoints_dir()):
         return []
-    # imports torch: only when a run resumes
-    from trainer.checkpoint import check_resume  # imports torch: only when there is one
-
     try:
         check_resume(config.checkpoints_dir(), config)
     except ValueError as exc:
@@ -130,84 +125,6 @@ def _model_fits_errors(model_dir: Path, config: TrainConfig, manifest: Any) -> l
             return [*errors, f"tokenizer {str(tokenizer_dir)!r} does not load: {exc}"]
         errors += compatibility_errors(manifest, TokenizerIdentity.of(tokenizer), None)
     return errors
-
-
-PROBE_TIMEOUT_S = 3.0
-"""How long the rendezvous probe waits for a connection or an answer."""
-
-
-def check_rendezvous(rdzv_backend: str, endpoint: str) -> None:
-    """Refuse a local rendezvous that cannot work, before any agent starts (an agent would
-    otherwise wait out its rendezvous timeout: 10 minutes for c10d, a traceback after ~70 s for
-    etcd). No endpoint: the run starts its own etcd (etcd-v3 / etcd-v2), so the binary must exist.
-
-    c10d on this machine: the first local agent hosts the store there, so the port must be free
-    (a foreign listener makes every agent a client of something that never answers). etcd-v3 /
-    etcd-v2: an etcd must answer at the endpoint (GET /version).
-
-    Raises:
-        ValueError: one line: what is wrong, and what to pass instead.
-    """
-    if not endpoint:
-        if rdzv_backend != "c10d":
-            # etcd's client imports requests (~200 modules): only for an etcd rendezvous
-            from components.etcd.local import find_etcd
-
-            find_etcd()  # EtcdNotFoundError (a ValueError): how to install it, or use c10d
-        return
-    host, _, port_text = endpoint.rpartition(":")
-    port = int(port_text)
-    if rdzv_backend == "c10d":
-        if _is_this_machine(host) and _listening(host, port):
-            raise ValueError(
-                f"--rdzv-endpoint {endpoint}: the port is already in use by another process, and "
-                "the c10d store of this run must listen there: pick a free port, or leave "
-                "--rdzv-endpoint empty to get one"
-            )
-        return
-    problem = _etcd_problem(endpoint)
-    if problem:
-        raise ValueError(
-            f"--rdzv-endpoint {endpoint}: no etcd answers there ({problem}): pass a running "
-            "etcd's client endpoint, or leave --rdzv-endpoint empty to start one for the run"
-        )
-
-
-def _is_this_machine(host: str) -> bool:
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        return False
-    if address.startswith("127.") or address == "0.0.0.0":
-        return True
-    try:
-        return address == socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return False
-
-
-def _listening(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
-            return True
-    except OSError:
-        return False
-
-
-def _etcd_problem(endpoint: str) -> str:
-    """Why `endpoint` is not an etcd client endpoint ("" when it is one)."""
-    import requests
-
-    try:
-        response = requests.get(f"http://{endpoint}/version", timeout=PROBE_TIMEOUT_S)
-        version = response.json()
-    except requests.RequestException as exc:
-        return f"{type(exc).__name__}"
-    except ValueError:
-        return "the answer is not etcd's"
-    if not isinstance(version, dict) or "etcdserver" not in version:
-        return "the answer is not etcd's"
-    return ""
 
 
 def gke_job_api_errors(

@@ -3,20 +3,25 @@ its config.json alone: a local directory, any fsspec URI (gs://), or a Hugging F
 one file, one bounded request, kept per process). No weights are read: the parameters are
 counted on the meta device.
 
-Also the two sizes that follow from it: training FLOPs per token (the trainer's own formula) and
-one DCP checkpoint's size.
+Also the sizes that follow from it: training FLOPs per token (the trainer's own formula), one DCP
+checkpoint's size and the weights' bytes on disk (`weight_bytes`: a GKE pod's ephemeral storage).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.platform.node_facts import model_bytes
 from components.runtime.model_location import is_hub_id
 from trainer import storage
+from trainer.gpu_peaks import flops_per_token as trainer_flops_per_token
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_BYTES_PER_PARAM = 4
 """fp32 master weights; + 8 bytes (AdamW's two moments) per trainable parameter."""
@@ -139,12 +144,8 @@ def size_of(config: Any) -> ModelSize:
 
 
 def flops_per_token(size: ModelSize, seq_len: int, *, lora: bool) -> float:
-    """Training FLOPs per token: the trainer's own formula (trainer/metrics.py), the convention
+    """Training FLOPs per token: the trainer's own formula (trainer/gpu_peaks.py), the convention
     the MFU in `MFU_MEASURED` was measured in."""
-    from trainer.metrics import (  # imports torch: kept off the estimate's import path
-        flops_per_token as trainer_flops_per_token,
-    )
-
     return trainer_flops_per_token(
         size.matmul_parameters, size.layers, size.hidden, seq_len, lora=lora
     )
@@ -156,6 +157,18 @@ def checkpoint_gb(size: ModelSize, *, lora: bool) -> float:
     return (
         size.parameters * CHECKPOINT_BYTES_PER_PARAM + trainable * CHECKPOINT_BYTES_PER_TRAINABLE
     ) / 1e9
+
+
+def weight_bytes(base_model: str) -> int | None:
+    """Bytes of the base model's weights on disk, from its config.json (parameters x the bytes of
+    its stored dtype, bf16 unless it says float32); None when the config cannot be read."""
+    try:
+        config = model_config(base_model)
+    except (ValueError, OSError) as exc:
+        log.warning("base model size unknown (%s): no ephemeral-storage request", exc)
+        return None
+    wide = str(getattr(config, "torch_dtype", "") or "").endswith("float32")
+    return model_bytes(size_of(config).parameters, 4 if wide else 2)
 
 
 # --- prices -------------------------------------------------------------------------------------

@@ -35,12 +35,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.params.trainer_params import planned_trainer_config
-from components.platform import node_facts
 from components.platform.platform_facts import accelerator
 from components.preflight.model_size import model_config, size_of
 from trainer.config import TrainConfig
 from trainer.gguf import is_gguf
-from trainer.memory_model import MemoryEstimate, ModelShape, estimate
+from trainer.memory_model import MemoryEstimate, ModelShape, estimate, replicates
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +154,6 @@ def plan_of(params: Any) -> Plan:
 
 
 def fit_of(shape: ModelShape, plan: Plan, gpu_bytes: float) -> TrainingFit:
-    # imports torch: only when a fit is computed
-    from trainer.model import replicates
-
     c = plan.config
     method = "qlora" if c.quantize_base == "nf4" else "lora" if c.lora_rank else "full"
     shards = 1 if replicates(c, shape.params, plan.world_size) else plan.world_size
@@ -236,16 +232,3 @@ def _what_fits(shape: ModelShape, plan: Plan, gpu_bytes: float) -> str:
 
 def _overrides(changes: dict[str, Any]) -> str:
     return f"trainer_overrides {json.dumps(changes)}"
-
-
-def weight_bytes(base_model: str) -> int | None:
-    """Bytes of the base model's weights on disk, from its config.json (parameters x the bytes of
-    its stored dtype, bf16 unless it says float32); None when the config cannot be read."""
-
-    try:
-        config = model_config(base_model)
-    except (ValueError, OSError) as exc:
-        log.warning("base model size unknown (%s): no ephemeral-storage request", exc)
-        return None
-    wide = str(getattr(config, "torch_dtype", "") or "").endswith("float32")
-    return node_facts.model_bytes(size_of(config).parameters, 4 if wide else 2)

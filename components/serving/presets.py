@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
-
-from components.serving.registry import ServingContainer
 
 ServingPreset = Literal["vertex-vllm", "vllm-openai", "custom"]
 LoraServing = Literal["merged", "adapter"]
@@ -187,6 +185,36 @@ def serving_model(spec: ServingSpec) -> str:
     if spec.lora and spec.lora_serving == "adapter":
         return spec.base_model_uri
     return MODEL_DIR_ENV
+
+
+@dataclass(frozen=True)
+class ServingContainer:
+    """The prediction container Vertex AI starts for a registered version, with the model files
+    at AIP_STORAGE_URI."""
+
+    image_uri: str
+    """The image, e.g. a vLLM or TGI image pinned by tag or digest."""
+    predict_route: str | None = None
+    """HTTP path of the container's predict handler."""
+    health_route: str | None = None
+    """HTTP path of its health check."""
+    ports: list[int] | None = None
+    """Ports the container listens on."""
+    command: list[str] | None = None
+    """The container's entrypoint (None: the image's own)."""
+    args: list[str] | None = None
+    """Arguments for the container's entrypoint."""
+    environment_variables: dict[str, str] | None = None
+    """Environment for the container (never secrets: they would be readable in the model
+    resource)."""
+    shared_memory_size_mb: int | None = None
+    """/dev/shm size (vLLM's workers share tensors through it)."""
+    deployment_timeout: int | None = None
+    """Seconds Vertex waits for the container to become healthy."""
+
+    def upload_arguments(self) -> dict[str, Any]:
+        """The `aiplatform.Model.upload` arguments (`serving_container_<field>`)."""
+        return {f"serving_container_{f.name}": getattr(self, f.name) for f in fields(self)}
 
 
 def serving_container(spec: ServingSpec) -> ServingContainer:

@@ -13,10 +13,11 @@ Model.list, ModelRegistry), never hand-built REST calls.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from components.runtime.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE, vertex_labels
+from components.serving.presets import ServingContainer
 
 log = logging.getLogger(__name__)
 
@@ -94,36 +95,6 @@ def _registration_errors(artifact_uri: str, display_name: str, image: str) -> li
     if not display_name:
         errors.append("display_name is empty: name the registry model")
     return errors
-
-
-@dataclass(frozen=True)
-class ServingContainer:
-    """The prediction container Vertex AI starts for a registered version, with the model files
-    at AIP_STORAGE_URI."""
-
-    image_uri: str
-    """The image, e.g. a vLLM or TGI image pinned by tag or digest."""
-    predict_route: str | None = None
-    """HTTP path of the container's predict handler."""
-    health_route: str | None = None
-    """HTTP path of its health check."""
-    ports: list[int] | None = None
-    """Ports the container listens on."""
-    command: list[str] | None = None
-    """The container's entrypoint (None: the image's own)."""
-    args: list[str] | None = None
-    """Arguments for the container's entrypoint."""
-    environment_variables: dict[str, str] | None = None
-    """Environment for the container (never secrets: they would be readable in the model
-    resource)."""
-    shared_memory_size_mb: int | None = None
-    """/dev/shm size (vLLM's workers share tensors through it)."""
-    deployment_timeout: int | None = None
-    """Seconds Vertex waits for the container to become healthy."""
-
-    def upload_arguments(self) -> dict[str, Any]:
-        """The `aiplatform.Model.upload` arguments (`serving_container_<field>`)."""
-        return {f"serving_container_{f.name}": getattr(self, f.name) for f in fields(self)}
 
 
 def register_model(

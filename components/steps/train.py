@@ -14,36 +14,33 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from components.launchers.base import TRAINER_ENTRYPOINT, Launcher, LogSink, TrainLaunch
-from components.launchers.customjob import CustomJobOptions
-from components.launchers.gke import GkeLauncher, GkeOptions
-from components.launchers.local import LocalLauncher, LocalOptions
-from components.launchers.node_setup import GPUDIRECT_SETUPS, ephemeral_storage_request
-from components.launchers.pytorchjob import DEADLINE_GRACE_S, PyTorchJobOptions, deadline_for
-from components.launchers.vertex import VertexLauncher, VertexOptions
-from components.params.run_params import RunParams, choices
-from components.platform.node_facts import interconnect, interconnect_note
-from components.platform.platform_facts import gke_accelerator
-from components.preflight.train_fit import weight_bytes
-from components.serving.mlflow_tracking import (
-    end_failed,
-    finish_train,
-    gke_token_env,
-    open_tracked_step,
-    run_tags,
+from components.launchers.base import (
+    TRAINER_ENTRYPOINT,
+    BackendOptions,
+    Launcher,
+    LogSink,
+    TrainLaunch,
 )
+from components.launchers.vocab import DEADLINE_GRACE_S, resolve_nproc_per_node
+from components.params.run_params import RunParams, choices
+from components.params.trainer_params import trainer_config
+from components.platform.capacity import trainer_overrides_for
+from components.platform.node_facts import interconnect_note
+from components.preflight.actual_cost import COST_FILE, actual_cost
+from components.preflight.launch_checks import preflight
+from components.preflight.prices import gpu_hour_price
+from components.runtime.artifacts import data_artifact_uri
+from components.runtime.run_identity import safe_run_id
+from components.serving.experiments import log_experiment_run
+from components.serving.mlflow_tracking import end_failed, finish_train, open_tracked_step, run_tags
 from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
-from trainer.packed_data.output_lock import exclusive_output
 
 logger = logging.getLogger(__name__)
-
-BackendOptions = LocalOptions | GkeOptions | VertexOptions
-"""Where and how training runs; its type is the backend."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +92,6 @@ def run(request: TrainRequest) -> tuple[str]:
     root, where `llmft run`'s step table finds its metrics.jsonl). `nproc_per_node=0` starts one
     process per accelerator.
     """
-    from components.runtime.artifacts import data_artifact_uri
-
     model = request.model
     model.uri = data_artifact_uri(
         model.uri, work_uri=request.params.work_uri, run_id=request.run_id, name="model"
@@ -141,8 +136,6 @@ def run(request: TrainRequest) -> tuple[str]:
         run_dir=launch.trainer.output,
     )
     if request.params.experiment:
-        from components.serving.experiments import log_experiment_run
-
         log_experiment_run(
             experiment=request.params.experiment,
             run_id=request.run_id,
@@ -169,9 +162,6 @@ def record_actual_cost(
 ) -> dict[str, Any]:
     """The training job's actual GPU-hours and cost, from its own start and end times, written to
     OUTPUT/cost.json (the evaluate step's report reads it) and returned for the Model's metadata."""
-    from components.preflight.actual_cost import COST_FILE, actual_cost
-    from components.preflight.prices import gpu_hour_price
-
     cloud = request.params.backend != "local" and bool(request.params.accelerator_type)
     gpus = request.params.nodes * request.params.accelerator_count if cloud else 0
     price = (
@@ -219,20 +209,8 @@ def experiment_params(request: TrainRequest) -> dict[str, Any]:
     return params
 
 
-def vertex_output_directory(request: TrainRequest) -> str:
-    """The CustomJob's base_output_directory: Vertex puts AIP_TENSORBOARD_LOG_DIR (and
-    AIP_MODEL_DIR, AIP_CHECKPOINT_DIR) under it."""
-    from components.runtime.run_identity import safe_run_id
-
-    return storage.join(request.params.work_uri, "runs", safe_run_id(request.run_id), "vertex")
-
-
 def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
     """What the request runs: the trainer's config (paths as the workers see them) on N x P."""
-    from components.launchers.vocab import resolve_nproc_per_node
-    from components.params.trainer_params import trainer_config
-    from components.platform.capacity import trainer_overrides_for
-
     local = request.params.backend == "local"
     data = str(request.dataset_uri)
     if not local:
@@ -267,95 +245,29 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
 
 
 def backend_options(request: TrainRequest) -> BackendOptions:
-    """The request's backend, with the run parameters that concern it."""
-    if request.params.backend == "gke":
-        job = PyTorchJobOptions(
-            namespace=request.params.namespace,
-            accelerator=gke_accelerator(request.params.accelerator_type),
-            gpus_per_node=request.params.accelerator_count or None,
-            service_account=request.params.service_account or None,
-            hf_token_secret=request.params.hf_token_secret or None,
-            secret_env=gke_token_env(
-                request.params.tracking_uri, request.params.tracking_token_secret
-            ),
-            # Ends the job on the cluster even if this step is killed before it can cancel.
-            active_deadline_seconds=deadline_for(training_timeout_s(request)),
-            kueue_queue=request.params.kueue_queue or None,
-            # C6: each pod copies the base model to its node's disk; C8: the GPU NIC networks.
-            ephemeral_storage=ephemeral_storage_request(weight_bytes(request.params.base_model)),
-            gpudirect=gpudirect_setup(request),
-            **gke_capacity(request),
-        )
-        return GkeOptions(
-            job=job, job_api=request.params.gke_job_api, cluster=request.params.gke_cluster
-        )
-    if request.params.backend == "vertex":
-        custom_job = CustomJobOptions(
-            machine_type=request.params.machine_type,
-            accelerator_type=request.params.accelerator_type or None,
-            accelerator_count=request.params.accelerator_count or None,
-            service_account=request.params.service_account or None,
-            hf_token_secret=request.params.hf_token_secret or None,
-            timeout_s=deadline_for(training_timeout_s(request)),
-            **vertex_capacity(request),
-            tensorboard=request.params.tensorboard or None,
-            base_output_directory=vertex_output_directory(request)
-            if request.params.tensorboard
-            else None,
-            encryption_key=request.params.encryption_key or None,
-        )
-        return VertexOptions(
-            project=request.params.project,
-            location=request.params.region,
-            job=custom_job,
-            gcp_resources_path=request.gcp_resources or None,
-        )
-    if request.params.backend == "local":
-        return LocalOptions()
-    raise unknown_backend(request.params.backend)
-
-
-def gpudirect_setup(request: TrainRequest) -> str | None:
-    """The GPUDirect pod setup of a multi-node GKE run with `gpudirect` on, on a machine family
-    that needs one (node_facts.INTERCONNECTS); None otherwise."""
+    """The request's backend, with the run parameters that concern it (its own step module)."""
+    # Only the chosen backend's module is imported, here: a GKE launch loads neither the Vertex
+    # launcher nor the local processes and etcd, a local run no cloud launcher (measured in
+    # docs/architecture.md, "The train step's backends"; tests/test_import_contracts.py).
     p = request.params
-    entry = interconnect(p.machine_type)
-    if not p.gpudirect or p.nodes < 2 or entry is None:
-        return None
-    return entry.gke_setup if entry.gke_setup in GPUDIRECT_SETUPS else None
+    if p.backend == "gke":
+        from components.steps.train_gke import gke_options
 
+        return gke_options(p, timeout_s=training_timeout_s(request))
+    if p.backend == "vertex":
+        from components.steps.train_vertex import vertex_options
 
-def gke_capacity(request: TrainRequest) -> dict[str, Any]:
-    """PyTorchJobOptions for the capacity: on Spot the pods keep at least Kubernetes' default
-    grace period (POD_TERMINATION_GRACE_S; a preemption itself gives only GKE_SPOT_POD_GRACE_S)
-    and more restarts (the budget's deadline is `training_timeout_s`)."""
-    from components.platform.capacity import (
-        POD_TERMINATION_GRACE_S,
-        SPOT_RESTARTS_PER_NODE,
-        preemptible,
-    )
+        return vertex_options(
+            p,
+            run_id=request.run_id,
+            gcp_resources=request.gcp_resources,
+            timeout_s=training_timeout_s(request),
+        )
+    if p.backend == "local":
+        from components.steps.train_local import local_options
 
-    options: dict[str, Any] = {"capacity": request.params.capacity}
-    if preemptible(request.params.capacity):
-        options |= {
-            "termination_grace_s": POD_TERMINATION_GRACE_S,
-            "restarts_per_node": SPOT_RESTARTS_PER_NODE,
-        }
-    return options
-
-
-def vertex_capacity(request: TrainRequest) -> dict[str, Any]:
-    """CustomJobOptions for the capacity: on Spot a restarted replica restarts them all (the
-    rendezvous needs every replica; they resume from the newest checkpoint). The budget's timeout
-    is `training_timeout_s`."""
-    from components.platform.capacity import preemptible
-
-    return {
-        "capacity": request.params.capacity,
-        "max_wait_s": request.params.max_wait_minutes * 60 or None,
-        "reservation": request.params.reservation or None,
-        "restart_job_on_worker_restart": preemptible(request.params.capacity),
-    }
+        return local_options()
+    raise unknown_backend(p.backend)
 
 
 def unknown_backend(backend: str) -> ValueError:
@@ -364,12 +276,8 @@ def unknown_backend(backend: str) -> ValueError:
 
 
 def launcher(options: BackendOptions, *, log: LogSink | None = None) -> Launcher:
-    """The launcher of the options' backend (the one place a backend maps to its launcher)."""
-    if isinstance(options, LocalOptions):
-        return LocalLauncher(options, log=log)
-    if isinstance(options, GkeOptions):
-        return GkeLauncher(options, log=log)
-    return VertexLauncher(options, log=log)
+    """The launcher of the options' backend (the options make it: their type is the backend)."""
+    return options.launcher(log=log)
 
 
 def train(
@@ -396,33 +304,27 @@ def train(
         ValueError: invalid options or inputs (all listed together), before anything starts.
         LaunchFailed: the run failed or was cancelled (with the reason and last log lines).
     """
-    from components.preflight.launch_checks import check_rendezvous, preflight
-
-    if isinstance(options, VertexOptions) and launch.rdzv_backend != "c10d":
+    if options.backend == "vertex" and launch.rdzv_backend != "c10d":
         logger.warning(
             "rdzv_backend=%s is ignored on Vertex: c10d at the primary replica",
             launch.rdzv_backend,
         )
         launch = dataclasses.replace(launch, rdzv_backend="c10d", rdzv_endpoint="")
     launch.validate()
-    local = isinstance(options, LocalOptions)
+    local = options.backend == "local"
     if launch.entrypoint == TRAINER_ENTRYPOINT:
         launch.trainer.validate()  # before the lock creates the output directory
-    if local:  # also before the lock: a run that cannot start creates nothing
-        if problem := storage.not_writable(launch.trainer.output):
-            raise ValueError(f"output {launch.trainer.output!r}: {problem}")
-        check_rendezvous(launch.rdzv_backend, launch.rdzv_endpoint)
-    # One run at a time into a local output: a second one is refused before it reads or deletes
-    # anything of the first's (the lock goes with this process, however it ends).
-    with (
-        exclusive_output(launch.trainer.output, "llmft train") if local else nullcontext(),
-        storage.disk_errors_named(launch.trainer.output),  # the launcher's logs and state
-    ):
+    held: AbstractContextManager[None] = nullcontext()
+    if local:  # checked, then locked: one run at a time into a local output
+        from components.steps.train_local import checked_output
+
+        held = checked_output(launch)
+    with held, storage.disk_errors_named(launch.trainer.output):  # the launcher's logs and state
         if launch.entrypoint == TRAINER_ENTRYPOINT:
             preflight(launch.trainer, local=local, overwrite=overwrite)
         if overwrite:
             storage.remove(launch.trainer.checkpoints_dir())
-        runner = launcher(options, log=log)
+        runner = options.launcher(log=log)
         result = runner.run(launch, timeout=timeout_s)
         runner.log(f"[launcher] {result.describe()}")
         result.raise_for_status()
@@ -491,8 +393,6 @@ def run_directory(*, backend: str, work_uri: str, run_id: str, model_dir: str) -
     """The trainer's run directory: `<work_uri>/runs/<run>/train` in the cloud (workers write it,
     a retry resumes from it) and for a local run with a remote `work_uri`; otherwise locally
     `<artifact dir>/../train-run`, beside the Model artifact."""
-    from components.runtime.run_identity import safe_run_id
-
     if backend == "local" and not storage.is_remote(work_uri):
         return os.path.join(os.path.dirname(model_dir.rstrip("/")), "train-run")
     if backend != "local" and not work_uri.startswith("gs://"):
