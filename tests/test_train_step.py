@@ -92,3 +92,19 @@ def test_the_model_metadata_records_what_dpos_reference_was() -> None:
     plain = TrainLaunch(run_id="r1", trainer=TrainConfig(model="m", data="d", output="o"))
     metadata = model_metadata(summary, output="o", launch=plain, backend="local")
     assert "quantize_base" not in metadata and "compute_dtype" not in metadata
+
+
+def test_the_mlflow_token_reaches_every_backend_by_secret_name() -> None:
+    """The trainer logs to MLflow from every backend: GKE pods get the token from the Kubernetes
+    Secret the pipeline mounts, Vertex replicas read the Secret Manager version at start; no
+    token value is in either job."""
+    from components.steps.train import backend_options
+    from trainer.tracking import TOKEN_ENV
+
+    tracked = {"tracking_uri": "https://mlflow.example.com", "tracking_token_secret": "mlflow"}
+    vertex = backend_options(_request("vertex", **tracked))
+    version = "projects/my-project/secrets/mlflow/versions/latest"
+    assert vertex.job.secret_env == {TOKEN_ENV: version}  # type: ignore[union-attr]
+    assert backend_options(_request("vertex")).job.secret_env == {}  # type: ignore[union-attr]
+    gke = backend_options(_request("gke", **tracked))
+    assert set(gke.job.secret_env) == {TOKEN_ENV}  # type: ignore[union-attr]

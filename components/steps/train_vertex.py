@@ -14,6 +14,7 @@ from components.launchers.vocab import deadline_for
 from components.params.run_params import RunParams
 from components.platform.capacity import preemptible
 from components.runtime.run_identity import safe_run_id
+from components.serving.mlflow_tracking import vertex_token_env
 from trainer import storage
 
 
@@ -29,6 +30,10 @@ def vertex_options(
         accelerator_count=params.accelerator_count or None,
         service_account=params.service_account or None,
         hf_token_secret=params.hf_token_secret or None,
+        # The MLflow token: each replica reads it from Secret Manager at start.
+        secret_env=vertex_token_env(
+            params.tracking_uri, params.tracking_token_secret, project=params.project
+        ),
         timeout_s=deadline_for(timeout_s),
         **vertex_capacity(params),
         tensorboard=params.tensorboard or None,
