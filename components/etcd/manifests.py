@@ -227,21 +227,7 @@ def build_etcd_statefulset(
                 },
                 "containers": [container],
                 "volumes": volumes,
-                # Never on a GPU node: an etcd that must not be evicted would keep an idle GPU
-                # node from scaling down (cloud audit 2026-12-07 C5); GKE labels every GPU node.
-                "affinity": {
-                    "nodeAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [
-                                {
-                                    "matchExpressions": [
-                                        {"key": GPU_NODE_LABEL, "operator": "DoesNotExist"}
-                                    ]
-                                }
-                            ]
-                        }
-                    }
-                },
+                "affinity": _off_gpu_nodes(),
             },
         },
     }
@@ -253,6 +239,14 @@ def build_etcd_statefulset(
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": spec,
     }
+
+
+def _off_gpu_nodes() -> dict[str, Any]:
+    """Never on a GPU node: an etcd that must not be evicted would keep an idle GPU node from
+    scaling down (cloud audit 2026-12-07 C5); GKE labels every GPU node."""
+    no_gpu = {"key": GPU_NODE_LABEL, "operator": "DoesNotExist"}
+    required = {"nodeSelectorTerms": [{"matchExpressions": [no_gpu]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
 
 
 def _volumes(
