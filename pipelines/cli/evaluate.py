@@ -9,7 +9,7 @@ The evaluation package (~0.6 s to import with its step) is imported inside the c
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +17,10 @@ from pipelines.cli.common import print_json, user_errors
 from pipelines.cli.steps import ExperimentOpt, TrackingUriOpt, check_tracking_uri
 from trainer.config import TrainConfig
 from trainer.storage import disk_errors_named
+
+if TYPE_CHECKING:  # the evaluation package loads only when the command runs (see evaluate_cmd)
+    from components.evaluation.outputs import EvaluationResult
+    from components.evaluation.request import EvaluationRequest
 
 RunIdOpt = Annotated[
     str, typer.Option(help="With --tracking-uri: the run (llmft train --run-id) to log to.")
@@ -156,15 +160,8 @@ def evaluate_cmd(
     import logging
 
     # the evaluation package and its step (~0.6 s to import): only when the command runs
-    from components.evaluation.evaluate import run_evaluation
     from components.evaluation.gate import GateThresholds
     from components.evaluation.request import EvaluationRequest
-    from components.serving.mlflow_tracking import (
-        end_failed,
-        finish_evaluate,
-        open_step,
-        run_tags,
-    )
     from components.steps.evaluate import harness_settings
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -187,24 +184,8 @@ def evaluate_cmd(
         objective=objective, dpo_beta=dpo_beta, quantize_base=quantize_base,
         compute_dtype=compute_dtype,
     )  # fmt: skip
-    tags = run_tags(base_model=base, backend="local", dataset_uri=data)
-    tracked, mlflow_run = open_step(
-        tracking_uri, run_id, "evaluate", experiment=experiment, tags=tags
-    )
-    try:
-        with disk_errors_named(output):  # any write of the evaluation: one line naming the disk
-            result = run_evaluation(request)
-    except BaseException:
-        end_failed(tracked, mlflow_run)
-        raise
-    finish_evaluate(
-        tracked,
-        mlflow_run,
-        result=result,
-        model_uri=tuned,
-        registered_model=registered_model,
-        base_model=base,
-    )
+    tracking = {"uri": tracking_uri, "run_id": run_id, "experiment": experiment}
+    result = _evaluate_tracked(request, registered_model=registered_model, **tracking)
     print_json(
         {
             "passed": result.passed,
@@ -216,3 +197,35 @@ def evaluate_cmd(
     )
     if require_pass and not result.passed:
         raise typer.Exit(1)
+
+
+def _evaluate_tracked(
+    request: EvaluationRequest, *, uri: str, run_id: str, experiment: str, registered_model: str
+) -> EvaluationResult:
+    """Run the evaluation, in the MLflow run of `run_id` when `uri` is set (ended as failed when
+    the evaluation fails); a failing disk is one line naming it."""
+    from components.evaluation.evaluate import run_evaluation
+    from components.serving.mlflow_tracking import (
+        end_failed,
+        finish_evaluate,
+        open_step,
+        run_tags,
+    )
+
+    tags = run_tags(base_model=request.base, backend="local", dataset_uri=request.data_dir)
+    tracked, mlflow_run = open_step(uri, run_id, "evaluate", experiment=experiment, tags=tags)
+    try:
+        with disk_errors_named(request.output_dir):  # any write of it: one line naming the disk
+            result = run_evaluation(request)
+    except BaseException:
+        end_failed(tracked, mlflow_run)
+        raise
+    finish_evaluate(
+        tracked,
+        mlflow_run,
+        result=result,
+        model_uri=request.tuned,
+        registered_model=registered_model,
+        base_model=request.base,
+    )
+    return result

@@ -13,60 +13,59 @@ from components.runtime.run_identity import state_root
 from components.serving.mlflow_tracking import end_failed, finish_train, open_step, run_tags
 from pipelines.cli.common import not_a_file, print_json, trainer_config, user_errors
 
+ModelOpt = Annotated[
+    str, typer.Option(help="Base model: HF save_pretrained directory or .gguf file.")
+]
+DataOpt = Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")]
+RunDirOpt = Annotated[
+    str, typer.Option("--output", help="Run directory: model/, metrics.jsonl, summary.json, logs/.")
+]
+BackendOpt = Annotated[str, typer.Option(help="Where to run: local (torchrun agents here).")]
+NodesOpt = Annotated[int, typer.Option(help="Nodes: separate torchrun agents.")]
+NprocOpt = Annotated[int, typer.Option(help="Worker processes per node (0: one).")]
+MaxStepsOpt = Annotated[
+    int | None, typer.Option(help="Optimizer steps (default: the trainer's `epochs`).")
+]
+LocalRdzvEndpointOpt = Annotated[
+    str, typer.Option(help="host:port; empty starts a local etcd for the run (c10d: a free port).")
+]
+LocalRunIdOpt = Annotated[str | None, typer.Option(help="Run id (default: generated).")]
+TrainerYamlOpt = Annotated[
+    str | None, typer.Option(help="Trainer YAML config (--config of the trainer).")
+]
+MaxRestartsOpt = Annotated[int, typer.Option(help="torchrun restarts after a worker failure.")]
+OverwriteRunOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Delete the checkpoints a previous run left in --output and start over "
+        "(default: resume from them, refused when they are another run's)."
+    ),
+]
+
 
 @user_errors
 def train_cmd(
-    model: Annotated[
-        str, typer.Option(help="Base model: HF save_pretrained directory or .gguf file.")
-    ],
-    data: Annotated[str, typer.Option(help="Packed dataset directory (llmft preprocess).")],
-    output: Annotated[
-        str, typer.Option(help="Run directory: model/, metrics.jsonl, summary.json, logs/.")
-    ],
-    backend: Annotated[
-        str, typer.Option(help="Where to run: local (torchrun agents here).")
-    ] = "local",
-    nodes: Annotated[int, typer.Option(help="Nodes: separate torchrun agents.")] = RunParams.nodes,
-    nproc_per_node: Annotated[
-        int, typer.Option(help="Worker processes per node (0: one).")
-    ] = RunParams.nproc_per_node,
-    max_steps: Annotated[
-        int | None, typer.Option(help="Optimizer steps (default: the trainer's `epochs`).")
-    ] = None,
-    rdzv_backend: Annotated[
-        str, typer.Option(help="etcd-v3 | etcd-v2 | c10d.")
-    ] = RunParams.rdzv_backend,
-    rdzv_endpoint: Annotated[
-        str,
-        typer.Option(help="host:port; empty starts a local etcd for the run (c10d: a free port)."),
-    ] = "",
-    run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
-    config: Annotated[
-        str | None, typer.Option(help="Trainer YAML config (--config of the trainer).")
-    ] = None,
-    max_restarts: Annotated[
-        int, typer.Option(help="torchrun restarts after a worker failure.")
-    ] = 0,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Trainer field KEY=VALUE (repeatable).")
-    ] = None,
-    overwrite: Annotated[
-        bool,
-        typer.Option(
-            help="Delete the checkpoints a previous run left in --output and start over "
-            "(default: resume from them, refused when they are another run's)."
-        ),
-    ] = False,
+    model: ModelOpt,
+    data: DataOpt,
+    output: RunDirOpt,
+    backend: BackendOpt = "local",
+    nodes: NodesOpt = RunParams.nodes,
+    nproc_per_node: NprocOpt = RunParams.nproc_per_node,
+    max_steps: MaxStepsOpt = None,
+    rdzv_backend: RdzvBackendOpt = RunParams.rdzv_backend,
+    rdzv_endpoint: LocalRdzvEndpointOpt = "",
+    run_id: LocalRunIdOpt = None,
+    config: TrainerYamlOpt = None,
+    max_restarts: MaxRestartsOpt = 0,
+    set_: SetOpt = None,
+    overwrite: OverwriteRunOpt = False,
     tracking_uri: TrackingUriOpt = "",
     experiment: ExperimentOpt = "",
 ) -> None:
     """Fine-tune on N nodes x P processes (local: torchrun agents with etcd rendezvous)."""
-    import dataclasses
     import uuid
 
-    from components.launchers.local import LocalOptions
     from components.launchers.vocab import resolve_nproc_per_node
-    from components.steps.train import train
 
     if backend != "local":
         raise ValueError(
@@ -75,24 +74,41 @@ def train_cmd(
         )
     not_a_file(output, "--output")
     check_tracking_uri(tracking_uri)
-    trainer = trainer_config(model, data, output, config, max_steps, set_)
     run_id = run_id or f"local-{uuid.uuid4().hex[:10]}"
-    tags = run_tags(base_model=model, backend="local", dataset_uri=data)
-    tracked, mlflow_run = open_step(tracking_uri, run_id, "train", experiment=experiment, tags=tags)
+    launch = TrainLaunch(
+        run_id=run_id,
+        trainer=trainer_config(model, data, output, config, max_steps, set_),
+        nodes=nodes,
+        nproc_per_node=resolve_nproc_per_node("local", nproc_per_node, 0),
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        max_restarts=max_restarts,
+    )
+    metadata = _train_tracked(launch, overwrite, tracking_uri=tracking_uri, experiment=experiment)
+    print_json(metadata)
+
+
+def _train_tracked(
+    launch: TrainLaunch, overwrite: bool, *, tracking_uri: str, experiment: str
+) -> dict[str, Any]:
+    """Run `launch` here, in an MLflow run when `tracking_uri` is set (ended as failed when the
+    launch fails); a failed or cancelled launch is one `error:` line and exit 1 (130)."""
+    import dataclasses
+
+    from components.launchers.local import LocalOptions
+    from components.steps.train import train
+
+    trainer = launch.trainer
+    tags = run_tags(base_model=trainer.model, backend="local", dataset_uri=trainer.data)
+    tracked, mlflow_run = open_step(
+        tracking_uri, launch.run_id, "train", experiment=experiment, tags=tags
+    )
     if mlflow_run:
         trainer = dataclasses.replace(
             trainer, tracking_uri=tracking_uri, tracking_run_id=mlflow_run
         )
+        launch = dataclasses.replace(launch, trainer=trainer)
     try:
-        launch = TrainLaunch(
-            run_id=run_id,
-            trainer=trainer,
-            nodes=nodes,
-            nproc_per_node=resolve_nproc_per_node("local", nproc_per_node, 0),
-            rdzv_backend=rdzv_backend,
-            rdzv_endpoint=rdzv_endpoint,
-            max_restarts=max_restarts,
-        )
         metadata = train(launch, LocalOptions(), overwrite=overwrite)
     except LaunchFailed as exc:
         end_failed(tracked, mlflow_run)
@@ -101,9 +117,14 @@ def train_cmd(
     except BaseException:
         end_failed(tracked, mlflow_run)
         raise
-    params = {"backend": "local", "base_model": model, "nodes": nodes, "max_steps": max_steps}
-    finish_train(tracked, mlflow_run, params=params, metadata=metadata, run_dir=output)
-    print_json(metadata)
+    params = {
+        "backend": "local",
+        "base_model": trainer.model,
+        "nodes": launch.nodes,
+        "max_steps": trainer.max_steps,
+    }
+    finish_train(tracked, mlflow_run, params=params, metadata=metadata, run_dir=trainer.output)
+    return metadata
 
 
 def check_tracking_uri(uri: str) -> None:
