@@ -171,8 +171,9 @@ class GkeLauncher(Launcher):
         return self._flavor().api_class(self.custom, self.namespace, log=self.log)
 
     def _flavor(self) -> JobFlavor:
-        if self.flavor is None:  # auto: what the cluster serves, TrainJob first
-            self.flavor = flavor(resolve_job_api(self.job_api, self.custom))
+        if self.flavor is None:  # auto: what the cluster serves, TrainJob first (resolve_job_api)
+            gpudirect = bool(self.job_options.gpudirect)
+            self.flavor = flavor(resolve_job_api(self.job_api, self.custom, gpudirect=gpudirect))
             self.log(f"[gke] gke_job_api={self.job_api}: the cluster serves {self.flavor.kind}")
         return self.flavor
 

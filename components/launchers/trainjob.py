@@ -148,6 +148,13 @@ def build_cluster_training_runtime(*, restarts: int, image: str = DEFAULT_IMAGE)
     }
 
 
+GPUDIRECT_NEEDS_PYTORCHJOB = (
+    "the GPUDirect NIC setup (gpudirect) is built for PyTorchJob only: Trainer v2.3's "
+    "runtimePatches can patch only a container's env, securityContext and volumeMounts, not add "
+    "the receive-data-path daemon container it needs"
+)
+
+
 def trainjob_errors(launch: TrainLaunch, options: PyTorchJobOptions) -> list[str]:
     """What a TrainJob cannot do of these options (on top of `options.errors`)."""
     errors = []
@@ -160,6 +167,8 @@ def trainjob_errors(launch: TrainLaunch, options: PyTorchJobOptions) -> list[str
         errors.append(
             "gang_scheduling: a TrainJob is admitted whole through Kueue: set kueue_queue"
         )
+    if options.gpudirect:
+        errors.append(f"gpudirect={options.gpudirect!r}: {GPUDIRECT_NEEDS_PYTORCHJOB}")
     restarts = options.restarts_per_node
     if restarts not in runtime_restarts():
         errors.append(

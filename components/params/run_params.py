@@ -244,7 +244,8 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
         False,
         "GKE: the GPU node pool has the GPUDirect-TCPX/TCPXO NIC networks and NCCL plugin (the "
         "stack's gke.gpudirect on A3 High/Mega; `llmft config from-stack` sets it): a multi-node "
-        "PyTorchJob then uses the GPU NICs. False: NCCL uses the primary NIC.",
+        "PyTorchJob then uses the GPU NICs (gke_job_api=auto picks PyTorchJob for it: a TrainJob "
+        "cannot carry the setup). False: NCCL uses the primary NIC.",
         steps=("train",),
         cloud=True,
     )

@@ -26,6 +26,7 @@ from components.runtime.model_location import is_hub_id
 from components.runtime.secrets import load_hf_token
 from components.serving.mlflow_tracking import tracking_errors
 from components.steps.component_spec import StepComponent, component_input
+from components.steps.train_gke import gpudirect_setup
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
                 cluster=params.gke_cluster,
                 kueue_queue=params.kueue_queue,
                 namespace=params.namespace,
+                gpudirect=gpudirect_setup(params) is not None,
             )
         )
     base_model = resolve_model(params.base_model, params)
