@@ -9,6 +9,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+# mlflow's first import runs `uname -p`, a subprocess the unit guard refuses inside a test:
+# imported here, at collection, for when this file runs alone.
+import mlflow.tracking  # noqa: F401
 import pytest
 from typer.testing import CliRunner
 
@@ -79,6 +82,15 @@ def test_token_secret_checks(monkeypatch: pytest.MonkeyPatch):
     assert alone and "without tracking_uri" in alone[0]
     local = tracking_errors("http://127.0.0.1:5000", "t", target="local", project="")
     assert local and "set project" in local[0]
+
+
+def test_a_local_store_is_refused_on_a_cloud_run():
+    """Review M7: each pod would write its own sqlite file or mlruns/ and lose it."""
+    for target in ("kfp", "vertex"):
+        for uri in ("sqlite:////tmp/mlflow.db", "file:///tmp/mlruns"):
+            [error] = tracking_errors(uri, "", target=target, project="p", resolve=False)
+            assert error.startswith(f"tracking_uri={uri!r}: a local store on a {target} run")
+    assert tracking_errors("sqlite:////tmp/m.db", "", target="local", project="") == []
 
 
 def test_registered_model_name():

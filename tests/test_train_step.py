@@ -108,3 +108,9 @@ def test_the_mlflow_token_reaches_every_backend_by_secret_name() -> None:
     assert backend_options(_request("vertex")).job.secret_env == {}  # type: ignore[union-attr]
     gke = backend_options(_request("gke", **tracked))
     assert set(gke.job.secret_env) == {TOKEN_ENV}  # type: ignore[union-attr]
+    from components.launchers.pytorchjob import container_env
+
+    [token] = [e for e in container_env(gke.job, 0) if e["name"] == TOKEN_ENV]  # type: ignore[union-attr]
+    # A missing Secret in the trainer pods' namespace: a tracking warning, not pods that cannot
+    # start (review M6).
+    assert token["valueFrom"]["secretKeyRef"]["optional"] is True

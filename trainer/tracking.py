@@ -111,15 +111,22 @@ def mlflow_client(uri: str, *, spooling: bool = False) -> Any:
     """MLflow's client for `uri`; `spooling` (the trainer's sink, whose spool retries) sets
     this process's MLflow HTTP settings to no retries and a short timeout (a launcher's child
     inherits the step's), else the step's defaults fill in what the environment does not set."""
-    if spooling:
-        os.environ.update(_SPOOLING_CLIENT_ENV)
-        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    else:
-        for key, value in _STEP_CLIENT_ENV.items():
-            os.environ.setdefault(key, value)
+    set_client_env(spooling=spooling)
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
+
+
+def set_client_env(*, spooling: bool) -> None:
+    """The MLflow HTTP settings `mlflow_client` uses, set only where they differ: the sink sets
+    them in the training thread before its own thread starts, so that thread never calls
+    setenv while training code reads the environment (glibc's setenv is not safe beside getenv)."""
+    wanted = dict(_SPOOLING_CLIENT_ENV) if spooling else {}
+    defaults = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"} if spooling else _STEP_CLIENT_ENV
+    wanted |= {k: v for k, v in defaults.items() if k not in os.environ}
+    for key, value in wanted.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def _finite(values: Mapping[str, Any]) -> dict[str, float]:
@@ -184,6 +191,7 @@ class TrackingSink:
         self._client: Any = None
         self._retry_at = 0.0
         self._warned = False
+        set_client_env(spooling=True)  # here, before the thread: it then never calls setenv
         self._thread = threading.Thread(target=self._loop, name="mlflow-tracking", daemon=True)
         self._thread.start()
 

@@ -53,6 +53,7 @@ from components.platform.capacity import CAPACITIES
 from components.platform.node_facts import GPU_NODE_LABEL as GKE_ACCELERATOR_LABEL
 from components.runtime.image import DEFAULT_IMAGE
 from components.runtime.run_identity import k8s_labels, resource_name
+from trainer.tracking import TOKEN_ENV
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"
@@ -115,7 +116,8 @@ class PyTorchJobOptions:
     """Secret holding the Hugging Face token, `name` or `name:key` (key defaults to `token`);
     exposed as HF_TOKEN when the Secret exists (optional)."""
     secret_env: Mapping[str, str] = field(default_factory=dict)
-    """More environment variables from Secrets, ENV -> `name[:key]` (required)."""
+    """More environment variables from Secrets, ENV -> `name[:key]` (required, but the MLflow
+    token: optional)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Plain environment variables (nothing secret)."""
     min_nodes: int | None = None
@@ -330,7 +332,7 @@ def torchrun_command(launch: TrainLaunch, endpoint: str, min_nodes: int) -> list
 
 def container_env(options: PyTorchJobOptions, gpus: int) -> list[dict[str, Any]]:
     """The training container's env: torchrun's, the GPU pod's, the options', then Secrets by
-    reference (secretKeyRef; the HF token optional), never a value."""
+    reference (secretKeyRef; the HF and MLflow tokens optional), never a value."""
     env: list[dict[str, Any]] = [
         {"name": key, "value": value}
         for key, value in {**TORCHRUN_ENV, **gpu_env(gpus), **options.env}.items()
@@ -338,8 +340,10 @@ def container_env(options: PyTorchJobOptions, gpus: int) -> list[dict[str, Any]]
     for env_name, ref in options.secrets().items():
         secret, key = parse_secret_ref(ref)
         key_ref: dict[str, Any] = {"name": secret, "key": key}
-        if env_name == "HF_TOKEN" and ref == options.hf_token_secret:
-            key_ref["optional"] = True  # like the task pods': public models need no token
+        if (env_name == "HF_TOKEN" and ref == options.hf_token_secret) or env_name == TOKEN_ENV:
+            # Like the task pods': public models need no token, and a missing MLflow token is
+            # the tracking's warning (never a pod that cannot start after preprocessing ran).
+            key_ref["optional"] = True
         env.append({"name": env_name, "valueFrom": {"secretKeyRef": key_ref}})
     return env
 

@@ -74,6 +74,11 @@ def tracking_errors(
     errors: list[str] = []
     if resolve and tracking_uri_problem(uri, resolve=False) is None:  # (the scheme: RunParams)
         errors += [e for e in [tracking_uri_problem(uri)] if e]
+    if target in ("kfp", "vertex") and uri.split(":", 1)[0] in ("file", "sqlite"):
+        errors.append(
+            f"tracking_uri={uri!r}: a local store on a {target} run is written on each pod's own "
+            "disk and lost with it: give an http(s) MLflow server"
+        )
     if token_secret and not uri:
         errors.append(f"tracking_token_secret={token_secret!r} without tracking_uri: set both")
     if token_secret and uri and resolve:

@@ -22,10 +22,11 @@ from components.evaluation.evaluate import run_evaluation
 from components.evaluation.gate import GateThresholds
 from components.evaluation.harness import HarnessSettings, parse_tasks
 from components.evaluation.judge import JudgeSettings
+from components.evaluation.outputs import EvaluationResult
 from components.evaluation.request import EvaluationRequest
 from components.params.run_params import RunParams
 from components.preflight.actual_cost import COST_FILE
-from components.serving.mlflow_tracking import finish_evaluate, open_tracked_step
+from components.serving.mlflow_tracking import end_failed, finish_evaluate, open_tracked_step
 from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
 from trainer.config import TrainConfig
@@ -98,6 +99,31 @@ def run(request: EvaluateRequest) -> tuple[bool]:
         step="evaluate",
         experiment=request.params.experiment,
     )
+    try:
+        result = _evaluate(request, tuned, train_metrics, train_cost, tracked, mlflow_run)
+    except BaseException:
+        end_failed(tracked, mlflow_run)  # the step's and the pipeline's runs end as failed
+        raise
+    # KFP Metrics (and the Vertex console) take finite numbers only; a diverged perplexity is
+    # left out rather than failing the step.
+    for name, value in result.metrics.items():
+        if math.isfinite(value):
+            request.metrics.log_metric(name, float(value))
+    request.metrics.log_metric("passed", 1.0 if result.passed else 0.0)
+    return (result.passed,)
+
+
+def _evaluate(
+    request: EvaluateRequest,
+    tuned: str,
+    train_metrics: str,
+    train_cost: str,
+    tracked: Any,
+    mlflow_run: str,
+) -> EvaluationResult:
+    """The evaluation in a scratch directory; the report copied to the step's output and, with
+    tracking, logged with metrics.json before the directory goes."""
+    metadata = request.tuned_model.metadata
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         thresholds = GateThresholds(
             min_loss_improvement=request.params.min_loss_improvement,
@@ -146,10 +172,4 @@ def run(request: EvaluateRequest) -> tuple[bool]:
             registered_model=request.params.registered_model,
             base_model=request.params.base_model,
         )
-    # KFP Metrics (and the Vertex console) take finite numbers only; a diverged perplexity is
-    # left out rather than failing the step.
-    for name, value in result.metrics.items():
-        if math.isfinite(value):
-            request.metrics.log_metric(name, float(value))
-    request.metrics.log_metric("passed", 1.0 if result.passed else 0.0)
-    return (result.passed,)
+    return result
