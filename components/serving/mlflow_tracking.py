@@ -190,14 +190,17 @@ class TrackedRun:
             return None
 
     @contextmanager
-    def guarded(self, what: str) -> Iterator[None]:
-        """Run a logging block; a failing server is a warning (and an unreachable one, `down`)."""
+    def guarded(self, what: str, *, may_mark_down: bool = True) -> Iterator[None]:
+        """Run a logging block; a failing server is a warning (and an unreachable one, `down`).
+        An artifact upload never marks it down: it fails apart from the server (a direct gs://
+        artifact root the step cannot write, a proxy refusing a large body)."""
         from mlflow.exceptions import RestException
 
         try:
             yield
         except Exception as exc:
-            self.down = self.down or not isinstance(exc, RestException)  # no answer at all
+            no_answer = not isinstance(exc, RestException)
+            self.down = self.down or (may_mark_down and no_answer)
             _warn(self.uri, what, exc)
 
     def log(
@@ -248,8 +251,9 @@ class TrackedRun:
                 ],
                 tags=[RunTag(k, str(v)) for k, v in dict(tags).items()],
             )
-            for path in artifacts:
-                if path and os.path.exists(path):
+        for path in artifacts:
+            if path and os.path.exists(path) and not self.down:
+                with self.guarded(f"upload {os.path.basename(path)}", may_mark_down=False):
                     self.client.log_artifact(mlflow_run, path)
 
     def register_version(self, name: str, source: str, mlflow_run: str) -> str | None:
