@@ -280,6 +280,7 @@ TIERS = {
     "test_packed_data.py": "unit",
     "test_pipeline_local.py": "e2e",
     "test_preference_beam.py": "integration",
+    "test_prompts_beam.py": "integration",
     "test_pytorchjob_manifest.py": "unit",
     "test_qlora.py": "integration",
     "test_quickstart.py": "integration",
