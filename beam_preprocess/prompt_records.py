@@ -123,3 +123,52 @@ def hash_key(example: dict[str, Any]) -> list[dict[str, str]]:
     duplicate only when its prompt and every column are equal)."""
     columns = json.dumps(example["columns"], sort_keys=True, ensure_ascii=False)
     return [*example["messages"], {"role": "columns", "content": columns}]
+
+
+def prompt_tokens(tokenizer: Any, record: dict[str, Any]) -> int:
+    """Tokens of the prompt as the rollout renders it (trainer/grpo/rollout.py `render`)."""
+    prompt = record["prompt"]
+    if not isinstance(prompt, str):
+        prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def write_dataset(
+    out_dir: str, tokenizer: Any, records: dict[str, list[dict[str, Any]]], seq_len: int
+) -> Any:
+    """Write already clean and split prompt records ({split: [record]}) as a prompts dataset, in
+    this process (tests, the packaged task): the rows the Beam graph writes for the same records
+    in the same order, without its validation, deduplication and split. Returns the Manifest."""
+    from pathlib import Path
+
+    from trainer.packed_data.format import (
+        MANIFEST_FILE,
+        PROMPTS_KIND,
+        Manifest,
+        SplitInfo,
+        TokenizerIdentity,
+    )
+    from trainer.packed_data.prompts import write_prompt_shard
+
+    out = Path(out_dir)
+    splits = {}
+    for split, items in records.items():
+        rows = [(r, prompt_tokens(tokenizer, r)) for r in items]
+        too_long = [n for _, n in rows if n > seq_len]
+        if too_long:
+            raise ValueError(f"{len(too_long)} {split} prompts are longer than seq_len {seq_len}")
+        (out / split).mkdir(parents=True, exist_ok=True)
+        shard = f"{split}/part-00000.parquet"
+        write_prompt_shard(str(out / shard), rows)
+        tokens = sum(n for _, n in rows)
+        splits[split] = SplitInfo(len(rows), len(rows), tokens, 0, [shard])
+    kept = sum(len(v) for v in records.values())
+    manifest = Manifest(
+        seq_len=seq_len,
+        tokenizer=TokenizerIdentity.of(tokenizer),
+        data_kind=PROMPTS_KIND,
+        splits=splits,
+        stats={"records_read": kept, "kept": kept, "rejected": 0, "duplicates": 0, "filtered": {}},
+    )
+    (out / MANIFEST_FILE).write_text(manifest.to_json())
+    return manifest

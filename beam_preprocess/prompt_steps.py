@@ -22,6 +22,7 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
 from beam_preprocess.options import PreprocessConfig
+from beam_preprocess.prompt_records import prompt_tokens
 from beam_preprocess.prompt_records import record_of as prompt_record_of
 from beam_preprocess.record_steps import record_of, source_order
 from beam_preprocess.records import (
@@ -44,14 +45,6 @@ CountedPrompt = tuple[str, str, str, int]
 
 def _counter(name: str) -> Any:
     return Metrics.counter("llmft", name)
-
-
-def prompt_tokens(tokenizer: Any, record: dict[str, Any]) -> int:
-    """Tokens of the prompt as the rollout renders it (trainer/grpo/rollout.py `render`)."""
-    prompt = record["prompt"]
-    if not isinstance(prompt, str):
-        prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-    return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
 class CountPromptTokensFn(beam.DoFn):

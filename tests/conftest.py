@@ -281,6 +281,7 @@ TIERS = {
     "test_pipeline_local.py": "e2e",
     "test_preference_beam.py": "integration",
     "test_prompts_beam.py": "integration",
+    "test_grpo_trainer.py": "integration",
     "test_pytorchjob_manifest.py": "unit",
     "test_qlora.py": "integration",
     "test_quickstart.py": "integration",

@@ -43,7 +43,10 @@ class Run:
     model: Any = None
     optimizer: Any = None
     scheduler: Any = None
-    batches: TrainBatches | None = None
+    batches: TrainBatches | Any = None
+    """Packed rows (TrainBatches), or prompt records for objective=grpo (PromptBatches)."""
+    rewards: list[Any] = field(default_factory=list)
+    """objective=grpo: the run's reward functions (trainer/grpo/rewards.py), loaded in setup."""
     metrics: MetricsWriter | None = None
     total_steps: int = 0
     state: TrainerState = field(default_factory=TrainerState)
