@@ -72,7 +72,7 @@ def _grpo_eval(r: Run) -> dict[str, float] | None:
     """objective=grpo: mean reward and pass rate of greedy completions on the eval split's
     prompts (`eval_reward`, `eval_pass_rate`); `eval_loss` is the negated mean reward, so that
     lower is better as for the other objectives."""
-    from trainer.grpo.train_step import held_out_rewards
+    from trainer.grpo_step import held_out_rewards
     from trainer.packed_data.format import EVAL_SPLIT
     from trainer.packed_data.prompts import read_prompts
 

@@ -56,7 +56,7 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
     guard = DivergenceGuard(config.divergence_factor)
     step = optimizer_step
     if config.objective == "grpo":
-        from trainer.grpo.train_step import grpo_optimizer_step as step
+        from trainer.grpo_step import grpo_optimizer_step as step
     while r.state.step < r.total_steps:
         micro, position = next(batches)
         lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; the step advances it

@@ -126,7 +126,7 @@ class CausalLMLoss(nn.Module):
         """Sum over target tokens of -log p(token | its document prefix); with `pair_ids`
         (preference rows), DPO's [loss sum, reward-margin sum, correct-pair count] instead;
         with `task`, `task(self.lm)`'s result (GRPO: a rollout with `generate`, or completion
-        log-probabilities and the loss: trainer/grpo/train_step.py).
+        log-probabilities and the loss: trainer/grpo_step.py).
 
         Both passes of DPO run inside this one forward (FSDP2 gathers the root's weights around
         `forward` only): the reference with the LoRA adapters disabled and no autograd, then the

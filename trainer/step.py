@@ -30,7 +30,7 @@ class StepResult:
     target_tokens: int
     extra: dict[str, float] = field(default_factory=dict)
     """DPO: mean reward margin and reward accuracy over the step's pairs; GRPO: reward, pass
-    rate, KL, clipped share, seconds generating and training (trainer/grpo/train_step.py)."""
+    rate, KL, clipped share, seconds generating and training (trainer/grpo_step.py)."""
     tokens: int | None = None
     """Tokens processed (GRPO: prompt and completion tokens); None: the global batch's rows x
     seq_len (packed rows)."""
@@ -84,7 +84,7 @@ def reduce_and_step(
     save flag, squared gradient norm, target tokens, extra sums...], then the gradients divided by
     the global units, clipped, and AdamW's step. Returns (mean loss, gradient norm, global target
     tokens, the global extra sums, the global units). Shared by SFT/DPO and GRPO's step
-    (trainer/grpo/train_step.py)."""
+    (trainer/grpo_step.py)."""
     model, device = r.model, r.device
     # A time-based checkpoint is due by this rank's clock, this step's compute included.
     every_s = r.config.checkpoint_every_minutes * 60
