@@ -282,6 +282,7 @@ TIERS = {
     "test_preference_beam.py": "integration",
     "test_prompts_beam.py": "integration",
     "test_grpo_trainer.py": "integration",
+    "test_grpo_params.py": "unit",
     "test_pytorchjob_manifest.py": "unit",
     "test_qlora.py": "integration",
     "test_quickstart.py": "integration",

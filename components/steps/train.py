@@ -250,6 +250,8 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
         learning_rate=request.params.learning_rate,
         quantize_base=request.params.quantize_base,
         objective=request.params.objective,
+        rewards=request.params.rewards,
+        reward_module=request.params.reward_module,
         model=request.params.base_model,
         data=storage.normalize(data) if local else data,
         output=output,

@@ -1,0 +1,92 @@
+"""objective=grpo's run parameters: each mistake the issue lists is one `error:` line and exit 2
+from `llmft run`, before anything is written; a good GRPO run's parameters pass, and the rewards
+and the trainer settings (trainer_overrides, like DPO's beta) reach the trainer's config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from components.params.run_checks import run_errors
+from components.params.run_params import RunParams
+from components.params.trainer_params import planned_trainer_config
+from pipelines.cli import app
+from trainer.grpo.tasks import ARITHMETIC_REWARDS
+
+
+def llmft(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def grpo_run(tmp_path: Path, *params: str) -> Any:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    values = ("objective=grpo", f"train_data_uri={data}", f"workdir={tmp_path / 'run'}", *params)
+    return llmft("run", *(a for v in values for a in ("--param", v)))
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        (("data_kind=instruction", f"rewards={ARITHMETIC_REWARDS}"), "set data_kind=prompts"),
+        (("data_kind=prompts",), "objective=grpo needs a reward"),
+        (
+            ("data_kind=prompts", f"rewards={ARITHMETIC_REWARDS}",
+             'trainer_overrides={"grpo_group_size": 1}'),
+            "grpo_group_size must be >= 2",
+        ),
+        (("data_kind=prompts", "reward_module=/nonexistent/reward.py"), "does not exist"),
+        (("data_kind=prompts", "rewards=[{\"name\": \"exact\"}]"), "unknown reward 'exact'"),
+    ],
+)  # fmt: skip
+def test_each_grpo_mistake_is_one_error_line_before_anything_starts(
+    tmp_path: Path, params: tuple[str, ...], says: str
+) -> None:
+    result = grpo_run(tmp_path, *params)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and "Traceback" not in result.output
+    problems = [line for line in result.output.splitlines() if line.startswith("  - ")]
+    assert len(problems) == 1 and says in problems[0], result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_reward_module_without_its_function_is_refused_unrun(tmp_path: Path) -> None:
+    module = tmp_path / "reward.py"
+    module.write_text("raise SystemExit('never run by the checks')\ndef other(c, p): return []\n")
+    result = grpo_run(tmp_path, "data_kind=prompts", f"reward_module={module}")
+    assert result.exit_code == 2 and "does not define reward(" in result.output, result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_grpo_parameters_pass_and_reach_the_trainer(tmp_path: Path) -> None:
+    module = tmp_path / "reward.py"
+    module.write_text("def score(completions, prompts, **columns):\n    return [0.0]\n")
+    params = RunParams(
+        train_data_uri="p.jsonl", base_model="m", objective="grpo", data_kind="prompts",
+        rewards=ARITHMETIC_REWARDS, reward_module=f"{module}:score",
+        trainer_overrides={"lora_rank": 8, "grpo_group_size": 8, "grpo_beta": 0.04,
+                           "grpo_loss_type": "dr_grpo"},
+    )  # fmt: skip
+    assert run_errors(params) == []
+    config = planned_trainer_config(params)
+    assert config.objective == "grpo" and config.rewards == ARITHMETIC_REWARDS
+    assert config.reward_module == f"{module}:score" and config.grpo_group_size == 8
+    assert config.grpo_loss_type == "dr_grpo" and config.grpo_beta == 0.04
+    # The run parameters, not trainer_overrides, carry the rewards.
+    moved = RunParams(
+        train_data_uri="p.jsonl", base_model="m", objective="grpo", data_kind="prompts",
+        rewards=ARITHMETIC_REWARDS, trainer_overrides={"rewards": "[]"},
+    )  # fmt: skip
+    assert any("set the run parameter rewards" in e for e in run_errors(moved))
+    # Prompt records train only with grpo; a cloud job reads a reward module from gs:// only.
+    sft = RunParams(train_data_uri="p.jsonl", base_model="m", data_kind="prompts")
+    assert any("set objective=grpo" in e for e in run_errors(sft))
+    cloud = RunParams(
+        train_data_uri="p.jsonl", base_model="m", objective="grpo", data_kind="prompts",
+        reward_module=str(module), backend="vertex",
+    )  # fmt: skip
+    assert any("reads it from gs://" in e for e in run_errors(cloud))
