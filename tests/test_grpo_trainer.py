@@ -84,6 +84,7 @@ def test_grpo_trains_checkpoints_and_resumes_exactly(
     assert summary["objective"] == "grpo" and "eval_reward" in summary
     assert summary["eval_loss"] == -summary["eval_reward"]
     assert (full / "model/adapter/adapter_config.json").exists()
+    check_evaluation(tmp_path, tiny_model_dir, prompts, summary)
 
     # Resume from step 2's checkpoint: the same rollouts (RNG restored), rewards and updates.
     resumed = tmp_path / "resumed"
@@ -169,3 +170,32 @@ def test_bad_grpo_settings_exit_2_before_anything_starts(
             tiny_model_dir, prompts / "data", tmp_path / "bad", *SETTINGS, *module, *extra
         )
         assert proc.returncode == 2 and says in proc.stderr, (extra, proc.stderr[-2000:])
+
+
+def check_evaluation(tmp_path: Path, base: Path, prompts: Path, summary: dict[str, Any]) -> None:
+    """The evaluate step's view of the run: mean reward and pass rate of base and tuned on the
+    held-out prompts, scored by the same reward module (loaded by the evaluation), the tuned
+    model's the trainer's own end-of-run numbers; the gate's min_reward_gain."""
+    from components.evaluation.evaluate import run_evaluation
+    from components.evaluation.gate import GateThresholds
+    from components.evaluation.request import EvaluationRequest
+
+    def evaluation(name: str, gain: float) -> Any:
+        request = EvaluationRequest(
+            base=str(base), tuned=summary["model_dir"], data_dir=str(prompts / "data"),
+            output_dir=str(tmp_path / name), objective="grpo", device="cpu",
+            reward_module=str(prompts / "reward.py"), max_new_tokens=8,
+            thresholds=GateThresholds(min_reward_gain=gain),
+        )  # fmt: skip
+        return run_evaluation(request)
+
+    result = evaluation("eval", 0.0)
+    m = result.metrics
+    assert m["tuned_mean_reward"] == pytest.approx(summary["eval_reward"], abs=1e-6)
+    assert m["tuned_pass_rate"] == pytest.approx(summary["eval_pass_rate"], abs=1e-6)
+    assert m["mean_reward_delta"] == pytest.approx(m["tuned_mean_reward"] - m["base_mean_reward"])
+    assert m["generation_examples"] == 8 and "base_pass_rate" in m
+    gated = evaluation("gated", 10.0)  # a reward of 0..2 cannot rise by 10
+    assert not gated.passed
+    (check,) = [c for c in gated.decision.checks if c["name"] == "reward_gain"]
+    assert not check["passed"] and "required gain >= 10" in check["detail"]

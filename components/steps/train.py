@@ -459,6 +459,8 @@ def model_metadata(
     TensorBoard logs are (`run_uri`)."""
     trainer = launch.trainer
     dpo = {"dpo_beta": trainer.dpo_beta} if trainer.objective == "dpo" else {}
+    if trainer.objective == "grpo":  # the evaluation answers as long as the rollouts could
+        dpo = {"grpo_max_completion_tokens": trainer.grpo_max_completion_tokens}
     quantized = (
         {
             "quantize_base": trainer.quantize_base,
