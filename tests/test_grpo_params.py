@@ -4,6 +4,7 @@ and the trainer settings (trainer_overrides, like DPO's beta) reach the trainer'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,61 @@ def test_grpo_parameters_pass_and_reach_the_trainer(tmp_path: Path) -> None:
         reward_module=str(module), backend="vertex",
     )  # fmt: skip
     assert any("reads it from gs://" in e for e in run_errors(cloud))
+
+
+def test_the_cost_estimate_counts_the_rollouts_and_their_tokens() -> None:
+    """objective=grpo: rows are prompts, each G completions of up to seq_len + max completion
+    tokens trained on, and generating time is added (decoding bound by memory bandwidth); the
+    note says how the job splits between generating and training."""
+    from components.preflight import cost
+
+    def run(**overrides: Any) -> RunParams:
+        return RunParams(
+            backend="vertex", base_model="m", train_data_uri="p.jsonl", objective="grpo",
+            data_kind="prompts", rewards=ARITHMETIC_REWARDS, model_parameters=1_000_000_000,
+            seq_len=256, max_steps=100, accelerator_type="NVIDIA_H100_80GB",
+            accelerator_count=1, nodes=1, trainer_overrides={"micro_batch_size": 2, **overrides},
+        )  # fmt: skip
+
+    params = run(grpo_group_size=8, grpo_max_completion_tokens=512)
+    est = cost.estimate_for(params, remote=False)
+    assert est.train_tokens == 100 * 2 * 8 * (256 + 512)  # 2 prompts a step, 8 completions each
+    (note,) = [n for n in est.notes if n.startswith("objective=grpo")]
+    assert "generating" in note and "16 sequences x 512 tokens" in note
+    shape = cost.shape_of(params)
+    from components.preflight.model_size import ModelSize
+
+    size = ModelSize.of_count(1_000_000_000)
+    # 512 decoding steps, each reading 2 GB of bf16 weights at half of 3.35 TB/s, plus overhead
+    per_token = 2e9 / (3.35e12 * 0.5) + 0.02
+    assert cost.rollout_seconds(shape, size) == pytest.approx(
+        512 * per_token + 2 * 1e9 * 16 * 256 / (989.5e12 * 0.409), rel=1e-6
+    )
+    shorter = cost.estimate_for(run(grpo_group_size=8, grpo_max_completion_tokens=64), remote=False)
+    assert shorter.step("train").hours < est.step("train").hours
+
+
+def test_the_fit_check_holds_a_rollouts_kv_cache() -> None:
+    """The rollout's KV cache (micro_batch_size x G sequences) is what must fit besides the
+    training step: many long completions of an 8B model do not fit an L4 even with LoRA."""
+    from components.preflight.train_fit import Plan, fit_of
+    from trainer.config import TrainConfig
+    from trainer.memory_model import LLAMA3_8B, kv_cache_bytes
+
+    config = TrainConfig(
+        model="m", data="d", output="o", objective="grpo", rewards=ARITHMETIC_REWARDS,
+        lora_rank=16, quantize_base="nf4", micro_batch_size=1, grpo_group_size=16,
+        grpo_max_completion_tokens=4096, activation_checkpointing=True,
+    )  # fmt: skip
+    gpu = 80 * 2**30
+    fit = fit_of(LLAMA3_8B, Plan(config, world_size=1, seq_len=512), gpu)
+    cache = kv_cache_bytes(LLAMA3_8B, 16, 512 + 4096)
+    assert fit.rollout_floor >= cache > 0 and fit.lower_bound >= fit.rollout_floor
+    small = Plan(
+        dataclasses.replace(config, grpo_group_size=2, grpo_max_completion_tokens=128),
+        world_size=1,
+        seq_len=512,
+    )
+    assert fit_of(LLAMA3_8B, small, gpu).rollout_floor < fit.rollout_floor
+    sft = Plan(dataclasses.replace(config, objective="sft"), world_size=1, seq_len=512)
+    assert fit_of(LLAMA3_8B, sft, gpu).rollout_floor == 0.0

@@ -82,6 +82,7 @@ def test_grpo_trains_checkpoints_and_resumes_exactly(
         assert m["generate_s"] > 0 and m["train_s"] > 0 and 0 <= m["pass_rate"] <= 1
     summary = json.loads((full / "summary.json").read_text())
     assert summary["objective"] == "grpo" and "eval_reward" in summary
+    assert summary["generate_s_total"] > 0 and summary["train_s_total"] > 0
     assert summary["eval_loss"] == -summary["eval_reward"]
     assert (full / "model/adapter/adapter_config.json").exists()
     check_evaluation(tmp_path, tiny_model_dir, prompts, summary)

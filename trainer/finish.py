@@ -118,6 +118,7 @@ def save(r: Run) -> None:
             "attempts": r.attempt,
             "preemptions": r.state.preemptions,
             "wall_time_s": time.time() - r.started,
+            **{f"{phase}_total": value for phase, value in r.phase_seconds.items()},
             "world_size": r.world_size,
             "data_position": asdict(r.state.position),
         }

@@ -82,6 +82,9 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
         window.tokens += tokens
         window.targets += targets
         r.losses.append(loss)
+        for phase in ("generate_s", "train_s"):  # GRPO's split of the step's time
+            if phase in result.extra:
+                r.phase_seconds[phase] = r.phase_seconds.get(phase, 0.0) + result.extra[phase]
         if r.state.step % config.log_every == 0 or r.state.step == r.total_steps:
             record = {"loss": loss, "lr": lr, "grad_norm": grad_norm, **result.extra}
             _write_metrics(r, window, record, position, per_token, peak)
