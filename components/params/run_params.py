@@ -196,8 +196,9 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
     reward_module: str = param(
         "",
         "objective=grpo: a Python file (local or gs://) defining reward(completions, prompts, "
-        "**columns) -> list[float], as TRL's reward functions; PATH:NAME names another function. "
-        "Added to rewards with weight 1; run only inside the training and evaluation jobs.",
+        "...) that takes the prompts' columns as keyword arguments and returns one float per "
+        "completion, as TRL's reward functions; PATH:NAME names another function. Added to "
+        "rewards with weight 1; run only inside the training and evaluation jobs.",
         steps=("train", "evaluate"),
     )
 
