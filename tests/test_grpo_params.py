@@ -149,3 +149,15 @@ def test_the_fit_check_holds_a_rollouts_kv_cache() -> None:
     assert fit_of(LLAMA3_8B, small, gpu).rollout_floor < fit.rollout_floor
     sft = Plan(dataclasses.replace(config, objective="sft"), world_size=1, seq_len=512)
     assert fit_of(LLAMA3_8B, sft, gpu).rollout_floor == 0.0
+
+
+def test_llmft_evaluate_takes_the_rewards_of_a_grpo_model(tmp_path: Path) -> None:
+    """`llmft evaluate --objective grpo` needs the run's rewards: without them, exit 2 and one
+    `error:` line before anything loads."""
+    result = llmft(
+        "evaluate", "--base", str(tmp_path), "--tuned", str(tmp_path), "--data", str(tmp_path),
+        "--output", str(tmp_path / "eval"), "--objective", "grpo",
+    )  # fmt: skip
+    assert result.exit_code == 2 and result.output.startswith("error: "), result.output
+    assert "objective=grpo is evaluated by its rewards" in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1

@@ -200,3 +200,28 @@ def check_evaluation(tmp_path: Path, base: Path, prompts: Path, summary: dict[st
     assert not gated.passed
     (check,) = [c for c in gated.decision.checks if c["name"] == "reward_gain"]
     assert not check["passed"] and "required gain >= 10" in check["detail"]
+
+
+def test_grpo_with_sharded_weights_on_two_processes(
+    tmp_path: Path, tiny_model_dir: Path, prompts: Path
+) -> None:
+    """FSDP2 over two ranks: each rank's rollouts run on gathered weights with `synced_gpus`
+    (every rank makes the same number of forwards until all are done), the KL term's reference
+    pass too; the step's numbers are global (every rank logs the same)."""
+    out = tmp_path / "two"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "trainer",
+         "--model", str(tiny_model_dir), "--data", str(prompts / "data"), "--output", str(out),
+         "--micro-batch-size", "1", "--log-every", "1", "--tensorboard", "false",
+         "--data-parallel", "shard", *SETTINGS, "--max-steps", "3",
+         f"--reward-module={prompts / 'reward.py'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = metrics(out)
+    assert sorted(steps) == [1, 2, 3] and any(m["grad_norm"] > 0 for m in steps.values())
+    assert any(m["kl"] > 0 for m in steps.values())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and "eval_reward" in summary
