@@ -39,7 +39,7 @@ from trainer.packed_data.format import EVAL_SPLIT
 from trainer.packed_data.prompts import prompt_table
 
 TOO_LONG = "too_long_tokens"
-CountedPrompt = tuple[str, str, str, int]
+CountedPrompt = tuple[str, str, dict[str, Any], int]
 """(content hash, source, the record as JSON-able dict, prompt tokens) per split."""
 
 

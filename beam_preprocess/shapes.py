@@ -167,12 +167,12 @@ def _example_of(
         return {"text": _required_text(record, shape.text)}, (shape.text,), []
     if fmt == PROMPTS_KIND:
         try:
-            example, used = prompt_records.example_of(
+            record_example, _ = prompt_records.example_of(
                 record, shape.prompt, shape.messages, shape.system, shape.tool_turns
             )
         except prompt_records.PromptError as exc:
             raise Invalid(exc.reason, str(exc.args[1]), exc.kind) from None
-        return example, tuple(record), []  # every other field is a column: none unused
+        return record_example, tuple(record), []  # every other field is a column: none unused
     if fmt == PREFERENCE_KIND:
         try:
             pair, pair_fields = pairs.example_of(record)

@@ -69,14 +69,12 @@ def main(argv: list[str]) -> int:
     subprocess.run(command, env=env, check=True)
     trained_s = time.monotonic() - started
     summary = json.loads((args.out / "run" / "summary.json").read_text())
-    result = run_evaluation(
-        EvaluationRequest(
-            base=str(gguf), tuned=summary["model_dir"], data_dir=str(data),
-            output_dir=str(args.out / "eval"), objective="grpo", rewards=ARITHMETIC_REWARDS,
-            device="cpu", max_examples=args.held_out,
-            max_new_tokens=args.max_completion_tokens,
-        )  # fmt: skip
-    )
+    request = EvaluationRequest(
+        base=str(gguf), tuned=summary["model_dir"], data_dir=str(data),
+        output_dir=str(args.out / "eval"), objective="grpo", rewards=ARITHMETIC_REWARDS,
+        device="cpu", max_examples=args.held_out, max_new_tokens=args.max_completion_tokens,
+    )  # fmt: skip
+    result = run_evaluation(request)
     m = result.metrics
     report = {
         "settings": vars(args) | {"out": str(args.out)},

@@ -54,9 +54,11 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
     last_saved = r.state.step
     r.last_saved_at = time.monotonic()
     guard = DivergenceGuard(config.divergence_factor)
-    step = optimizer_step
+    step: Any = optimizer_step  # one micro-batch type per objective: packed rows or prompts
     if config.objective == "grpo":
-        from trainer.grpo_step import grpo_optimizer_step as step
+        from trainer.grpo_step import grpo_optimizer_step
+
+        step = grpo_optimizer_step
     while r.state.step < r.total_steps:
         micro, position = next(batches)
         lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; the step advances it
