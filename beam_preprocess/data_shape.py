@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from trainer.packed_data.format import PREFERENCE_KIND
+from trainer.packed_data.format import PREFERENCE_KIND, PROMPTS_KIND
 
-DataKind = Literal["instruction", "text", "preference"]
+DataKind = Literal["instruction", "text", "preference", "prompts"]
 DATA_KINDS: tuple[str, ...] = get_args(DataKind)
-assert PREFERENCE_KIND in DATA_KINDS
+assert PREFERENCE_KIND in DATA_KINDS and PROMPTS_KIND in DATA_KINDS
 RecordFormat = Literal["auto", "prompt_response", "alpaca", "chat", "sharegpt"]
 RECORD_FORMATS: tuple[str, ...] = get_args(RecordFormat)
 ToolTurns = Literal["reject", "filter"]
@@ -42,7 +42,9 @@ class DataShape:
     data_kind: DataKind = setting(
         "instruction",
         '"instruction" for prompt/response or chat messages records, "text" for plain '
-        'causal-LM text, "preference" for {prompt, chosen, rejected} pairs (objective dpo).',
+        'causal-LM text, "preference" for {prompt, chosen, rejected} pairs (objective dpo), "prompts" '
+        "for records with a prompt (text or chat messages) and the columns the rewards read, kept "
+        "unchanged (objective grpo; docs/grpo.md).",
     )
     record_format: RecordFormat = setting(
         "auto",

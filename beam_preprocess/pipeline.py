@@ -9,7 +9,8 @@ Outputs in --output (see trainer.packed_data.format): train/ and eval/ Parquet s
 manifest.json, stats.json (the accounting, also when the run fails the rejected-fraction check),
 rejected/ and filtered/ dead letters, eval_records/ (the clean held-out records for the evaluator;
 not for `--data-kind preference`, whose pairs take beam_preprocess/preference_steps.py after
-Prepare).
+Prepare). `--data-kind prompts` (objective grpo) takes beam_preprocess/prompt_steps.py after
+Prepare: one unpacked row per prompt record, its columns kept.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from beam_preprocess.output_dir import (
     relative,
 )
 from beam_preprocess.preference_steps import DeduplicateAndPackPairs, TokenizePairs
+from beam_preprocess.prompt_steps import CountPromptTokens, DeduplicateAndWritePrompts
 from beam_preprocess.readers import ReadRecords
 from beam_preprocess.record_steps import Prepare
 from beam_preprocess.records import (
@@ -67,6 +69,7 @@ from trainer.packed_data.format import (
     FILTERED_DIR,
     MANIFEST_FILE,
     PREFERENCE_KIND,
+    PROMPTS_KIND,
     REJECTED_DIR,
     SPLITS,
     STATS_FILE,
@@ -107,11 +110,16 @@ def build_pipeline(
     read = _read(pipeline, config, bigquery)
     examples = read["records"] | "Prepare" >> Prepare(config)
     pairs = config.data_kind == PREFERENCE_KIND
+    prompts = config.data_kind == PROMPTS_KIND
     if pairs:  # beam_preprocess.preference_steps: pairs packed whole, one worker per split
         tokens = examples.examples | "TokenizePairs" >> TokenizePairs(config)
         pair_packer = DeduplicateAndPackPairs(config.seq_len, pad_id)
         packed = tokens.pairs | "DeduplicateAndPackPairs" >> pair_packer
         stages: tuple[tuple[str, str], ...] = ((TABLES, ""),)
+    elif prompts:  # beam_preprocess.prompt_steps: one row per prompt record, unpacked
+        tokens = examples.examples | "CountPromptTokens" >> CountPromptTokens(config)
+        packed = tokens.prompts | "DeduplicateAndWritePrompts" >> DeduplicateAndWritePrompts()
+        stages = ((TABLES, ""),)
     else:
         tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir)
         packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
@@ -157,7 +165,7 @@ def build_pipeline(
     )
 
     events = [read[READ] | "TagRead" >> tagged(READ), packed[STATS] | "TagStats" >> tagged(STATS)]
-    if not pairs:
+    if not pairs and not prompts:
         events.append(packed[RETOKENIZED] | "TagRetokenized" >> tagged(RETOKENIZED))
     events.append(examples[UNUSED_FIELDS] | "TagUnusedFields" >> tagged(UNUSED_FIELDS))
     for step, results in (("Read", read), ("Prepare", examples), ("Tokenize", tokens)):
@@ -288,7 +296,7 @@ def launch(argv: list[str]) -> LaunchedRun:
     if problems:
         raise ValueError(problems[0])
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
-    if config.data_kind in ("instruction", PREFERENCE_KIND):
+    if config.data_kind in ("instruction", PREFERENCE_KIND, PROMPTS_KIND):
         ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
     identity = TokenizerIdentity.of(tokenizer)
     identity.name_or_path = config.tokenizer

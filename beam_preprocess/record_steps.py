@@ -22,7 +22,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_preprocess import pairs, shapes
+from beam_preprocess import pairs, prompt_records, shapes
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.records import DEAD, FILTERED, OUTCOME, UNUSED_FIELDS, dead_letter, outcome
 
@@ -156,6 +156,8 @@ def record_of(example: dict[str, Any]) -> dict[str, Any]:
         return {"text": example["text"]}
     if pairs.is_pair(example):
         return pairs.record_of(example)
+    if prompt_records.is_prompt(example):
+        return prompt_records.record_of(example)
     messages = example["messages"]
     if len(messages) == 2 and messages[0]["role"] == "user":
         return {"prompt": messages[0]["content"], "response": messages[1]["content"]}
@@ -185,6 +187,8 @@ def content_hash(example: dict[str, Any]) -> str:
     """sha256 of the example's content (not its source), the exact-duplicate key; a pair's
     responses count as two last turns of roles `chosen` and `rejected`."""
     content = example["text"] if "text" in example else example["messages"]
+    if prompt_records.is_prompt(example):
+        content = prompt_records.hash_key(example)
     if pairs.is_pair(example):
         content = [*content, *({"role": k, "content": example[k]} for k in pairs.PAIR_KEYS)]
     return hashlib.sha256(content_key(content)).hexdigest()
@@ -212,7 +216,8 @@ def split_of(example: dict[str, Any], eval_fraction: float, seed: str) -> str:
     if "text" in example:
         key = example["text"]
     else:
-        key = example["messages"] if pairs.is_pair(example) else example["messages"][:-1]
+        whole = pairs.is_pair(example) or prompt_records.is_prompt(example)
+        key = example["messages"] if whole else example["messages"][:-1]
     digest = hashlib.sha256(seed.encode() + b"\x00")
     digest.update(content_key(key))  # no copy of the key to prepend the seed
     return "eval" if int.from_bytes(digest.digest()[:8], "big") / 2**64 < eval_fraction else "train"

@@ -13,6 +13,7 @@ them, so nothing is dropped without a number in stats.json.
 | chat | `messages`: `[{role, content}]` (OpenAI chat); tool turns per `tool_turns` | the turns |
 | sharegpt | `conversations`: `[{from, value}]`, roles mapped by `SHAREGPT_ROLES` | the turns |
 | text | `text` | plain text (data kind "text") |
+| prompts | `prompt` (text or chat messages; `messages` when there is no `prompt`), optional `system`; every other field kept as a column (beam_preprocess/prompt_records.py) | the prompt's turns as `messages`, the rest as `columns` (data kind "prompts") |
 | preference | per record: `prompt` + `chosen` + `rejected` strings, `prompt` turns + one-message `chosen`/`rejected` lists (TRL's conversational form), or `chosen`/`rejected` conversations sharing their history (beam_preprocess/pairs.py) | the history as `messages`, plus `chosen` and `rejected` texts (data kind "preference") |
 
 Field names are parameters (`prompt_field`, ...); an empty one means the shape's default above
@@ -27,9 +28,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from beam_preprocess import pairs
+from beam_preprocess import pairs, prompt_records
 from beam_preprocess.records import has_lone_surrogate
-from trainer.packed_data.format import PREFERENCE_KIND
+from trainer.packed_data.format import PREFERENCE_KIND, PROMPTS_KIND
 
 """Shapes of instruction records (text data always reads one text field)."""
 """What becomes of a conversation with tool turns (a `tool`/`function` message, or an assistant
@@ -66,13 +67,14 @@ DEFAULT_FIELDS: dict[str, dict[str, str]] = {
     "sharegpt": {"messages": "conversations"},
     "text": {"text": "text"},
     PREFERENCE_KIND: {},
+    PROMPTS_KIND: {"prompt": "prompt", "messages": "messages"},
 }
 """Each shape's default field names (the one place they are spelled); `system` is always
 "system"."""
 SYSTEM_FIELD = pairs.SYSTEM_FIELD
 
 
-KIND_SHAPES = ("text", PREFERENCE_KIND)
+KIND_SHAPES = ("text", PREFERENCE_KIND, PROMPTS_KIND)
 """Data kinds whose records have one shape of their own (named after the kind), which the
 record format does not choose."""
 
@@ -163,6 +165,14 @@ def _example_of(
     fmt = shape.record_format
     if fmt == "text":
         return {"text": _required_text(record, shape.text)}, (shape.text,), []
+    if fmt == PROMPTS_KIND:
+        try:
+            record_example, _ = prompt_records.example_of(
+                record, shape.prompt, shape.messages, shape.system, shape.tool_turns
+            )
+        except prompt_records.PromptError as exc:
+            raise Invalid(exc.reason, str(exc.args[1]), exc.kind) from None
+        return record_example, tuple(record), []  # every other field is a column: none unused
     if fmt == PREFERENCE_KIND:
         try:
             pair, pair_fields = pairs.example_of(record)

@@ -26,7 +26,7 @@ def test_every_pipeline_flag_is_a_template_parameter():
         "tokenizer",
         "seq_len",
     }
-    assert params["data_kind"]["regexes"] == ["^(instruction|text|preference)$"]
+    assert params["data_kind"]["regexes"] == ["^(instruction|text|preference|prompts)$"]
     assert params["train_on_prompt"]["regexes"] == ["^(true|false)$"]
     assert "no_chat_template_fast_path" in params
     assert all("-" not in name for name in params)

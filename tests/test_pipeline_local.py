@@ -281,6 +281,47 @@ def test_local_pipeline_dpo_reports_the_win_rate(tmp_path: Path, assets: tuple[P
     _assert_nothing_left(workdir)
 
 
+def test_local_pipeline_grpo_reports_the_reward_before_and_after(
+    tmp_path: Path, assets: tuple[Path, Path]
+):
+    """objective=grpo end to end on the packaged task (`llmft sample-prompts`): prompt records
+    with their answer column through the Beam graph (data_kind prompts), GRPO on LoRA adapters on
+    one node and two processes, and the evaluate step's mean reward and pass rate before and
+    after, the tuned model's equal to the trainer's end-of-run numbers; the gate's reward gain."""
+    from pipelines.quickstart.prompts_task import write_prompts_task
+
+    written = write_prompts_task(tmp_path / "task", n=120, seed=0)
+    rewards = Path(written["rewards"]).read_text().strip()
+    workdir = tmp_path / "run"
+    params = _params(
+        workdir, assets, train_data_uri=written["prompts"], data_kind="prompts",
+        objective="grpo", rewards=rewards, nodes=1, nproc_per_node=2, max_steps=4,
+        trainer_overrides={"lora_rank": 8, "grpo_group_size": 4, "micro_batch_size": 2,
+                           "grpo_max_completion_tokens": 8},
+        seq_len=64, eval_fraction=0.1,
+    )  # fmt: skip
+    run = CliRun(["run", "--backend", "local", *params], "pipe")
+    code = run.wait(timeout=900)
+    out = run.text
+    assert code == 0, out[-3000:] + _log(workdir)[-5000:]
+    assert run.final_steps() == ALL_SUCCEEDED, out[-3000:]
+    run_dir = max(
+        (workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime
+    )
+    manifest = json.loads((run_dir / "preprocess" / "dataset" / "manifest.json").read_text())
+    assert manifest["data_kind"] == "prompts" and manifest["stats"]["kept"] == 120
+    executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
+    metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    held_out = manifest["splits"]["eval"]["rows"]
+    assert metrics["generation_examples"] == held_out > 0, metrics
+    for key in ("base_mean_reward", "tuned_mean_reward", "base_pass_rate", "tuned_pass_rate"):
+        assert key in metrics, metrics
+    trained = json.loads(next((run_dir / "train").rglob("summary.json")).read_text())
+    assert trained["objective"] == "grpo" and trained["world_size"] == 2
+    assert trained["eval_reward"] == pytest.approx(metrics["tuned_mean_reward"], abs=1e-6)
+    _assert_nothing_left(workdir)
+
+
 def _assert_tracked(store: str, metrics: dict, trained: dict) -> None:
     """One MLflow run for the pipeline run, nested train and evaluate runs with the trainer's
     curve (log_every 10 of 20 steps) and the evaluation, and the passing model's version."""

@@ -27,6 +27,8 @@ DTYPES = ("auto", "bf16", "fp32")
 """`dtype`'s values (`trainer.model.compute_dtype` resolves "auto")."""
 QUANTIZE_BASES = ("none", "nf4")
 """`quantize_base`'s values."""
+OBJECTIVES = ("sft", "dpo", "grpo")
+"""`objective`'s values."""
 
 
 @dataclass
@@ -155,10 +157,44 @@ class TrainConfig:
     """"sft": next-token cross-entropy on target tokens. "dpo": Direct Preference Optimization
     (sigmoid loss) on a preference dataset (`llmft preprocess` of {prompt, chosen, rejected});
     the reference model is the frozen base with the LoRA adapters disabled, so it needs
-    lora_rank > 0 and no second model is held."""
+    lora_rank > 0 and no second model is held. "grpo": Group Relative Policy Optimization on a
+    prompts dataset (`llmft preprocess --data-kind prompts`) with `rewards` / `reward_module`
+    (trainer/grpo/, docs/grpo.md)."""
     dpo_beta: float = 0.1
     """DPO's beta: the strength of the implicit KL penalty towards the reference (larger stays
     closer). Rewards are beta x (policy - reference) log-probability of a response."""
+
+    # --- GRPO (objective=grpo: trainer/grpo/, docs/grpo.md) -----------------------------------
+    rewards: str = ""
+    """objective=grpo: the built-in rewards as a JSON list (exact_match, regex, json_schema,
+    length_penalty, each with its arguments and an optional weight; docs/grpo.md)."""
+    reward_module: str = ""
+    """objective=grpo: a user's reward function, `PATH` or `PATH:FUNCTION` (local or gs:// .py
+    file; `reward(completions, prompts, **columns) -> list[float]`), added to `rewards` with
+    weight 1. Executed in the training job only."""
+    grpo_group_size: int = 4
+    """Completions sampled per prompt (G >= 2): the group whose mean and spread give each
+    completion's advantage. micro_batch_size counts prompts, so a forward pass holds
+    micro_batch_size x G completions."""
+    grpo_temperature: float = 1.0
+    """Sampling temperature of the rollouts (log-probabilities use the same, as TRL)."""
+    grpo_top_p: float = 1.0
+    """Nucleus sampling of the rollouts (1: off)."""
+    grpo_max_completion_tokens: int = 256
+    """Longest completion generated (the KV cache and the dr_grpo divisor follow it)."""
+    grpo_loss_type: str = "dapo"
+    """"grpo" (each completion's token mean, then the mean), "dr_grpo" (token sum / completions
+    x max completion tokens) or "dapo" (token sum / all completion tokens; TRL 1.16's default)."""
+    grpo_scale_rewards: str = "group"
+    """Advantage scaling: "group" (divide by the group's std), "batch" (the batch's std) or "none"
+    (Dr. GRPO)."""
+    grpo_beta: float = 0.0
+    """Weight of the KL term to the reference (the base with LoRA adapters off, as DPO's; needs
+    lora_rank); 0, TRL's default, computes no reference."""
+    grpo_epsilon_low: float = 0.2
+    """Lower clip of the ratio: 1 - epsilon_low."""
+    grpo_epsilon_high: float = 0.2
+    """Upper clip of the ratio: 1 + epsilon_high (DAPO's clip-higher uses 0.28)."""
 
     # --- checkpoints, logging, export ---------------------------------------------------------
     checkpoint_every: int = 0
@@ -299,8 +335,9 @@ class TrainConfig:
             errors.append(f"quantize_base must be none or nf4 (got {self.quantize_base!r})")
         elif self.quantize_base == "nf4" and not self.lora_rank:
             errors.append("quantize_base=nf4 trains LoRA adapters on a frozen base: set lora_rank")
-        if self.objective not in ("sft", "dpo"):
-            errors.append(f"objective must be sft or dpo (got {self.objective!r})")
+        errors += self._grpo_errors()
+        if self.objective not in OBJECTIVES:
+            errors.append(f"objective must be sft, dpo or grpo (got {self.objective!r})")
         elif self.objective == "dpo" and not self.lora_rank:
             errors.append(
                 "objective=dpo uses the base with adapters disabled as its reference model: "
@@ -317,6 +354,55 @@ class TrainConfig:
         except ValueError as exc:
             errors.append(str(exc))
         return errors + self._writes_into_inputs()
+
+    def _grpo_errors(self) -> list[str]:
+        """objective=grpo's settings (the reward module is read, never run: trainer/grpo/)."""
+        from trainer.grpo.rewards import parse_rewards
+        from trainer.grpo.settings import LOSS_TYPES, SCALE_REWARDS
+
+        errors = []
+        if self.grpo_group_size < 2:
+            errors.append(
+                f"grpo_group_size must be >= 2 (got {self.grpo_group_size}): advantages compare "
+                "each completion with the others of its prompt"
+            )
+        if not 0 < self.grpo_temperature <= 10:
+            errors.append(f"grpo_temperature must be in (0, 10] (got {self.grpo_temperature})")
+        if not 0 < self.grpo_top_p <= 1:
+            errors.append(f"grpo_top_p must be in (0, 1] (got {self.grpo_top_p})")
+        if self.grpo_max_completion_tokens < 1:
+            errors.append(
+                f"grpo_max_completion_tokens must be >= 1 (got {self.grpo_max_completion_tokens})"
+            )
+        if self.grpo_loss_type not in LOSS_TYPES:
+            errors.append(
+                f"grpo_loss_type must be one of {', '.join(LOSS_TYPES)} (got {self.grpo_loss_type!r})"
+            )
+        if self.grpo_scale_rewards not in SCALE_REWARDS:
+            errors.append(
+                f"grpo_scale_rewards must be one of {', '.join(SCALE_REWARDS)} "
+                f"(got {self.grpo_scale_rewards!r})"
+            )
+        if self.grpo_beta < 0 or self.grpo_epsilon_low < 0 or self.grpo_epsilon_high < 0:
+            errors.append("grpo_beta, grpo_epsilon_low and grpo_epsilon_high must be >= 0")
+        try:
+            parse_rewards(self.rewards)
+        except ValueError as exc:
+            errors.append(str(exc))
+        if self.objective != "grpo":
+            return errors
+        if not self.rewards.strip() and not self.reward_module:
+            errors.append(
+                "objective=grpo needs a reward: set rewards (built-ins, JSON) or reward_module"
+            )
+        if self.grpo_beta > 0 and not self.lora_rank:
+            errors.append(
+                "grpo_beta > 0 uses the base with adapters disabled as its reference: set "
+                "lora_rank, or grpo_beta=0"
+            )
+        if self.quantize_base == "nf4":
+            errors.append("objective=grpo does not support quantize_base=nf4 yet")
+        return errors
 
     def _writes_into_inputs(self) -> list[str]:
         """The run writes OUTPUT and the exported model, never into its base model or tokenizer

@@ -22,6 +22,8 @@ def evaluate(r: Run) -> dict[str, float] | None:
     token; with objective=dpo the mean DPO loss per pair, `eval_reward_margin` and
     `eval_win_rate` (share of held-out pairs whose chosen response the trained model prefers
     over the rejected one by its implicit reward, trainer/preference.py)."""
+    if r.config.objective == "grpo":
+        return _grpo_eval(r)
     dpo = r.config.objective == "dpo"
     batches = eval_batches(
         r.config.data,
@@ -66,6 +68,21 @@ def evaluate(r: Run) -> dict[str, float] | None:
     return {"eval_loss": values[0], "eval_reward_margin": values[2], "eval_win_rate": values[3]}
 
 
+def _grpo_eval(r: Run) -> dict[str, float] | None:
+    """objective=grpo: mean reward and pass rate of greedy completions on the eval split's
+    prompts (`eval_reward`, `eval_pass_rate`); `eval_loss` is the negated mean reward, so that
+    lower is better as for the other objectives."""
+    from trainer.grpo_step import held_out_rewards
+    from trainer.packed_data.format import EVAL_SPLIT
+    from trainer.packed_data.prompts import read_prompts
+
+    records = read_prompts(r.config.data, r.manifest, EVAL_SPLIT)[: r.config.eval_max_rows]
+    scores = held_out_rewards(r, records, r.config.micro_batch_size * r.config.grpo_group_size)
+    if scores is None:
+        return None
+    return {"eval_loss": -scores["eval_reward"], **scores}
+
+
 def save(r: Run) -> None:
     from trainer.export import export_model
     from trainer.model import compute_dtype, dtype_name
@@ -101,6 +118,7 @@ def save(r: Run) -> None:
             "attempts": r.attempt,
             "preemptions": r.state.preemptions,
             "wall_time_s": time.time() - r.started,
+            **{f"{phase}_total": value for phase, value in r.phase_seconds.items()},
             "world_size": r.world_size,
             "data_position": asdict(r.state.position),
         }

@@ -55,10 +55,15 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
     last_saved = r.state.step
     r.last_saved_at = time.monotonic()
     guard = DivergenceGuard(config.divergence_factor)
+    step: Any = optimizer_step  # one micro-batch type per objective: packed rows or prompts
+    if config.objective == "grpo":
+        from trainer.grpo_step import grpo_optimizer_step
+
+        step = grpo_optimizer_step
     while r.state.step < r.total_steps:
         micro, position = next(batches)
         lr = r.optimizer.param_groups[0]["lr"]  # what this step uses; the step advances it
-        result = optimizer_step(r, micro)
+        result = step(r, micro)
         loss, grad_norm, targets = result.loss, result.grad_norm, result.target_tokens
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteLossError(
@@ -66,7 +71,7 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
                 f"stopped without saving or exporting: {_kept(r)}; lower lr (now {config.lr:g}) "
                 "or check the data, then rerun (with --overwrite when lr changes)"
             )
-        if reason := guard.check(r.state.step + 1, loss):
+        if config.objective != "grpo" and (reason := guard.check(r.state.step + 1, loss)):
             raise DivergedError(
                 f"{reason}; stopped without saving or exporting: {_kept(r, guard.best_step)}; "
                 f"lower lr (now {config.lr:g}; the run parameter learning_rate) and rerun with "
@@ -74,12 +79,15 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
             )
         r.state.step += 1
         r.state.position = position
-        tokens = r.batches.global_batch * r.manifest.seq_len
+        tokens = result.tokens or r.batches.global_batch * r.manifest.seq_len
         r.state.tokens += tokens
         r.state.target_tokens += targets
         window.tokens += tokens
         window.targets += targets
         r.losses.append(loss)
+        for phase in ("generate_s", "train_s"):  # GRPO's split of the step's time
+            if phase in result.extra:
+                r.phase_seconds[phase] = r.phase_seconds.get(phase, 0.0) + result.extra[phase]
         if r.state.step % config.log_every == 0 or r.state.step == r.total_steps:
             record = {"loss": loss, "lr": lr, "grad_norm": grad_norm, **result.extra}
             _write_metrics(r, window, record, position, per_token, peak)

@@ -29,6 +29,7 @@ the families trainer/last_block.py lists, the last block's MLP skips them too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,18 +118,27 @@ class CausalLMLoss(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        loss_mask: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
         pair_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        task: Callable[[Any], Any] | None = None,
+    ) -> Any:
         """Sum over target tokens of -log p(token | its document prefix); with `pair_ids`
-        (preference rows), DPO's [loss sum, reward-margin sum, correct-pair count] instead.
+        (preference rows), DPO's [loss sum, reward-margin sum, correct-pair count] instead;
+        with `task`, `task(self.lm)`'s result (GRPO: a rollout with `generate`, or completion
+        log-probabilities and the loss: trainer/grpo_step.py).
 
         Both passes of DPO run inside this one forward (FSDP2 gathers the root's weights around
         `forward` only): the reference with the LoRA adapters disabled and no autograd, then the
-        policy.
+        policy. GRPO's work runs inside it for the same reason.
         """
+        if task is not None:
+            if self.autocast is None:
+                return task(self.lm)
+            with torch.autocast(next(self.parameters()).device.type, dtype=self.autocast):
+                return task(self.lm)
+        assert input_ids is not None and position_ids is not None and loss_mask is not None
         if pair_ids is None:
             return self.token_losses(input_ids, position_ids, loss_mask).sum()
         from trainer.preference import dpo_stats
@@ -235,6 +245,18 @@ def head_logits(causal_lm: Any, hidden: torch.Tensor) -> torch.Tensor:
 def attn_implementation(config: TrainConfig, hf_config: Any) -> str:
     """transformers' attn_implementation for `config.attention` (ValueError when not exact)."""
     return attention.implementation(config.attention, hf_config)
+
+
+def _attention_for(config: TrainConfig, hf_config: Any) -> str:
+    """The attention a run builds the model with. GRPO generates with padding masks and a KV
+    cache, which the packed-row "document" attention does not take: SDPA there (eager where SDPA
+    is not exact for the family)."""
+    if config.objective != "grpo":
+        return attn_implementation(config, hf_config)
+    try:
+        return attention.implementation("sdpa", hf_config)
+    except ValueError:
+        return "eager"
 
 
 def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
@@ -354,7 +376,7 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
         lm = AutoModelForCausalLM.from_config(
             hf_config,
             dtype=torch.float32,
-            attn_implementation=attn_implementation(config, hf_config),
+            attn_implementation=_attention_for(config, hf_config),
         )
         if config.lora_rank:
             from peft import get_peft_model
@@ -378,7 +400,9 @@ def build_model(config: TrainConfig, model_dir: str, device: torch.device) -> Ca
 
         for i, block in enumerate(blocks):
             blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-    if compiles(config, device):
+    if compiles(config, device) and config.objective != "grpo":
+        # GRPO's rollouts call the blocks with a KV cache of a new length every token: compiled
+        # blocks would recompile; they run eager.
         # Per block, not the whole model: compile time stays flat in depth and FSDP's hooks stay
         # outside the graphs (the torchtitan recipe). On CPU the last block stays eager where its
         # target-rows path applies (trainer/last_block.py; compiled, it takes the full path, as

@@ -43,7 +43,10 @@ class Run:
     model: Any = None
     optimizer: Any = None
     scheduler: Any = None
-    batches: TrainBatches | None = None
+    batches: TrainBatches | Any = None
+    """Packed rows (TrainBatches), or prompt records for objective=grpo (PromptBatches)."""
+    rewards: list[Any] = field(default_factory=list)
+    """objective=grpo: the run's reward functions (trainer/grpo/rewards.py), loaded in setup."""
     metrics: MetricsWriter | None = None
     total_steps: int = 0
     state: TrainerState = field(default_factory=TrainerState)
@@ -52,6 +55,8 @@ class Run:
     eval_loss: float | None = None
     eval_scores: dict[str, float] = field(default_factory=dict)
     """Every eval metric (eval_loss, and with DPO eval_reward_margin, eval_win_rate)."""
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    """objective=grpo: seconds this start spent generating and training (summary.json)."""
     started: float = field(default_factory=time.time)
     attempt: int = 1
     """Which start of this run this is (OUTPUT/attempts/: 1 = the first)."""

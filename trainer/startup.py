@@ -83,6 +83,7 @@ def _data(r: Run) -> None:
     from trainer.model import resolve_model_dir
     from trainer.packed_data.format import (
         PREFERENCE_KIND,
+        PROMPTS_KIND,
         TokenizerIdentity,
         compatibility_errors,
         read_manifest,
@@ -103,7 +104,17 @@ def _data(r: Run) -> None:
         r.tokenizer.chat_template = r.manifest.chat_template
     errors = compatibility_errors(r.manifest, TokenizerIdentity.of(r.tokenizer), config.seq_len)
     preference = r.manifest.data_kind == PREFERENCE_KIND
-    if preference != (config.objective == "dpo"):
+    prompts = r.manifest.data_kind == PROMPTS_KIND
+    if prompts != (config.objective == "grpo"):
+        errors.append(
+            f"objective={config.objective} does not train on {r.manifest.data_kind} data: "
+            + (
+                "set objective=grpo (with rewards) for prompt records"
+                if prompts
+                else "objective=grpo needs a prompts dataset (llmft preprocess --data-kind prompts)"
+            )
+        )
+    elif preference != (config.objective == "dpo"):
         errors.append(
             f"objective={config.objective} does not train on {r.manifest.data_kind} data: "
             + (
@@ -115,7 +126,13 @@ def _data(r: Run) -> None:
         )
     if errors:
         raise ValueError(f"dataset {config.data} does not fit this run: " + "; ".join(errors))
-    r.batches = TrainBatches(
+    if prompts:
+        from trainer.grpo.batches import PromptBatches
+        from trainer.grpo.reward_module import run_rewards
+
+        r.rewards = run_rewards(config.rewards, config.reward_module)
+    batches_of = PromptBatches if prompts else TrainBatches
+    r.batches = batches_of(
         config.data,
         r.manifest,
         rank=r.rank,

@@ -29,7 +29,11 @@ class StepResult:
     grad_norm: float
     target_tokens: int
     extra: dict[str, float] = field(default_factory=dict)
-    """DPO: mean reward margin and reward accuracy over the step's pairs."""
+    """DPO: mean reward margin and reward accuracy over the step's pairs; GRPO: reward, pass
+    rate, KL, clipped share, seconds generating and training (trainer/grpo_step.py)."""
+    tokens: int | None = None
+    """Tokens processed (GRPO: prompt and completion tokens); None: the global batch's rows x
+    seq_len (packed rows)."""
 
 
 def optimizer_step(r: Run, micro: list[MicroBatch]) -> StepResult:
@@ -62,6 +66,26 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> StepResult:
         loss_sum += loss.detach().double()
         if dpo:
             extra_sums += out[1:].detach().double()
+    loss_value, norm_value, target_count, extra, units = reduce_and_step(
+        r, loss_sum, local_units, sum(mb.target_tokens for mb in micro), extra_sums
+    )
+    report = {name: value / units for name, value in zip(STATS[1:], extra, strict=True)}
+    return StepResult(loss_value, norm_value, target_count, report if dpo else {})
+
+
+def reduce_and_step(
+    r: Run,
+    loss_sum: torch.Tensor,
+    local_units: float,
+    target_tokens: int,
+    extra_sums: torch.Tensor,
+) -> tuple[float, float, int, list[float], int]:
+    """After backward on this rank's summed loss: one all-reduce of [loss sum, units, stop flag,
+    save flag, squared gradient norm, target tokens, extra sums...], then the gradients divided by
+    the global units, clipped, and AdamW's step. Returns (mean loss, gradient norm, global target
+    tokens, the global extra sums, the global units). Shared by SFT/DPO and GRPO's step
+    (trainer/grpo_step.py)."""
+    model, device = r.model, r.device
     # A time-based checkpoint is due by this rank's clock, this step's compute included.
     every_s = r.config.checkpoint_every_minutes * 60
     save_due = bool(every_s) and time.monotonic() - r.last_saved_at >= every_s
@@ -84,10 +108,10 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> StepResult:
                     # add up. Replicated: every rank holds the whole reduced gradient, its norm
                     # is the global one.
                     torch.zeros_like(squared) if model.replicated else squared,
-                    scalar(sum(mb.target_tokens for mb in micro)),
+                    scalar(target_tokens),
                 ]
             ),
-            extra_sums,
+            extra_sums.to(device),
         ]
     )
     dist.all_reduce(stats)
@@ -106,8 +130,7 @@ def optimizer_step(r: Run, micro: list[MicroBatch]) -> StepResult:
         _scaled_step(r.optimizer, grads, coefficient, device)
         r.scheduler.step()
     r.optimizer.zero_grad(set_to_none=True)
-    report = {name: value / units for name, value in zip(STATS[1:], extra, strict=True)}
-    return StepResult(loss_value, norm_value, int(target_count), report if dpo else {})
+    return loss_value, norm_value, int(target_count), extra, units
 
 
 def _scaled_step(

@@ -25,6 +25,10 @@ chosen response) and the mean reward margin (outputs.Scores.add_preference). Aft
 (`quantize_base="nf4"`) the reference is the base as the trainer multiplied by: its decoder
 blocks' linears through the same NF4 round trip in the trainer's compute dtype
 (trainer/quantize.py `round_trip_blocks`); the base's own metrics stay those of the base as given.
+
+A model trained with objective=grpo is evaluated on the prompts dataset's held-out prompts: each
+model's greedy answers scored by the run's rewards, mean reward and pass rate before and after
+(reward_scores.py); the gate can require a minimum gain (`min_reward_gain`).
 """
 
 from __future__ import annotations
@@ -70,6 +74,10 @@ def run_evaluation(request: EvaluationRequest) -> EvaluationResult:
     """
     manifest, roles, tokenizers = _checked(request)
     inputs = _inputs(request, manifest, roles, tokenizers)
+    if request.objective == "grpo":  # the user's reward module runs here, in the evaluation job
+        from trainer.grpo.reward_module import run_rewards
+
+        inputs.rewards = run_rewards(request.rewards, request.reward_module)
     scores = _score_models(request, roles, tokenizers, inputs)
     if request.objective == "dpo":
         scores.add_preference(request.dpo_beta)
@@ -136,10 +144,16 @@ def _inputs(
     """What every model is scored on: the eval rows, the held-out prompts, the general probes
     (when the forgetting check is on and every tokenizer can chat) and the harness tasks."""
     task_index = check_tasks(request.harness.tasks) if request.harness.tasks else None
-    rows = data_io.read_eval_rows(request.data_dir, manifest, request.max_eval_rows)
-    examples = _examples(
-        request.data_dir, request.heldout, manifest, request.max_examples, tokenizers["tuned"]
-    )
+    if request.objective == "grpo":  # prompts without packed rows: rewards, not a loss
+        from components.evaluation.reward_scores import read_prompt_examples
+
+        rows: Any = []
+        examples: list[Any] = read_prompt_examples(request.data_dir, manifest, request.max_examples)
+    else:
+        rows = data_io.read_eval_rows(request.data_dir, manifest, request.max_eval_rows)
+        examples = _examples(
+            request.data_dir, request.heldout, manifest, request.max_examples, tokenizers["tuned"]
+        )
     probes = load_probes() if request.thresholds.min_general_retained > 0 else []
     if probes and not all(has_chat_template(tok) for tok in tokenizers.values()):
         log.warning("a model's tokenizer has no chat template: skipping the general probes")
@@ -173,12 +187,14 @@ def _settings(request: EvaluationRequest, scores: Scores) -> dict[str, Any]:
         "judge_metric": request.judge.metric,
         "objective": request.objective,
         "dpo_beta": request.dpo_beta,
+        "rewards": request.rewards,
+        "reward_module": request.reward_module,
         "quantize_base": request.quantize_base,
         "compute_dtype": request.compute_dtype,
     }
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Inputs:
     """What every model is scored on: the same rows, prompts and probes."""
 
@@ -188,6 +204,8 @@ class _Inputs:
     probes: list[Any]
     task_index: Any = None
     """The harness's task index (checked task names), None when no task runs."""
+    rewards: Any = None
+    """objective=grpo: the run's reward functions (loaded in this job)."""
 
 
 def _score_models(
@@ -241,7 +259,11 @@ def _score_quantized_reference(
 
 
 def _score(lm: Any, role: str, inputs: _Inputs, scores: Scores, request: EvaluationRequest) -> None:
-    """One loaded model: loss on the packed rows, answers to the prompts and the probes."""
+    """One loaded model: loss on the packed rows, answers to the prompts and the probes
+    (objective=grpo: the rewards of its answers to the held-out prompts instead of a loss)."""
+    if request.objective == "grpo":
+        _score_rewards(lm, role, inputs, scores, request)
+        return
     loss = score_rows(lm.model, inputs.rows, device=lm.device, batch_size=request.batch_size)
     scores.add_loss(role, loss)
     if loss.pair_logps is not None:
@@ -267,6 +289,28 @@ def _score(lm: Any, role: str, inputs: _Inputs, scores: Scores, request: Evaluat
             max_new_tokens=PROBE_MAX_NEW_TOKENS,
         )
         scores.add_probe_answers(role, answers, inputs.probes)
+    if request.harness.tasks:
+        scores.add_tasks(
+            role, run_tasks(lm.model, lm.tokenizer, request.harness, inputs.task_index)
+        )
+
+
+def _score_rewards(
+    lm: Any, role: str, inputs: _Inputs, scores: Scores, request: EvaluationRequest
+) -> None:
+    """objective=grpo: mean reward and pass rate of the model's greedy answers to the held-out
+    prompts (components/evaluation/reward_scores.py), then the harness tasks as for any model."""
+    from components.evaluation.reward_scores import reward_scores
+
+    answers, mean_reward, pass_rate = reward_scores(
+        lm.model,
+        lm.tokenizer,
+        inputs.examples,
+        inputs.rewards,
+        max_new_tokens=request.max_new_tokens,
+        batch_size=request.generation_batch_size,
+    )
+    scores.add_rewards(role, answers, mean_reward, pass_rate)
     if request.harness.tasks:
         scores.add_tasks(
             role, run_tasks(lm.model, lm.tokenizer, request.harness, inputs.task_index)

@@ -36,6 +36,10 @@ class GateThresholds:
     """lm-evaluation-harness tasks (components/evaluation/harness.py): on each task's headline
     metric the tuned model may score at most this many points (0..100) below the base model.
     100 (the default) reports the tasks without gating on them."""
+    min_reward_gain: float = 0.0
+    """objective=grpo: the tuned model's mean reward on the held-out prompts must exceed the
+    base model's by at least this (in reward units). 0 disables the check (the loss check, the
+    negated mean reward, still asks for "not worse")."""
     judge_min_win_rate: float = 0.0
     """Pairwise judge (components/evaluation/judge.py): the tuned model's win rate against the
     base (ties count half) must be at least this (0..1). 0 disables the check."""
@@ -56,6 +60,8 @@ class GateThresholds:
             errors.append(
                 f"max_task_regression must be in [0, 100] points, got {self.max_task_regression}"
             )
+        if not (math.isfinite(self.min_reward_gain) and self.min_reward_gain >= 0):
+            errors.append(f"min_reward_gain must be >= 0, got {self.min_reward_gain}")
         if not 0.0 <= self.judge_min_win_rate <= 1.0:
             errors.append(f"judge_min_win_rate must be in [0, 1], got {self.judge_min_win_rate}")
         if errors:
@@ -78,7 +84,8 @@ def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecisio
 
     Keys read: base_eval_loss, tuned_eval_loss, tuned_exact_match, base/tuned_general_correct
     and general_retained (absent when the base answered no probe), base/tuned_task_<task>
-    (harness tasks' headline metrics), judge_win_rate and, when a champion was evaluated,
+    (harness tasks' headline metrics), judge_win_rate, base/tuned_mean_reward (objective=grpo)
+    and, when a champion was evaluated,
     champion_eval_loss and champion_exact_match.
     """
     thresholds.validate()
@@ -94,6 +101,8 @@ def decide(metrics: dict[str, float], thresholds: GateThresholds) -> GateDecisio
         _general_check(metrics, thresholds, check)
     if thresholds.max_task_regression < 100.0:
         _task_checks(metrics, thresholds.max_task_regression, check)
+    if thresholds.min_reward_gain > 0:
+        _reward_check(metrics, thresholds, check)
     if thresholds.judge_min_win_rate > 0:
         _judge_check(metrics, thresholds, check)
     if thresholds.compare_to_champion and "champion_eval_loss" in metrics:
@@ -161,6 +170,27 @@ def _general_check(metrics: dict[str, float], thresholds: GateThresholds, check:
             f"{metrics['base_general_correct']:.3f}, tuned "
             f"{metrics['tuned_general_correct']:.3f}); required >= {required:.3f}",
         )
+
+
+def _reward_check(metrics: dict[str, float], thresholds: GateThresholds, check: Check) -> None:
+    """objective=grpo: the mean reward on the held-out prompts rose by `min_reward_gain`."""
+    base, tuned = metrics.get("base_mean_reward"), metrics.get("tuned_mean_reward")
+    required = thresholds.min_reward_gain
+    if base is None or tuned is None:
+        check(
+            "reward_gain",
+            False,
+            f"mean reward gain >= {required:.4f} required but no rewards were scored "
+            "(objective=grpo evaluates a prompts dataset's held-out prompts)",
+        )
+        return
+    check(
+        "reward_gain",
+        tuned - base >= required,
+        f"mean reward {base:.4f} -> {tuned:.4f} (gain {tuned - base:+.4f}; pass rate "
+        f"{metrics.get('base_pass_rate', 0):.3f} -> {metrics.get('tuned_pass_rate', 0):.3f}); "
+        f"required gain >= {required:.4f}",
+    )
 
 
 def _judge_check(metrics: dict[str, float], thresholds: GateThresholds, check: Check) -> None:

@@ -37,7 +37,9 @@ class EvaluationResult:
     the judge), eval_rows, eval_target_tokens, generation_examples; with objective=dpo
     <role>_eval_loss is the DPO loss per pair (base as reference; after QLoRA the base's NF4
     round trip, as the trainer's), with <role>_win_rate,
-    <role>_reward_margin, <role>_response_nll (instead of perplexity) and preference_pairs."""
+    <role>_reward_margin, <role>_response_nll (instead of perplexity) and preference_pairs; with
+    objective=grpo <role>_mean_reward and <role>_pass_rate on the held-out prompts (and
+    mean_reward_delta, the gain), <role>_eval_loss their negated mean reward."""
     passed: bool
     decision: GateDecision
     metrics_path: str
@@ -151,6 +153,19 @@ class Scores:
             )
         self.metrics["preference_pairs"] = float(len(reference))
 
+    def add_rewards(
+        self, role: str, answers: list[str], mean_reward: float, pass_rate: float
+    ) -> None:
+        """objective=grpo: the held-out prompts' mean reward and pass rate
+        (reward_scores.py); `<role>_eval_loss` is the negated mean reward (lower is better, as
+        for every objective: the loss and champion checks read it)."""
+        self.answers[role] = answers
+        self.metrics[f"{role}_mean_reward"] = mean_reward
+        self.metrics[f"{role}_pass_rate"] = pass_rate
+        self.metrics[f"{role}_eval_loss"] = -mean_reward
+        self.metrics.setdefault("eval_target_tokens", 0.0)
+        log.info("%s: mean reward %.4f, pass rate %.3f", role, mean_reward, pass_rate)
+
     def add_target_tokens(self, loss: Any) -> None:
         self.metrics["eval_target_tokens"] = float(loss.target_tokens)
 
@@ -181,6 +196,7 @@ class Scores:
                 metrics["general_retained"] = kept
         tasks = [f"task_{t}" for t in self.tasks.get("tuned", {})]
         keys = ["eval_loss", "perplexity", "exact_match", "chrf", "general_correct", *PAIR_METRICS]
+        keys += ["mean_reward", "pass_rate"]
         for key in (*keys, *tasks):
             if f"tuned_{key}" in metrics and f"base_{key}" in metrics:
                 metrics[f"{key}_delta"] = metrics[f"tuned_{key}"] - metrics[f"base_{key}"]

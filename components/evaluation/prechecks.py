@@ -19,6 +19,7 @@ from components.evaluation.memory_fit import (
 from components.evaluation.request import EvaluationRequest
 from trainer.packed_data.format import (
     PREFERENCE_KIND,
+    PROMPTS_KIND,
     Manifest,
     TokenizerIdentity,
     compatibility_errors,
@@ -28,7 +29,20 @@ log = logging.getLogger(__name__)
 
 
 def check_objective(objective: str, manifest: Manifest, data_dir: str) -> None:
-    """DPO is evaluated on preference pairs, and preference pairs only under DPO."""
+    """DPO is evaluated on preference pairs, GRPO on prompt records, and each of those kinds
+    only under its objective."""
+    prompts = manifest.data_kind == PROMPTS_KIND
+    if prompts != (objective == "grpo"):
+        raise ValueError(
+            f"objective={objective} but {data_dir!r} holds {manifest.data_kind} data: "
+            + (
+                "evaluate a GRPO model with objective=grpo (and its rewards)"
+                if prompts
+                else "objective=grpo is evaluated on a prompts dataset (--data-kind prompts)"
+            )
+        )
+    if prompts:
+        return
     preference = manifest.data_kind == PREFERENCE_KIND
     if preference != (objective == "dpo"):
         raise ValueError(

@@ -15,7 +15,7 @@ from components.evaluation.loading import check_model_path
 from trainer import storage
 from trainer.config import DTYPES, QUANTIZE_BASES, TrainConfig
 
-OBJECTIVES = ("sft", "dpo")
+OBJECTIVES = ("sft", "dpo", "grpo")
 """What the tuned model was trained for (TrainConfig.objective's values)."""
 
 
@@ -79,6 +79,10 @@ class EvaluationRequest:
     dpo_beta: float = TrainConfig.dpo_beta
     """DPO's beta, as trained with: scales the implicit rewards (the margin and the loss, not
     the win rate)."""
+    rewards: str = ""
+    """objective=grpo: the run's built-in rewards (JSON, trainer/grpo/rewards.py)."""
+    reward_module: str = ""
+    """objective=grpo: the run's reward module (PATH[:FUNCTION]), loaded by the evaluation."""
     quantize_base: str = TrainConfig.quantize_base
     """The trainer's `quantize_base`: with "nf4" (QLoRA) DPO's reference is the base with its
     decoder blocks' linear weights through NF4 and back, as the trainer's reference was."""
@@ -134,6 +138,8 @@ def check_request(request: EvaluationRequest) -> None:
         errors.append(
             f"objective must be one of {', '.join(OBJECTIVES)}, got {request.objective!r}"
         )
+    if request.objective == "grpo" and not (request.rewards.strip() or request.reward_module):
+        errors.append("objective=grpo is evaluated by its rewards: give rewards or reward_module")
     if not request.dpo_beta > 0:
         errors.append(f"dpo_beta must be > 0, got {request.dpo_beta}")
     if request.quantize_base not in QUANTIZE_BASES:

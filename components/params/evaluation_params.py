@@ -48,6 +48,13 @@ class EvaluationParams:
         le=1.0,
         steps=("evaluate",),
     )
+    min_reward_gain: float = param(
+        0.0,
+        "Quality gate for objective=grpo: the tuned model's mean reward on the held-out prompts "
+        "must exceed the base's by at least this (0 disables the check).",
+        ge=0.0,
+        steps=("evaluate",),
+    )
     min_general_retained: float = param(
         0.0,
         "Quality gate against forgetting: of the packaged general-knowledge probes the base model "

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from components.serving.presets import preset_image_error
-from trainer.packed_data.format import PREFERENCE_KIND
+from trainer.packed_data.format import PREFERENCE_KIND, PROMPTS_KIND
 
 TARGETS = ("local", "vertex", "kfp")
 """Where the pipeline itself runs: the local runner (kfp.local), Vertex AI Pipelines, KFP."""
@@ -72,11 +72,13 @@ def check_nproc_per_node(backend: str, nproc_per_node: int, accelerator_count: i
 
 
 def check_objective_data(objective: str, data_kind: str) -> str | None:
-    """DPO trains on preference pairs (`data_kind=preference`, preprocessing's `preference`
-    shape), and preference pairs train only with DPO (the trainer refuses either mismatch, but
-    only after preprocessing). The reference model DPO needs (the base with the LoRA adapters
-    off: `lora_rank` in trainer_overrides) is the trainer's own check, run with the overrides'."""
-    if (objective == "dpo") == (data_kind == PREFERENCE_KIND):
+    """DPO trains on preference pairs (`data_kind=preference`), GRPO on prompt records
+    (`data_kind=prompts`), and each of those kinds only with its objective (the trainer refuses
+    either mismatch, but only after preprocessing). The reference model DPO needs (the base with
+    the LoRA adapters off: `lora_rank` in trainer_overrides) is the trainer's own check, run with
+    the overrides'."""
+    wants = {"dpo": PREFERENCE_KIND, "grpo": PROMPTS_KIND}
+    if wants.get(objective) == data_kind:
         return None
     if objective == "dpo":
         return (
@@ -84,10 +86,43 @@ def check_objective_data(objective: str, data_kind: str) -> str | None:
             "data_kind=preference (records {prompt, chosen, rejected}, or chat pairs; "
             "docs/preprocess.md)"
         )
-    return (
-        f"data_kind=preference makes preference pairs, which objective={objective!r} cannot "
-        "train on: set objective=dpo (with lora_rank in trainer_overrides)"
-    )
+    if objective == "grpo":
+        return (
+            f"objective=grpo trains on prompt records but data_kind={data_kind!r}: set "
+            "data_kind=prompts (records with a prompt and the columns your rewards read; "
+            "docs/grpo.md)"
+        )
+    if data_kind == PREFERENCE_KIND:
+        return (
+            f"data_kind=preference makes preference pairs, which objective={objective!r} cannot "
+            "train on: set objective=dpo (with lora_rank in trainer_overrides)"
+        )
+    if data_kind == PROMPTS_KIND:
+        return (
+            f"data_kind=prompts makes prompt records without answers, which objective="
+            f"{objective!r} cannot train on: set objective=grpo (with rewards or reward_module)"
+        )
+    return None
+
+
+def check_rewards(objective: str, rewards: str, reward_module: str, backend: str) -> str | None:
+    """GRPO needs at least one reward; rewards mean nothing to other objectives; a cloud training
+    job reads a reward module from gs:// (a path on this machine is not on its disks). Whether
+    the file exists and defines the function: `reward_module_errors` (preflight/validation.py)."""
+    given = bool(rewards.strip() or reward_module)
+    if objective == "grpo" and not given:
+        return (
+            "objective=grpo needs a reward: set rewards (built-ins as JSON, e.g. "
+            '[{"name": "exact_match", "column": "answer"}]) or reward_module (a Python file)'
+        )
+    if objective != "grpo" and given:
+        return f"rewards and reward_module apply to objective=grpo only (objective={objective})"
+    if reward_module and backend != "local" and not reward_module.startswith("gs://"):
+        return (
+            f"reward_module={reward_module!r}: a {backend} training job reads it from gs://; "
+            "copy the file to your bucket and give its gs:// URI"
+        )
+    return None
 
 
 def check_service_account(

@@ -5,6 +5,7 @@ components/params/run_params.py declares the run parameters with it.
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import re
@@ -106,5 +107,9 @@ def coerce(value: Any, hint: Any) -> tuple[Any, str]:
     if origin is dict:
         return (dict(value), "") if isinstance(value, dict) else (None, "must be a mapping")
     if origin is str:
+        if isinstance(value, list):
+            # A YAML/JSON list where text is expected: its JSON text (the JSON-list parameters,
+            # such as rewards, given in a config file or `--param rewards=[...]`).
+            return json.dumps(value), ""
         return (value, "") if isinstance(value, str) else (None, "must be a string")
     raise AssertionError(f"no coercion for {hint}")  # a new field type needs a line here

@@ -51,6 +51,9 @@ def _single_errors(params: RunParams, target: str, run_id: str) -> list[str | No
             params.backend, params.service_account, TARGET_DEFAULTS["kfp"]["service_account"]
         ),
         checks.check_objective_data(params.objective, params.data_kind),
+        checks.check_rewards(
+            params.objective, params.rewards, params.reward_module, params.backend
+        ),
         checks.check_dataflow_service_account(
             params.preprocess_runner, params.dataflow_service_account
         ),
@@ -98,6 +101,8 @@ def _launch_errors(params: RunParams) -> list[str]:
         learning_rate=params.learning_rate,
         quantize_base=params.quantize_base,
         objective=params.objective,
+        rewards=params.rewards,
+        reward_module=params.reward_module,
     )
     return errors + checks.check_machine_accelerator(
         params.backend, params.machine_type, params.accelerator_type, params.accelerator_count

@@ -52,7 +52,7 @@ from trainer.packed_data.format import (
 Backend = Literal["local", "gke", "vertex"]
 Runner = Literal["DirectRunner", "DataflowRunner"]
 QuantizeBase = Literal["none", "nf4"]
-Objective = Literal["sft", "dpo"]
+Objective = Literal["sft", "dpo", "grpo"]
 SCHEDULE_TIME_PLACEHOLDER = "{{$.pipeline_job_schedule_time_utc}}"
 """KFP's schedule-time placeholder (`dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER`), written
 literally in `train_data_uri` by scheduled runs; the first step fills it in."""
@@ -180,7 +180,25 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
         '"sft": supervised fine-tuning on prompt/response data. "dpo": Direct Preference '
         "Optimization on {prompt, chosen, rejected} pairs (data_kind preference; reference = the "
         "base with the LoRA adapters disabled: needs lora_rank in trainer_overrides); evaluation "
-        "then reports the win rate on held-out pairs.",
+        'then reports the win rate on held-out pairs. "grpo": reinforcement fine-tuning with '
+        "verifiable rewards (GRPO) on prompt records (data_kind prompts) scored by rewards and/or "
+        "reward_module (docs/grpo.md); evaluation then reports mean reward and pass rate.",
+        steps=("train", "evaluate"),
+    )
+    rewards: str = param(
+        "",
+        "objective=grpo: built-in rewards as a JSON list, each {name, its arguments, optional "
+        "weight}: exact_match (column, extract), regex (pattern, mode), json_schema (schema), "
+        'length_penalty (max_chars), e.g. [{"name": "exact_match", "column": "answer", '
+        '"extract": "last_number"}] (docs/grpo.md).',
+        steps=("train", "evaluate"),
+    )
+    reward_module: str = param(
+        "",
+        "objective=grpo: a Python file (local or gs://) defining reward(completions, prompts, "
+        "...) that takes the prompts' columns as keyword arguments and returns one float per "
+        "completion, as TRL's reward functions; PATH:NAME names another function. Added to "
+        "rewards with weight 1; run only inside the training and evaluation jobs.",
         steps=("train", "evaluate"),
     )
 

@@ -20,6 +20,8 @@ RESERVED: dict[str, str | None] = {
     "lr": "learning_rate",
     "quantize_base": "quantize_base",
     "objective": "objective",
+    "rewards": "rewards",
+    "reward_module": "reward_module",
 }
 """Trainer fields the pipeline sets: -> the run parameter to use instead (None: derived)."""
 
@@ -34,10 +36,13 @@ def trainer_config(
     output: str,
     quantize_base: str = TrainConfig.quantize_base,
     objective: str = TrainConfig.objective,
+    rewards: str = "",
+    reward_module: str = "",
 ) -> TrainConfig:
     """The trainer's config for a run (not yet validated: `TrainConfig.errors()`).
 
-    `max_steps`, `learning_rate`, `quantize_base` and `objective` are run parameters; every other trainer field comes from
+    `max_steps`, `learning_rate`, `quantize_base`, `objective`, `rewards` and `reward_module` are
+    run parameters; every other trainer field comes from
     `trainer_overrides`, coerced to the field's type (ValueError for unknown fields, bad values).
     """
     values = {
@@ -46,6 +51,8 @@ def trainer_config(
         "lr": learning_rate,
         "quantize_base": quantize_base,
         "objective": objective,
+        "rewards": rewards,
+        "reward_module": reward_module,
     }
     return config_from_mapping({**values, "model": model, "data": data, "output": output})
 
@@ -57,6 +64,8 @@ def trainer_override_errors(
     learning_rate: float,
     quantize_base: str = TrainConfig.quantize_base,
     objective: str = TrainConfig.objective,
+    rewards: str = "",
+    reward_module: str = "",
 ) -> list[str]:
     """Trainer overrides checked against the trainer's own config, before anything starts."""
     errors = []
@@ -78,13 +87,17 @@ def trainer_override_errors(
             learning_rate=learning_rate,
             quantize_base=quantize_base,
             objective=objective,
+            rewards=rewards,
+            reward_module=reward_module,
             model="m",
             data="d",
             output="o",
         )
     except ValueError as exc:
         return [f"trainer_overrides: {exc}"]
-    return [f"trainer_overrides: {e}" for e in config.errors()]
+    # A missing reward is the run parameters' own check (param_checks.check_rewards).
+    rest = [e for e in config.errors() if not e.startswith("objective=grpo needs a reward")]
+    return [f"trainer_overrides: {e}" for e in rest]
 
 
 def planned_trainer_config(params: Any) -> TrainConfig:
@@ -97,6 +110,8 @@ def planned_trainer_config(params: Any) -> TrainConfig:
         learning_rate=params.learning_rate,
         quantize_base=params.quantize_base,
         objective=params.objective,
+        rewards=params.rewards,
+        reward_module=params.reward_module,
         model="m",
         data="d",
         output="o",

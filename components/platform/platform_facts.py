@@ -53,10 +53,28 @@ class Accelerator:
     """Whether the GPU computes in bf16 (T4 and V100 do not)."""
 
     @property
+    def memory_tbps(self) -> float:
+        """Peak memory bandwidth (TB/s): what bounds decoding (GRPO's rollouts, cost.py)."""
+        return MEMORY_TBPS[self.cuda_name] if self.vertex_name != "NVIDIA_TESLA_A100" else 1.555
+
+    @property
     def peak_tflops(self) -> float:
         """Peak dense bf16 tensor TFLOPS (fp16 where the GPU has no bf16): the MFU denominator."""
         return PEAK_TENSOR_FLOPS[self.cuda_name] / 1e12
 
+
+MEMORY_TBPS = {
+    "B200": 8.0,
+    "H200": 4.8,
+    "H100": 3.35,
+    "A100": 2.039,
+    "L4": 0.3,
+    "T4": 0.32,
+    "V100": 0.9,
+}
+"""Peak GPU memory bandwidth in TB/s by `cuda_name`, from NVIDIA's data sheets (B200 HGX, H200
+SXM, H100 SXM, A100 80GB SXM (the 40GB: 1.555), L4, T4, V100 SXM2); spec sheet figures, not
+measured here."""
 
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("NVIDIA_B200", "nvidia-b200", 180, "B200"),

@@ -4,6 +4,9 @@
 The estimate is a throughput model, not a measurement of this run:
 
     tokens trained   = max_steps x global batch rows x seq_len        (what the trainer counts)
+                       (objective=grpo: rows are prompts, each G completions of at most
+                       seq_len + max completion tokens; plus the rollouts' generating time,
+                       `rollout_seconds`: decoding bound by memory bandwidth)
     tokens/s per GPU = MFU x peak FLOP/s / FLOPs per token
     FLOPs per token  = 6 x matmul parameters (4 with LoRA) + 12 x layers x hidden x seq_len
                        (trainer/gpu_peaks.py `flops_per_token`, the convention MFU is measured in)
@@ -67,6 +70,12 @@ PREPROCESS_TOKENS_PER_VCPU_S = 480_000.0
 "preprocess", third round), per vCPU-second."""
 DATAFLOW_STARTUP_S = 300.0
 """Dataflow's worker start and teardown, billed per job (assumed: "a few minutes")."""
+DECODE_BANDWIDTH_EFFICIENCY = 0.5
+"""Share of the GPU's peak memory bandwidth one decoding step of transformers' `generate` reaches
+while it reads the weights (GRPO's rollouts). Assumed, not measured here."""
+DECODE_STEP_OVERHEAD_S = 0.02
+"""Seconds of Python and kernel launches per generated token of `generate` beside the weight
+reads (eager, per step of the batch). Assumed, not measured on a GPU here."""
 CHECKPOINT_S_PER_GB = 9.4
 """Seconds to save one GB of DCP checkpoint per node: 9.44 s/GB measured on this project's
 2-core CI machine under load 6-10 (2 ranks, local disk, 1.61 GB, median of 3:
@@ -179,6 +188,14 @@ class RunShape:
     eval_gpus: int = 0
     processes_per_node: int = 1
     """The trainer's processes on each node (what a local run's line shows: it has no GPUs)."""
+    grpo_group_size: int = 0
+    """objective=grpo: completions per prompt (0: not GRPO; `global_batch_rows` are prompts)."""
+    grpo_completion_tokens: int = 0
+    """objective=grpo: the longest completion generated."""
+    grpo_rollouts_per_rank: int = 0
+    """objective=grpo: `generate` calls per rank and step (micro-batches: grad_accum_steps)."""
+    grpo_rows_per_rollout: int = 0
+    """objective=grpo: sequences one `generate` call decodes (micro_batch_size x G)."""
 
 
 def estimate(
@@ -203,6 +220,9 @@ def estimate(
         model_unknown: why `model` is None, for the note (e.g. its config.json's read error).
     """
     tokens = shape.max_steps * shape.global_batch_rows * shape.seq_len
+    if shape.grpo_group_size:  # prompts x G completions, each prompt + completion long (at most)
+        tokens *= shape.grpo_group_size * (shape.seq_len + shape.grpo_completion_tokens)
+        tokens //= shape.seq_len
     gpus = shape.nodes * shape.gpus_per_node if shape.backend != "local" else 0
     notes: list[str] = []
     # A Vertex accelerator platform_facts does not list (NVIDIA_GB200) is allowed: its price and
@@ -287,6 +307,15 @@ def _train_time(
         MFU_MEASURED[shape.compile] * peak / flops_per_token(model, shape.seq_len, lora=shape.lora)
     )
     compute_s = tokens / (per_gpu * gpus)
+    if shape.grpo_group_size:
+        rollout_s = shape.max_steps * rollout_seconds(shape, model)
+        notes.append(
+            f"objective=grpo: of the training job, ~{rollout_s / 3600:.2f} h generating "
+            f"(rollouts of {shape.grpo_rows_per_rollout} sequences x "
+            f"{shape.grpo_completion_tokens} tokens, bound by memory bandwidth) and "
+            f"~{compute_s / 3600:.2f} h training; assumed efficiencies, not measured on a GPU"
+        )
+        compute_s += rollout_s
     saves = _checkpoint_count(shape, compute_s)
     save_s = saves * checkpoint_gb(model, lora=shape.lora) * CHECKPOINT_S_PER_GB / shape.nodes
     train_hours = (STARTUP_S + compute_s + save_s) / 3600
@@ -299,6 +328,22 @@ def _train_time(
             f"{shape.checkpoint_every_minutes:g} min)"
         )
     return per_gpu, train_hours
+
+
+def rollout_seconds(shape: RunShape, model: ModelSize) -> float:
+    """One optimizer step's generating time on a rank (GRPO): per `generate` call, the prompt's
+    prefill at the measured MFU, then per completion token the larger of reading the bf16
+    weights at `DECODE_BANDWIDTH_EFFICIENCY` of the bandwidth and its FLOPs, plus
+    `DECODE_STEP_OVERHEAD_S`. Sharded weights are gathered whole for every step (FSDP2): each
+    rank reads them all."""
+    gpu = accelerator(shape.accelerator_type)
+    peak = gpu.peak_tflops * 1e12 * MFU_MEASURED[False]
+    rows = shape.grpo_rows_per_rollout
+    flops = 2.0 * model.parameters * rows  # per generated token, all rows
+    read_s = 2.0 * model.parameters / (gpu.memory_tbps * 1e12 * DECODE_BANDWIDTH_EFFICIENCY)
+    per_token = max(read_s, flops / peak) + DECODE_STEP_OVERHEAD_S
+    prefill = flops * shape.seq_len / peak
+    return shape.grpo_rollouts_per_rank * (prefill + shape.grpo_completion_tokens * per_token)
 
 
 def _train(
@@ -447,7 +492,20 @@ def shape_of(params: Any) -> RunShape:
         eval_accelerator_type=params.eval_accelerator_type if params.backend != "local" else "",
         eval_gpus=params.eval_accelerator_count,
         processes_per_node=nproc,
+        **_grpo_shape(config),
     )
+
+
+def _grpo_shape(config: Any) -> dict[str, int]:
+    """RunShape's GRPO fields of a trainer config ({} for other objectives)."""
+    if config.objective != "grpo":
+        return {}
+    return {
+        "grpo_group_size": config.grpo_group_size,
+        "grpo_completion_tokens": config.grpo_max_completion_tokens,
+        "grpo_rollouts_per_rank": config.grad_accum_steps,
+        "grpo_rows_per_rollout": config.micro_batch_size * config.grpo_group_size,
+    }
 
 
 def estimate_for(

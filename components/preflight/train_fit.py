@@ -19,6 +19,11 @@ everything on every GPU), or a GPU with more memory. Against the two GPU measure
 for a full fine-tune of a 1.1B Llama at 4 x 4096 tokens, 13.8 GB vs 18.4 for QLoRA at 4 x 2048
 (whose whole estimate, 19.7 GB, was 7% above); tests/test_train_fit.py holds them to that.
 
+objective=grpo: a step trains on micro_batch_size x grpo_group_size completions of seq_len prompt
+tokens plus grpo_max_completion_tokens, and its rollout before that holds the KV cache of those
+sequences with the weights and optimizer state (trainer/memory_model.py `kv_cache_bytes`,
+`grpo_peak`): the larger of the two is what must fit.
+
 Checked where the model's config.json can be read: a local directory, gs:// inside the
 pipeline, or a Hugging Face Hub id (its config.json alone is downloaded, with HF_TOKEN or a
 saved login; the pipeline reads `hf_token_secret`). A .gguf file or an architecture without
@@ -39,7 +44,14 @@ from components.platform.platform_facts import accelerator
 from components.preflight.model_size import model_config, size_of
 from trainer.config import TrainConfig
 from trainer.gguf import is_gguf
-from trainer.memory_model import MemoryEstimate, ModelShape, estimate, replicates
+from trainer.memory_model import (
+    MemoryEstimate,
+    ModelShape,
+    estimate,
+    grpo_peak,
+    kv_cache_bytes,
+    replicates,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +82,11 @@ class TrainingFit:
     gpu_bytes: float
     accumulates: bool
     """Gradients accumulate over micro-batches: they are held through the next forward."""
+    rollout_floor: float = 0.0
+    """objective=grpo: what a rollout cannot do without (weights, optimizer state and the KV
+    cache of micro_batch_size x G sequences of seq_len + max completion tokens)."""
+    rollout_peak: float = 0.0
+    """objective=grpo: the rollout's whole estimate (sampling logits and the allowance too)."""
 
     @property
     def lower_bound(self) -> float:
@@ -79,8 +96,8 @@ class TrainingFit:
         e = self.estimate
         states = e.weights + e.trainable - e.gradients
         if self.accumulates:
-            return states + e.gradients + e.activations
-        return states + max(e.activations, e.gradients)
+            return max(states + e.gradients + e.activations, self.rollout_floor)
+        return max(states + max(e.activations, e.gradients), self.rollout_floor)
 
     @property
     def fits(self) -> bool:
@@ -88,7 +105,7 @@ class TrainingFit:
 
     @property
     def comfortable(self) -> bool:
-        return self.estimate.total <= self.gpu_bytes
+        return max(self.estimate.total, self.rollout_peak) <= self.gpu_bytes
 
 
 def training_fit_error(params: Any, base_model: str, *, remote: bool) -> str | None:
@@ -157,20 +174,33 @@ def fit_of(shape: ModelShape, plan: Plan, gpu_bytes: float) -> TrainingFit:
     c = plan.config
     method = "qlora" if c.quantize_base == "nf4" else "lora" if c.lora_rank else "full"
     shards = 1 if replicates(c, shape.params, plan.world_size) else plan.world_size
-    return TrainingFit(
-        estimate(
-            shape,
-            method=method,
-            seq_len=plan.seq_len,
-            micro_batch_size=c.micro_batch_size,
-            world_size=shards,
-            lora_rank=c.lora_rank or 16,
-            lora_targets=tuple(c.lora_target_modules),
-            activation_checkpointing=c.activation_checkpointing,
-        ),
-        gpu_bytes,
-        accumulates=c.grad_accum_steps > 1,
+    # GRPO trains on micro_batch_size x G completions of (at most) seq_len prompt tokens plus
+    # the longest completion; its rollout before holds their KV cache (trainer/memory_model.py).
+    grpo = c.objective == "grpo"
+    rows = c.micro_batch_size * (c.grpo_group_size if grpo else 1)
+    tokens = plan.seq_len + (c.grpo_max_completion_tokens if grpo else 0)
+    train = estimate(
+        shape,
+        method=method,
+        seq_len=tokens,
+        micro_batch_size=rows,
+        world_size=shards,
+        lora_rank=c.lora_rank or 16,
+        lora_targets=tuple(c.lora_target_modules),
+        activation_checkpointing=c.activation_checkpointing,
     )
+    floor = peak = 0.0
+    if grpo:
+        states = train.weights + train.trainable - train.gradients
+        floor = states + kv_cache_bytes(shape, rows, tokens)
+        peak = grpo_peak(
+            train,
+            shape,
+            completions=rows,
+            prompt_tokens=plan.seq_len,
+            completion_tokens=c.grpo_max_completion_tokens,
+        )
+    return TrainingFit(train, gpu_bytes, c.grad_accum_steps > 1, floor, peak)
 
 
 def _parts(fit: TrainingFit) -> str:
@@ -181,9 +211,14 @@ def _parts(fit: TrainingFit) -> str:
         else f"the larger of activations {e.activations / GIB:.1f} and gradients "
         f"{e.gradients / GIB:.1f}"
     )
+    rollout = (
+        f"; a GRPO rollout {fit.rollout_floor / GIB:.1f} with its KV cache"
+        if fit.rollout_floor
+        else ""
+    )
     return (
         f"{fit.lower_bound / GIB:.1f} GiB (weights {e.weights / GIB:.1f}, optimizer state "
-        f"{(e.trainable - e.gradients) / GIB:.1f}, {larger})"
+        f"{(e.trainable - e.gradients) / GIB:.1f}, {larger}{rollout})"
     )
 
 

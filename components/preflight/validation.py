@@ -44,6 +44,17 @@ def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
     return []
 
 
+def reward_module_errors(reward_module: str, *, remote: bool) -> list[str]:
+    """The reward module exists and defines its function: read, never run (trainer/grpo/
+    reward_module.py `check`). A gs:// one is read only `remote` (inside the pipeline)."""
+    if not reward_module or ("://" in reward_module and not remote):
+        return []
+    from trainer.grpo.reward_module import check
+
+    problem = check(reward_module)
+    return [problem] if problem else []
+
+
 def model_errors(base_model: str) -> list[str]:
     """A local base model must exist; a local .gguf one must be a GGUF file (checked by its
     first bytes: a renamed file would otherwise fail in the training step, after preprocessing).
@@ -87,6 +98,7 @@ def check_run_parameters(values: Mapping[str, Any]) -> RunParams:
     """Parameters from a config file / `--param`s, checked: every problem in one ValueError."""
     params = params_from_mapping(values)
     errors = run_errors(params) + data_errors(params.train_data_uri, remote=False)
+    errors += reward_module_errors(params.reward_module, remote=False)
     check_machine = params.backend != "local"
     raise_errors(
         errors

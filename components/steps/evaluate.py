@@ -129,6 +129,7 @@ def _evaluate(
             min_loss_improvement=request.params.min_loss_improvement,
             min_exact_match=request.params.min_exact_match,
             min_general_retained=request.params.min_general_retained,
+            min_reward_gain=request.params.min_reward_gain,
             max_task_regression=request.params.max_task_regression,
             judge_min_win_rate=request.params.judge_min_win_rate,
         )
@@ -159,6 +160,9 @@ def _evaluate(
                 ),
                 objective=request.params.objective,
                 dpo_beta=float(metadata.get("dpo_beta") or TrainConfig.dpo_beta),
+                max_new_tokens=int(metadata.get("grpo_max_completion_tokens") or 64),
+                rewards=request.params.rewards,
+                reward_module=request.params.reward_module,
                 quantize_base=str(metadata.get("quantize_base") or TrainConfig.quantize_base),
                 compute_dtype=str(metadata.get("compute_dtype") or TrainConfig.dtype),
             )

@@ -228,6 +228,8 @@ def trainer_launch(request: TrainRequest, model_uri: str) -> TrainLaunch:
         learning_rate=request.params.learning_rate,
         quantize_base=request.params.quantize_base,
         objective=request.params.objective,
+        rewards=request.params.rewards,
+        reward_module=request.params.reward_module,
         model=request.params.base_model,
         data=storage.normalize(data) if local else data,
         output=output,
@@ -359,6 +361,8 @@ def model_metadata(
     TensorBoard logs are (`run_uri`)."""
     trainer = launch.trainer
     dpo = {"dpo_beta": trainer.dpo_beta} if trainer.objective == "dpo" else {}
+    if trainer.objective == "grpo":  # the evaluation answers as long as the rollouts could
+        dpo = {"grpo_max_completion_tokens": trainer.grpo_max_completion_tokens}
     quantized = (
         {
             "quantize_base": trainer.quantize_base,

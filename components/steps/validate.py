@@ -21,7 +21,12 @@ from components.params.run_params import (
 )
 from components.preflight import cost, quota
 from components.preflight.launch_checks import gke_job_api_errors
-from components.preflight.validation import data_errors, evaluation_errors, fit_errors
+from components.preflight.validation import (
+    data_errors,
+    evaluation_errors,
+    fit_errors,
+    reward_module_errors,
+)
 from components.runtime.model_location import is_hub_id
 from components.runtime.secrets import load_hf_token
 from components.serving.mlflow_tracking import tracking_errors
@@ -88,7 +93,11 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
     values = {name: getattr(request.params, name) for name in fields()}
     params = params_from_mapping({**values, "train_data_uri": uri})
     errors = run_errors(params, target=request.target, run_id=request.run_id)
-    raise_errors(errors + data_errors(uri, remote=True))
+    raise_errors(
+        errors
+        + data_errors(uri, remote=True)
+        + reward_module_errors(params.reward_module, remote=True)
+    )
     if params.backend == "gke" and request.target in ("kfp", "vertex"):
         # The cluster must serve the job API (and have the Kueue queue) before preprocessing
         # spends anything.

@@ -35,6 +35,7 @@ def _environment() -> None:
 
 
 app.command("sample-data")(quickstart.sample_data)
+app.command("sample-prompts")(quickstart.sample_prompts)
 app.command("tiny-model")(quickstart.tiny_model)
 app.command("compile")(deploy.compile_cmd)
 app.command("image-tag")(deploy.image_tag)

@@ -99,9 +99,22 @@ Limit = Annotated[int, typer.Option(help="Documents per harness task (0: all).")
 Objective = Annotated[
     str,
     typer.Option(
-        help="What --tuned was trained for: sft, or dpo (a preference dataset: win rate and "
-        "reward margin of the held-out pairs, base as reference)."
+        help="What --tuned was trained for: sft, dpo (a preference dataset: win rate and "
+        "reward margin of the held-out pairs, base as reference), or grpo (a prompts dataset: "
+        "mean reward and pass rate of the held-out prompts, scored by --rewards / "
+        "--reward-module)."
     ),
+]
+Rewards = Annotated[
+    str, typer.Option(help="objective grpo: the built-in rewards, a JSON list (docs/grpo.md).")
+]
+RewardModule = Annotated[
+    str,
+    typer.Option(help="objective grpo: a reward function file, PATH[:FUNCTION] (docs/grpo.md)."),
+]
+MinRewardGain = Annotated[
+    float,
+    typer.Option(help="objective grpo: the gate's minimum gain of the mean reward (0: off)."),
 ]
 DpoBeta = Annotated[
     float, typer.Option(help="DPO's beta as trained with (scales the implicit rewards).")
@@ -148,6 +161,9 @@ def evaluate_cmd(
     accelerator_count: AcceleratorCount = 1,
     objective: Objective = TrainConfig.objective,
     dpo_beta: DpoBeta = TrainConfig.dpo_beta,
+    rewards: Rewards = "",
+    reward_module: RewardModule = "",
+    min_reward_gain: MinRewardGain = 0.0,
     quantize_base: QuantizeBase = TrainConfig.quantize_base,
     compute_dtype: ComputeDtype = TrainConfig.dtype,
     tracking_uri: TrackingUriOpt = "",
@@ -156,7 +172,7 @@ def evaluate_cmd(
     registered_model: RegisteredModelOpt = "",
 ) -> None:
     """Compare base and fine-tuned models on the eval split: loss, exact match, chrF, standard
-    tasks (lm-evaluation-harness), DPO win rate, HTML report."""
+    tasks (lm-evaluation-harness), DPO win rate, GRPO mean reward, HTML report."""
     import logging
 
     # the evaluation package and its step (~0.6 s to import): only when the command runs
@@ -173,6 +189,7 @@ def evaluate_cmd(
         min_exact_match=min_exact_match,
         min_general_retained=min_general_retained,
         max_task_regression=max_task_regression,
+        min_reward_gain=min_reward_gain,
     )
     request = EvaluationRequest(
         base=base, tuned=tuned, data_dir=data, output_dir=output, heldout=heldout,
@@ -182,7 +199,7 @@ def evaluate_cmd(
         harness=harness_settings(eval_tasks, num_fewshot, limit),
         accelerator_type=accelerator_type, accelerator_count=accelerator_count,
         objective=objective, dpo_beta=dpo_beta, quantize_base=quantize_base,
-        compute_dtype=compute_dtype,
+        compute_dtype=compute_dtype, rewards=rewards, reward_module=reward_module,
     )  # fmt: skip
     tracking = {"uri": tracking_uri, "run_id": run_id, "experiment": experiment}
     result = _evaluate_tracked(request, registered_model=registered_model, **tracking)

@@ -1,4 +1,5 @@
-"""`llmft sample-data` and `llmft tiny-model`: the demo's data and model (pipelines/quickstart/)."""
+"""`llmft sample-data`, `llmft sample-prompts` and `llmft tiny-model`: the demo's data and model
+(pipelines/quickstart/)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,23 @@ def sample_data(
     from pipelines.quickstart.sample_data import write_sample_data
 
     print_json(write_sample_data(out_dir, n_train=train, n_heldout=heldout, seed=seed))
+
+
+@user_errors
+def sample_prompts(
+    out_dir: Annotated[
+        Path, typer.Argument(help="Directory to write prompts.jsonl and rewards.json to.")
+    ],
+    n: Annotated[int, typer.Option(help="Prompt records.")] = 400,
+    seed: Annotated[int, typer.Option(help="RNG seed; same seed, same bytes.")] = 0,
+) -> None:
+    """Write the packaged verifiable task for objective=grpo: arithmetic prompts with answers
+    (data_kind prompts) and the rewards parameter that scores them."""
+    from pipelines.quickstart.prompts_task import write_prompts_task
+
+    if n < 1:
+        raise ValueError(f"--n must be >= 1 (got {n})")
+    print_json(write_prompts_task(out_dir, n=n, seed=seed))
 
 
 @user_errors

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+from trainer.grpo.settings import LOSS_TYPES, SCALE_REWARDS
+
 STATS = ("loss", "kl", "clip_ratio")
 """What `grpo_stats` sums (the loss differentiable; KL and clipped share as sums over tokens)."""
 

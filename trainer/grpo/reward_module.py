@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from trainer import storage
-from trainer.grpo.rewards import Reward
+from trainer.grpo.rewards import Reward, parse_rewards
 
 DEFAULT_FUNCTION = "reward"
 
@@ -92,3 +92,10 @@ def load(spec: str, weight: float = 1.0) -> Reward:
     if not callable(fn):
         raise ValueError(f"reward_module {path} defines no callable {function}")
     return Reward(f"{function} ({path})", fn, weight)
+
+
+def run_rewards(rewards: str, reward_module: str) -> list[Reward]:
+    """A run's rewards: the built-ins of `rewards` (JSON), then the user's function of
+    `reward_module` with weight 1 (loaded, so: the training job and the evaluation only)."""
+    built = parse_rewards(rewards)
+    return [*built, load(reward_module)] if reward_module else built

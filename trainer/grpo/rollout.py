@@ -66,12 +66,13 @@ def sample(
     sampling: Sampling,
     *,
     greedy: bool = False,
+    synced_gpus: bool = False,
 ) -> Rollout:
     """G sampled completions per prompt (one greedy completion per prompt with greedy=True, for
-    evaluation)."""
+    evaluation). `synced_gpus`: sharded weights (FSDP2 over several ranks), where every rank must
+    run the same number of forward passes: generate keeps going until every rank is done."""
     texts = [render(tokenizer, p) for p in prompts]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = _left_padded(tokenizer, texts)
     device = next(model.parameters()).device
     n = 1 if greedy else sampling.group_size
     was_training = model.training
@@ -87,14 +88,15 @@ def sample(
         max_new_tokens=sampling.max_completion_tokens,
         num_return_sequences=n,
         use_cache=True,
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=enc.pad_id,
+        synced_gpus=synced_gpus,
     )
     seconds = time.perf_counter() - started
     model.train(was_training)
     prompt_len = enc.input_ids.size(1)
     completion_ids = out[:, prompt_len:]
     mask = until_eos(completion_ids, tokenizer.eos_token_id)
-    completion_ids = completion_ids.masked_fill(mask == 0, tokenizer.pad_token_id)
+    completion_ids = completion_ids.masked_fill(mask == 0, enc.pad_id)
     decoded = tokenizer.batch_decode(completion_ids * mask, skip_special_tokens=True)
     return Rollout(
         prompt_ids=enc.input_ids.repeat_interleave(n, 0).to(device),
@@ -105,6 +107,23 @@ def sample(
         prompts=[t for t in texts for _ in range(n)],
         seconds=seconds,
     )
+
+
+def _left_padded(tokenizer: Any, texts: list[str]) -> Any:
+    """The prompts' ids, left-padded (a tokenizer without a pad token pads with EOS, never
+    attended: the tokenizer itself is left as it was, so the export keeps it)."""
+    side, pad = tokenizer.padding_side, tokenizer.pad_token
+    tokenizer.padding_side = "left"
+    if pad is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    try:
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc.pad_id = tokenizer.pad_token_id
+    finally:
+        tokenizer.padding_side = side
+        if pad is None:
+            tokenizer.pad_token = None
+    return enc
 
 
 def until_eos(ids: torch.Tensor, eos: int) -> torch.Tensor:

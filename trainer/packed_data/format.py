@@ -25,8 +25,14 @@ Preference datasets (`data_kind` "preference", format minor version 1) add one c
                    chosen response of the row's k-th pair, 2k+2 for its rejected one (prompt
                    tokens included), 0 for padding. Both documents of a pair are in the same row.
 
+Prompt datasets (`data_kind` "prompts", minor version 2: GRPO, trainer/grpo/) are not packed: one
+row per prompt record (trainer/packed_data/prompts.py):
+    record         the record as JSON: "prompt" (text, or chat messages) and every other column
+                   of the input unchanged (what the reward functions read, e.g. "answer")
+    prompt_tokens  the rendered prompt's length in tokens (at most seq_len)
+
 Versions: `version` is the major version (a reader refuses another one); `minor_version` counts
-compatible additions (1: preference datasets, `pair_ids`). A manifest without `minor_version` is
+compatible additions (1: preference datasets, `pair_ids`; 2: prompt datasets). A manifest without `minor_version` is
 minor 0 and loads as before; instruction and text datasets are unchanged by minor 1.
 """
 
@@ -41,8 +47,9 @@ from trainer import storage
 
 FORMAT_NAME = "llmft-packed"
 FORMAT_VERSION = 1
-FORMAT_MINOR_VERSION = 1
-"""Compatible additions to FORMAT_VERSION: 1 added preference datasets (the `pair_ids` column)."""
+FORMAT_MINOR_VERSION = 2
+"""Compatible additions to FORMAT_VERSION: 1 added preference datasets (the `pair_ids` column),
+2 prompt datasets (`data_kind` "prompts")."""
 MANIFEST_FILE = "manifest.json"
 STATS_FILE = "stats.json"
 TRAIN_SPLIT, EVAL_SPLIT = "train", "eval"
@@ -56,6 +63,10 @@ PAIR_COLUMN = "pair_ids"
 """The extra column of preference datasets (see the module docstring)."""
 PREFERENCE_KIND = "preference"
 """`data_kind` of a dataset of {prompt, chosen, rejected} pairs (beam_preprocess/preference.py)."""
+PROMPTS_KIND = "prompts"
+"""`data_kind` of a dataset of prompt records with the columns rewards read (objective grpo)."""
+PROMPT_COLUMNS = ("record", "prompt_tokens")
+"""The columns of a prompt dataset's rows (see the module docstring)."""
 SEQ_LEN_MIN, SEQ_LEN_MAX = 16, 131072
 """Packed row lengths preprocessing, the trainer and the pipeline accept (below 16 a row holds
 hardly a prompt; above 128k no supported model has the positions)."""
@@ -78,9 +89,12 @@ def row_columns(data_kind: str) -> tuple[str, ...]:
 
 
 def table_schema(data_kind: str = "instruction") -> Any:
-    """The Parquet schema of train/ and eval/ shards: each column a list<int32> of seq_len values."""
+    """The Parquet schema of train/ and eval/ shards: each column a list<int32> of seq_len values
+    (prompt datasets: the record's JSON text and its prompt's token count)."""
     import pyarrow as pa
 
+    if data_kind == PROMPTS_KIND:
+        return pa.schema([("record", pa.string()), ("prompt_tokens", pa.int32())])
     return pa.schema([(name, pa.list_(pa.int32())) for name in row_columns(data_kind)])
 
 
@@ -130,8 +144,9 @@ class Manifest:
     seq_len: int
     tokenizer: TokenizerIdentity
     data_kind: str
-    """"instruction" (prompt/response or chat messages), "text" (plain causal LM) or
-    "preference" (prompt/chosen/rejected pairs, minor version 1)."""
+    """"instruction" (prompt/response or chat messages), "text" (plain causal LM),
+    "preference" (prompt/chosen/rejected pairs, minor version 1) or "prompts" (prompt records
+    with reward columns, minor version 2)."""
     splits: dict[str, SplitInfo]
     stats: dict[str, Any]
     """records_read, kept, rejected, duplicates, filtered {reason: count}; read = kept + filtered
