@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig, describe_fields, load_config
+from trainer.config import TrainConfig
+from trainer.config_args import describe_fields, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = ["--model", "m", "--data", "d", "--output", "o"]
@@ -76,7 +77,8 @@ def test_cli_config_error_is_one_line_exit_2() -> None:
 
 def test_config_json_round_trip_is_exact() -> None:
     """Launchers hand the whole config to every rank as one JSON argument."""
-    from trainer.config import TrainConfig, load_config
+    from trainer.config import TrainConfig
+    from trainer.config_args import load_config
 
     config = TrainConfig(
         model="gs://b/m", data="/d", output="/o", max_steps=7, lr=3e-4, seq_len=None,
@@ -91,7 +93,7 @@ def test_config_json_round_trip_is_exact() -> None:
 
 
 def test_config_json_reports_every_problem() -> None:
-    from trainer.config import load_config
+    from trainer.config_args import load_config
 
     with pytest.raises(ValueError) as err:
         load_config(["--config-json", '{"model": "m", "max_steps": -5, "bogus": 1, "lr": "x"}'])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from trainer.config import describe_fields, load_config
+from trainer.config_args import describe_fields, load_config
 from trainer.library_logs import quiet_libraries
 
 

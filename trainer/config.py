@@ -1,4 +1,5 @@
-"""The trainer's typed configuration: one dataclass, read from a YAML file and `--field value` flags.
+"""The trainer's typed configuration: one dataclass and its rules (trainer/config_args.py reads it
+from a YAML file and `--field value` flags).
 
 Precedence: dataclass defaults < `--config FILE.yaml` < command-line flags. Every field has a
 docstring (the attribute docstring under it); `validate()` collects every problem and raises one
@@ -8,7 +9,6 @@ ValueError listing all of them, so a user fixes a config in one round trip inste
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import os
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer import storage
-from trainer.config_file import coerce_field, read_yaml_mapping
+from trainer.config_file import coerce_field
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 from trainer.tracking import tracking_uri_problem
 
@@ -255,7 +255,7 @@ class TrainConfig:
         """Every problem with this config (empty when valid). inf and NaN are refused in every
         float field first (inf passes `lr > 0`; NaN fails every range with a confusing message);
         the other rules then judge those fields at their defaults, so each is reported once."""
-        types_by_name = _field_types()
+        types_by_name = field_types()
         bad = {
             name: value
             for name, value in self.to_dict().items()
@@ -304,6 +304,11 @@ class TrainConfig:
             errors.append(problem)
         if self.tracking_uri and not self.tracking_run_id:
             errors.append("tracking_uri needs tracking_run_id (the MLflow run to log to)")
+        return errors + self._model_errors() + self._grpo_errors() + self._writes_into_inputs()
+
+    def _model_errors(self) -> list[str]:
+        """The optimizer's, the model's and the objective's settings."""
+        errors = []
         if self.weight_decay < 0 or self.max_grad_norm < 0 or self.adam_eps <= 0:
             errors.append("weight_decay and max_grad_norm must be >= 0 and adam_eps > 0")
         for name in ("adam_beta1", "adam_beta2"):
@@ -335,7 +340,6 @@ class TrainConfig:
             errors.append(f"quantize_base must be none or nf4 (got {self.quantize_base!r})")
         elif self.quantize_base == "nf4" and not self.lora_rank:
             errors.append("quantize_base=nf4 trains LoRA adapters on a frozen base: set lora_rank")
-        errors += self._grpo_errors()
         if self.objective not in OBJECTIVES:
             errors.append(f"objective must be sft, dpo or grpo (got {self.objective!r})")
         elif self.objective == "dpo" and not self.lora_rank:
@@ -353,7 +357,7 @@ class TrainConfig:
             parse_size(self.export_shard_size)
         except ValueError as exc:
             errors.append(str(exc))
-        return errors + self._writes_into_inputs()
+        return errors
 
     def _grpo_errors(self) -> list[str]:
         """objective=grpo's settings (the reward module is read, never run: trainer/grpo/)."""
@@ -462,20 +466,16 @@ def parse_size(text: str) -> int:
     raise ValueError(f"export_shard_size {text!r} is not a size like '5GB' or '500MB'")
 
 
-def _field_types() -> dict[str, Any]:
+def field_types() -> dict[str, Any]:
+    """Field name -> its type (resolved annotations)."""
     return typing.get_type_hints(TrainConfig)
-
-
-def _is_bool(annotation: Any) -> bool:
-    """A flag that takes the bare form (`--compile`, `--no-compile`)."""
-    return annotation in (bool, bool | None)
 
 
 def config_from_mapping(values: dict[str, Any]) -> TrainConfig:
     """A TrainConfig from field values of any source (YAML, JSON, a pipeline's overrides), each
     coerced to its field's type. Unknown fields and bad values are reported together; the
     config's own rules are `TrainConfig.errors()`'s job."""
-    types_by_name = _field_types()
+    types_by_name = field_types()
     errors = [f"unknown field {name!r}" for name in sorted(set(values) - set(types_by_name))]
     kwargs = {}
     for name in types_by_name.keys() & values.keys():
@@ -486,108 +486,3 @@ def config_from_mapping(values: dict[str, Any]) -> TrainConfig:
     if errors:
         raise ValueError("invalid trainer config: " + "; ".join(errors))
     return TrainConfig(**kwargs)
-
-
-def load_config(argv: list[str]) -> TrainConfig:
-    """Build a validated TrainConfig from `--config-json JSON` (the whole config, as launchers pass
-    it) or `[--config FILE.yaml] [--field value ...]` (by hand).
-
-    Flags accept dashes or underscores (`--max-steps 10` == `--max_steps 10`); booleans also take
-    the bare form (`--compile`, `--no-compile`).
-    """
-    if argv[:1] == ["--config-json"]:
-        if len(argv) != 2:
-            raise ValueError("invalid trainer config: --config-json JSON takes no other arguments")
-        return TrainConfig.from_json(argv[1])
-    types_by_name = _field_types()
-    values: dict[str, Any] = {}
-    errors: list[str] = []
-    flags: list[tuple[str, Any]] = []
-    config_file = None
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if not token.startswith("--"):
-            errors.append(f"unexpected argument {token!r}: flags look like --field value")
-            i += 1
-            continue
-        key, eq, inline = token[2:].partition("=")
-        name = key.replace("-", "_")
-        negated = name.startswith("no_") and _is_bool(types_by_name.get(name[3:]))
-        if negated:
-            flags.append((name[3:], False))
-            i += 1
-            continue
-        if name == "config":
-            if eq:
-                config_file = inline
-                i += 1
-            elif i + 1 < len(argv):
-                config_file = argv[i + 1]
-                i += 2
-            else:
-                errors.append("--config needs a file")
-                i += 1
-            continue
-        if name not in types_by_name:
-            errors.append(f"unknown option --{key}: see docs/trainer.md for the fields")
-            i += 1
-            continue
-        if eq:
-            flags.append((name, inline))
-            i += 1
-        elif _is_bool(types_by_name[name]) and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
-            flags.append((name, True))
-            i += 1
-        elif i + 1 < len(argv):
-            flags.append((name, argv[i + 1]))
-            i += 2
-        else:
-            errors.append(f"--{key} needs a value")
-            i += 1
-    if config_file is not None:
-        values.update(_read_yaml(config_file, types_by_name, errors))
-    values.update(dict(flags))
-    kwargs = {}
-    for name, raw in values.items():
-        try:
-            kwargs[name] = coerce_field(name, raw, types_by_name[name])
-        except ValueError as exc:
-            errors.append(str(exc))
-    config = TrainConfig(**kwargs)
-    errors.extend(config.errors())
-    if errors:
-        raise ValueError("invalid trainer config: " + "; ".join(errors))
-    return config
-
-
-def _read_yaml(path: str, types_by_name: dict[str, Any], errors: list[str]) -> dict[str, Any]:
-    """The known fields of a `--config` file; problems go to `errors` (reported together)."""
-    try:
-        data = read_yaml_mapping(path)
-    except (FileNotFoundError, ValueError) as exc:
-        errors.append(str(exc))
-        return {}
-    unknown = sorted(set(data) - set(types_by_name))
-    if unknown:
-        errors.append(f"unknown field(s) in {path}: {', '.join(unknown)}")
-    return {k: v for k, v in data.items() if k in types_by_name}
-
-
-def describe_fields() -> dict[str, str]:
-    """Field name -> its docstring, read from this module's source (for docs and --help)."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(TrainConfig))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-        ):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import typer
 
 from components.params.param_checks import redact_tokens
-from trainer.config import load_config
+from trainer.config_args import load_config
 from trainer.storage import DiskFullError
 
 F = TypeVar("F", bound=Callable[..., Any])
