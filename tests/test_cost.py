@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.preflight import cost, data_size
+from components.preflight import cost, data_size, run_cost
 from components.preflight.actual_cost import COST_FILE, actual_cost
 from components.preflight.cost import RunShape
 from components.preflight.model_size import ModelSize, flops_per_token, model_size
@@ -324,9 +324,9 @@ def test_estimate_for_run_parameters_sizes_the_model_and_the_input(
         nodes=2,
         trainer_overrides={"micro_batch_size": 2, "grad_accum_steps": 3},
     )
-    est = cost.estimate_for(params, remote=False)
+    est = run_cost.estimate_for(params, remote=False)
     size = model_size(str(tiny_model_dir))
-    shape = cost.shape_of(params)
+    shape = run_cost.shape_of(params)
     # 2 nodes x 8 processes (one per GPU) x 2 rows x 3 micro-batches = 96 rows per step
     assert shape.global_batch_rows == 96 and shape.checkpoint_every_minutes == 10.0
     assert est.train_tokens == 200 * 96 * 512

@@ -37,12 +37,12 @@ def expected_total(**params: object) -> str:
     """The estimate's total as `components/preflight/cost.py` computes it for the same parameters."""
     from components.params.param_values import params_from_mapping
     from components.params.run_params import RunParams
-    from components.preflight import cost
+    from components.preflight import run_cost
 
     base = {"train_data_uri": "gs://b/d/*.jsonl", "base_model": "gs://b/m", "work_uri": "gs://b/w"}
     values = base | {"project": "my-project", "model_parameters": 8_000_000_000, "nodes": 2}
     run = params_from_mapping(values | params, base=RunParams.for_target("vertex"))
-    return f"{cost.estimate_for(run, remote=False).usd:.2f}"
+    return f"{run_cost.estimate_for(run, remote=False).usd:.2f}"
 
 
 def test_dry_run_prints_the_estimate_and_starts_nothing(tmp_path: Path) -> None:

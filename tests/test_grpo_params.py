@@ -97,7 +97,7 @@ def test_the_cost_estimate_counts_the_rollouts_and_their_tokens() -> None:
     """objective=grpo: rows are prompts, each G completions of up to seq_len + max completion
     tokens trained on, and generating time is added (decoding bound by memory bandwidth); the
     note says how the job splits between generating and training."""
-    from components.preflight import cost
+    from components.preflight import cost, run_cost
 
     def run(**overrides: Any) -> RunParams:
         return RunParams(
@@ -108,11 +108,11 @@ def test_the_cost_estimate_counts_the_rollouts_and_their_tokens() -> None:
         )  # fmt: skip
 
     params = run(grpo_group_size=8, grpo_max_completion_tokens=512)
-    est = cost.estimate_for(params, remote=False)
+    est = run_cost.estimate_for(params, remote=False)
     assert est.train_tokens == 100 * 2 * 8 * (256 + 512)  # 2 prompts a step, 8 completions each
     (note,) = [n for n in est.notes if n.startswith("objective=grpo")]
     assert "generating" in note and "16 sequences x 512 tokens" in note
-    shape = cost.shape_of(params)
+    shape = run_cost.shape_of(params)
     from components.preflight.model_size import ModelSize
 
     size = ModelSize.of_count(1_000_000_000)
@@ -121,7 +121,9 @@ def test_the_cost_estimate_counts_the_rollouts_and_their_tokens() -> None:
     assert cost.rollout_seconds(shape, size) == pytest.approx(
         512 * per_token + 2 * 1e9 * 16 * 256 / (989.5e12 * 0.409), rel=1e-6
     )
-    shorter = cost.estimate_for(run(grpo_group_size=8, grpo_max_completion_tokens=64), remote=False)
+    shorter = run_cost.estimate_for(
+        run(grpo_group_size=8, grpo_max_completion_tokens=64), remote=False
+    )
     assert shorter.step("train").hours < est.step("train").hours
 
 

@@ -8,8 +8,8 @@ delete, watch); `components/launchers/gke_jobs.py` says how each API reports its
 it waits in a Kueue queue) and judges it, deletes the job on SIGTERM and cleans up by label.
 
 Design choices:
-- `job_api` (auto | trainjob | pytorchjob): `auto` asks the cluster's discovery which CRDs it
-  serves and prefers TrainJob (Kubeflow's current API; v1 is kept on its release-1.9 branch).
+- `job_api` (auto | trainjob | pytorchjob): `auto` asks discovery which CRDs the cluster serves
+  and prefers TrainJob (Kubeflow's current API), PyTorchJob for a GPUDirect job.
 - A Worker-only elastic PyTorchJob is marked Succeeded as soon as one worker succeeds, so success
   is judged here from every replica (each worker pod succeeded); a TrainJob's Complete already
   means every node's pod succeeded (components/launchers/trainjob_api.py).
@@ -171,7 +171,7 @@ class GkeLauncher(Launcher):
         return self._flavor().api_class(self.custom, self.namespace, log=self.log)
 
     def _flavor(self) -> JobFlavor:
-        if self.flavor is None:  # auto: what the cluster serves, TrainJob first (resolve_job_api)
+        if self.flavor is None:  # auto: what the cluster serves (resolve_job_api)
             gpudirect = bool(self.job_options.gpudirect)
             self.flavor = flavor(resolve_job_api(self.job_api, self.custom, gpudirect=gpudirect))
             self.log(f"[gke] gke_job_api={self.job_api}: the cluster serves {self.flavor.kind}")

@@ -19,7 +19,7 @@ from components.params.run_params import (
     RunParams,
     fields,
 )
-from components.preflight import cost, quota
+from components.preflight import cost, quota, run_cost
 from components.preflight.launch_checks import gke_job_api_errors
 from components.preflight.validation import (
     data_errors,
@@ -126,7 +126,7 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
             project=params.project,
         )
     )
-    estimate = cost.estimate_for(params, remote=True, base_model=base_model)
+    estimate = run_cost.estimate_for(params, remote=True, base_model=base_model)
     print(
         "cost estimate (components/preflight/cost.py; an estimate, not a quote):\n"
         + estimate.table()

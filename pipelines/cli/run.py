@@ -92,14 +92,14 @@ def run_cmd(
 def _check_fit_and_cost(run_params: Any, prices: Path | None, *, remote: bool) -> None:
     """Refuse a run whose training cannot fit its GPUs (components/preflight/train_fit.py); print its cost
     estimate and refuse it over max_cost_usd (ValueError: exit 2)."""
-    from components.preflight import cost
+    from components.preflight import cost, run_cost
     from components.preflight.prices import load_prices
     from components.preflight.train_fit import training_fit_error
 
     if error := training_fit_error(run_params, run_params.base_model, remote=remote):
         raise ValueError(error)
     table = load_prices(str(prices)) if prices else None
-    estimate = cost.estimate_for(run_params, remote=remote, prices=table)
+    estimate = run_cost.estimate_for(run_params, remote=remote, prices=table)
     typer.echo("cost estimate (components/preflight/cost.py; an estimate, not a quote):")
     typer.echo(estimate.table())
     if error := cost.budget_error(estimate, run_params.max_cost_usd):
