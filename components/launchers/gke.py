@@ -10,9 +10,8 @@ it waits in a Kueue queue) and judges it, deletes the job on SIGTERM and cleans 
 Design choices:
 - `job_api` (auto | trainjob | pytorchjob): `auto` asks discovery which CRDs the cluster serves
   and prefers TrainJob (Kubeflow's current API), PyTorchJob for a GPUDirect job.
-- A Worker-only elastic PyTorchJob is marked Succeeded as soon as one worker succeeds, so success
-  is judged here from every replica (each worker pod succeeded); a TrainJob's Complete already
-  means every node's pod succeeded (components/launchers/trainjob_api.py).
+- A Worker-only elastic PyTorchJob is Succeeded once one worker succeeds: success is judged here
+  from every worker pod; a TrainJob's Complete already means every node's pod succeeded.
 - The job is followed with a watch that resumes from the last resourceVersion (a 410 Gone lists
   again); each quiet watch window re-checks the pods. A job the operator marks Succeeded while a
   worker still runs or restarts is failed after `succeeded_grace_s` (or at once when that worker
