@@ -187,6 +187,7 @@ def check_evaluation(tmp_path: Path, base: Path, prompts: Path, summary: dict[st
             output_dir=str(tmp_path / name), objective="grpo", device="cpu",
             reward_module=str(prompts / "reward.py"), max_new_tokens=8,
             thresholds=GateThresholds(min_reward_gain=gain),
+            train_metrics=str(Path(summary["model_dir"]).parent / "metrics.jsonl"),
         )  # fmt: skip
         return run_evaluation(request)
 
@@ -196,6 +197,9 @@ def check_evaluation(tmp_path: Path, base: Path, prompts: Path, summary: dict[st
     assert m["tuned_pass_rate"] == pytest.approx(summary["eval_pass_rate"], abs=1e-6)
     assert m["mean_reward_delta"] == pytest.approx(m["tuned_mean_reward"] - m["base_mean_reward"])
     assert m["generation_examples"] == 8 and "base_pass_rate" in m
+    # The report says where the training time went (summary.json's totals beside the metrics).
+    generating = f"generating {summary['generate_s_total']:,.0f} s, training"
+    assert generating in Path(result.report_path).read_text()
     gated = evaluation("gated", 10.0)  # a reward of 0..2 cannot rise by 10
     assert not gated.passed
     (check,) = [c for c in gated.decision.checks if c["name"] == "reward_gain"]

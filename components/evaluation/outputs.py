@@ -310,6 +310,8 @@ def write_outputs(
     }
     if cost is not None:
         details |= cost_details(cost)
+    if train_metrics:
+        details |= phase_details(_sibling_summary(train_metrics))
     curves = read_training_curve(train_metrics) if train_metrics else None
     page = render_report(
         metrics=metrics,
@@ -374,6 +376,28 @@ def _preference_details(metrics: dict[str, float], settings: dict[str, Any]) -> 
         "DPO beta (implicit rewards)": settings["dpo_beta"],
         "DPO reference": reference,
     }
+
+
+def _sibling_summary(train_metrics: str) -> dict[str, Any]:
+    """The trainer's summary.json beside its metrics.jsonl ({} when there is none)."""
+    path = f"{train_metrics.rsplit('/', 1)[0]}/summary.json" if "/" in train_metrics else ""
+    if not path or not storage.exists(path):
+        return {}
+    try:
+        summary = json.loads(storage.read_text(path))
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def phase_details(summary: dict[str, Any]) -> dict[str, str]:
+    """The report's line on where GRPO's training time went (summary.json's phase totals)."""
+    generate, train = summary.get("generate_s_total"), summary.get("train_s_total")
+    if not isinstance(generate, int | float) or not isinstance(train, int | float):
+        return {}
+    total = generate + train
+    share = f" ({generate / total:.0%} generating)" if total > 0 else ""
+    return {"GRPO steps": f"generating {generate:,.0f} s, training {train:,.0f} s{share}"}
 
 
 def cost_details(cost: dict[str, Any]) -> dict[str, str]:
