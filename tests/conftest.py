@@ -246,6 +246,8 @@ TIERS = {
     "test_artifacts.py": "unit",
     "test_beam_pipeline.py": "integration",
     "test_beam_transforms.py": "unit",
+    "test_mix.py": "unit",
+    "test_mix_pipeline.py": "integration",
     "test_cli_errors.py": "unit",
     "test_compile.py": "integration",
     "test_component_signals.py": "integration",

@@ -133,10 +133,11 @@ def test_schedule_time_fills_the_data_window(tmp_path: Path) -> None:
         "base_model": "m",
         "train_data_uri": f"{tmp_path}/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl",
     }
-    base, uri, champion, timeout_s, estimate = validate_step(
+    base, uri, champion, timeout_s, estimate, mix, proceed, record = validate_step(
         request_of(VALIDATE_STEP, schedule_time="2026-12-01T00:00:00Z", **params)
     )
     assert (base, uri, champion) == ("m", f"{window}/*.jsonl", "")
+    assert (mix, proceed, record) == ("", True, "")  # no mix, no work_uri: nothing recorded
     assert timeout_s == 0 and estimate["usd"] == 0.0  # local: not priced, no budget
     with pytest.raises(ValueError, match="not started by a schedule"):
         validate_step(request_of(VALIDATE_STEP, schedule_time="", **params))
@@ -222,9 +223,10 @@ def test_run_and_schedule_help_list_every_parameter_with_its_default_once() -> N
 def test_preprocess_is_not_retried_in_the_compiled_pipeline() -> None:
     """Its failures (bad input, too many rejects, no training rows) are permanent."""
     import yaml
+    from test_compile import run_tasks
 
     spec = yaml.safe_load((ROOT / "compiled" / "fine_tune.vertex.yaml").read_text())
-    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    tasks = run_tasks(spec)
     assert "retryPolicy" not in tasks["preprocess"]
     assert "retryPolicy" in tasks["train"]  # it resumes from its checkpoint
 

@@ -50,6 +50,9 @@ class EvaluateRequest:
     """The HTML artifact the report goes to (by `.path`)."""
     run_id: str = component_input("str", default="")
     """The pipeline run's id (its MLflow run's tag: the evaluate run nests in it)."""
+    schedule_record: str = component_input("str", default="")
+    """The run's record under work_uri (validate's output; "" for none): completed here, with
+    the retention controller's next replay share (components/schedules/finish.py)."""
 
 
 COMPONENT = StepComponent(
@@ -137,6 +140,19 @@ def run(request: EvaluateRequest) -> tuple[bool]:
                 compute_dtype=str(metadata.get("compute_dtype") or TrainConfig.dtype),
             )
         )
+        if request.schedule_record:
+            from components.schedules.finish import add_to_report, finish_run, report_section
+
+            controller_state = finish_run(
+                request.schedule_record,
+                request.params,
+                metrics=result.metrics,
+                passed=result.passed,
+                checks=result.decision.checks,
+                dataset_uri=storage.normalize(request.dataset.uri),
+                run_dir=run_dir,
+            )
+            add_to_report(result.report_path, report_section(controller_state))
         shutil.copyfile(result.report_path, request.report.path)
         finish_evaluate(  # inside: the report and metrics.json are logged from `out`
             tracked,

@@ -1,0 +1,73 @@
+"""What a run's window holds, and how much of it is new since the schedule's last successful run
+(the `min_new_records` check of the validate step: an unchanged window spends no GPU).
+
+The window is listed with each file's size and version (object generation on gs://, mtime
+locally: trainer/storage.py `file_versions`). A file the last successful run read with the same
+size and version holds nothing new; the records of any other file are counted (JSONL and CSV by
+lines, Parquet from its footer, JSON arrays parsed), less those the earlier version of that file
+held when it grew by appending. hf:// and bq:// windows are not listed (their commit and
+snapshot are recorded by preprocessing): such runs always proceed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from typing import Any
+
+from trainer import storage
+
+
+def listable(uri: str) -> bool:
+    return bool(uri) and not uri.startswith(("hf://", "bq://"))
+
+
+def list_window(uri: str) -> dict[str, dict[str, Any]]:
+    """{path: {size, version}} of every file the window's patterns match."""
+    files: dict[str, dict[str, Any]] = {}
+    for pattern in (p.strip() for p in uri.split(",")):
+        if pattern:
+            files.update(storage.file_versions(pattern))
+    return files
+
+
+def new_records(
+    window: dict[str, dict[str, Any]], previous: dict[str, dict[str, Any]]
+) -> tuple[int, dict[str, dict[str, Any]]]:
+    """(records new since `previous`, `window` with the record counts it learnt): unchanged
+    files count 0; changed ones their records less the earlier count when known."""
+    total = 0
+    counted = {}
+    for path, info in window.items():
+        before = previous.get(path)
+        if (
+            before
+            and before.get("size") == info["size"]
+            and before.get("version") == info["version"]
+        ):
+            counted[path] = {**info, "records": before.get("records")}
+            continue
+        records = count_records(path)
+        counted[path] = {**info, "records": records}
+        grown = before and before.get("records") is not None and info["size"] > before["size"]
+        total += max(0, records - before["records"]) if grown else records
+    return total, counted
+
+
+def count_records(path: str) -> int:
+    """Records in one data file (by its suffix)."""
+    name = path.lower()
+    with storage.open(path, "rb") as f:
+        data = f.read()
+    if name.endswith(".gz"):
+        data, name = gzip.decompress(data), name[:-3]
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(io.BytesIO(data)).metadata.num_rows)
+    if name.endswith(".csv"):
+        return max(0, sum(1 for line in data.splitlines() if line.strip()) - 1)
+    if name.endswith(".json") and data.lstrip().startswith(b"["):
+        return len(json.loads(data))
+    return sum(1 for line in data.splitlines() if line.strip())
