@@ -248,6 +248,7 @@ TIERS = {
     "test_beam_transforms.py": "unit",
     "test_mix.py": "unit",
     "test_mix_pipeline.py": "integration",
+    "test_schedules.py": "unit",
     "test_cli_errors.py": "unit",
     "test_compile.py": "integration",
     "test_component_signals.py": "integration",

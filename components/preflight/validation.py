@@ -50,9 +50,7 @@ def mix_data_errors(params: RunParams, *, remote: bool) -> list[str]:
     from beam_preprocess.mix import parse_mix
     from components.schedules import replay
 
-    entries, problems = parse_mix(params.train_data_mix)
-    if problems:
-        return []  # reported by the parameter checks
+    entries, _ = parse_mix(params.train_data_mix)  # its mistakes: the parameter checks
     uris = [e.uri for e in entries if e.uri not in ("train", params.train_data_uri)]
     if params.replay_fraction > 0:
         for name in replay.names(params.replay_source):
