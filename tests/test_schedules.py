@@ -168,3 +168,39 @@ def test_schedule_key_is_the_template_not_the_window():
     assert a != state.schedule_key("gs://b/{{$.pipeline_job_schedule_time_utc}}/*.jsonl", "n")
     assert state.schedule_root("", a) == ""
     assert controller.CAP <= 0.5
+
+
+def _three_runs(tmp_path: Path) -> tuple[str, str]:
+    params = _params(tmp_path, replay_fraction=0.05, min_new_records=1)
+    plan, _ = plan_run(params, _window(tmp_path, "d1", 10), "run-1", "d1", _no_errors)
+    _finish(tmp_path, params, plan, retained=0.6, passed=False)
+    d2 = _window(tmp_path, "d2", 10)
+    plan, _ = plan_run(params, d2, "run-2", "d2", _no_errors)
+    _finish(tmp_path, params, plan, retained=0.95, passed=True)
+    plan, _ = plan_run(params, d2, "run-3", "d2", _no_errors)
+    assert not plan.proceed
+    return params.work_uri, str(Path(plan.record_uri).parent.parent.name)
+
+
+def test_history_prints_one_row_per_run_and_writes_a_page(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    work_uri, key = _three_runs(tmp_path)
+    page = tmp_path / "history.html"
+    result = CliRunner().invoke(app, ["history", work_uri, "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"schedule {key}: 3 runs"
+    assert lines[1].split()[:4] == ["when", "run", "new", "read"]
+    rows = [line for line in lines if "run-" in line]
+    assert len(rows) == 3
+    assert "refused (forgetting)" in rows[0] and "0.050" in rows[0]
+    assert "passed" in rows[1] and "yes" in rows[1] and "0.100" in rows[1]
+    assert "skipped: nothing new" in rows[2]
+    text = page.read_text()
+    assert text.count("<tr>") == 4 and 'data-curve="retention"' in text
+    assert text.count("<circle") >= 2 + 2 + 3  # loss and retention of two runs, replay of three
+    bad = CliRunner().invoke(app, ["history", str(tmp_path / "none")])
+    assert bad.exit_code == 2 and bad.output.startswith("error: no schedule records")
