@@ -2,7 +2,8 @@
 
 The form (one string, console-friendly), either
 - `SOURCE=WEIGHT[,SOURCE=WEIGHT...]`, e.g. `train=0.7,gs://b/general/*.jsonl=0.3`, or
-- a JSON list, e.g. `[{"uri": "train", "weight": 0.7}, {"uri": "gs://b/g/*.jsonl", "weight": 0.3}]`.
+- a JSON list, e.g. `[{"uri": "train", "weight": 0.7}, {"uri": "gs://b/g/*.jsonl", "weight": 0.3}]`
+  (an entry may add `"replay": true`: the manifest then marks it as replay).
 
 A SOURCE is anything `--input` / `train_data_uri` reads (a file, glob, gs://, hf://, bq://);
 `train` names `train_data_uri` itself (so a schedule keeps its window placeholder in one place).
@@ -64,7 +65,7 @@ def parse_mix(text: str) -> tuple[list[MixEntry], list[str]]:
     text = text.strip()
     if not text:
         return [], []
-    raw: list[tuple[Any, Any]] = []
+    raw: list[tuple[Any, Any, bool]] = []
     if text.startswith("["):
         try:
             items = json.loads(text)
@@ -73,20 +74,20 @@ def parse_mix(text: str) -> tuple[list[MixEntry], list[str]]:
         if not isinstance(items, list):
             return [], ["train_data_mix JSON must be a list of {uri, weight}"]
         for item in items:
-            if not isinstance(item, dict) or set(item) - {"uri", "weight"}:
+            if not isinstance(item, dict) or set(item) - {"uri", "weight", "replay"}:
                 return [], [f"train_data_mix entry {item!r}: expected {{uri, weight}}"]
-            raw.append((item.get("uri", ""), item.get("weight")))
+            raw.append((item.get("uri", ""), item.get("weight"), bool(item.get("replay"))))
     else:
         for part in text.split(","):
             uri, sep, weight = part.strip().rpartition("=")
             if not sep:
-                raw.append((part.strip(), None))
+                raw.append((part.strip(), None, False))
             else:
-                raw.append((uri.strip(), weight.strip()))
+                raw.append((uri.strip(), weight.strip(), False))
     entries: list[MixEntry] = []
     problems: list[str] = []
     seen: set[str] = set()
-    for uri, weight in raw:
+    for uri, weight, replay in raw:
         if not isinstance(uri, str) or not uri.strip():
             problems.append(f"train_data_mix: an entry has an empty source (weight {weight})")
             continue
@@ -102,7 +103,7 @@ def parse_mix(text: str) -> tuple[list[MixEntry], list[str]]:
             problems.append(f"train_data_mix: {uri} is named twice: give each source one weight")
             continue
         seen.add(uri)
-        entries.append(MixEntry(uri, value))
+        entries.append(MixEntry(uri, value, replay))
     return entries, problems
 
 
@@ -133,7 +134,7 @@ def resolve_mix(
     named = {e.uri for e in entries}
     if train_uri != TRAIN and train_uri in named and TRAIN in named:
         return [], [f"train_data_mix names train_data_uri twice (as {TRAIN} and {train_uri})"]
-    entries = [MixEntry(train_uri, e.weight) if e.uri == TRAIN else e for e in entries]
+    entries = [MixEntry(train_uri, e.weight, e.replay) if e.uri == TRAIN else e for e in entries]
     if train_uri not in {e.uri for e in entries}:
         rest = 1.0 - sum(e.weight for e in entries)
         if rest <= 1e-9:
@@ -143,7 +144,7 @@ def resolve_mix(
             ]
         entries.insert(0, MixEntry(train_uri, rest))
     total = sum(e.weight for e in entries)
-    shares = [MixEntry(e.uri, e.weight / total) for e in entries]
+    shares = [MixEntry(e.uri, e.weight / total, e.replay) for e in entries]
     if replay_fraction > 0 and replay_sources:
         if not 0 < replay_fraction < 1:
             return [], [f"replay_fraction must be in [0, 1) (got {replay_fraction})"]
@@ -153,15 +154,18 @@ def resolve_mix(
             if uri in {e.uri for e in shares}:
                 problems.append(f"replay source {uri} is also in train_data_mix: name it once")
             replay.append(MixEntry(uri, each, replay=True))
-        shares = [MixEntry(e.uri, e.weight * (1 - replay_fraction)) for e in shares] + replay
+        shares = [MixEntry(e.uri, e.weight * (1 - replay_fraction), e.replay) for e in shares]
+        shares += replay
     return shares, problems
 
 
 def format_mix(entries: Sequence[MixEntry]) -> str:
     """Entries -> the JSON form (what the preprocess step hands Beam: URIs may hold commas)."""
-    return json.dumps(
-        [{"uri": e.uri, "weight": round(e.weight, 12)} for e in entries], separators=(",", ":")
-    )
+    items = [
+        {"uri": e.uri, "weight": round(e.weight, 12), **({"replay": True} if e.replay else {})}
+        for e in entries
+    ]
+    return json.dumps(items, separators=(",", ":"))
 
 
 def draw(content_hash: str, seed: str) -> float:

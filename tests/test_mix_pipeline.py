@@ -72,3 +72,54 @@ def test_bad_sources_are_refused_before_beam_starts(
     with pytest.raises(ValueError, match="not a positive number"):
         run(_argv(sample_data_dir, tiny_model_dir, out, "train=0,x=1"))
     assert not out.exists()
+
+
+def test_the_preprocess_step_reads_validates_mix_with_packaged_replay(
+    sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path
+):
+    """validate's plan (replay 0.2 of the packaged general set) -> the preprocess component."""
+    from types import SimpleNamespace
+
+    from kfp.dsl import Dataset, Markdown
+
+    from components.schedules.plan import plan_run
+    from components.schedules.replay import GENERAL_PATH
+    from components.steps.component_spec import request_of
+    from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
+    from components.steps.preprocess import run
+
+    train = str(sample_data_dir / "train.jsonl")
+    params = SimpleNamespace(
+        work_uri=str(tmp_path / "work"),
+        train_data_uri=train,
+        registered_model="",
+        replay_fraction=0.2,
+        replay_source="general",
+        train_data_mix="",
+        min_new_records=0,
+    )
+    plan, problems = plan_run(params, train, "run-1", "", lambda _uri: [])
+    assert problems == [] and plan.proceed
+    dataset = Dataset(uri=str(tmp_path / "dataset"))
+    summary = tmp_path / "summary.md"
+    request = request_of(
+        PREPROCESS_STEP,
+        train_data_uri=train,
+        train_data_mix=plan.train_data_mix,
+        base_model=str(tiny_model_dir),
+        seq_len=256,
+        work_uri=str(tmp_path),
+        run_id="run-1",
+        dataflow_options={"direct_num_workers": 1},
+        dataset=dataset,
+        summary=Markdown(uri=str(summary)),
+        gcp_resources=str(tmp_path / "gcp_resources"),
+    )
+    run(request)
+    manifest = json.loads((tmp_path / "dataset" / "manifest.json").read_text())
+    sources = manifest["stats"]["mix"]["sources"]
+    replay = sources[str(GENERAL_PATH)]
+    assert replay["replay"] and not sources["train"]["replay"]
+    assert abs(replay["share"] - 0.2) < 0.02, replay
+    assert replay["records_read"] == replay["accounted"] == sum(1 for _ in open(GENERAL_PATH))
+    assert "| source | replay |" in summary.read_text()
