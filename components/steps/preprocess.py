@@ -271,7 +271,7 @@ def _mix_lines(mix: dict[str, Any] | None) -> list[str]:
             f"{s['train_tokens']:,} | {s['share']:.3f} ({s['target_share']:.3f}) |"
         )
     lines += (
-        [f"", *(f"warning: {w}" for w in mix.get("warnings", []))] if mix.get("warnings") else []
+        ["", *(f"warning: {w}" for w in mix.get("warnings", []))] if mix.get("warnings") else []
     )
     return lines
 
