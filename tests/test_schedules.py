@@ -204,3 +204,13 @@ def test_history_prints_one_row_per_run_and_writes_a_page(tmp_path: Path):
     assert text.count("<circle") >= 2 + 2 + 3  # loss and retention of two runs, replay of three
     bad = CliRunner().invoke(app, ["history", str(tmp_path / "none")])
     assert bad.exit_code == 2 and bad.output.startswith("error: no schedule records")
+
+
+def test_the_local_build_reports_an_unchanged_window_without_skipping(tmp_path: Path):
+    params = _params(tmp_path, min_new_records=5)
+    uri = _window(tmp_path, "d1", 20)
+    plan, _ = plan_run(params, uri, "run-1", "d1", _no_errors)
+    _finish(tmp_path, params, plan, retained=0.95, passed=True)
+    plan, _ = plan_run(params, uri, "run-2", "d1", _no_errors, can_skip=False)
+    assert plan.proceed and plan.message.startswith("note: the local runner does not skip")
+    assert state.read_record(plan.record_uri)["status"] == state.STARTED

@@ -24,11 +24,18 @@ class RunPlan:
 
 
 def plan_run(
-    params: Any, window_uri: str, run_id: str, schedule_time: str, data_errors: Any
+    params: Any,
+    window_uri: str,
+    run_id: str,
+    schedule_time: str,
+    data_errors: Any,
+    *,
+    can_skip: bool = True,
 ) -> tuple[RunPlan, list[str]]:
     """(the plan, problems): `params` are the run parameters (train_data_uri still as written,
     with its placeholder), `window_uri` the resolved one; `data_errors(uri)` lists what is
-    wrong with a replay URI (no file)."""
+    wrong with a replay URI (no file). `can_skip`: the pipeline can end here (not the local
+    build, whose runner counts every step): otherwise an unchanged window is only reported."""
     root = ""
     if params.work_uri:
         key = state.schedule_key(params.train_data_uri, params.registered_model)
@@ -51,11 +58,15 @@ def plan_run(
         last = state.last_successful(records)
         new, counted = window.new_records(listing, last.get("window", {}) if last else {})
         if last and new < params.min_new_records:
-            proceed = False
+            proceed = not can_skip
             message = (
                 f"skipped: nothing new ({new} new records in {window_uri} since run "
                 f"{last.get('run_id')}, fewer than min_new_records={params.min_new_records})"
             )
+            if not can_skip:
+                message = "note: the local runner does not skip: " + message.replace(
+                    "skipped: ", "", 1
+                )
     record_uri = state.run_record_uri(root, run_id) if root else ""
     if record_uri:
         state.update_record(

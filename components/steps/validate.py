@@ -149,6 +149,7 @@ def run(
         request.run_id,
         request.schedule_time,
         lambda pattern: data_errors(pattern, remote=True),
+        can_skip=request.target != "local",
     )
     raise_errors(problems)
     for warning in plan.warnings:
@@ -157,7 +158,7 @@ def run(
         print(
             f"replay: {plan.replay_fraction:.3f} of the packed tokens from {', '.join(plan.replay_uris)}"
         )
-    if not plan.proceed:
+    if plan.message:
         print(plan.message)
     champion = resolve_champion(params)
     return (
