@@ -62,3 +62,36 @@ def test_history_page_draws_its_curves_in_chromium(tmp_path: Path) -> None:
     blue = np.array([0x1F, 0x6F, 0xEB]) / 255  # the curves' stroke and dots
     drawn = int((np.abs(pixels - blue).max(axis=-1) < 0.08).sum())
     assert drawn > 300, f"only {drawn} curve pixels in the screenshot"
+
+
+def test_schedule_records_and_window_check_on_gs(gcs_emulator, tmp_path: Path) -> None:
+    """The same records, controller and window check with work_uri and the window on gs://
+    (a real GCS server: tests/gcs_fixtures.py)."""
+    from test_schedules import _finish, _no_errors, _params
+
+    from components.schedules import history, state
+    from components.schedules.plan import plan_run
+    from trainer import storage
+
+    bucket = gcs_emulator.create_bucket("llmft-schedules")
+    window = f"{bucket}/data/2026-12-01/*.jsonl"
+    storage.write_text(
+        f"{bucket}/data/2026-12-01/a.jsonl", '{"prompt": "p", "response": "r"}\n' * 5
+    )
+    params = _params(tmp_path, work_uri=f"{bucket}/work", min_new_records=1)
+    plan, problems = plan_run(params, window, "run-1", "d1", _no_errors)
+    assert problems == [] and plan.proceed and plan.record_uri.startswith(f"{bucket}/work/")
+    versions = state.read_record(plan.record_uri)["window"]
+    assert list(versions) == [f"{bucket}/data/2026-12-01/a.jsonl"]
+    assert versions[f"{bucket}/data/2026-12-01/a.jsonl"]["version"]  # the object generation
+    _finish(tmp_path, params, plan, retained=0.6, passed=True)
+    plan, _ = plan_run(params, window, "run-2", "d1", _no_errors)
+    assert not plan.proceed and "0 new records" in plan.message
+    storage.write_text(
+        f"{bucket}/data/2026-12-01/a.jsonl", '{"prompt": "p", "response": "r"}\n' * 6
+    )
+    plan, _ = plan_run(params, window, "run-3", "d1", _no_errors)
+    assert plan.proceed  # a new generation that grew by one record
+    root = history.schedules(f"{bucket}/work")[0]
+    assert [r["run_id"] for r in state.runs(root)] == ["run-1", "run-2", "run-3"]
+    assert state.read_controller(root)["share"] == 0.05  # retention 0.6 < 0.9: raised
