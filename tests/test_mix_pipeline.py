@@ -55,6 +55,11 @@ def test_a_two_source_mix_gets_its_token_shares_reproducibly(
     assert _shards(tmp_path / "a") == _shards(tmp_path / "b")
     written = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert written["stats"]["mix"] == stats["mix"]
+    # worker processes (each with its own partial histograms and buckets) decide alike
+    argv = _argv(sample_data_dir, tiny_model_dir, tmp_path / "c", mix)
+    argv[-1] = "--direct_num_workers=2"
+    parallel = run([*argv, "--direct_running_mode=multi_processing"])
+    assert parallel.stats["mix"] == stats["mix"]
 
 
 def test_bad_sources_are_refused_before_beam_starts(
