@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,6 +246,10 @@ def _threshold(histogram: Sequence[int], wanted: float) -> float:
     return 1.0
 
 
+_RECORD_SUFFIX = re.compile(r"^(?P<path>.*?)(:\d+|\[\d+\]|#\d+)$")
+"""What the readers append to a file's path to name one record (beam_preprocess/parsers.py)."""
+
+
 @dataclass(frozen=True)
 class MixSources:
     """Which source each record came from: the files each source matched (exact paths, as the
@@ -258,13 +263,13 @@ class MixSources:
     seed: str = "llmft"
 
     def index_of(self, source: str) -> int:
-        """The mix source of a record's "path:line" (or a path, or a bq:// row source)."""
-        path, _, line = source.rpartition(":")
-        key = path if line.isdigit() else source
-        if key in self.files:
-            return self.files[key]
+        """The mix source of a record's source: "path:line" (JSONL, CSV), "path[i]" (a JSON
+        array), "path#row" (Parquet), a path, or a bq:// row's "uri@snapshot#hash"."""
         if source in self.files:
             return self.files[source]
+        match = _RECORD_SUFFIX.match(source)
+        if match and match["path"] in self.files:
+            return self.files[match["path"]]
         for prefix, index in self.prefixes:
             if source.startswith(prefix):
                 return index

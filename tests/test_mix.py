@@ -134,6 +134,15 @@ def test_records_map_to_their_source():
         prefixes=(("bq://p.d.t@2026#", 1),),
     )
     assert sources.index_of("/d/a.jsonl:12") == 0
+    parquet = MixSources(
+        labels=("a", "b", "c"),
+        shares=(0.4, 0.3, 0.3),
+        replay=(False,) * 3,
+        files={"gs://b/x.parquet": 0, "/d/y.json": 1, "/d/z:1.csv": 2},
+    )
+    assert parquet.index_of("gs://b/x.parquet#7") == 0
+    assert parquet.index_of("/d/y.json[3]") == 1
+    assert parquet.index_of("/d/z:1.csv:4") == 2
     assert sources.index_of("/d/a.jsonl") == 0
     assert sources.index_of("bq://p.d.t@2026#abc") == 1
     with pytest.raises(KeyError):

@@ -129,3 +129,27 @@ def test_the_preprocess_step_reads_validates_mix_with_packaged_replay(
     lines = len(GENERAL_PATH.read_text().splitlines())
     assert replay["records_read"] == replay["accounted"] == lines
     assert "| source | replay |" in summary.read_text()
+
+
+def test_parquet_and_json_array_sources_are_counted_per_source(
+    sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path
+):
+    """Records named "path#row" (Parquet) and "path[i]" (JSON arrays) find their source too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_preprocess.pipeline import run
+
+    held = [
+        json.loads(line) for line in (sample_data_dir / "heldout.jsonl").read_text().splitlines()
+    ]
+    pq.write_table(pa.Table.from_pylist(held[:200]), tmp_path / "a.parquet")
+    (tmp_path / "b.json").write_text(json.dumps(held[200:]))
+    mix = f"train=0.6,{tmp_path / 'a.parquet'}=0.2,{tmp_path / 'b.json'}=0.2"
+    manifest = run(_argv(sample_data_dir, tiny_model_dir, tmp_path / "out", mix))
+    sources = manifest.stats["mix"]["sources"]
+    assert sources[str(tmp_path / "a.parquet")]["records_read"] == 200
+    assert sources[str(tmp_path / "b.json")]["records_read"] == len(held) - 200
+    for entry in sources.values():
+        assert entry["records_read"] == entry["accounted"]
+        assert abs(entry["share"] - entry["target_share"]) < 0.02, sources
