@@ -14,7 +14,10 @@ When it is named, the weights are relative (shares are weight / sum of weights).
 The sampling rule (by tokens, deterministic, `MixPlan`):
 - Each source's available tokens T_i are its kept training documents' tokens, counted before
   exact-duplicate removal (a duplicate is then dropped whichever source it came from).
-- The mix is as large as its sources together: N = sum T_i; source i is to give share_i x N.
+- The mix is sized by `train_data_uri` (`train`, the window of a schedule): each of its
+  tokens is used once, N = T_train / share_train, and source i is to give share_i x N (replay
+  is added to the new data, never in its place; a large extra source is cut to its share).
+  Without a `train` source, or when it has no tokens, N = sum of T_i.
 - Each document draws u in [0, 1) from a keyed hash of its content and the seed (`draw`): the
   same inputs always give the same rows, on any runner.
 - A source with more than its part (rate share_i x N / T_i below 1) keeps the documents whose u
@@ -211,7 +214,11 @@ def plan_of(
 ) -> MixPlan:
     """The rule of the module docstring, from per-source token histograms over u."""
     totals = [int(sum(histograms.get(i, ()))) for i in range(len(labels))]
-    mix_tokens = sum(totals)
+    anchor = labels.index(TRAIN) if TRAIN in labels else -1
+    if anchor >= 0 and totals[anchor] and shares[anchor] > 0:
+        mix_tokens = totals[anchor] / shares[anchor]
+    else:
+        anchor, mix_tokens = -1, sum(totals)
     plans = []
     warnings = []
     for i, (label, share) in enumerate(zip(labels, shares, strict=True)):
@@ -220,7 +227,7 @@ def plan_of(
             plans.append(SourcePlan(label, share, 0, 0, 0.0))
             warnings.append(f"mix source {label} has no tokens to give its share {share:.3f}")
             continue
-        rate = share * mix_tokens / available
+        rate = 1.0 if i == anchor else share * mix_tokens / available  # the anchor: exactly once
         capped = rate > MAX_PASSES
         if capped:
             warnings.append(

@@ -119,6 +119,20 @@ def test_plan_downsamples_the_abundant_and_repeats_the_scarce():
     assert b.eval_kept(0.9) and a.eval_kept(0.1) and not a.eval_kept(0.95)
 
 
+def test_plan_is_sized_by_train_data_uri_when_it_is_in_the_mix():
+    # the window (train) 90k tokens at 0.9: N = 100k; a 50k extra source gives 10k, a 2k one
+    # is repeated 4 times (it would need 5: capped)
+    hist = {0: _flat(90 * 1024), 1: _flat(50 * 1024), 2: _flat(2 * 1024)}
+    plan = plan_of([TRAIN, "big", "small"], [0.8, 0.1, 0.1], hist)
+    train, big, small = plan.sources
+    assert (train.passes, train.threshold) == (1, 0.0)  # every window token exactly once
+    assert big.passes == 0 and abs(big.threshold - (0.1 * 90 / 0.8) / 50) < 1e-3
+    assert small.passes == 4 and small.capped
+    # a train source without tokens: sized by all sources together (b gives its half of them)
+    plan = plan_of([TRAIN, "b"], [0.5, 0.5], {1: _flat(10 * 1024)})
+    assert plan.sources[1].passes == 0 and abs(plan.sources[1].threshold - 0.5) < 1e-3
+
+
 def test_plan_of_a_source_without_tokens_warns():
     plan = plan_of(["a", "b"], [0.5, 0.5], {0: _flat(1024)})
     assert plan.sources[1].passes == 0 and plan.sources[1].threshold == 0.0
