@@ -214,3 +214,11 @@ def test_the_local_build_reports_an_unchanged_window_without_skipping(tmp_path: 
     plan, _ = plan_run(params, uri, "run-2", "d1", _no_errors, can_skip=False)
     assert plan.proceed and plan.message.startswith("note: the local runner does not skip")
     assert state.read_record(plan.record_uri)["status"] == state.STARTED
+
+
+def test_the_mix_may_name_the_window_as_written(tmp_path: Path):
+    params = _params(tmp_path)
+    params.train_data_mix = f"{params.train_data_uri}=0.75,{_window(tmp_path, 'g', 3)}=0.25"
+    plan, problems = plan_run(params, _window(tmp_path, "d1", 5), "run-1", "d1", _no_errors)
+    assert problems == []
+    assert json.loads(plan.train_data_mix)[0] == {"uri": "train", "weight": 0.75}

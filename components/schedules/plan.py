@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from beam_preprocess.mix import TRAIN, MixEntry, format_mix, resolve_mix
+from beam_preprocess.mix import TRAIN, MixEntry, format_mix, parse_mix, resolve_mix
 from components.schedules import replay, state, window
 
 
@@ -47,7 +47,7 @@ def plan_run(
         fraction = max(float(controller["share"]), fraction)
     uris, warnings = replay.resolve(params.replay_source, records) if fraction > 0 else ([], [])
     problems = [e for uri in uris for e in _replay_errors(uri, data_errors)]
-    entries, mix_problems = resolve_mix(params.train_data_mix, window_uri, uris, fraction)
+    entries, mix_problems = resolve_mix(_as_train(params), window_uri, uris, fraction)
     problems += mix_problems
     if problems:
         return RunPlan("", False, "", fraction, tuple(uris)), problems
@@ -85,6 +85,19 @@ def plan_run(
         )
     plan = RunPlan(mix, proceed, record_uri, fraction, tuple(uris), message, tuple(warnings))
     return plan, []
+
+
+def _as_train(params: Any) -> str:
+    """`train_data_mix` with an entry naming train_data_uri as written (its placeholder
+    unresolved) turned into `train`."""
+    entries, problems = parse_mix(params.train_data_mix)
+    if problems or not any(e.uri == params.train_data_uri for e in entries):
+        return str(params.train_data_mix)
+    named = [
+        MixEntry(TRAIN, e.weight, e.replay) if e.uri == params.train_data_uri else e
+        for e in entries
+    ]
+    return format_mix(named)
 
 
 def _named(entry: MixEntry, window_uri: str) -> MixEntry:
