@@ -95,3 +95,36 @@ def test_schedule_records_and_window_check_on_gs(gcs_emulator, tmp_path: Path) -
     root = history.schedules(f"{bucket}/work")[0]
     assert [r["run_id"] for r in state.runs(root)] == ["run-1", "run-2", "run-3"]
     assert state.read_controller(root)["share"] == 0.05  # retention 0.6 < 0.9: raised
+
+
+def test_a_bigquery_window_counts_the_tables_growth(monkeypatch, tmp_path: Path) -> None:
+    """bq:// windows: the table's row count and modification from its metadata (BigQuery's
+    fake on loopback, tests/fakes/bigquery.py)."""
+    from fakes.bigquery import FakeBigQuery
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import bigquery
+    from test_schedules import _finish, _no_errors, _params
+
+    from components.schedules import window
+    from components.schedules.plan import plan_run
+
+    uri = "bq://my-project.sft.events"
+    rows = [{"prompt": f"p{i}", "response": "r"} for i in range(5)]
+    params = _params(tmp_path, min_new_records=3)
+    with FakeBigQuery("my-project.sft.events", rows) as fake:
+
+        def client(project: str) -> bigquery.Client:
+            options = ClientOptions(api_endpoint=fake.url)
+            return bigquery.Client(project, AnonymousCredentials(), client_options=options)
+
+        monkeypatch.setattr(window, "bigquery_client", client)
+        plan, _ = plan_run(params, uri, "run-1", "d1", _no_errors)
+        assert plan.proceed
+        _finish(tmp_path, params, plan, retained=0.95, passed=True)
+        fake.rows.extend({"prompt": f"n{i}", "response": "r"} for i in range(2))
+        plan, _ = plan_run(params, uri, "run-2", "d2", _no_errors)
+        assert not plan.proceed and plan.message.startswith("skipped: nothing new (2 new records")
+        fake.rows.extend({"prompt": f"m{i}", "response": "r"} for i in range(2))
+        plan, _ = plan_run(params, uri, "run-3", "d3", _no_errors)
+        assert plan.proceed

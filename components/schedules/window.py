@@ -5,8 +5,10 @@ The window is listed with each file's size and version (object generation on gs:
 locally: trainer/storage.py `file_versions`). A file the last successful run read with the same
 size and version holds nothing new; the records of any other file are counted (JSONL and CSV by
 lines, Parquet from its footer, JSON arrays parsed), less those the earlier version of that file
-held when it grew by appending. hf:// and bq:// windows are not listed (their commit and
-snapshot are recorded by preprocessing): such runs always proceed.
+held when it grew by appending. A bq:// window is its table's row count and last
+modification (table metadata): its new records are the count's growth since the last
+successful run. hf:// windows are not compared (their commit is recorded by preprocessing):
+such runs always proceed.
 """
 
 from __future__ import annotations
@@ -20,16 +22,39 @@ from trainer import storage
 
 
 def listable(uri: str) -> bool:
-    return bool(uri) and not uri.startswith(("hf://", "bq://"))
+    return bool(uri) and not uri.startswith("hf://")
 
 
 def list_window(uri: str) -> dict[str, dict[str, Any]]:
-    """{path: {size, version}} of every file the window's patterns match."""
+    """{path: {size, version}} of every file the window's patterns match; a bq:// table as
+    {uri: {size: rows, version: last modified, records: rows}}."""
     files: dict[str, dict[str, Any]] = {}
     for pattern in (p.strip() for p in uri.split(",")):
-        if pattern:
+        if pattern.startswith("bq://"):
+            files[pattern] = table_version(pattern)
+        elif pattern:
             files.update(storage.file_versions(pattern))
     return files
+
+
+def bigquery_client(project: str) -> Any:
+    """The BigQuery client of the window check (a function: tests point it at a fake)."""
+    from google.cloud import bigquery
+
+    return bigquery.Client(project=project)
+
+
+def table_version(uri: str) -> dict[str, Any]:
+    """A bq:// table's row count and last modification, from its metadata (no query)."""
+    from beam_preprocess.sources import parse_bigquery
+
+    table = parse_bigquery(uri)
+    found = bigquery_client(table.project).get_table(
+        f"{table.project}.{table.dataset}.{table.table}"
+    )
+    rows = int(found.num_rows or 0)
+    modified = found.modified.isoformat() if found.modified else ""
+    return {"size": rows, "version": modified, "records": rows}
 
 
 def new_records(
@@ -48,7 +73,7 @@ def new_records(
         ):
             counted[path] = {**info, "records": before.get("records")}
             continue
-        records = count_records(path)
+        records = info["records"] if "records" in info else count_records(path)
         counted[path] = {**info, "records": records}
         grown = before and before.get("records") is not None and info["size"] > before["size"]
         total += max(0, records - before["records"]) if grown else records
