@@ -53,7 +53,9 @@ def plan_run(
         return RunPlan("", False, "", fraction, tuple(uris)), problems
     mix = format_mix([_named(e, window_uri) for e in entries]) if entries else ""
     proceed, message, counted, new = True, "", {}, None
-    if root and window.listable(window_uri):
+    # The window is listed and its changed files counted only when the check is on (counting
+    # reads them).
+    if root and window.listable(window_uri) and params.min_new_records > 0:
         listing = window.list_window(window_uri)
         last = state.last_successful(records)
         new, counted = window.new_records(listing, last.get("window", {}) if last else {})
