@@ -143,16 +143,21 @@ def run(request: EvaluateRequest) -> tuple[bool]:
         if request.schedule_record:
             from components.schedules.finish import add_to_report, finish_run, report_section
 
-            controller_state = finish_run(
-                request.schedule_record,
-                request.params,
-                metrics=result.metrics,
-                passed=result.passed,
-                checks=result.decision.checks,
-                dataset_uri=storage.normalize(request.dataset.uri),
-                run_dir=run_dir,
-            )
-            add_to_report(result.report_path, report_section(controller_state))
+            try:
+                controller_state = finish_run(
+                    request.schedule_record,
+                    request.params,
+                    metrics=result.metrics,
+                    passed=result.passed,
+                    checks=result.decision.checks,
+                    dataset_uri=storage.normalize(request.dataset.uri),
+                    run_dir=run_dir,
+                )
+                add_to_report(result.report_path, report_section(controller_state))
+            except OSError as exc:  # the verdict stands; the schedule's record is what is lost
+                log.warning(
+                    "could not update the schedule's record %s: %s", request.schedule_record, exc
+                )
         shutil.copyfile(result.report_path, request.report.path)
         finish_evaluate(  # inside: the report and metrics.json are logged from `out`
             tracked,
