@@ -422,9 +422,9 @@ class DeduplicateAndPack(beam.PTransform):
         tail = DeduplicateAndPackFn.TAIL
         fn = DeduplicateAndPackFn(self.seq_len, self.pad_id, self.max_open_rows, self.mix)
         side = {"plan": pvalue.AsSingleton(self.plan)} if self.plan is not None else {}
-        tags = (STATS, tail, OUTCOME, EVAL_RECORDS, RETOKENIZED)
+        tags = [STATS, tail, OUTCOME, EVAL_RECORDS, RETOKENIZED]
         if self.plan is not None:
-            tags += (MIX,)
+            tags.append(MIX)
         first = (
             documents
             | "GroupByBucket" >> beam.GroupByKey()

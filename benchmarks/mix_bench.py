@@ -36,9 +36,11 @@ TARGET = 0.9
 def write_jsonl(path: Path, records: int, seed: int) -> None:
     from pipelines.quickstart.sample_data import generate_records
 
+    pool = list(generate_records(min(records, DEMO_RECORDS), seed=seed))
     with path.open("w") as f:
-        for i, record in enumerate(generate_records(records, seed=seed)):
-            record["prompt"] = f"[{seed}:{i}] {record['prompt']}"  # no cross-file duplicates
+        for i in range(records):
+            record = dict(pool[i % len(pool)])
+            record["prompt"] = f"[{seed}:{i}] {record['prompt']}"  # unique, across files too
             f.write(json.dumps(record) + "\n")
 
 

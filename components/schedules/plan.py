@@ -52,7 +52,8 @@ def plan_run(
     if problems:
         return RunPlan("", False, "", fraction, tuple(uris)), problems
     mix = format_mix([_named(e, window_uri) for e in entries]) if entries else ""
-    proceed, message, counted, new = True, "", {}, None
+    proceed, message, new = True, "", None
+    counted: dict[str, dict[str, Any]] = {}
     # The window is listed and its changed files counted only when the check is on (counting
     # reads them).
     if root and window.listable(window_uri) and params.min_new_records > 0:

@@ -75,8 +75,8 @@ def new_records(
             continue
         records = info["records"] if "records" in info else count_records(path)
         counted[path] = {**info, "records": records}
-        grown = before and before.get("records") is not None and info["size"] > before["size"]
-        total += max(0, records - before["records"]) if grown else records
+        earlier = before.get("records") if before and info["size"] > before["size"] else None
+        total += max(0, records - earlier) if earlier is not None else records
     return total, counted
 
 
