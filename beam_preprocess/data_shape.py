@@ -86,6 +86,14 @@ class DataShape:
         "(read at the run's snapshot time, recorded in the manifest); empty reads every row.",
     )
 
+    train_data_mix: str = setting(
+        "",
+        "A weighted mix of training sources, sampled by tokens: SOURCE=WEIGHT,... (e.g. "
+        '"train=0.7,gs://b/general/*.jsonl=0.3") or a JSON list of {uri, weight}; "train" is '
+        "train_data_uri, which gets the weight the others leave to 1 when unnamed; empty: "
+        "train_data_uri alone (docs/preprocess.md, Weighted mixes).",
+    )
+
 
 SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(DataShape))
 """The data settings by name, in order."""

@@ -298,6 +298,7 @@ class PreprocessConfig(DataShape):
         if problem := template_error(o.chat_template):
             errors.append(f"--chat-template: {problem}")
         errors += source_errors(inputs, o.bigquery_query)
+        errors += _mix_errors(o)
         if o.max_chars and o.max_chars < o.min_chars:
             errors.append(f"--max-chars ({o.max_chars}) is below --min-chars ({o.min_chars})")
         if errors:
@@ -346,6 +347,17 @@ class PreprocessConfig(DataShape):
             system=self.system_field,
             tool_turns=self.tool_turns,
         )
+
+
+def _mix_errors(o: Any) -> list[str]:
+    """`--train-data-mix`: its form and weights (beam_preprocess.mix), its sources' URIs."""
+    from beam_preprocess.mix import TRAIN, resolve_mix
+
+    entries, problems = resolve_mix(o.train_data_mix, TRAIN)
+    if entries and o.data_kind == PREFERENCE_KIND:
+        problems.append("--train-data-mix: preference pairs cannot be mixed yet")
+    others = [p for e in entries if e.uri != TRAIN for p in e.uri.split(",") if p.strip()]
+    return problems + source_errors(tuple(others))
 
 
 def _preference_errors(o: Any) -> list[str]:

@@ -35,6 +35,16 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_preprocess.arg_checks import flag_given, match_inputs, reject_unknown_flags
+from beam_preprocess.mix import MixSources
+from beam_preprocess.mix_steps import (
+    MIX,
+    MIX_TOKENS,
+    PlanMix,
+    letter_events,
+    match_mix,
+    mix_entries,
+    plan_event,
+)
 from beam_preprocess.options import PreprocessConfig, local_workers
 from beam_preprocess.output_dir import (
     NOT_DATASET,
@@ -53,6 +63,7 @@ from beam_preprocess.records import (
     FILTERED,
     OUTCOME,
     READ,
+    READ_FILES,
     RETOKENIZED,
     STATS,
     UNUSED_FIELDS,
@@ -96,6 +107,7 @@ def build_pipeline(
     tokenizer_spec: TokenizerSpec | None = None,
     spill_dir: str | None = None,
     bigquery: Sequence[tuple[str, str]] = (),
+    mix: MixSources | None = None,
 ) -> str:
     """Add the whole preprocessing graph to `pipeline` (nothing runs until pipeline.run()); returns
     the directory of the run's uncommitted files (the final commit step deletes it).
@@ -103,11 +115,12 @@ def build_pipeline(
     Pass `tokenizer_spec` when the full tokenizer is at hand (see TokenizerSpec): the workers then
     start without importing transformers. `spill_dir` (local runs) keeps the shuffle on disk.
     `bigquery` lists the bq:// inputs with their snapshot times (`resolve_sources`); the file
-    patterns of `config.inputs` are read by ReadRecords.
+    patterns of `config.inputs` are read by ReadRecords. `mix` (`mix_sources`) samples the
+    sources of a weighted mix (beam_preprocess.mix) and counts each one.
     """
     out = config.output
     temp = temp_dir_for(out)
-    read = _read(pipeline, config, bigquery)
+    read = _read(pipeline, config, bigquery, mix)
     examples = read["records"] | "Prepare" >> Prepare(config)
     pairs = config.data_kind == PREFERENCE_KIND
     prompts = config.data_kind == PROMPTS_KIND
@@ -121,8 +134,9 @@ def build_pipeline(
         packed = tokens.prompts | "DeduplicateAndWritePrompts" >> DeduplicateAndWritePrompts()
         stages = ((TABLES, ""),)
     else:
-        tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir)
-        packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows)
+        tokens = examples.examples | "Tokenize" >> Tokenize(config, tokenizer_spec, spill_dir, mix)
+        plan = tokens[MIX_TOKENS] | "PlanMix" >> PlanMix(mix) if mix is not None else None
+        packer = DeduplicateAndPack(config.seq_len, pad_id, config.max_open_rows, mix, plan)
         packed = tokens.documents | "DeduplicateAndPack" >> packer
         stages = ((TABLES, ""), (TAIL_TABLES, "-tail"))
     schema = table_schema(config.data_kind)
@@ -171,15 +185,40 @@ def build_pipeline(
     for step, results in (("Read", read), ("Prepare", examples), ("Tokenize", tokens)):
         events.append(results[OUTCOME] | f"TagOutcomesOf{step}" >> tagged(OUTCOME))
     events.append(packed[OUTCOME] | "TagOutcomesOfPack" >> tagged(OUTCOME))
-    _ = events | "AllEvents" >> beam.Flatten() | "Stats" >> WriteStats(f"{out}/{STATS_FILE}")
+    if mix is not None and plan is not None:
+        events += _mix_events(mix, plan, read, packed, letters)
+    stats = WriteStats(f"{out}/{STATS_FILE}", mix)
+    _ = events | "AllEvents" >> beam.Flatten() | "Stats" >> stats
     return temp
 
 
+def _mix_events(
+    mix: MixSources, plan: Any, read: Any, packed: Any, letters: Sequence[tuple[str, Any, str]]
+) -> list[Any]:
+    """A mix's stats events: records read per file, the plan, the packing step's per-source
+    counts and each dead letter's source (beam_preprocess.mix_steps)."""
+    events = [
+        read[READ_FILES] | "TagReadFiles" >> tagged(READ_FILES),
+        plan | "TagMixPlan" >> beam.Map(plan_event),
+        packed[MIX] | "TagMix" >> tagged(MIX),
+    ]
+    kinds = {DEAD: "rejected", FILTERED: "filtered"}
+    for step, results, kind in letters:
+        if kind in kinds:
+            label = f"Mix{kind.title()}Of{step}"
+            events.append(results[kind] | label >> letter_events(mix, kinds[kind]))
+    return events
+
+
 def _read(
-    pipeline: beam.Pipeline, config: PreprocessConfig, bigquery: Sequence[tuple[str, str]]
+    pipeline: beam.Pipeline,
+    config: PreprocessConfig,
+    bigquery: Sequence[tuple[str, str]],
+    mix: MixSources | None = None,
 ) -> Any:
-    """Every input's records and tagged outputs (DEAD, READ, OUTCOME): ReadRecords' own when
-    only files are read, else each output flattened over the sources."""
+    """Every input's records and tagged outputs (DEAD, READ, OUTCOME, and READ_FILES: (file or
+    table, records)): ReadRecords' own when only files are read, else each output flattened
+    over the sources."""
     files = [p for p in config.inputs if is_file_pattern(p)]
     reads = []
     if files or not bigquery:
@@ -188,12 +227,17 @@ def _read(
         from beam_preprocess.bigquery_source import ReadBigQueryRecords
 
         transform = ReadBigQueryRecords(uri, snapshot, config.bigquery_query)
-        reads.append(pipeline | f"ReadBigQuery{i}" >> transform)
-    if len(reads) == 1:
+        table = pipeline | f"ReadBigQuery{i}" >> transform
+        prefix = f"{uri}@{snapshot}#"
+        counted = table[READ] | f"ReadBigQuery{i}Counts" >> beam.Map(lambda n, p=prefix: (p, n))
+        reads.append(
+            {**{tag: table[tag] for tag in ("records", DEAD, READ, OUTCOME)}, READ_FILES: counted}
+        )
+    if len(reads) == 1 and mix is None:
         return reads[0]
     return {
-        tag: [r[tag] for r in reads] | f"AllRead{tag.title()}" >> beam.Flatten()
-        for tag in ("records", DEAD, READ, OUTCOME)
+        tag: [r[tag] for r in reads] | f"AllRead{tag.title().replace('_', '')}" >> beam.Flatten()
+        for tag in ("records", DEAD, READ, OUTCOME, READ_FILES)
     }
 
 
@@ -291,10 +335,17 @@ def launch(argv: list[str]) -> LaunchedRun:
 
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
+    entries, patterns = mix_entries(config.train_data_mix, config.inputs)
+    train_inputs = config.inputs
+    if entries:  # a weighted mix reads every source's patterns (beam_preprocess.mix)
+        config = replace(config, inputs=tuple(patterns))
     config, sources, bigquery = resolve_sources(config)
     problems = match_inputs(config.inputs, config.input_format)[1] if config.inputs else []
     if problems:
         raise ValueError(problems[0])
+    mix = None
+    if entries:
+        mix = match_mix(entries, train_inputs, sources, bigquery, config.split_seed)
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
     if config.data_kind in ("instruction", PREFERENCE_KIND, PROMPTS_KIND):
         ChatRenderer(tokenizer, fast_path=False)  # fails early without a chat template
@@ -308,7 +359,7 @@ def launch(argv: list[str]) -> LaunchedRun:
     held = contextlib.ExitStack()  # one run at a time into a local output, until `finish`
     held.enter_context(exclusive_output(config.output, "llmft preprocess"))
     with _released_on_error(held), storage.disk_errors_named(config.output):
-        result = _start(options, config, tokenizer, runner, bigquery)
+        result = _start(options, config, tokenizer, runner, bigquery, mix)
     return LaunchedRun(result, config, identity, runner, sources, held)
 
 
@@ -327,6 +378,7 @@ def _start(
     tokenizer: Any,
     runner: str,
     bigquery: Sequence[tuple[str, str]],
+    mix: MixSources | None = None,
 ) -> Any:
     """Prepare the output and run (local) or submit (remote) the pipeline; its result."""
     from beam_preprocess.tokenize import TokenizerSpec, pad_id_of
@@ -340,7 +392,8 @@ def _start(
     # Local runs shuffle through files (beam_preprocess.spill), remote ones through the service.
     local = runner == "FnApiRunner"
     with local_spill_dir(config.output) if local else nullcontext() as spill_dir:
-        temp = build_pipeline(pipeline, config, pad_id_of(tokenizer), spec, spill_dir, bigquery)
+        pad_id = pad_id_of(tokenizer)
+        temp = build_pipeline(pipeline, config, pad_id, spec, spill_dir, bigquery, mix)
         with _heap_frozen(), _temp_removed_on_failure(temp if local else None):
             return pipeline.run()  # the local runner returns when the run is over
 

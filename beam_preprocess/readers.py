@@ -37,7 +37,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_preprocess.parsers import PARSERS, Parsed, parse_jsonl
-from beam_preprocess.records import DEAD, OUTCOME, READ, dead_letter, outcome
+from beam_preprocess.records import DEAD, OUTCOME, READ, READ_FILES, dead_letter, outcome
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,7 @@ class ReadFileRecords(beam.DoFn):
                 yield pvalue.TaggedOutput(OUTCOME, outcome("rejected", reason))
         self.read_counter.inc(count)
         yield pvalue.TaggedOutput(READ, count)
+        yield pvalue.TaggedOutput(READ_FILES, (path, count))
 
     def _parse(self, path: str, start: int, end: int, first_line: int) -> Iterator[Parsed]:
         if start == 0 and end == WHOLE_FILE:
@@ -242,7 +243,8 @@ class _RawReader(io.RawIOBase):
 
 
 class ReadRecords(beam.PTransform):
-    """File patterns (local, globs, gs://) -> records; tagged outputs DEAD, READ and OUTCOME."""
+    """File patterns (local, globs, gs://) -> records; tagged outputs DEAD, READ, READ_FILES
+    and OUTCOME."""
 
     def __init__(
         self, patterns: list[str], input_format: str = "auto", split_bytes: int = SPLIT_BYTES
@@ -262,6 +264,6 @@ class ReadRecords(beam.PTransform):
             | "SpreadRanges" >> beam.Reshuffle()
             | "Parse"
             >> beam.ParDo(ReadFileRecords(self.input_format)).with_outputs(
-                DEAD, READ, OUTCOME, main="records"
+                DEAD, READ, OUTCOME, READ_FILES, main="records"
             )
         )

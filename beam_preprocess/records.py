@@ -26,6 +26,8 @@ FILTERED = "filtered"
 """Tag: valid records removed by a policy (too long, too short) (filtered/)."""
 READ = "read"
 """Tag: number of records read per file."""
+READ_FILES = "read_files"
+"""Tag: (path, records read) per file range (a weighted mix's records read per source)."""
 OUTCOME = "outcome"
 """Tag: (event, count) of what became of input records: "kept", "duplicate", "rejected/<reason>",
 "filtered/<reason>" (counted per batch where a step decides on many at once)."""

@@ -20,7 +20,9 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_preprocess.records import OUTCOME, READ, RETOKENIZED, STATS, UNUSED_FIELDS
+from beam_preprocess.mix import MixSources, mix_stats
+from beam_preprocess.mix_steps import MIX, MIX_PLAN
+from beam_preprocess.records import OUTCOME, READ, READ_FILES, RETOKENIZED, STATS, UNUSED_FIELDS
 
 RETOKENIZED_SOURCES = 20
 """Sources (path:line) of re-encoded documents listed in the stats, the first in sort order."""
@@ -28,7 +30,11 @@ SPLIT_FIELDS = ("rows", "documents", "tokens", "target_tokens")
 
 
 class RunStats(beam.CombineFn):
-    """(tag, value) events -> the accumulated counts (a small dict) of the whole run."""
+    """(tag, value) events -> the accumulated counts (a small dict) of the whole run; with a
+    weighted mix (`mix`) also per source (beam_preprocess.mix_steps: MIX, MIX_PLAN, READ_FILES)."""
+
+    def __init__(self, mix: MixSources | None = None) -> None:
+        self.mix = mix
 
     def create_accumulator(self) -> dict[str, Any]:
         return {
@@ -38,6 +44,8 @@ class RunStats(beam.CombineFn):
             "retokenized": 0,
             "sources": [],
             "unused": {},
+            "mix": {},
+            "mix_plan": None,
         }
 
     def add_input(self, acc: dict[str, Any], event: tuple[str, Any]) -> dict[str, Any]:
@@ -53,6 +61,15 @@ class RunStats(beam.CombineFn):
             _add_retokenized(acc, 1, [value])
         elif tag == UNUSED_FIELDS:
             _add_counts(acc["unused"], dict(value))
+        elif tag == READ_FILES:
+            if self.mix is not None:
+                path, count = value
+                _add_mix(acc, {self.mix.index_of(path): {"records_read": count}})
+        elif tag == MIX:
+            index, counts = value
+            _add_mix(acc, {index: counts})
+        elif tag == MIX_PLAN:
+            acc["mix_plan"] = value
         else:
             raise AssertionError(f"unknown stats event {tag!r}")
         return acc
@@ -65,6 +82,8 @@ class RunStats(beam.CombineFn):
             _add_splits(merged, acc["splits"])
             _add_retokenized(merged, acc["retokenized"], acc["sources"])
             _add_counts(merged["unused"], acc["unused"])
+            _add_mix(merged, acc["mix"])
+            merged["mix_plan"] = merged["mix_plan"] or acc["mix_plan"]
         return merged
 
     def extract_output(self, acc: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +95,24 @@ class RunStats(beam.CombineFn):
             name: dict(zip(SPLIT_FIELDS, values, strict=True))
             for name, values in sorted(acc["splits"].items())
         }
+        if self.mix is not None:
+            stats["mix"] = _mix_output(self.mix, acc)
         return stats
+
+
+def _add_mix(acc: dict[str, Any], counts: dict[int, dict[str, int]]) -> None:
+    for index, values in counts.items():
+        _add_counts(acc["mix"].setdefault(index, {}), values)
+
+
+def _mix_output(mix: MixSources, acc: dict[str, Any]) -> dict[str, Any]:
+    """stats.json's `mix`: per source label, its counts (beam_preprocess.mix.mix_stats)."""
+    counts = acc["mix"]
+    plan = acc["mix_plan"] or {"sources": [{} for _ in mix.labels], "warnings": []}
+    read = {i: c.get("records_read", 0) for i, c in counts.items()}
+    packed = {i: {**counts.get(i, {}), **plan["sources"][i]} for i in range(len(mix.labels))}
+    sources = mix_stats(mix, read, counts, packed)
+    return {"sources": sources, "warnings": plan["warnings"], "seed": mix.seed}
 
 
 def _add_outcomes(acc: dict[str, Any], outcomes: dict[str, int]) -> None:
@@ -107,15 +143,16 @@ def tagged(tag: str) -> beam.PTransform:
 class WriteStats(beam.PTransform):
     """Tagged events -> `path` (stats.json), once every event is in."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, mix: MixSources | None = None) -> None:
         super().__init__()
         self.path = path
+        self.mix = mix
 
     def expand(self, events: beam.PCollection) -> beam.PCollection:
         path = self.path
         return (
             events
-            | "Combine" >> beam.CombineGlobally(RunStats())
+            | "Combine" >> beam.CombineGlobally(RunStats(self.mix))
             | "Write" >> beam.Map(lambda stats: write_json(path, stats))
         )
 

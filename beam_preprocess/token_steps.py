@@ -33,6 +33,8 @@ from beam_preprocess.columns import (
     hashes_and_sources,
     tokenized_examples,
 )
+from beam_preprocess.mix import NOT_SAMPLED, MixPlan, MixSources, draw
+from beam_preprocess.mix_steps import MIX, MIX_TOKENS, TokenHistogram
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.packing import (
     Document,
@@ -76,11 +78,16 @@ class TokenizeFn(beam.DoFn):
     worker."""
 
     def __init__(
-        self, config: PreprocessConfig, spec: TokenizerSpec | None, spill_dir: str | None
+        self,
+        config: PreprocessConfig,
+        spec: TokenizerSpec | None,
+        spill_dir: str | None,
+        mix: MixSources | None = None,
     ) -> None:
         self.config = config
         self.spec = spec
         self.spill_dir = spill_dir
+        self.mix = mix
 
     def setup(self) -> None:
         from beam_preprocess.tokenize import (
@@ -119,6 +126,7 @@ class TokenizeFn(beam.DoFn):
         self.batch: list[dict[str, Any]] = []
         self.pending: deque[tuple[list[dict[str, Any]], PendingBatch]] = deque()
         self.spill = SpillWriter(self.spill_dir) if self.spill_dir else None
+        self.histogram = TokenHistogram(self.mix) if self.mix is not None else None
 
     def process(self, example: dict[str, Any]) -> Iterable[Any]:
         # Not a generator: most calls only buffer, and a generator per record costs measurably.
@@ -136,6 +144,9 @@ class TokenizeFn(beam.DoFn):
         if self.spill is not None:
             for spilled in self.spill.close():
                 yield GlobalWindows.windowed_value(spilled)
+        if self.histogram is not None:  # the mix's token counts (beam_preprocess.mix_steps)
+            for value in self.histogram.take():
+                yield pvalue.TaggedOutput(MIX_TOKENS, GlobalWindows.windowed_value(value))
 
     def _rotate(self, keep: int) -> Iterator[Any]:
         """Start tokenizing the buffered batch, then finish the oldest batches until `keep` are
@@ -162,6 +173,9 @@ class TokenizeFn(beam.DoFn):
             if result.truncated:
                 self.truncated.inc()
             split = example["split"]
+            if self.histogram is not None and split == "train":
+                tokens = sum(len(ids) for ids, _ in result.docs)
+                self.histogram.add(example["source"], example["hash"], tokens)
             key = (bucket_of(example["hash"], buckets), split)
             if key not in columns:
                 columns[key] = ColumnsBuilder(split)
@@ -190,17 +204,18 @@ class Tokenize(beam.PTransform):
         config: PreprocessConfig,
         spec: TokenizerSpec | None = None,
         spill_dir: str | None = None,
+        mix: MixSources | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.spec = spec
         self.spill_dir = spill_dir
+        self.mix = mix
 
     def expand(self, examples: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        encode = TokenizeFn(self.config, self.spec, self.spill_dir)
-        return examples | "Encode" >> beam.ParDo(encode).with_outputs(
-            DEAD, FILTERED, OUTCOME, main="documents"
-        )
+        encode = TokenizeFn(self.config, self.spec, self.spill_dir, self.mix)
+        tags = (DEAD, FILTERED, OUTCOME) + ((MIX_TOKENS,) if self.mix is not None else ())
+        return examples | "Encode" >> beam.ParDo(encode).with_outputs(*tags, main="documents")
 
 
 # ------------------------------------------------------------------------------------------- pack
@@ -258,13 +273,19 @@ class DeduplicateAndPackFn(beam.DoFn):
 
     TAIL = "tail"
 
-    def __init__(self, seq_len: int, pad_id: int, max_open_rows: int) -> None:
+    def __init__(
+        self, seq_len: int, pad_id: int, max_open_rows: int, mix: MixSources | None = None
+    ) -> None:
         self.seq_len, self.pad_id, self.max_open_rows = seq_len, pad_id, max_open_rows
+        self.mix = mix
 
     def process(
-        self, element: tuple[int, Iterable[TokenizedColumns | SpilledColumns]]
+        self,
+        element: tuple[int, Iterable[TokenizedColumns | SpilledColumns]],
+        plan: MixPlan | None = None,
     ) -> Iterator[Any]:
         batches = BucketColumns(element[1])
+        sampler = _MixSampler(self.mix, plan) if self.mix is not None and plan else None
         # Two passes over the bucket (grouped values and spilled files can be read again): the
         # first finds the lowest source of each content, the second packs exactly that copy.
         first: dict[str, tuple[tuple[str, int], str]] = {}  # hash -> (order, source) kept
@@ -281,8 +302,13 @@ class DeduplicateAndPackFn(beam.DoFn):
                 kept_copy = first.get(content)
                 if kept_copy is None or kept_copy[1] != source:
                     duplicates += 1
+                    if sampler is not None:
+                        sampler.duplicate(source)
                     continue
                 del first[content]  # the same source listed twice keeps one copy too
+                passes = 1 if sampler is None else sampler.passes(content, source, split, docs)
+                if not passes:
+                    continue
                 kept += 1
                 if split not in packers:
                     window = self.max_open_rows * self.seq_len
@@ -291,8 +317,9 @@ class DeduplicateAndPackFn(beam.DoFn):
                         _RowEmitter(split, self.seq_len, self.pad_id),
                     )
                 packer, out = packers[split]
-                for doc in docs:
-                    yield from out.add(packer.add(doc))
+                for _ in range(passes):  # a mix's source short of its share is repeated
+                    for doc in docs:
+                        yield from out.add(packer.add(doc))
                 if record is not None:
                     yield pvalue.TaggedOutput(EVAL_RECORDS, record)
                 if retokenized:
@@ -310,6 +337,47 @@ class DeduplicateAndPackFn(beam.DoFn):
         if duplicates:
             _counter("duplicates").inc(duplicates)
             yield pvalue.TaggedOutput(OUTCOME, outcome("duplicate", count=duplicates))
+        if sampler is not None:
+            yield from sampler.events()
+
+
+class _MixSampler:
+    """The mix plan applied to one bucket's kept documents (beam_preprocess.mix): how many
+    times each is packed, and the bucket's per-source counts as MIX events; a document the
+    plan does not draw is filtered (reason not_sampled, counted, not written out)."""
+
+    def __init__(self, sources: MixSources, plan: MixPlan) -> None:
+        self.sources, self.plan = sources, plan
+        self.counts: dict[int, dict[str, int]] = {}
+        self.duplicate_sources: list[str] = []
+
+    def passes(self, content: str, source: str, split: str, docs: list[Document]) -> int:
+        index = self.sources.index_of(source)
+        part = self.plan.sources[index]
+        u = draw(content, self.sources.seed)
+        passes = part.train_passes(u) if split == "train" else int(part.eval_kept(u))
+        counts = self.counts.setdefault(index, {})
+        if not passes:
+            counts[NOT_SAMPLED] = counts.get(NOT_SAMPLED, 0) + 1
+            return 0
+        counts["kept"] = counts.get("kept", 0) + 1
+        tokens = sum(len(ids) for ids, _ in docs) * passes
+        key = f"{split}_tokens"
+        counts[key] = counts.get(key, 0) + tokens
+        return passes
+
+    def duplicate(self, source: str) -> None:
+        index = self.sources.index_of(source)
+        counts = self.counts.setdefault(index, {})
+        counts["duplicates"] = counts.get("duplicates", 0) + 1
+
+    def events(self) -> Iterator[Any]:
+        unsampled = sum(c.get(NOT_SAMPLED, 0) for c in self.counts.values())
+        if unsampled:
+            _counter(f"filtered_{NOT_SAMPLED}").inc(unsampled)
+            yield pvalue.TaggedOutput(OUTCOME, outcome("filtered", NOT_SAMPLED, unsampled))
+        for index, counts in sorted(self.counts.items()):
+            yield pvalue.TaggedOutput(MIX, (index, counts))
 
 
 class PackLeftoversFn(beam.DoFn):
@@ -338,19 +406,29 @@ class DeduplicateAndPack(beam.PTransform):
     fused stage); tagged STATS, OUTCOME ("kept", "duplicate"), EVAL_RECORDS and RETOKENIZED (of
     kept copies)."""
 
-    def __init__(self, seq_len: int, pad_id: int, max_open_rows: int) -> None:
+    def __init__(
+        self,
+        seq_len: int,
+        pad_id: int,
+        max_open_rows: int,
+        mix: MixSources | None = None,
+        plan: pvalue.PCollection | None = None,
+    ) -> None:
         super().__init__()
         self.seq_len, self.pad_id, self.max_open_rows = seq_len, pad_id, max_open_rows
+        self.mix, self.plan = mix, plan
 
     def expand(self, documents: pvalue.PCollection) -> dict[str, pvalue.PCollection]:
         tail = DeduplicateAndPackFn.TAIL
+        fn = DeduplicateAndPackFn(self.seq_len, self.pad_id, self.max_open_rows, self.mix)
+        side = {"plan": pvalue.AsSingleton(self.plan)} if self.plan is not None else {}
+        tags = [STATS, tail, OUTCOME, EVAL_RECORDS, RETOKENIZED]
+        if self.plan is not None:
+            tags.append(MIX)
         first = (
             documents
             | "GroupByBucket" >> beam.GroupByKey()
-            | "DropDuplicatesAndFill"
-            >> beam.ParDo(
-                DeduplicateAndPackFn(self.seq_len, self.pad_id, self.max_open_rows)
-            ).with_outputs(STATS, tail, OUTCOME, EVAL_RECORDS, RETOKENIZED, main="tables")
+            | "DropDuplicatesAndFill" >> beam.ParDo(fn, **side).with_outputs(*tags, main="tables")
         )
         second = (
             first[tail]
@@ -360,7 +438,7 @@ class DeduplicateAndPack(beam.PTransform):
                 STATS, main="tables"
             )
         )
-        return {
+        outputs = {
             TABLES: first.tables,
             TAIL_TABLES: second.tables,
             STATS: (first[STATS], second[STATS]) | "AllStats" >> beam.Flatten(),
@@ -368,3 +446,6 @@ class DeduplicateAndPack(beam.PTransform):
             EVAL_RECORDS: first[EVAL_RECORDS],
             RETOKENIZED: first[RETOKENIZED],
         }
+        if self.plan is not None:
+            outputs[MIX] = first[MIX]
+        return outputs

@@ -23,27 +23,29 @@ __all__ = ["HTML", "Dataset", "Input", "Markdown", "Metrics", "Model", "NamedTup
 def validate_inputs(
     data_kind: str, record_format: str, prompt_field: str, response_field: str, messages_field: str,
     text_field: str, system_field: str, tool_turns: str, chat_template: str, bigquery_query: str,
-    eval_accelerator_type: str, eval_accelerator_count: int, max_eval_examples: int,
-    min_loss_improvement: float, min_exact_match: float, min_reward_gain: float,
-    min_general_retained: float, champion_model: str, eval_tasks: str, eval_num_fewshot: int,
-    eval_limit: int, max_task_regression: float, judge_metric: str, judge_min_win_rate: float,
-    register_model: bool, registered_model: str, serving_image: str, serving_preset: str,
-    lora_serving: str, deploy_endpoint: str, deploy_machine_type: str, deploy_accelerator_type: str,
-    deploy_accelerator_count: int, deploy_spot: bool, deploy_traffic_percent: int,
-    train_data_uri: str, base_model: str, backend: str, seq_len: int, eval_fraction: float,
-    preprocess_runner: str, dataflow_options: dict, dataflow_service_account: str, nodes: int,
-    nproc_per_node: int, rdzv_backend: str, max_steps: int, learning_rate: float,
-    trainer_overrides: dict, quantize_base: str, objective: str, rewards: str, reward_module: str,
-    project: str, region: str, work_uri: str, namespace: str, gke_cluster: str, gke_job_api: str,
-    kueue_queue: str, gpudirect: bool, machine_type: str, accelerator_type: str,
-    accelerator_count: int, service_account: str, hf_token_secret: str, tensorboard: str,
-    experiment: str, encryption_key: str, tracking_uri: str, tracking_token_secret: str,
-    train_timeout_s: int, capacity: str, max_cost_usd: float, max_wait_minutes: int,
-    reservation: str, gpu_hour_price_usd: float, model_parameters: int,
+    train_data_mix: str, eval_accelerator_type: str, eval_accelerator_count: int,
+    max_eval_examples: int, min_loss_improvement: float, min_exact_match: float,
+    min_reward_gain: float, min_general_retained: float, champion_model: str, eval_tasks: str,
+    eval_num_fewshot: int, eval_limit: int, max_task_regression: float, judge_metric: str,
+    judge_min_win_rate: float, register_model: bool, registered_model: str, serving_image: str,
+    serving_preset: str, lora_serving: str, deploy_endpoint: str, deploy_machine_type: str,
+    deploy_accelerator_type: str, deploy_accelerator_count: int, deploy_spot: bool,
+    deploy_traffic_percent: int, train_data_uri: str, base_model: str, backend: str, seq_len: int,
+    eval_fraction: float, preprocess_runner: str, dataflow_options: dict,
+    dataflow_service_account: str, replay_fraction: float, replay_source: str,
+    retention_target: float, min_new_records: int, nodes: int, nproc_per_node: int,
+    rdzv_backend: str, max_steps: int, learning_rate: float, trainer_overrides: dict,
+    quantize_base: str, objective: str, rewards: str, reward_module: str, project: str, region: str,
+    work_uri: str, namespace: str, gke_cluster: str, gke_job_api: str, kueue_queue: str,
+    gpudirect: bool, machine_type: str, accelerator_type: str, accelerator_count: int,
+    service_account: str, hf_token_secret: str, tensorboard: str, experiment: str,
+    encryption_key: str, tracking_uri: str, tracking_token_secret: str, train_timeout_s: int,
+    capacity: str, max_cost_usd: float, max_wait_minutes: int, reservation: str,
+    gpu_hour_price_usd: float, model_parameters: int,
     target: str,
     run_id: str,
     schedule_time: str,
-) -> NamedTuple("Outputs", [("base_model", str), ("train_data_uri", str), ("champion_model", str), ("budget_timeout_s", int), ("cost_estimate", dict)]):  # type: ignore[valid-type]
+) -> NamedTuple("Outputs", [("base_model", str), ("train_data_uri", str), ("champion_model", str), ("budget_timeout_s", int), ("cost_estimate", dict), ("train_data_mix", str), ("proceed", bool), ("schedule_record", str)]):  # type: ignore[valid-type]
     """Check every run parameter before anything costly starts; resolve what a run reads;
     estimate the run's cost and refuse it over max_cost_usd.
 
@@ -53,6 +55,9 @@ def validate_inputs(
         champion_model: the model to beat besides the base ("" for none).
         budget_timeout_s: the training job's timeout that keeps it within max_cost_usd (0: none).
         cost_estimate: expected GPU-hours, wall hours and USD per pipeline step.
+        train_data_mix: the mix preprocessing reads, replay included (JSON; "" for the window alone).
+        proceed: False when the run ends here ("skipped: nothing new", min_new_records).
+        schedule_record: the run's record under work_uri ("" without one), completed by evaluate.
     """
     from components.params.step_params import for_step
     from components.steps.validate import ValidateRequest, run
@@ -62,12 +67,13 @@ def validate_inputs(
         data_kind=data_kind, record_format=record_format, prompt_field=prompt_field,
         response_field=response_field, messages_field=messages_field, text_field=text_field,
         system_field=system_field, tool_turns=tool_turns, chat_template=chat_template,
-        bigquery_query=bigquery_query, eval_accelerator_type=eval_accelerator_type,
-        eval_accelerator_count=eval_accelerator_count, max_eval_examples=max_eval_examples,
-        min_loss_improvement=min_loss_improvement, min_exact_match=min_exact_match,
-        min_reward_gain=min_reward_gain, min_general_retained=min_general_retained,
-        champion_model=champion_model, eval_tasks=eval_tasks, eval_num_fewshot=eval_num_fewshot,
-        eval_limit=eval_limit, max_task_regression=max_task_regression, judge_metric=judge_metric,
+        bigquery_query=bigquery_query, train_data_mix=train_data_mix,
+        eval_accelerator_type=eval_accelerator_type, eval_accelerator_count=eval_accelerator_count,
+        max_eval_examples=max_eval_examples, min_loss_improvement=min_loss_improvement,
+        min_exact_match=min_exact_match, min_reward_gain=min_reward_gain,
+        min_general_retained=min_general_retained, champion_model=champion_model,
+        eval_tasks=eval_tasks, eval_num_fewshot=eval_num_fewshot, eval_limit=eval_limit,
+        max_task_regression=max_task_regression, judge_metric=judge_metric,
         judge_min_win_rate=judge_min_win_rate, register_model=register_model,
         registered_model=registered_model, serving_image=serving_image,
         serving_preset=serving_preset, lora_serving=lora_serving, deploy_endpoint=deploy_endpoint,
@@ -76,12 +82,13 @@ def validate_inputs(
         deploy_traffic_percent=deploy_traffic_percent, train_data_uri=train_data_uri,
         base_model=base_model, backend=backend, seq_len=seq_len, eval_fraction=eval_fraction,
         preprocess_runner=preprocess_runner, dataflow_options=dataflow_options,
-        dataflow_service_account=dataflow_service_account, nodes=nodes,
-        nproc_per_node=nproc_per_node, rdzv_backend=rdzv_backend, max_steps=max_steps,
-        learning_rate=learning_rate, trainer_overrides=trainer_overrides,
-        quantize_base=quantize_base, objective=objective, rewards=rewards,
-        reward_module=reward_module, project=project, region=region, work_uri=work_uri,
-        namespace=namespace, gke_cluster=gke_cluster, gke_job_api=gke_job_api,
+        dataflow_service_account=dataflow_service_account, replay_fraction=replay_fraction,
+        replay_source=replay_source, retention_target=retention_target,
+        min_new_records=min_new_records, nodes=nodes, nproc_per_node=nproc_per_node,
+        rdzv_backend=rdzv_backend, max_steps=max_steps, learning_rate=learning_rate,
+        trainer_overrides=trainer_overrides, quantize_base=quantize_base, objective=objective,
+        rewards=rewards, reward_module=reward_module, project=project, region=region,
+        work_uri=work_uri, namespace=namespace, gke_cluster=gke_cluster, gke_job_api=gke_job_api,
         kueue_queue=kueue_queue, gpudirect=gpudirect, machine_type=machine_type,
         accelerator_type=accelerator_type, accelerator_count=accelerator_count,
         service_account=service_account, hf_token_secret=hf_token_secret, tensorboard=tensorboard,
@@ -102,7 +109,7 @@ def validate_inputs(
 def preprocess(
     data_kind: str, record_format: str, prompt_field: str, response_field: str, messages_field: str,
     text_field: str, system_field: str, tool_turns: str, chat_template: str, bigquery_query: str,
-    train_data_uri: str, base_model: str, seq_len: int, eval_fraction: float,
+    train_data_mix: str, train_data_uri: str, base_model: str, seq_len: int, eval_fraction: float,
     preprocess_runner: str, dataflow_options: dict, dataflow_service_account: str, project: str,
     region: str, work_uri: str, hf_token_secret: str,
     run_id: str,
@@ -128,10 +135,11 @@ def preprocess(
         data_kind=data_kind, record_format=record_format, prompt_field=prompt_field,
         response_field=response_field, messages_field=messages_field, text_field=text_field,
         system_field=system_field, tool_turns=tool_turns, chat_template=chat_template,
-        bigquery_query=bigquery_query, train_data_uri=train_data_uri, base_model=base_model,
-        seq_len=seq_len, eval_fraction=eval_fraction, preprocess_runner=preprocess_runner,
-        dataflow_options=dataflow_options, dataflow_service_account=dataflow_service_account,
-        project=project, region=region, work_uri=work_uri, hf_token_secret=hf_token_secret,
+        bigquery_query=bigquery_query, train_data_mix=train_data_mix, train_data_uri=train_data_uri,
+        base_model=base_model, seq_len=seq_len, eval_fraction=eval_fraction,
+        preprocess_runner=preprocess_runner, dataflow_options=dataflow_options,
+        dataflow_service_account=dataflow_service_account, project=project, region=region,
+        work_uri=work_uri, hf_token_secret=hf_token_secret,
     )
     return run(
         PreprocessRequest(
@@ -226,14 +234,15 @@ def evaluate(
     min_loss_improvement: float, min_exact_match: float, min_reward_gain: float,
     min_general_retained: float, champion_model: str, eval_tasks: str, eval_num_fewshot: int,
     eval_limit: int, max_task_regression: float, judge_metric: str, judge_min_win_rate: float,
-    registered_model: str, base_model: str, objective: str, rewards: str, reward_module: str,
-    project: str, region: str, hf_token_secret: str, experiment: str, tracking_uri: str,
-    tracking_token_secret: str,
+    registered_model: str, base_model: str, replay_fraction: float, retention_target: float,
+    objective: str, rewards: str, reward_module: str, project: str, region: str,
+    hf_token_secret: str, experiment: str, tracking_uri: str, tracking_token_secret: str,
     tuned_model: Input[Model],
     dataset: Input[Dataset],
     metrics: Output[Metrics],
     report: Output[HTML],
     run_id: str,
+    schedule_record: str,
 ) -> NamedTuple("Outputs", [("passed", bool)]):  # type: ignore[valid-type]
     """Evaluate the base and the tuned model on the eval split; write Metrics, an HTML report and
     the quality gate's verdict (objective=dpo: with the win rate on the held-out pairs).
@@ -253,14 +262,15 @@ def evaluate(
         eval_tasks=eval_tasks, eval_num_fewshot=eval_num_fewshot, eval_limit=eval_limit,
         max_task_regression=max_task_regression, judge_metric=judge_metric,
         judge_min_win_rate=judge_min_win_rate, registered_model=registered_model,
-        base_model=base_model, objective=objective, rewards=rewards, reward_module=reward_module,
-        project=project, region=region, hf_token_secret=hf_token_secret, experiment=experiment,
+        base_model=base_model, replay_fraction=replay_fraction, retention_target=retention_target,
+        objective=objective, rewards=rewards, reward_module=reward_module, project=project,
+        region=region, hf_token_secret=hf_token_secret, experiment=experiment,
         tracking_uri=tracking_uri, tracking_token_secret=tracking_token_secret,
     )
     return run(
         EvaluateRequest(
             params=params, tuned_model=tuned_model, dataset=dataset, metrics=metrics, report=report,
-            run_id=run_id,
+            run_id=run_id, schedule_record=schedule_record,
         )
     )
 

@@ -1,6 +1,6 @@
 """The fine-tune pipeline: one source, two compile targets.
 
-    validate_inputs -> preprocess -> etcd_up -> train -> evaluate
+    validate_inputs -> If(proceed: new data) preprocess -> etcd_up -> train -> evaluate
         -> If(passed and register): register -> If(deploy_endpoint): deploy
         (local: deploy(gate_passed), serving on this machine when deploy_endpoint is set)
     all inside dsl.ExitHandler(cleanup)
@@ -32,6 +32,7 @@ handler cannot consume the guarded tasks' outputs, so cleanup finds what the run
 Steps with side effects never use the cache.
 """
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -79,11 +80,12 @@ def build_fine_tune(target: str = "vertex", schedule_time: bool = True) -> Calla
         cleanup_task = _cleanup(p, run_id)
         with dsl.ExitHandler(cleanup_task, name="fine-tune"):
             validated = _validate(p, run_id, target, schedule_time)
-            prep = _preprocess(p, run_id, validated)
-            etcd = _etcd_up(p, run_id, prep)
-            trained = _train(p, target, run_id, validated, prep, etcd, schedule_time)
-            evaluated = _evaluate(p, target, run_id, validated, prep, trained)
-            registered = _register(p, run_id, validated, evaluated, trained, target)
+            with _unless_skipped(validated, target):
+                prep = _preprocess(p, run_id, validated)
+                etcd = _etcd_up(p, run_id, prep)
+                trained = _train(p, target, run_id, validated, prep, etcd, schedule_time)
+                evaluated = _evaluate(p, target, run_id, validated, prep, trained)
+                registered = _register(p, run_id, validated, evaluated, trained, target)
 
         tasks = [cleanup_task, validated, prep, etcd, trained, evaluated]
         for task in tasks + [t for t in registered if t is not None]:
@@ -127,8 +129,18 @@ def _validate(p: RunParams, run_id: str, target: str, schedule_time: bool) -> An
     ).set_caching_options(False)  # "latest-registered" must be looked up on every run
 
 
+def _unless_skipped(validated: Any, target: str) -> Any:
+    """The rest of the run, unless validate found the schedule's window unchanged
+    (`min_new_records`: "skipped: nothing new", no Dataflow job, no GPU). The local build
+    always proceeds: its runner counts every step (pipelines/local_progress.py)."""
+    if target == "local":
+        return contextlib.nullcontext()
+    return dsl.If(validated.outputs["proceed"] == True, name="new-data")  # noqa: E712
+
+
 def _preprocess(p: RunParams, run_id: str, validated: Any) -> Any:
-    """Beam: raw records to packed shards, in the task (DirectRunner) or on Dataflow."""
+    """Beam: raw records to packed shards, in the task (DirectRunner) or on Dataflow; the mix
+    (with replay) is validate's."""
     # No retry: Beam and Dataflow retry failed bundles themselves; what fails the step
     # (bad input, a rejected-fraction over the limit, no training rows) is permanent.
     return c.preprocess(
@@ -137,6 +149,7 @@ def _preprocess(p: RunParams, run_id: str, validated: Any) -> Any:
             "preprocess",
             train_data_uri=validated.outputs["train_data_uri"],
             base_model=validated.outputs["base_model"],
+            train_data_mix=validated.outputs["train_data_mix"],
         ),
         run_id=run_id,
     )
@@ -194,6 +207,7 @@ def _evaluate(
         tuned_model=trained.outputs["model"],
         dataset=prep.outputs["dataset"],
         run_id=run_id,
+        schedule_record=validated.outputs["schedule_record"],
     )
     if target == "vertex":
         evaluated.set_accelerator_type(p.eval_accelerator_type)

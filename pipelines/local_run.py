@@ -27,7 +27,12 @@ from typing import Any
 from components.params.param_values import params_from_mapping
 from components.params.run_checks import run_errors
 from components.params.run_params import RunParams, fields
-from components.preflight.validation import data_errors, model_errors, reward_module_errors
+from components.preflight.validation import (
+    data_errors,
+    mix_data_errors,
+    model_errors,
+    reward_module_errors,
+)
 from components.runtime.run_identity import STATE_DIR_ENV
 from components.serving.mlflow_tracking import tracking_errors
 from pipelines.local_progress import RunWatcher, follow_file, watching
@@ -89,6 +94,7 @@ def resolve_parameters(params: dict[str, Any], config_file: Path | None) -> tupl
             )
     if "train_data_uri" not in quickstart:
         errors += data_errors(resolved.train_data_uri, remote=False)
+    errors += mix_data_errors(resolved, remote=False)
     if "base_model" not in quickstart:
         errors += model_errors(resolved.base_model)
     errors += reward_module_errors(resolved.reward_module, remote=True)

@@ -83,7 +83,7 @@ def test_cleanup_is_an_uncached_exit_task_and_side_effects_are_uncached(fresh: P
     cleanup = spec["root"]["dag"]["tasks"]["cleanup"]
     assert cleanup["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     assert not cleanup["cachingOptions"].get("enableCache")
-    inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    inner = run_tasks(spec)
     for name in ("validate-inputs", "etcd-up", "train"):
         assert not inner[name]["cachingOptions"].get("enableCache"), name
     assert inner["train"]["retryPolicy"]["maxRetryCount"] == 1
@@ -161,8 +161,33 @@ def _console_run(fresh: Path, target: str) -> tuple[dict, dict]:
     return {**params, **CONSOLE_FILLED}, spec
 
 
+def run_tasks(spec: dict, component: str = "comp-exit-handler-1") -> dict:
+    """Every task of the run's DAG, through its nested conditions, by task name."""
+    tasks = {}
+    for task, body in spec["components"][component]["dag"]["tasks"].items():
+        name = body["componentRef"]["name"]
+        if "dag" in spec["components"].get(name, {}):
+            tasks.update(run_tasks(spec, name))
+        tasks[task] = body
+    return tasks
+
+
+def test_an_unchanged_window_skips_everything_after_validation(fresh: Path):
+    """validate_inputs' `proceed` guards preprocessing and all after it (issue 48)."""
+    for target in ("vertex", "kfp"):
+        text = (fresh / f"fine_tune.{target}.yaml").read_text()
+        spec = next(yaml.safe_load_all(text))  # kfp: the kubernetes settings follow
+        inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+        assert set(inner) == {"validate-inputs", "condition-2"}
+        guard = inner["condition-2"]
+        assert guard["taskInfo"]["name"] == "new-data"
+        assert "validate-inputs-proceed" in guard["triggerPolicy"]["condition"]
+        guarded = run_tasks(spec, guard["componentRef"]["name"])
+        assert {"preprocess", "etcd-up", "train", "evaluate"} <= set(guarded)
+
+
 def _constant(spec: dict, task: str, name: str) -> object:
-    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    tasks = run_tasks(spec)
     return tasks[task]["inputs"]["parameters"][name]["runtimeValue"]["constant"]
 
 

@@ -138,6 +138,18 @@ print("recipe ok")
 """
 
 
+def _wired(document: dict, component: str) -> dict[str, set[str]]:
+    """Each task's parameter inputs, through the nested DAGs (conditions) of `component`."""
+    wired: dict[str, set[str]] = {}
+    for task, spec in document["components"][component]["dag"]["tasks"].items():
+        name = spec["componentRef"]["name"]
+        if "dag" in document["components"].get(name, {}):
+            wired.update(_wired(document, name))
+        else:
+            wired[task] = set(spec["inputs"].get("parameters", {}))
+    return wired
+
+
 @pytest.mark.integration
 def test_a_new_parameter_takes_one_field_and_its_use(tmp_path: Path) -> None:
     """The recipe of docs/architecture.md, applied to a copy of the project: the field and its
@@ -164,9 +176,7 @@ def test_a_new_parameter_takes_one_field_and_its_use(tmp_path: Path) -> None:
         == "A throwaway knob."
     )
     assert root["inputDefinitions"]["parameters"]["throwaway_setting"]["defaultValue"] == "x"
-    tasks = root["dag"]["tasks"]["exit-handler-1"]["componentRef"]["name"]
-    dag = document["components"][tasks]["dag"]["tasks"]
-    wired = {task: set(spec["inputs"].get("parameters", {})) for task, spec in dag.items()}
+    wired = _wired(document, root["dag"]["tasks"]["exit-handler-1"]["componentRef"]["name"])
     assert "throwaway_knob" in wired["evaluate"]
     assert "throwaway_setting" in wired["preprocess"]
     assert (

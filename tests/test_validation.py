@@ -133,10 +133,11 @@ def test_schedule_time_fills_the_data_window(tmp_path: Path) -> None:
         "base_model": "m",
         "train_data_uri": f"{tmp_path}/{SCHEDULE_TIME_PLACEHOLDER}/*.jsonl",
     }
-    base, uri, champion, timeout_s, estimate = validate_step(
+    base, uri, champion, timeout_s, estimate, mix, proceed, record = validate_step(
         request_of(VALIDATE_STEP, schedule_time="2026-12-01T00:00:00Z", **params)
     )
     assert (base, uri, champion) == ("m", f"{window}/*.jsonl", "")
+    assert (mix, proceed, record) == ("", True, "")  # no mix, no work_uri: nothing recorded
     assert timeout_s == 0 and estimate["usd"] == 0.0  # local: not priced, no budget
     with pytest.raises(ValueError, match="not started by a schedule"):
         validate_step(request_of(VALIDATE_STEP, schedule_time="", **params))
@@ -222,9 +223,10 @@ def test_run_and_schedule_help_list_every_parameter_with_its_default_once() -> N
 def test_preprocess_is_not_retried_in_the_compiled_pipeline() -> None:
     """Its failures (bad input, too many rejects, no training rows) are permanent."""
     import yaml
+    from test_compile import run_tasks
 
     spec = yaml.safe_load((ROOT / "compiled" / "fine_tune.vertex.yaml").read_text())
-    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    tasks = run_tasks(spec)
     assert "retryPolicy" not in tasks["preprocess"]
     assert "retryPolicy" in tasks["train"]  # it resumes from its checkpoint
 
@@ -399,3 +401,39 @@ def test_schedulable_machine_and_accelerators_pass(
     from components.params.param_checks import check_machine_accelerator
 
     assert check_machine_accelerator(backend, machine, accelerator, count) == []
+
+
+# -- weighted mixes and replay (issue 48) ---------------------------------------------------------
+
+
+def test_a_bad_mix_and_a_missing_replay_source_each_get_one_line(
+    data_file: str, tmp_path: Path
+) -> None:
+    mix = f"a=0,=1,b=-2,{data_file}=0.2,{tmp_path}/none/*.jsonl=0.1"
+    with pytest.raises(ValueError) as caught:
+        check_run_parameters(
+            good(
+                data_file,
+                train_data_mix=mix,
+                replay_fraction=0.1,
+                replay_source=f"general,{tmp_path}/nope.jsonl,previous:0",
+            )
+        )
+    lines = str(caught.value).splitlines()[1:]
+    assert lines == [
+        "  - replay_source 'previous:0': write previous or previous:N (N >= 1)",
+        "  - train_data_mix: a: the weight '0' is not a positive number (write SOURCE=WEIGHT, "
+        "e.g. train=0.7)",
+        "  - train_data_mix: an entry has an empty source (weight 1)",
+        "  - train_data_mix: b: the weight '-2' is not a positive number (write SOURCE=WEIGHT, "
+        "e.g. train=0.7)",
+        f"  - mix/replay source '{tmp_path}/none/*.jsonl' matches no file: check the path or glob",
+        f"  - mix/replay source '{tmp_path}/nope.jsonl' matches no file: check the path or glob",
+    ]
+    ok = good(data_file, train_data_mix=f"{data_file}=0.7,{data_file}x=0.3")
+    with pytest.raises(ValueError, match="matches no file"):
+        check_run_parameters(ok)
+    other = tmp_path / "general.jsonl"
+    other.write_text('{"prompt": "q", "response": "a"}\n')
+    mixed = good(data_file, train_data_mix=f"train=0.7,{other}=0.3", replay_fraction=0.2)
+    assert check_run_parameters(mixed).replay_fraction == 0.2

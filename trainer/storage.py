@@ -237,6 +237,24 @@ def glob(pattern: str) -> list[str]:
         return sorted(_as_uri(fs, p, pattern) for p in fs.glob(path))
 
 
+def file_versions(pattern: str) -> dict[str, dict[str, Any]]:
+    """The files `pattern` matches (in its form), each with its size and version: the object
+    generation on gs://, the modification time (ns) of a local file; a schedule's window
+    (components/schedules/window.py) compares them run to run."""
+    fs, path = _fs(pattern)
+    with _explained(pattern):
+        found = fs.glob(path, detail=True)
+    out = {}
+    for name, info in sorted(found.items()):
+        if info.get("type", "file") != "file":
+            continue
+        version = info.get("generation") or info.get("mtime") or info.get("etag") or ""
+        if not is_remote(pattern):
+            version = os.stat(name).st_mtime_ns
+        out[_as_uri(fs, name, pattern)] = {"size": int(info["size"]), "version": str(version)}
+    return out
+
+
 def file_sizes(uri: str) -> dict[str, int]:
     """Every file under the directory `uri`, by its path relative to `uri`, with its size in
     bytes ({} when `uri` does not exist)."""

@@ -303,6 +303,34 @@ def check_data_source(train_data_uri: str, bigquery_query: str, runner: str) -> 
     return errors
 
 
+def check_train_data_mix(
+    train_data_mix: str,
+    train_data_uri: str,
+    replay_source: str,
+    replay_fraction: float,
+    data_kind: str,
+) -> list[str]:
+    """The mix's form and weights (one line per bad entry), the replay sources' names, and
+    their URIs' forms; whether the sources hold files is checked where they can be listed
+    (components/preflight/validation.py `mix_data_errors`)."""
+    # not at the top: these keep `llmft --help` fast (it imports this module)
+    from beam_preprocess.mix import TRAIN, resolve_mix
+    from beam_preprocess.sources import source_errors
+    from components.schedules import replay
+
+    errors = replay.syntax_errors(replay_source) if replay_fraction > 0 else []
+    sources = replay.names(replay_source) if replay_fraction > 0 else []
+    if replay_fraction > 0 and not sources:
+        errors.append("replay_fraction is set but replay_source names no source")
+    entries, problems = resolve_mix(train_data_mix, train_data_uri, sources, replay_fraction)
+    errors += problems
+    if entries and data_kind == PREFERENCE_KIND:
+        errors.append("train_data_mix / replay: preference pairs cannot be mixed yet")
+    uris = [e.uri for e in entries if e.uri not in (TRAIN, train_data_uri)]
+    uris = [u for u in uris if u != replay.GENERAL and not replay.PREVIOUS.match(u)]
+    return errors + [f"train_data_mix: {e}" for e in source_errors(uris)]
+
+
 def check_record_format(
     data_kind: str, record_format: str, fields: dict[str, str] | None = None
 ) -> list[str]:

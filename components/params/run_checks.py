@@ -83,6 +83,13 @@ def _data_errors(params: RunParams) -> list[str]:
     errors += checks.check_data_source(
         params.train_data_uri, params.bigquery_query, params.preprocess_runner
     )
+    errors += checks.check_train_data_mix(
+        params.train_data_mix,
+        params.train_data_uri,
+        params.replay_source,
+        params.replay_fraction,
+        params.data_kind,
+    )
     errors += checks.check_cloud_locations(
         cloud=params.backend in ("gke", "vertex") or params.preprocess_runner == "DataflowRunner",
         project=params.project,

@@ -132,6 +132,37 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
 
     # --- data sources and record shapes (issue 33) -----------------------------------------------
 
+    # --- recurring runs: replay, retention, unchanged windows (issue 48) -------------------------
+    replay_fraction: float = param(
+        0.0,
+        "Share of the packed training tokens drawn from replay_source (data the model learnt "
+        "before, against forgetting); 0: none. On a schedule the retention controller raises it "
+        "after a run that forgot and lowers it back towards this value (docs/schedules.md).",
+        ge=0.0,
+        lt=1.0,
+        steps=("evaluate",),
+    )
+    replay_source: str = param(
+        "general",
+        'Replay data, comma-separated: "general" (a small packaged general-instruction set), '
+        '"previous" or "previous:N" (the windows of the schedule\'s last N successful runs), or '
+        "any source train_data_uri takes.",
+    )
+    retention_target: float = param(
+        0.0,
+        "The retention the controller keeps a schedule at (general probes and eval_tasks, "
+        "tuned over base); 0: min_general_retained; both 0: no control.",
+        ge=0.0,
+        le=1.0,
+        steps=("evaluate",),
+    )
+    min_new_records: int = param(
+        0,
+        'Skip the run ("skipped: nothing new", no preprocessing, no GPU) when the window holds '
+        "fewer new records than this since the schedule's last successful run; 0: never skip.",
+        ge=0,
+    )
+
     # --- training ------------------------------------------------------------------------------
     nodes: int = param(
         2,

@@ -55,6 +55,26 @@ def reward_module_errors(reward_module: str, *, remote: bool) -> list[str]:
     return [problem] if problem else []
 
 
+def mix_data_errors(params: RunParams, *, remote: bool) -> list[str]:
+    """Each source of `train_data_mix` and each replay URI must match a file, like
+    train_data_uri (`data_errors`); `general` and `previous` are resolved by the validate step."""
+    from beam_preprocess.mix import parse_mix
+    from components.schedules import replay
+
+    entries, _ = parse_mix(params.train_data_mix)  # its mistakes: the parameter checks
+    uris = [e.uri for e in entries if e.uri not in ("train", params.train_data_uri)]
+    if params.replay_fraction > 0:
+        for name in replay.names(params.replay_source):
+            if name != replay.GENERAL and not replay.PREVIOUS.match(name):
+                uris.append(name)
+    errors = []
+    for uri in dict.fromkeys(uris):
+        for pattern in uri.split(","):
+            for error in data_errors(pattern.strip(), remote=remote):
+                errors.append(error.replace("train_data_uri=", "mix/replay source ", 1))
+    return errors
+
+
 def model_errors(base_model: str) -> list[str]:
     """A local base model must exist; a local .gguf one must be a GGUF file (checked by its
     first bytes: a renamed file would otherwise fail in the training step, after preprocessing).
@@ -99,6 +119,7 @@ def check_run_parameters(values: Mapping[str, Any]) -> RunParams:
     params = params_from_mapping(values)
     errors = run_errors(params) + data_errors(params.train_data_uri, remote=False)
     errors += reward_module_errors(params.reward_module, remote=False)
+    errors += mix_data_errors(params, remote=False)
     check_machine = params.backend != "local"
     raise_errors(
         errors

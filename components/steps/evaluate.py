@@ -51,6 +51,9 @@ class EvaluateRequest:
     """The HTML artifact the report goes to (by `.path`)."""
     run_id: str = component_input("str", default="")
     """The pipeline run's id (its MLflow run's tag: the evaluate run nests in it)."""
+    schedule_record: str = component_input("str", default="")
+    """The run's record under work_uri (validate's output; "" for none): completed here, with
+    the retention controller's next replay share (components/schedules/finish.py)."""
 
 
 COMPONENT = StepComponent(
@@ -89,8 +92,6 @@ def run(request: EvaluateRequest) -> tuple[bool]:
     metadata = request.tuned_model.metadata
     tuned = storage.normalize(str(metadata.get("model_uri") or request.tuned_model.uri))
     run_dir = storage.normalize(str(metadata.get("run_uri") or "")).rstrip("/")
-    train_metrics = f"{run_dir}/metrics.jsonl" if run_dir else ""
-    train_cost = f"{run_dir}/{COST_FILE}" if run_dir else ""
     tracked, mlflow_run = open_tracked_step(
         request.params.tracking_uri,
         request.params.tracking_token_secret,
@@ -100,7 +101,7 @@ def run(request: EvaluateRequest) -> tuple[bool]:
         experiment=request.params.experiment,
     )
     try:
-        result = _evaluate(request, tuned, train_metrics, train_cost, tracked, mlflow_run)
+        result = _evaluate(request, tuned, run_dir, tracked, mlflow_run)
     except BaseException:
         end_failed(tracked, mlflow_run)  # the step's and the pipeline's runs end as failed
         raise
@@ -114,16 +115,14 @@ def run(request: EvaluateRequest) -> tuple[bool]:
 
 
 def _evaluate(
-    request: EvaluateRequest,
-    tuned: str,
-    train_metrics: str,
-    train_cost: str,
-    tracked: Any,
-    mlflow_run: str,
+    request: EvaluateRequest, tuned: str, run_dir: str, tracked: Any, mlflow_run: str
 ) -> EvaluationResult:
-    """The evaluation in a scratch directory; the report copied to the step's output and, with
+    """The evaluation in a scratch directory (the training run's metrics and cost from
+    `run_dir`); the schedule's record; the report copied to the step's output and, with
     tracking, logged with metrics.json before the directory goes."""
     metadata = request.tuned_model.metadata
+    train_metrics = f"{run_dir}/metrics.jsonl" if run_dir else ""
+    train_cost = f"{run_dir}/{COST_FILE}" if run_dir else ""
     with tempfile.TemporaryDirectory(prefix="llmft-evaluate-") as out:
         thresholds = GateThresholds(
             min_loss_improvement=request.params.min_loss_improvement,
@@ -167,6 +166,24 @@ def _evaluate(
                 compute_dtype=str(metadata.get("compute_dtype") or TrainConfig.dtype),
             )
         )
+        if request.schedule_record:
+            from components.schedules.finish import add_to_report, finish_run, report_section
+
+            try:
+                controller_state = finish_run(
+                    request.schedule_record,
+                    request.params,
+                    metrics=result.metrics,
+                    passed=result.passed,
+                    checks=result.decision.checks,
+                    dataset_uri=storage.normalize(request.dataset.uri),
+                    run_dir=run_dir,
+                )
+                add_to_report(result.report_path, report_section(controller_state))
+            except OSError as exc:  # the verdict stands; the schedule's record is what is lost
+                log.warning(
+                    "could not update the schedule's record %s: %s", request.schedule_record, exc
+                )
         shutil.copyfile(result.report_path, request.report.path)
         finish_evaluate(  # inside: the report and metrics.json are logged from `out`
             tracked,

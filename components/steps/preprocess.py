@@ -250,7 +250,30 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
             lines.append(f"| {kind}: {reason} | {count:,} |")
     for name, count in sorted(stats.get("unused_fields", {}).items()):
         lines.append(f"| field `{name}` present but unused | {count:,} |")
+    lines += _mix_lines(stats.get("mix"))
     return "\n".join(lines) + "\n"
+
+
+def _mix_lines(mix: dict[str, Any] | None) -> list[str]:
+    """The weighted mix's per-source table (beam_preprocess/mix.py), when there is one."""
+    if not mix:
+        return []
+    lines = [
+        "",
+        "| source | replay | read | kept | not sampled | rejected | passes | train tokens | "
+        "share (target) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, s in mix["sources"].items():
+        lines.append(
+            f"| `{label}` | {'yes' if s['replay'] else ''} | {s['records_read']:,} | "
+            f"{s['kept']:,} | {s['not_sampled']:,} | {s['rejected']:,} | {s['passes']} | "
+            f"{s['train_tokens']:,} | {s['share']:.3f} ({s['target_share']:.3f}) |"
+        )
+    lines += (
+        ["", *(f"warning: {w}" for w in mix.get("warnings", []))] if mix.get("warnings") else []
+    )
+    return lines
 
 
 _DATAFLOW_OPTIONS = {

@@ -25,10 +25,12 @@ from components.preflight.validation import (
     data_errors,
     evaluation_errors,
     fit_errors,
+    mix_data_errors,
     reward_module_errors,
 )
 from components.runtime.model_location import is_hub_id
 from components.runtime.secrets import load_hf_token
+from components.schedules.plan import plan_run
 from components.serving.mlflow_tracking import tracking_errors
 from components.steps.component_spec import StepComponent, component_input
 from components.steps.train_gke import gpudirect_setup
@@ -58,6 +60,9 @@ COMPONENT = StepComponent(
         ("champion_model", "str"),
         ("budget_timeout_s", "int"),
         ("cost_estimate", "dict"),
+        ("train_data_mix", "str"),
+        ("proceed", "bool"),
+        ("schedule_record", "str"),
     ),
     doc="""Check every run parameter before anything costly starts; resolve what a run reads;
 estimate the run's cost and refuse it over max_cost_usd.
@@ -68,11 +73,16 @@ Returns:
     champion_model: the model to beat besides the base ("" for none).
     budget_timeout_s: the training job's timeout that keeps it within max_cost_usd (0: none).
     cost_estimate: expected GPU-hours, wall hours and USD per pipeline step.
+    train_data_mix: the mix preprocessing reads, replay included (JSON; "" for the window alone).
+    proceed: False when the run ends here ("skipped: nothing new", min_new_records).
+    schedule_record: the run's record under work_uri ("" without one), completed by evaluate.
 """,
 )
 
 
-def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
+def run(
+    request: ValidateRequest,
+) -> tuple[str, str, str, int, dict[str, Any], str, bool, str]:
     """Fill in the schedule time, check everything, resolve the models, estimate the cost.
 
     Returns:
@@ -97,6 +107,7 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
         errors
         + data_errors(uri, remote=True)
         + reward_module_errors(params.reward_module, remote=True)
+        + mix_data_errors(params, remote=True)
     )
     if params.backend == "gke" and request.target in ("kfp", "vertex"):
         # The cluster must serve the job API (and have the Kueue queue) before preprocessing
@@ -139,7 +150,35 @@ def run(request: ValidateRequest) -> tuple[str, str, str, int, dict[str, Any]]:
             print(f"warning: {warning}")
         raise_errors(report.errors)
     timeout_s = cost.budget_timeout_s(estimate, params.max_cost_usd)
-    return base_model, uri, resolve_champion(params), timeout_s, estimate.to_dict()
+    # Recurring runs (components/schedules/): the mix with replay, an unchanged window, the record.
+    plan, problems = plan_run(
+        request.params,
+        uri,
+        request.run_id,
+        request.schedule_time,
+        lambda pattern: data_errors(pattern, remote=True),
+        can_skip=request.target != "local",
+    )
+    raise_errors(problems)
+    for warning in plan.warnings:
+        print(f"warning: {warning}")
+    if plan.replay_fraction > 0:
+        print(
+            f"replay: {plan.replay_fraction:.3f} of the packed tokens from {', '.join(plan.replay_uris)}"
+        )
+    if plan.message:
+        print(plan.message)
+    champion = resolve_champion(params)
+    return (
+        base_model,
+        uri,
+        champion,
+        timeout_s,
+        estimate.to_dict(),
+        plan.train_data_mix,
+        plan.proceed,
+        plan.record_uri,
+    )
 
 
 def resolve_model(model: str, params: RunParams) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from pipelines.cli import deploy, evaluate, quickstart, run, schedule, steps
+from pipelines.cli import deploy, evaluate, history, quickstart, run, schedule, steps
 from pipelines.cli.common import user_errors
 from pipelines.cli.options import parameters_epilog
 from trainer.library_logs import quiet_libraries
@@ -42,6 +42,7 @@ app.command("image-tag")(deploy.image_tag)
 app.command("upload")(deploy.upload_cmd)
 app.command("run", epilog=parameters_epilog())(run.run_cmd)
 app.command("schedule", epilog=parameters_epilog())(schedule.schedule_cmd)
+app.command("history")(history.history_cmd)
 app.command("train")(steps.train_cmd)
 # Beam's own argparse parses (and documents) every flag: pass them all through.
 app.command(

@@ -59,6 +59,7 @@ class FakeBigQuery(LocalHttpServer):
             "location": self.location,
             "schema": {"fields": fields},
             "numRows": str(len(self.rows)),
+            "lastModifiedTime": str(1_764_590_400_000 + len(self.rows)),  # ms since the epoch
         }
 
     def _insert_job(self, job: dict[str, Any]) -> tuple[int, Any]:
