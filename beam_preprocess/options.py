@@ -270,28 +270,7 @@ class PreprocessConfig(DataShape):
                 f"--tokenizer {o.tokenizer}: a .gguf file is converted by `llmft preprocess` "
                 "(and the pipeline's preprocess step), not by python -m beam_preprocess"
             )
-        if o.seq_len is None or not SEQ_LEN_MIN <= o.seq_len <= SEQ_LEN_MAX:
-            errors.append(
-                f"--seq-len must be an integer in [{SEQ_LEN_MIN}, {SEQ_LEN_MAX}] (got {o.seq_len})"
-            )
-        if not 0.0 <= o.eval_fraction < EVAL_FRACTION_MAX:
-            errors.append(
-                f"--eval-fraction must be in [0, {EVAL_FRACTION_MAX}) (got {o.eval_fraction})"
-            )
-        if not 0.0 <= o.max_rejected_fraction <= 1.0:
-            errors.append(
-                f"--max-rejected-fraction must be in [0, 1] (got {o.max_rejected_fraction})"
-            )
-        for flag, value, low in (
-            ("--min-chars", o.min_chars, 0),
-            ("--max-chars", o.max_chars, 0),
-            ("--min-tokens", o.min_tokens, 1),
-            ("--pack-groups", o.pack_groups, 1),
-            ("--max-open-rows", o.max_open_rows, 1),
-            ("--tokenize-batch-size", o.tokenize_batch_size, 1),
-        ):
-            if value < low:
-                errors.append(f"{flag} must be >= {low} (got {value})")
+        errors += _range_errors(o)
         if problem := shape_error(o.data_kind, o.record_format):
             errors.append(f"--record-format: {problem}")
         errors += _preference_errors(o)
@@ -358,6 +337,32 @@ def _mix_errors(o: Any) -> list[str]:
         problems.append("--train-data-mix: preference pairs cannot be mixed yet")
     others = [p for e in entries if e.uri != TRAIN for p in e.uri.split(",") if p.strip()]
     return problems + source_errors(tuple(others))
+
+
+def _range_errors(o: Any) -> list[str]:
+    """The numeric flags outside their ranges, each with its bounds."""
+    errors: list[str] = []
+    if o.seq_len is None or not SEQ_LEN_MIN <= o.seq_len <= SEQ_LEN_MAX:
+        errors.append(
+            f"--seq-len must be an integer in [{SEQ_LEN_MIN}, {SEQ_LEN_MAX}] (got {o.seq_len})"
+        )
+    if not 0.0 <= o.eval_fraction < EVAL_FRACTION_MAX:
+        errors.append(
+            f"--eval-fraction must be in [0, {EVAL_FRACTION_MAX}) (got {o.eval_fraction})"
+        )
+    if not 0.0 <= o.max_rejected_fraction <= 1.0:
+        errors.append(f"--max-rejected-fraction must be in [0, 1] (got {o.max_rejected_fraction})")
+    for flag, value, low in (
+        ("--min-chars", o.min_chars, 0),
+        ("--max-chars", o.max_chars, 0),
+        ("--min-tokens", o.min_tokens, 1),
+        ("--pack-groups", o.pack_groups, 1),
+        ("--max-open-rows", o.max_open_rows, 1),
+        ("--tokenize-batch-size", o.tokenize_batch_size, 1),
+    ):
+        if value < low:
+            errors.append(f"{flag} must be >= {low} (got {value})")
+    return errors
 
 
 def _preference_errors(o: Any) -> list[str]:

@@ -267,7 +267,8 @@ def test_dataflow_job_request_is_built_offline():
     import apache_beam as beam
 
     from beam_preprocess.dataflow import build_job_request
-    from beam_preprocess.pipeline import build_pipeline, parse_options
+    from beam_preprocess.graph import build_pipeline
+    from beam_preprocess.pipeline import parse_options
 
     options, config = parse_options(DATAFLOW_ARGS)
     pipeline = beam.Pipeline(options=options)

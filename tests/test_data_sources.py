@@ -273,8 +273,8 @@ def test_a_pipeline_with_a_bigquery_input_reads_it_beside_the_files(tmp_path: Pa
     """The graph Dataflow gets: files and the table read side by side, outputs flattened."""
     import apache_beam as beam
 
+    from beam_preprocess.graph import build_pipeline, resolve_sources
     from beam_preprocess.options import PreprocessConfig
-    from beam_preprocess.pipeline import build_pipeline, resolve_sources
 
     config = PreprocessConfig(
         inputs=("gs://b/data/*.jsonl", "bq://my-project.sft.pairs"),

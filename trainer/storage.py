@@ -7,7 +7,7 @@ the components and Beam workers all use it, so a URI means the same thing everyw
     is_remote(uri)            gs://b/x -> True; /x, x, file:///x -> False
     local_path(uri)           file:///x -> /x (a remote URI raises)
     normalize(uri)            file:///x -> /x; gs://b/x and /x unchanged
-    exists / open / listdir / glob / remove / file_sizes
+    exists / open / listdir / glob / remove / file_sizes / file_versions
     cached_copy(uri)          a node-local copy, downloaded once per node (a file lock makes N
                               ranks on a node wait for one download); re-used by later runs
     copy_to_local(uri, dest)  a one-off copy (the caller owns dest)
@@ -18,18 +18,13 @@ the components and Beam workers all use it, so a URI means the same thing everyw
                               disk (ENOSPC, EDQUOT), else None
     disk_errors_named(path)   a block in which a full disk is re-raised as that DiskFullError
 
-Everything streams through fsspec (`get`/`put` copy in chunks), so a multi-GB model never sits in
-memory. Failures name the URI and what to change: a missing object, a missing bucket, no
-permission. They are raised as FileNotFoundError / PermissionError subclasses, so callers that
-catch the built-ins keep working.
-
-Which server a gs:// URI reaches is the clients' business: gcsfs and google-cloud-storage honour
-`STORAGE_EMULATOR_HOST` (the tests' GCS emulator) and Application Default Credentials (the cloud).
-No emulator logic lives here.
-
-Every package imports it (Beam workers too), so it imports nothing of this project and neither
-apache_beam nor torch (the import contracts in pyproject.toml check that). It sits under trainer/
-only because the top level is fixed; importing it costs no more than fsspec.
+Everything streams through fsspec (a multi-GB model never sits in memory). Failures name the URI
+and what to change (a missing object or bucket, no permission), raised as FileNotFoundError /
+PermissionError subclasses. Which server a gs:// URI reaches is the clients' business (gcsfs and
+google-cloud-storage honour `STORAGE_EMULATOR_HOST`, the tests' GCS emulator, and Application
+Default Credentials). Every package imports it (Beam workers too), so it imports nothing of this
+project, nor Beam or torch (pyproject.toml's import contracts); it sits under trainer/ only
+because the top level is fixed.
 """
 
 from __future__ import annotations
@@ -244,14 +239,14 @@ def file_versions(pattern: str) -> dict[str, dict[str, Any]]:
     fs, path = _fs(pattern)
     with _explained(pattern):
         found = fs.glob(path, detail=True)
+
     out = {}
     for name, info in sorted(found.items()):
-        if info.get("type", "file") != "file":
-            continue
-        version = info.get("generation") or info.get("mtime") or info.get("etag") or ""
-        if not is_remote(pattern):
-            version = os.stat(name).st_mtime_ns
-        out[_as_uri(fs, name, pattern)] = {"size": int(info["size"]), "version": str(version)}
+        if info.get("type", "file") == "file":
+            version = info.get("generation") or info.get("mtime") or info.get("etag") or ""
+            if not is_remote(pattern):
+                version = os.stat(name).st_mtime_ns
+            out[_as_uri(fs, name, pattern)] = {"size": int(info["size"]), "version": str(version)}
     return out
 
 
@@ -305,13 +300,9 @@ def cache_dir() -> Path:
 
 
 def cached_copy(uri: str) -> str:
-    """A local directory holding `uri`: the path itself when local, else a node-local copy.
-
-    The first caller on a node downloads while holding a file lock; the others (other ranks, later
-    runs) wait on the lock and then find the copy complete. A download that died half-way leaves
-    no COMPLETE marker and is redone. The cache key is the URI: a changed object under the same
-    URI is not noticed, so publish new models under new URIs (as runs do).
-    """
+    """A local directory holding `uri`: the path itself when local, else a node-local copy,
+    downloaded by the first caller under a file lock (other ranks and later runs wait, then find
+    it COMPLETE; a half download is redone). Keyed by URI: publish new models under new URIs."""
     if not is_remote(uri):
         return local_path(uri)
     from filelock import FileLock
@@ -491,9 +482,8 @@ def _read_only(path: str) -> bool:
 
 
 def check_tmpdir() -> None:
-    """Refuse a TMPDIR that is not a writable directory. Python falls back to /tmp without a
-    word, other tools (etcd, compilers) fail on it, and the local run state lives under it: one
-    clear error before anything starts instead."""
+    """Refuse a TMPDIR that is not a writable directory (Python falls back to /tmp silently,
+    etcd and compilers fail on it, the local run state lives under it)."""
     value = os.environ.get("TMPDIR")
     if not value:
         return

@@ -310,8 +310,7 @@ def write_outputs(
     }
     if cost is not None:
         details |= cost_details(cost)
-    if train_metrics:
-        details |= phase_details(_sibling_summary(train_metrics))
+    details |= phase_details(_sibling_summary(train_metrics)) if train_metrics else {}
     curves = read_training_curve(train_metrics) if train_metrics else None
     page = render_report(
         metrics=metrics,

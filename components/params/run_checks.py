@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from beam_preprocess.data_shape import SETTINGS
+from components.params import data_checks
 from components.params import param_checks as checks
 from components.params.param_schema import field_error
 from components.params.run_params import LATEST_REGISTERED, TARGET_DEFAULTS, RunParams, choices
@@ -60,7 +61,7 @@ def _single_errors(params: RunParams, target: str, run_id: str) -> list[str | No
         checks.check_secret_name("hf_token_secret", params.hf_token_secret),
         checks.check_secret_name("tracking_token_secret", params.tracking_token_secret),
         tracking_uri_problem(params.tracking_uri, resolve=False),
-        checks.check_chat_template(params.chat_template),
+        data_checks.check_chat_template(params.chat_template),
         check_placeholder_resolved("run id", run_id),
         checks.check_eval_accelerator(
             target, params.eval_accelerator_type, params.eval_accelerator_count
@@ -79,11 +80,11 @@ def _single_errors(params: RunParams, target: str, run_id: str) -> list[str | No
 def _data_errors(params: RunParams) -> list[str]:
     """The records: their shape, their source, and where cloud runs keep them."""
     fields = {name: getattr(params, name) for name in SETTINGS if name.endswith("_field")}
-    errors = checks.check_record_format(params.data_kind, params.record_format, fields)
-    errors += checks.check_data_source(
+    errors = data_checks.check_record_format(params.data_kind, params.record_format, fields)
+    errors += data_checks.check_data_source(
         params.train_data_uri, params.bigquery_query, params.preprocess_runner
     )
-    errors += checks.check_train_data_mix(
+    errors += data_checks.check_train_data_mix(
         params.train_data_mix,
         params.train_data_uri,
         params.replay_source,

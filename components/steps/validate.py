@@ -30,7 +30,7 @@ from components.preflight.validation import (
 )
 from components.runtime.model_location import is_hub_id
 from components.runtime.secrets import load_hf_token
-from components.schedules.plan import plan_run
+from components.schedules.plan import RunPlan, plan_run
 from components.serving.mlflow_tracking import tracking_errors
 from components.steps.component_spec import StepComponent, component_input
 from components.steps.train_gke import gpudirect_setup
@@ -83,23 +83,18 @@ Returns:
 def run(
     request: ValidateRequest,
 ) -> tuple[str, str, str, int, dict[str, Any], str, bool, str]:
-    """Fill in the schedule time, check everything, resolve the models, estimate the cost.
+    """Fill in the schedule time, check everything, resolve the models, estimate the cost, plan
+    a scheduled run.
 
     Returns:
-        (base_model, train_data_uri, champion_model, budget_timeout_s, cost_estimate) for this
-        run; `latest-registered` resolves to the newest registered version's URI (no champion yet
-        on a first run gives ""); the timeout keeps the training job within max_cost_usd (0:
-        no budget); the estimate is printed and returned (components/preflight/cost.py).
+        (base_model, train_data_uri, champion_model, budget_timeout_s, cost_estimate,
+        train_data_mix, proceed, schedule_record) for this run; `latest-registered` resolves to
+        the newest registered version's URI (no champion yet on a first run gives ""); the
+        timeout keeps the training job within max_cost_usd (0: no budget); the estimate is
+        printed and returned (components/preflight/cost.py); the mix, whether the run proceeds
+        and the schedule's record come from `schedule_plan`.
     """
-    uri = str(request.params.train_data_uri)
-    if SCHEDULE_TIME_PLACEHOLDER in uri:
-        schedule_time = request.schedule_time
-        if not schedule_time or SCHEDULE_TIME_PLACEHOLDER in schedule_time:
-            raise ValueError(
-                f"train_data_uri contains {SCHEDULE_TIME_PLACEHOLDER} but this run was not started "
-                "by a schedule: submit it with `llmft run --schedule-time ...` or give a fixed URI"
-            )
-        uri = uri.replace(SCHEDULE_TIME_PLACEHOLDER, schedule_time)
+    uri = scheduled_uri(str(request.params.train_data_uri), request.schedule_time)
     values = {name: getattr(request.params, name) for name in fields()}
     params = params_from_mapping({**values, "train_data_uri": uri})
     errors = run_errors(params, target=request.target, run_id=request.run_id)
@@ -110,17 +105,7 @@ def run(
         + mix_data_errors(params, remote=True)
     )
     if params.backend == "gke" and request.target in ("kfp", "vertex"):
-        # The cluster must serve the job API (and have the Kueue queue) before preprocessing
-        # spends anything.
-        raise_errors(
-            gke_job_api_errors(
-                params.gke_job_api,
-                cluster=params.gke_cluster,
-                kueue_queue=params.kueue_queue,
-                namespace=params.namespace,
-                gpudirect=gpudirect_setup(params) is not None,
-            )
-        )
+        raise_errors(cluster_errors(params))
     base_model = resolve_model(params.base_model, params)
     if request.target == "vertex" and is_hub_id(base_model):
         # The fit check and the estimate read its config.json from the Hub (KFP on GKE has
@@ -150,24 +135,7 @@ def run(
             print(f"warning: {warning}")
         raise_errors(report.errors)
     timeout_s = cost.budget_timeout_s(estimate, params.max_cost_usd)
-    # Recurring runs (components/schedules/): the mix with replay, an unchanged window, the record.
-    plan, problems = plan_run(
-        request.params,
-        uri,
-        request.run_id,
-        request.schedule_time,
-        lambda pattern: data_errors(pattern, remote=True),
-        can_skip=request.target != "local",
-    )
-    raise_errors(problems)
-    for warning in plan.warnings:
-        print(f"warning: {warning}")
-    if plan.replay_fraction > 0:
-        print(
-            f"replay: {plan.replay_fraction:.3f} of the packed tokens from {', '.join(plan.replay_uris)}"
-        )
-    if plan.message:
-        print(plan.message)
+    plan = schedule_plan(request, uri)
     champion = resolve_champion(params)
     return (
         base_model,
@@ -198,3 +166,49 @@ def resolve_champion(params: RunParams) -> str:
         return resolve_model(params.champion_model, params)
     except ValueError:
         return ""
+
+
+def scheduled_uri(uri: str, schedule_time: str) -> str:
+    """`train_data_uri` with the schedule's time filled in (refused outside a schedule)."""
+    if SCHEDULE_TIME_PLACEHOLDER not in uri:
+        return uri
+    if not schedule_time or SCHEDULE_TIME_PLACEHOLDER in schedule_time:
+        raise ValueError(
+            f"train_data_uri contains {SCHEDULE_TIME_PLACEHOLDER} but this run was not started "
+            "by a schedule: submit it with `llmft run --schedule-time ...` or give a fixed URI"
+        )
+    return uri.replace(SCHEDULE_TIME_PLACEHOLDER, schedule_time)
+
+
+def cluster_errors(params: RunParams) -> list[str]:
+    """The GKE cluster must serve the job API (PyTorchJob for GPUDirect) and have the Kueue
+    queue before preprocessing spends anything."""
+    return gke_job_api_errors(
+        params.gke_job_api,
+        cluster=params.gke_cluster,
+        kueue_queue=params.kueue_queue,
+        namespace=params.namespace,
+        gpudirect=gpudirect_setup(params) is not None,
+    )
+
+
+def schedule_plan(request: ValidateRequest, uri: str) -> RunPlan:
+    """Recurring runs (components/schedules/): the mix with replay, an unchanged window, the
+    record; its warnings, replay share and skip message printed."""
+    plan, problems = plan_run(
+        request.params,
+        uri,
+        request.run_id,
+        request.schedule_time,
+        lambda pattern: data_errors(pattern, remote=True),
+        can_skip=request.target != "local",
+    )
+    raise_errors(problems)
+    for warning in plan.warnings:
+        print(f"warning: {warning}")
+    if plan.replay_fraction > 0:
+        sources = ", ".join(plan.replay_uris)
+        print(f"replay: {plan.replay_fraction:.3f} of the packed tokens from {sources}")
+    if plan.message:
+        print(plan.message)
+    return plan
