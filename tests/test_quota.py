@@ -234,7 +234,7 @@ def test_the_validate_step_checks_quota_for_a_console_run(
            "dataflow_service_account": "llmft-dataflow@my-project.iam.gserviceaccount.com"},
         target="vertex", run_id="run-1",
     )  # fmt: skip
-    monkeypatch.setattr(validate.cost, "estimate_for", _FakeEstimate)
+    monkeypatch.setattr(validate.run_cost, "estimate_for", _FakeEstimate)
     with pytest.raises(ValueError, match="is 0, the run needs 16"):
         validate.run(request)
 
