@@ -8,18 +8,16 @@ tiny directories that hold no weights: they must be refused before any model loa
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import fsspec
 import pytest
+from chromium import CHROMIUM, run_chromium
 from eval_fixtures import build_eval_dataset, finetune_briefly
 
 from components.evaluation.evaluate import run_evaluation
@@ -27,7 +25,6 @@ from components.evaluation.gate import GateThresholds
 from components.evaluation.outputs import EvaluationResult
 from components.evaluation.request import EvaluationRequest
 
-CHROMIUM = "/usr/bin/chromium"
 SEQ_LEN = 256
 FINETUNE_STEPS = 40
 MEMORY_CHAMPION = "memory://llmft-eval-test/champion"
@@ -143,39 +140,17 @@ def test_finetuned_model_beats_base(env: Env, evaluation: EvaluationResult) -> N
     assert evaluation.samples == generations[:5]
 
 
-def _chromium(args: list[str], profile: Path, timeout: float = 120) -> str:
-    """Run headless Chromium; kill its whole process group if it hangs (no leftover processes)."""
-    command = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}", *args,
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 0 or out, f"chromium failed with {proc.returncode}"
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium")
-def test_report_renders_in_headless_chromium(evaluation: EvaluationResult, tmp_path: Path) -> None:
+def test_report_renders_in_headless_chromium(
+    evaluation: EvaluationResult, tmp_path: Path
+) -> None:
     import numpy as np
     from matplotlib.image import imread
 
     report = Path(evaluation.report_path)
     url = report.as_uri()
-    dom = _chromium(["--dump-dom", url], tmp_path / "profile-dom")
+    dom = run_chromium(["--dump-dom", url], tmp_path / "profile-dom")
     assert "Quality gate: PASSED" in dom
     for metric in ("eval_loss", "perplexity", "exact_match", "chrf"):
         assert f'<tr data-metric="{metric}">' in dom
@@ -186,7 +161,7 @@ def test_report_renders_in_headless_chromium(evaluation: EvaluationResult, tmp_p
     assert evaluation.samples[0]["prompt"].replace("'", "&#x27;").split()[0] in samples
 
     shot = tmp_path / "report.png"
-    _chromium(
+    run_chromium(
         [f"--screenshot={shot}", "--window-size=1200,1400", "--hide-scrollbars", url],
         tmp_path / "profile-shot",
     )

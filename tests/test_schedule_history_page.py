@@ -2,39 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
-
-CHROMIUM = "/usr/bin/chromium"
-
-
-def _chromium(args: list[str], profile: Path, timeout: float = 120) -> str:
-    """Headless Chromium; its whole process group is killed if it hangs."""
-    command = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}", *args,
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 0 or out, f"chromium failed with {proc.returncode}"
-    return out
+from chromium import CHROMIUM, run_chromium
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium")
@@ -50,11 +21,11 @@ def test_history_page_draws_its_curves_in_chromium(tmp_path: Path) -> None:
     page = tmp_path / "history.html"
     result = CliRunner().invoke(app, ["history", work_uri, "--html", str(page)])
     assert result.exit_code == 0, result.output
-    dom = _chromium(["--dump-dom", page.as_uri()], tmp_path / "profile-dom")
+    dom = run_chromium(["--dump-dom", page.as_uri()], tmp_path / "profile-dom")
     assert dom.count('<figure data-curve="') == 4
     assert "skipped: nothing new" in dom and "refused (forgetting)" in dom
     shot = tmp_path / "history.png"
-    _chromium(
+    run_chromium(
         [f"--screenshot={shot}", "--window-size=1000,900", "--hide-scrollbars", page.as_uri()],
         tmp_path / "profile-shot",
     )
