@@ -38,10 +38,6 @@ Document = tuple[list[int], list[int]]
 """(token ids, loss mask) of one rendered conversation."""
 
 
-TOO_LONG = "too_long_tokens"
-"""The filter reason of a pair longer than seq_len (the instruction data's reason for the same)."""
-
-
 class PairError(ValueError):
     """A record that cannot become a pair; `reason` is the dead-letter reason."""
 

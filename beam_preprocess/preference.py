@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from beam_preprocess.pairs import (
-    TOO_LONG,
     PairError,
     pack_pairs,
     row_of,
@@ -24,6 +23,7 @@ from beam_preprocess.pairs import (
     table_of,
     tokenize_pair,
 )
+from beam_preprocess.records import TOO_LONG
 from trainer.packed_data.format import (
     PARQUET_WRITE_OPTIONS,
     PREFERENCE_KIND,

@@ -23,7 +23,6 @@ from apache_beam.metrics import Metrics
 
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.pairs import (
-    TOO_LONG,
     Pair,
     PairError,
     pack_pairs,
@@ -32,8 +31,8 @@ from beam_preprocess.pairs import (
     split_stats,
     table_of,
 )
-from beam_preprocess.record_steps import record_of, source_order
-from beam_preprocess.records import DEAD, FILTERED, OUTCOME, STATS, dead_letter, outcome
+from beam_preprocess.record_steps import drop_example, source_order
+from beam_preprocess.records import DEAD, FILTERED, OUTCOME, STATS, TOO_LONG, outcome
 from beam_preprocess.token_steps import ROWS_PER_TABLE, TABLES
 
 TokenPair = tuple[str, str, list[int], list[int], list[int], list[int]]
@@ -64,22 +63,13 @@ class TokenizePairsFn(beam.DoFn):
                 self.tokenizer, example["messages"], example["chosen"], example["rejected"]
             )
         except PairError as exc:
-            return self._drop(DEAD, "rejected", exc.reason, example, str(exc))
+            return drop_example(DEAD, "rejected", exc.reason, example, str(exc))
         if len(pair) > self.config.seq_len:
             error = f"{len(pair)} tokens, seq_len {self.config.seq_len}"
-            return self._drop(FILTERED, "filtered", TOO_LONG, example, error)
+            return drop_example(FILTERED, "filtered", TOO_LONG, example, error)
         (chosen, chosen_mask), (rejected, rejected_mask) = pair.chosen, pair.rejected
         value = (example["hash"], source, chosen, chosen_mask, rejected, rejected_mask)
         return [(example["split"], value)]
-
-    @staticmethod
-    def _drop(tag: str, kind: str, reason: str, example: dict[str, Any], error: str) -> list[Any]:
-        _counter(f"{kind}_{reason}").inc()
-        letter = dead_letter(example["source"], record_of(example), reason, error)
-        return [
-            pvalue.TaggedOutput(tag, letter),
-            pvalue.TaggedOutput(OUTCOME, outcome(kind, reason)),
-        ]
 
 
 class TokenizePairs(beam.PTransform):

@@ -24,21 +24,20 @@ from apache_beam.metrics import Metrics
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.prompt_records import prompt_tokens
 from beam_preprocess.prompt_records import record_of as prompt_record_of
-from beam_preprocess.record_steps import record_of, source_order
+from beam_preprocess.record_steps import drop_example, source_order
 from beam_preprocess.records import (
     DEAD,
     EVAL_RECORDS,
     FILTERED,
     OUTCOME,
     STATS,
-    dead_letter,
+    TOO_LONG,
     outcome,
 )
 from beam_preprocess.token_steps import ROWS_PER_TABLE, TABLES
 from trainer.packed_data.format import EVAL_SPLIT
 from trainer.packed_data.prompts import prompt_table
 
-TOO_LONG = "too_long_tokens"
 CountedPrompt = tuple[str, str, dict[str, Any], int]
 """(content hash, source, the record as JSON-able dict, prompt tokens) per split."""
 
@@ -63,20 +62,11 @@ class CountPromptTokensFn(beam.DoFn):
         try:
             tokens = prompt_tokens(self.tokenizer, record)
         except Exception as exc:  # a template's own raise_exception, or any rendering failure
-            return self._drop(DEAD, "rejected", "template_error", example, str(exc)[:300])
+            return drop_example(DEAD, "rejected", "template_error", example, str(exc)[:300])
         if tokens > self.config.seq_len:
             error = f"{tokens} prompt tokens, seq_len {self.config.seq_len}"
-            return self._drop(FILTERED, "filtered", TOO_LONG, example, error)
+            return drop_example(FILTERED, "filtered", TOO_LONG, example, error)
         return [(example["split"], (example["hash"], example["source"], record, tokens))]
-
-    @staticmethod
-    def _drop(tag: str, kind: str, reason: str, example: dict[str, Any], error: str) -> list[Any]:
-        _counter(f"{kind}_{reason}").inc()
-        letter = dead_letter(example["source"], record_of(example), reason, error)
-        return [
-            pvalue.TaggedOutput(tag, letter),
-            pvalue.TaggedOutput(OUTCOME, outcome(kind, reason)),
-        ]
 
 
 class CountPromptTokens(beam.PTransform):

@@ -84,6 +84,16 @@ class PrepareFn(beam.DoFn):
         ]
 
 
+def drop_example(
+    tag: str, kind: str, reason: str, example: dict[str, Any], error: str
+) -> list[Any]:
+    """An example dropped after Prepare: its dead letter (under `tag`, DEAD or FILTERED) and its
+    OUTCOME, counted as `<kind>_<reason>` (the pair and prompt steps)."""
+    _counter(f"{kind}_{reason}").inc()
+    letter = dead_letter(example["source"], record_of(example), reason, error)
+    return [pvalue.TaggedOutput(tag, letter), pvalue.TaggedOutput(OUTCOME, outcome(kind, reason))]
+
+
 class Prepare(beam.PTransform):
     """Records -> examples (validated, cleaned, hashed, split); tagged DEAD (rejected/), FILTERED
     (filtered/), OUTCOME and UNUSED_FIELDS."""

@@ -76,6 +76,28 @@ def to_micro_batch(rows: PackedRows, lo: int, hi: int) -> MicroBatch:
     )
 
 
+def epoch_steps(rows: int, global_batch: int, *, unit: str) -> tuple[int, int]:
+    """(global_batch, steps per epoch) of a split of `rows` (rows or prompts): refused when it
+    holds less than one global batch. What is past the last full global batch of an epoch is
+    skipped (a different subset each epoch when shuffling): every step has the same shape, which
+    compile needs."""
+    if rows < global_batch:
+        raise ValueError(
+            f"the training split has {rows} {unit}, fewer than one global batch of "
+            f"{global_batch} (micro_batch_size x grad_accum_steps x world size): lower "
+            "micro_batch_size or grad_accum_steps, or use fewer processes"
+        )
+    return global_batch, rows // global_batch
+
+
+def epoch_order(rows: int, epoch: int, *, seed: int, shuffle: bool) -> np.ndarray:
+    """The order epoch `epoch` visits a split's rows in: `permutation(seed, epoch)`, or file
+    order without shuffle (the same on every rank, so ranks deal from one order)."""
+    if not shuffle:
+        return np.arange(rows)
+    return np.random.default_rng([seed, epoch]).permutation(rows)
+
+
 class TrainBatches:
     """This rank's micro-batches for each optimizer step, from a `DataPosition` onwards."""
 
@@ -98,21 +120,12 @@ class TrainBatches:
         self.rank, self.world_size = rank, world_size
         self.micro_batch_size, self.grad_accum_steps = micro_batch_size, grad_accum_steps
         self.seed, self.shuffle = seed, shuffle
-        self.global_batch = micro_batch_size * grad_accum_steps * world_size
-        if self.rows < self.global_batch:
-            raise ValueError(
-                f"the training split has {self.rows} rows, fewer than one global batch of "
-                f"{self.global_batch} (micro_batch_size x grad_accum_steps x world size): lower "
-                "micro_batch_size or grad_accum_steps, or use fewer processes"
-            )
-        # Rows past the last full global batch of an epoch are skipped (a different subset
-        # each epoch when shuffling): every step has the same shape, which compile needs.
-        self.steps_per_epoch = self.rows // self.global_batch
+        self.global_batch, self.steps_per_epoch = epoch_steps(
+            self.rows, micro_batch_size * grad_accum_steps * world_size, unit="rows"
+        )
 
     def order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.rows)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.rows)
+        return epoch_order(self.rows, epoch, seed=self.seed, shuffle=self.shuffle)
 
     def _my_slots(self, offset: int) -> np.ndarray:
         """Positions in the epoch order this rank reads, step by step, from `offset`."""

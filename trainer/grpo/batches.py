@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.data import DataPosition
+from trainer.data import DataPosition, epoch_order, epoch_steps
 from trainer.packed_data.format import TRAIN_SPLIT, Manifest
 from trainer.packed_data.prompts import read_prompts
 
@@ -42,19 +42,12 @@ class PromptBatches:
         self.rank, self.world_size = rank, world_size
         self.micro_batch_size, self.grad_accum_steps = micro_batch_size, grad_accum_steps
         self.seed, self.shuffle = seed, shuffle
-        self.global_batch = micro_batch_size * grad_accum_steps * world_size
-        if self.rows < self.global_batch:
-            raise ValueError(
-                f"the training split has {self.rows} prompts, fewer than one global batch of "
-                f"{self.global_batch} (micro_batch_size x grad_accum_steps x world size): lower "
-                "micro_batch_size or grad_accum_steps, or use fewer processes"
-            )
-        self.steps_per_epoch = self.rows // self.global_batch
+        self.global_batch, self.steps_per_epoch = epoch_steps(
+            self.rows, micro_batch_size * grad_accum_steps * world_size, unit="prompts"
+        )
 
     def order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.rows)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.rows)
+        return epoch_order(self.rows, epoch, seed=self.seed, shuffle=self.shuffle)
 
     def step_prompts(self, epoch: int, offset: int) -> list[Prompts]:
         """This rank's micro-batches of the step that starts at `offset` of epoch `epoch`."""
