@@ -177,6 +177,23 @@ class CliRun:
         return dict(_ROW.findall(table))
 
 
+def _latest_run(workdir: Path) -> Path:
+    """The newest pipeline run's directory under the workdir's pipeline root."""
+    return max(
+        (workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime
+    )
+
+
+def _manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "preprocess" / "dataset" / "manifest.json").read_text())
+
+
+def _evaluate_metrics(run_dir: Path) -> dict:
+    """The evaluate step's Metrics artifact (kfp.local's executor output)."""
+    output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
+    return output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+
+
 ALL_SUCCEEDED = {
     "validate-inputs": "succeeded",
     "preprocess": "succeeded",
@@ -206,9 +223,7 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path]):
     assert re.search(r"train step \d+/20\s+loss \d", out), out[-3000:]
     # the tasks' own output went to the log, not through the table
     assert "Executing task" in _log(workdir) and "Executing task" not in out
-    run_dir = max(
-        (workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime
-    )
+    run_dir = _latest_run(workdir)
     model_dirs = list((run_dir / "train").rglob("config.json"))
     assert model_dirs, "no exported model"
     from transformers import AutoModelForCausalLM
@@ -226,8 +241,7 @@ def test_local_pipeline_end_to_end(tmp_path: Path, assets: tuple[Path, Path]):
     assert estimate["optimizer_steps"] == 20 and estimate["usd"] == 0.0, estimate
     # the before/after metrics are printed, and the tuned model beats its base
     assert "before / after" in out and "quality gate: passed" in out
-    executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
-    metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    metrics = _evaluate_metrics(run_dir)
     assert metrics["tuned_eval_loss"] < metrics["base_eval_loss"] - 1.0, metrics
     summary = json.loads((run_dir / "metrics.json").read_text())
     assert summary["succeeded"] and summary["metrics"] == metrics
@@ -264,13 +278,10 @@ def test_local_pipeline_dpo_reports_the_win_rate(tmp_path: Path, assets: tuple[P
     assert code == 0, out[-3000:] + _log(workdir)[-5000:]
     assert run.final_steps() == ALL_SUCCEEDED, out[-3000:]
     assert "win_rate" in out and "quality gate: passed" in out
-    run_dir = max(
-        (workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime
-    )
-    manifest = json.loads((run_dir / "preprocess" / "dataset" / "manifest.json").read_text())
+    run_dir = _latest_run(workdir)
+    manifest = _manifest(run_dir)
     assert manifest["data_kind"] == "preference" and manifest["stats"]["kept"] == 600
-    executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
-    metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    metrics = _evaluate_metrics(run_dir)
     assert metrics["preference_pairs"] == manifest["splits"]["eval"]["documents"] // 2
     assert metrics["tuned_win_rate"] > 0.8 and metrics["tuned_reward_margin"] > 0, metrics
     assert metrics["tuned_eval_loss"] < metrics["base_eval_loss"], metrics  # DPO loss < log 2
@@ -305,13 +316,10 @@ def test_local_pipeline_grpo_reports_the_reward_before_and_after(
     out = run.text
     assert code == 0, out[-3000:] + _log(workdir)[-5000:]
     assert run.final_steps() == ALL_SUCCEEDED, out[-3000:]
-    run_dir = max(
-        (workdir / "pipeline_root").glob("llmft-fine-tune-*"), key=lambda p: p.stat().st_mtime
-    )
-    manifest = json.loads((run_dir / "preprocess" / "dataset" / "manifest.json").read_text())
+    run_dir = _latest_run(workdir)
+    manifest = _manifest(run_dir)
     assert manifest["data_kind"] == "prompts" and manifest["stats"]["kept"] == 120
-    executor_output = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
-    metrics = executor_output["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    metrics = _evaluate_metrics(run_dir)
     held_out = manifest["splits"]["eval"]["rows"]
     assert metrics["generation_examples"] == held_out > 0, metrics
     for key in ("base_mean_reward", "tuned_mean_reward", "base_pass_rate", "tuned_pass_rate"):
