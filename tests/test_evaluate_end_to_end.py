@@ -142,9 +142,7 @@ def test_finetuned_model_beats_base(env: Env, evaluation: EvaluationResult) -> N
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium")
-def test_report_renders_in_headless_chromium(
-    evaluation: EvaluationResult, tmp_path: Path
-) -> None:
+def test_report_renders_in_headless_chromium(evaluation: EvaluationResult, tmp_path: Path) -> None:
     import numpy as np
     from matplotlib.image import imread
 
