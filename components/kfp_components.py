@@ -8,6 +8,8 @@ Compiled one by one to compiled/components/<name>.yaml so other pipelines can re
 """
 
 # ruff: noqa: E501
+# KFP hands a parameter with choices over as a str; validate_inputs checked it against them.
+# mypy: disable-error-code="arg-type"
 from typing import NamedTuple
 
 from kfp import dsl
@@ -59,11 +61,10 @@ def validate_inputs(
         proceed: False when the run ends here ("skipped: nothing new", min_new_records).
         schedule_record: the run's record under work_uri ("" without one), completed by evaluate.
     """
-    from components.params.step_params import for_step
+    from components.params.run_params import RunParams
     from components.steps.validate import ValidateRequest, run
 
-    params = for_step(
-        "validate_inputs",
+    params = RunParams(
         data_kind=data_kind, record_format=record_format, prompt_field=prompt_field,
         response_field=response_field, messages_field=messages_field, text_field=text_field,
         system_field=system_field, tool_turns=tool_turns, chat_template=chat_template,
@@ -127,11 +128,10 @@ def preprocess(
         dataset_uri: the Dataset artifact's URI, for steps that only pass it on (a string is
             not downloaded into their pod the way an input artifact is).
     """
-    from components.params.step_params import for_step
+    from components.params.by_step import PreprocessParams
     from components.steps.preprocess import PreprocessRequest, run
 
-    params = for_step(
-        "preprocess",
+    params = PreprocessParams(
         data_kind=data_kind, record_format=record_format, prompt_field=prompt_field,
         response_field=response_field, messages_field=messages_field, text_field=text_field,
         system_field=system_field, tool_turns=tool_turns, chat_template=chat_template,
@@ -160,11 +160,10 @@ def etcd_up(
         The rendezvous endpoint `host:port` ("" for c10d and on Vertex, which rendezvous at the
         primary replica).
     """
-    from components.params.step_params import for_step
+    from components.params.by_step import EtcdUpParams
     from components.steps.etcd import EtcdRequest, run
 
-    params = for_step(
-        "etcd_up",
+    params = EtcdUpParams(
         backend=backend, rdzv_backend=rdzv_backend, namespace=namespace, gke_cluster=gke_cluster,
     )
     return run(
@@ -201,11 +200,10 @@ def train(
     Returns:
         model_uri: where the exported Hugging Face model is (the Model artifact's files).
     """
-    from components.params.step_params import for_step
+    from components.params.by_step import TrainParams
     from components.steps.train import TrainRequest, run
 
-    params = for_step(
-        "train",
+    params = TrainParams(
         base_model=base_model, backend=backend, nodes=nodes, nproc_per_node=nproc_per_node,
         rdzv_backend=rdzv_backend, max_steps=max_steps, learning_rate=learning_rate,
         trainer_overrides=trainer_overrides, quantize_base=quantize_base, objective=objective,
@@ -250,11 +248,10 @@ def evaluate(
     Returns:
         passed: whether the tuned model meets the thresholds (and beats the champion, if given).
     """
-    from components.params.step_params import for_step
+    from components.params.by_step import EvaluateParams
     from components.steps.evaluate import EvaluateRequest, run
 
-    params = for_step(
-        "evaluate",
+    params = EvaluateParams(
         eval_accelerator_type=eval_accelerator_type, eval_accelerator_count=eval_accelerator_count,
         max_eval_examples=max_eval_examples, min_loss_improvement=min_loss_improvement,
         min_exact_match=min_exact_match, min_reward_gain=min_reward_gain,
@@ -295,11 +292,10 @@ def register(
         The registered model version's resource name (also the `google.VertexModel` output that
         GCPC's deploy and batch-prediction components take).
     """
-    from components.params.step_params import for_step
+    from components.params.by_step import RegisterParams
     from components.steps.register import RegisterRequest, run
 
-    params = for_step(
-        "register",
+    params = RegisterParams(
         registered_model=registered_model, serving_image=serving_image,
         serving_preset=serving_preset, lora_serving=lora_serving,
         deploy_accelerator_count=deploy_accelerator_count, base_model=base_model, seq_len=seq_len,
@@ -331,11 +327,10 @@ def deploy(
         endpoint: the endpoint's resource name (locally: the server's chat URL).
         answer: the model's answer to the smoke prompt.
     """
-    from components.params.step_params import for_step
+    from components.params.by_step import DeployParams
     from components.steps.deploy import DeployRequest, run
 
-    params = for_step(
-        "deploy",
+    params = DeployParams(
         serving_preset=serving_preset, deploy_endpoint=deploy_endpoint,
         deploy_machine_type=deploy_machine_type, deploy_accelerator_type=deploy_accelerator_type,
         deploy_accelerator_count=deploy_accelerator_count, deploy_spot=deploy_spot,
@@ -359,11 +354,10 @@ def cleanup(
     """Exit handler: delete everything that carries this run's label; ignore what is gone. A
     failed or cancelled run's deployments to Vertex AI endpoints are undeployed.
     """
-    from components.params.step_params import for_step
+    from components.params.by_step import CleanupParams
     from components.steps.cleanup import CleanupRequest, run
 
-    params = for_step(
-        "cleanup",
+    params = CleanupParams(
         backend=backend, project=project, region=region, namespace=namespace,
         gke_cluster=gke_cluster,
     )

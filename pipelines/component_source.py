@@ -15,7 +15,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from components.params.step_params import taken_by
+from components.params.step_params import VALIDATE, params_class_name, taken_by
 from components.steps import (
     cleanup,
     deploy,
@@ -27,6 +27,7 @@ from components.steps import (
     validate,
 )
 from components.steps.component_spec import KFP, KFP_DEFAULT, StepComponent, own_inputs
+from pipelines import step_params_source
 from pipelines.pipeline_interface import kfp_type
 
 STEP_MODULES = (validate, preprocess, etcd, train, evaluate, register, deploy, cleanup)
@@ -43,6 +44,8 @@ Compiled one by one to compiled/components/<name>.yaml so other pipelines can re
 """
 
 # ruff: noqa: E501
+# KFP hands a parameter with choices over as a str; validate_inputs checked it against them.
+# mypy: disable-error-code="arg-type"
 from typing import NamedTuple
 
 from kfp import dsl
@@ -71,12 +74,16 @@ def component_source(component: StepComponent, module: str) -> str:
     lines.append(f"){returns}:{ignore}")
     lines.append(textwrap.indent(f'"""{component.doc.rstrip()}\n"""', "    "))
     request = component.request.__name__
+    view, view_module = (
+        ("RunParams", "components.params.run_params")
+        if component.name == VALIDATE
+        else (params_class_name(component.name), "components.params.by_step")
+    )
     lines += [
-        "    from components.params.step_params import for_step",
+        f"    from {view_module} import {view}",
         f"    from {module} import {request}, run",
         "",
-        "    params = for_step(",
-        f'        "{component.name}",',
+        f"    params = {view}(",
         *_wrapped([f"{name}={name}," for name in params], "        "),
         "    )",
         f"    {'return ' if component.returns is not None else ''}run(",
@@ -129,4 +136,6 @@ def write(path: Path = SOURCE) -> bool:
 
 
 if __name__ == "__main__":  # python -m pipelines.component_source (`make compile` runs it)
+    # The steps' classes first: the step modules (imported to write the components) use them.
+    print(f"{'wrote' if step_params_source.write() else 'unchanged:'} {step_params_source.SOURCE}")
     print(f"{'wrote' if write() else 'unchanged:'} {SOURCE}")

@@ -33,7 +33,7 @@ def test_component_runs_sample_data_to_a_dataset_the_trainer_accepts(
     import numpy as np
     from kfp.dsl import Dataset, Markdown
 
-    from components.steps.component_spec import request_of
+    from components.params.step_params import request_of
     from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
     from components.steps.preprocess import run
     from trainer.packed_data.format import COLUMNS, compatibility_errors, read_manifest

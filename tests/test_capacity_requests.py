@@ -19,8 +19,8 @@ from components.launchers.customjob import build_custom_job
 from components.launchers.pytorchjob import build_pytorchjob
 from components.params.run_checks import run_errors
 from components.params.run_params import RunParams
+from components.params.step_params import request_of
 from components.platform.platform_facts import GKE_SPOT_POD_GRACE_S
-from components.steps.component_spec import request_of
 from components.steps.train import COMPONENT as TRAIN_STEP
 from components.steps.train import TrainRequest, backend_options, trainer_launch
 

@@ -229,8 +229,8 @@ def test_a_default_cloud_run_gives_valid_dataflow_options(fresh: Path, target: s
 
     from beam_preprocess.dataflow import validate_dataflow_options
     from beam_preprocess.options import PreprocessConfig
+    from components.params.step_params import request_of
     from components.runtime.image import DEFAULT_IMAGE
-    from components.steps.component_spec import request_of
     from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
     from components.steps.preprocess import beam_argv
 

@@ -12,6 +12,7 @@ parameter").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -24,16 +25,17 @@ import yaml
 
 from components.params.step_params import STEPS, for_step, inputs_of, taken_by
 from components.steps.component_spec import own_inputs
-from pipelines import component_source
+from pipelines import component_source, step_params_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_generated_components_are_current() -> None:
-    assert component_source.SOURCE.read_text() == component_source.source(), (
-        "components/kfp_components.py is stale: run `make compile` (python -m "
-        "pipelines.component_source) and commit it"
-    )
+    for generator in (step_params_source, component_source):
+        assert generator.SOURCE.read_text() == generator.source(), (
+            f"{generator.SOURCE.name} is stale: run `make compile` (python -m "
+            "pipelines.component_source) and commit it"
+        )
 
 
 def test_each_component_takes_its_steps_parameters_and_its_own_inputs() -> None:
@@ -57,7 +59,8 @@ def test_a_step_reads_only_the_parameters_it_takes() -> None:
         _ = view.max_steps
     with pytest.raises(TypeError, match="does not take run parameter"):
         for_step("etcd_up", max_steps=3)
-    assert list(view.as_dict()) == list(taken_by("etcd_up"))
+    assert [f.name for f in dataclasses.fields(view)] == list(taken_by("etcd_up"))
+    assert type(view).__module__ == "components.params.by_step"  # no run schema in a step
     assert set(taken_by("validate_inputs")) >= {name for step in STEPS for name in taken_by(step)}
 
 
@@ -122,7 +125,7 @@ compiler.Compiler().compile(build_fine_tune("vertex"), package_path="out.yaml")
 
 from components.params.step_params import for_step
 from components.steps.evaluate import throwaway_use
-from components.steps.component_spec import request_of
+from components.params.step_params import request_of
 from components.steps.evaluate import COMPONENT
 assert throwaway_use(request_of(COMPONENT, throwaway_knob=3, tuned_model=None, dataset=None, metrics=None, report=None)) == 3
 from beam_preprocess.options import PreprocessConfig
@@ -131,7 +134,7 @@ config = PreprocessConfig.from_options(PipelineOptions(
     ["--input=a.jsonl", "--output=o", "--tokenizer=t", "--seq-len=64", "--throwaway-setting=y"]))
 assert config.throwaway_use() == "y"
 from components.steps.preprocess import beam_argv, COMPONENT as PREPROCESS
-from components.steps.component_spec import request_of as of
+from components.params.step_params import request_of as of
 argv = beam_argv(of(PREPROCESS, train_data_uri="a", base_model="t", throwaway_setting="z", run_id="r", dataset=None, summary=None, gcp_resources=""), "o")
 assert "--throwaway-setting=z" in argv, argv
 print("recipe ok")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -71,8 +72,8 @@ def test_image_is_a_dataflow_custom_container() -> None:
 
     assert f"--uid {IMAGE_UID}" in DOCKERFILE
     # The default Dataflow options point at this image.
+    from components.params.step_params import request_of
     from components.runtime.image import DEFAULT_IMAGE
-    from components.steps.component_spec import request_of
     from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
     from components.steps.preprocess import beam_argv
 
@@ -95,7 +96,7 @@ def test_image_is_a_dataflow_custom_container() -> None:
     assert DATAFLOW_DISK_GB >= DATAFLOW_DEFAULT_DISK_GB + 2 * IMAGE_UNPACKED_GB
     own = request_of(
         PREPROCESS_STEP,
-        **{**request.params.as_dict(), "dataflow_options": {"disk_size_gb": 200}},
+        **{**dataclasses.asdict(request.params), "dataflow_options": {"disk_size_gb": 200}},
         run_id="r", dataset=None, summary=None, gcp_resources="",
     )  # fmt: skip
     assert [a for a in beam_argv(own, "gs://bkt/o") if a.startswith("--disk_size_gb")] == [

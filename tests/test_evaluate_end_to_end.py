@@ -384,7 +384,7 @@ def test_kfp_component_entry_point(env: Env, tmp_path: Path) -> None:
     run directory in metadata in, report file + scalars out."""
     from kfp.dsl import HTML, Dataset, Metrics, Model
 
-    from components.steps.component_spec import request_of
+    from components.params.step_params import request_of
     from components.steps.evaluate import COMPONENT as EVALUATE_STEP
     from components.steps.evaluate import run
 

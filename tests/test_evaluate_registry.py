@@ -160,7 +160,7 @@ def test_register_collects_all_errors(fake_registry: FakeModelService) -> None:
 
 def test_register_the_trained_model_by_uri(fake_registry: FakeModelService) -> None:
     """The `register` component's entry: display name -> new model, then versions of it."""
-    from components.steps.component_spec import request_of
+    from components.params.step_params import request_of
     from components.steps.register import COMPONENT as REGISTER_STEP
     from components.steps.register import run as register
 

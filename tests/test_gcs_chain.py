@@ -302,7 +302,7 @@ def test_evaluate_reads_and_writes_gcs(chain: Chain) -> None:
 
 
 def test_register_uploads_the_gcs_model(chain: Chain, fake_registry: FakeModelService) -> None:
-    from components.steps.component_spec import request_of
+    from components.params.step_params import request_of
     from components.steps.register import COMPONENT as REGISTER_STEP
     from components.steps.register import run
 

@@ -88,9 +88,9 @@ def test_the_preprocess_step_reads_validates_mix_with_packaged_replay(
 
     from kfp.dsl import Dataset, Markdown
 
+    from components.params.step_params import request_of
     from components.schedules.plan import plan_run
     from components.schedules.replay import GENERAL_PATH
-    from components.steps.component_spec import request_of
     from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
     from components.steps.preprocess import run
 

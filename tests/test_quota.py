@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from components.params.param_values import params_from_mapping
 from components.params.run_params import RunParams
+from components.params.step_params import request_of
 from components.preflight import quota
-from components.steps.component_spec import request_of
 from pipelines.cli import app
 
 REPO = Path(__file__).resolve().parents[1]

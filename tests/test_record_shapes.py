@@ -295,7 +295,7 @@ def test_run_parameters_share_the_shapes_choices_and_check_the_new_rules():
 
 def test_the_preprocess_step_passes_shape_options_on_every_runner():
     """`beam_argv` drops Dataflow-only options locally; the record shape is not one of them."""
-    from components.steps.component_spec import request_of
+    from components.params.step_params import request_of
     from components.steps.preprocess import COMPONENT as PREPROCESS_STEP
     from components.steps.preprocess import beam_argv
 

@@ -21,10 +21,10 @@ from fakes.k8s_api import KubeApiServer
 from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
 from components.etcd import manifests as etcd_manifests
+from components.params.step_params import request_of
 from components.steps import etcd as etcd_step
 from components.steps.cleanup import COMPONENT as CLEANUP_STEP
 from components.steps.cleanup import run as cleanup
-from components.steps.component_spec import request_of
 
 REPO = Path(__file__).resolve().parents[1]
 needs_etcd = pytest.mark.skipif(not etcd_local.shutil.which("etcd"), reason="etcd not installed")

@@ -181,8 +181,8 @@ def _proto_json(request: Any) -> dict[str, Any]:
 def _register(run: str, metrics: dict[str, float]) -> tuple[str, Any]:
     from kfp.dsl import Metrics
 
+    from components.params.step_params import request_of
     from components.serving.lineage import VertexModel
-    from components.steps.component_spec import request_of
     from components.steps.register import COMPONENT as REGISTER_STEP
     from components.steps.register import run as register
 
@@ -455,7 +455,7 @@ def test_custom_job_gets_tensorboard_and_cmek(golden: Any) -> None:
 
 
 def test_train_request_sets_tensorboard_output_and_key() -> None:
-    from components.steps.component_spec import request_of
+    from components.params.step_params import request_of
     from components.steps.train import COMPONENT as TRAIN_STEP
     from components.steps.train import backend_options
 
@@ -543,9 +543,9 @@ def test_cleanup_of_a_failed_run_undeploys_what_it_deployed(golden: Any) -> None
     """A deploy step killed before its rollback: the exit handler undoes its deployments."""
     from types import SimpleNamespace
 
+    from components.params.step_params import request_of
     from components.steps.cleanup import COMPONENT as CLEANUP_STEP
     from components.steps.cleanup import undeploy_failed_run
-    from components.steps.component_spec import request_of
 
     fake = FakeEndpoints(PARENT)
     shared = fake.add_endpoint("shared", {"111": 100})

@@ -64,7 +64,7 @@ def test_export_loads_as_the_servers_load_it(lora_export: Path) -> None:
 def test_deploy_step_serves_the_export_locally(lora_export: Path) -> None:
     """The local deploy: a real OpenAI-compatible server, one chat completion, server stopped."""
 
-    from components.steps.component_spec import request_of
+    from components.params.step_params import request_of
     from components.steps.deploy import COMPONENT as DEPLOY_STEP
     from components.steps.deploy import run
 

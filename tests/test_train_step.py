@@ -44,7 +44,7 @@ def test_cloud_workers_cannot_read_kfps_default_artifact_store() -> None:
 
 
 def _request(backend: str, **changes: object):
-    from components.steps.component_spec import request_of
+    from components.params.step_params import request_of
     from components.steps.train import COMPONENT as TRAIN_STEP
 
     fields = dict(

@@ -22,8 +22,8 @@ from components.params.run_params import (
     describe,
     fields,
 )
+from components.params.step_params import request_of
 from components.preflight.validation import check_run_parameters
-from components.steps.component_spec import request_of
 from components.steps.validate import COMPONENT as VALIDATE_STEP
 from components.steps.validate import run as validate_step
 from trainer.config import TrainConfig

@@ -8,6 +8,10 @@ defaults from here, so each is written once.
 
 from typing import Literal, get_args
 
+Backend = Literal["local", "gke", "vertex"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+"""Where the trainer runs: local torchrun agents, a Kubernetes job on GKE, a Vertex AI CustomJob."""
+
 RdzvBackend = Literal["etcd-v3", "etcd-v2", "c10d"]
 RDZV_BACKENDS: tuple[str, ...] = get_args(RdzvBackend)
 DEFAULT_RDZV_BACKEND: RdzvBackend = "etcd-v3"

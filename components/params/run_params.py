@@ -34,6 +34,7 @@ from components.launchers.vocab import (
     K8S_LABEL_NAME,
     PROJECT_ID,
     REGION,
+    Backend,
     JobApi,
     RdzvBackend,
 )
@@ -49,7 +50,6 @@ from trainer.packed_data.format import (
     SEQ_LEN_MIN,
 )
 
-Backend = Literal["local", "gke", "vertex"]
 Runner = Literal["DirectRunner", "DataflowRunner"]
 QuantizeBase = Literal["none", "nf4"]
 Objective = Literal["sft", "dpo", "grpo"]

@@ -23,7 +23,7 @@ from components.launchers.gke import GkeOptions
 from components.launchers.local import LocalOptions
 from components.launchers.pytorchjob import PyTorchJobOptions
 from components.launchers.vertex import VertexOptions
-from components.params.run_params import RunParams
+from components.params.by_step import CleanupParams
 from components.params.step_params import for_step
 from components.steps.component_spec import StepComponent, component_input
 from components.steps.train import BackendOptions, launcher, unknown_backend
@@ -36,7 +36,7 @@ class CleanupRequest:
     """The `cleanup` component: its run parameters and the run's id and final status, plus what
     tests and the local runner set."""
 
-    params: RunParams
+    params: CleanupParams
     """The run parameters the cleanup step takes (`steps=(...)` in components/params/run_params.py;
     components/params/step_params.py `for_step`)."""
     run_id: str = component_input("str")

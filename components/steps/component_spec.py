@@ -2,7 +2,8 @@
 
 A step module (components/steps/<step>.py) holds
 - `<Step>Request`: a frozen dataclass whose `params` field is the run parameters the step takes
-  (`RunParams` fields that name the step in `steps=(...)`; components/params/step_params.py) and
+  (its class in components/params/by_step.py, generated from the `RunParams` fields that name the
+  step in `steps=(...)`; components/params/step_params.py) and
   whose other fields marked with `component_input` are the component's own inputs and outputs
   (run id, upstream artifacts, output paths) with their KFP annotation; unmarked fields with
   defaults are for callers in Python (tests, `llmft` commands) and never reach the component;
@@ -16,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
-
-from components.params.step_params import for_step, taken_by
 
 KFP = "kfp"
 """The metadata key holding a component input's KFP annotation (source text)."""
@@ -52,12 +51,3 @@ class StepComponent:
 def own_inputs(request: type) -> list[dataclasses.Field[Any]]:
     """The request's component inputs and outputs besides the run parameters, in order."""
     return [f for f in dataclasses.fields(request) if KFP in f.metadata]
-
-
-def request_of(component: StepComponent, **values: Any) -> Any:
-    """The step's request from its component's inputs by name (what the generated component
-    body builds; callers in Python and tests use this): run parameters left out keep their
-    defaults, and so do the request's own fields that have one."""
-    taken = set(taken_by(component.name))
-    params = for_step(component.name, **{k: v for k, v in values.items() if k in taken})
-    return component.request(params=params, **{k: v for k, v in values.items() if k not in taken})

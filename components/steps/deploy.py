@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from components.params.run_params import RunParams
+from components.params.by_step import DeployParams
 from components.serving.endpoints import DeployOptions, VertexClients, deploy_version
 from components.serving.lineage import RESOURCE_NAME_KEY, SERVED_MODEL_NAME_KEY
 from components.steps.component_spec import StepComponent, component_input
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class DeployRequest:
     """The `deploy` component: its run parameters and its own inputs and outputs."""
 
-    params: RunParams
+    params: DeployParams
     """The run parameters the deploy step takes (`steps=(...)` in components/params/run_params.py;
     components/params/step_params.py `for_step`)."""
     model_uri: str = component_input("str")

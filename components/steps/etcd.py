@@ -18,7 +18,8 @@ from typing import Any
 
 from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
-from components.params.run_params import RunParams, choices
+from components.params.by_step import EtcdUpParams
+from components.params.run_params import choices
 from components.steps.component_spec import StepComponent, component_input
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class EtcdRequest:
     """The `etcd_up` component: its run parameters and the run id, plus the gke backend's
     settings that are not run parameters."""
 
-    params: RunParams
+    params: EtcdUpParams
     """The run parameters the etcd_up step takes (`steps=(...)` in components/params/run_params.py;
     components/params/step_params.py `for_step`)."""
     run_id: str = component_input("str")

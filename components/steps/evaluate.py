@@ -24,7 +24,7 @@ from components.evaluation.harness import HarnessSettings, parse_tasks
 from components.evaluation.judge import JudgeSettings
 from components.evaluation.outputs import EvaluationResult
 from components.evaluation.request import EvaluationRequest
-from components.params.run_params import RunParams
+from components.params.by_step import EvaluateParams
 from components.preflight.actual_cost import COST_FILE
 from components.serving.mlflow_tracking import end_failed, finish_evaluate, open_tracked_step
 from components.steps.component_spec import StepComponent, component_input
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class EvaluateRequest:
     """The `evaluate` component: its run parameters and its own inputs and outputs."""
 
-    params: RunParams
+    params: EvaluateParams
     """The run parameters the evaluate step takes (`steps=(...)` in components/params/run_params.py;
     components/params/step_params.py `for_step`)."""
     tuned_model: Any = component_input("Input[Model]")

@@ -18,6 +18,7 @@ from typing import Any
 
 from beam_preprocess import data_shape
 from beam_preprocess.data_shape import DataShape
+from components.params.by_step import PreprocessParams
 from components.params.run_params import RunParams
 from components.steps.component_spec import StepComponent, component_input
 
@@ -42,7 +43,7 @@ def build_argv(
     seq_len: int,
     runner: str = RunParams.preprocess_runner,
     eval_fraction: float = RunParams.eval_fraction,
-    shape: DataShape | None = None,
+    shape: Any = None,
     max_rejected_fraction: float = 0.1,
     train_on_prompt: bool = False,
     overwrite: bool = True,
@@ -51,8 +52,8 @@ def build_argv(
     beam_options: dict[str, Any] | None = None,
     extra_args: list[str] | None = None,
 ) -> list[str]:
-    """`beam_preprocess` flags: the dataset's own, the data settings of `shape` (any `DataShape`,
-    e.g. the run parameters: each setting is its own flag, beam_preprocess/data_shape.py), and
+    """`beam_preprocess` flags: the dataset's own, the data settings of `shape` (anything with
+    the `DataShape` fields: a `DataShape`, the preprocess step's params; each setting its own flag), and
     Beam's pipeline options from `beam_options` (empty values left to Beam's defaults)."""
     argv = [
         f"--input={input_uri}",
@@ -296,7 +297,7 @@ other keys pass through as flags."""
 class PreprocessRequest:
     """The `preprocess` component: its run parameters and its own inputs and outputs."""
 
-    params: RunParams
+    params: PreprocessParams
     """The run parameters the preprocess step takes (`steps=(...)` in components/params/run_params.py;
     components/params/step_params.py `for_step`)."""
     run_id: str = component_input("str")

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from components.params.run_params import RunParams
+from components.params.by_step import RegisterParams
 from components.serving.lineage import (
     CHAMPION_ALIAS,
     move_champion_alias,
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 class RegisterRequest:
     """The `register` component: its run parameters and its own inputs and outputs."""
 
-    params: RunParams
+    params: RegisterParams
     """The run parameters the register step takes (`steps=(...)` in components/params/run_params.py;
     components/params/step_params.py `for_step`)."""
     model_uri: str = component_input("str")

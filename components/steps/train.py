@@ -25,8 +25,8 @@ from components.launchers.base import (
     LogSink,
     TrainLaunch,
 )
-from components.launchers.vocab import DEADLINE_GRACE_S, resolve_nproc_per_node
-from components.params.run_params import RunParams, choices
+from components.launchers.vocab import BACKENDS, DEADLINE_GRACE_S, resolve_nproc_per_node
+from components.params.by_step import TrainParams
 from components.params.trainer_params import trainer_config
 from components.platform.capacity import trainer_overrides_for
 from components.platform.node_facts import interconnect_note
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 class TrainRequest:
     """The `train` component: its run parameters and its own inputs and outputs."""
 
-    params: RunParams
+    params: TrainParams
     """The run parameters the train step takes (`steps=(...)` in components/params/run_params.py;
     components/params/step_params.py `for_step`)."""
     run_id: str = component_input("str")
@@ -274,7 +274,7 @@ def backend_options(request: TrainRequest) -> BackendOptions:
 
 def unknown_backend(backend: str) -> ValueError:
     """The error for a backend that is none of the schema's choices."""
-    return ValueError(f"backend={backend!r}: choose one of {', '.join(choices('backend'))}")
+    return ValueError(f"backend={backend!r}: choose one of {', '.join(BACKENDS)}")
 
 
 def launcher(options: BackendOptions, *, log: LogSink | None = None) -> Launcher:

@@ -13,7 +13,7 @@ from components.launchers.gke import GkeOptions
 from components.launchers.node_setup import GPUDIRECT_SETUPS, ephemeral_storage_request
 from components.launchers.pytorchjob import PyTorchJobOptions
 from components.launchers.vocab import deadline_for
-from components.params.run_params import RunParams
+from components.params.by_step import TrainParams
 from components.platform.capacity import (
     POD_TERMINATION_GRACE_S,
     SPOT_RESTARTS_PER_NODE,
@@ -25,7 +25,7 @@ from components.preflight.model_size import weight_bytes
 from components.serving.mlflow_tracking import gke_token_env
 
 
-def gke_options(params: RunParams, *, timeout_s: int) -> GkeOptions:
+def gke_options(params: TrainParams, *, timeout_s: int) -> GkeOptions:
     """The GKE backend's options for the run parameters; `timeout_s` is when the step cancels
     the job (`training_timeout_s`)."""
     job = PyTorchJobOptions(
@@ -40,22 +40,22 @@ def gke_options(params: RunParams, *, timeout_s: int) -> GkeOptions:
         kueue_queue=params.kueue_queue or None,
         # C6: each pod copies the base model to its node's disk; C8: the GPU NIC networks.
         ephemeral_storage=ephemeral_storage_request(weight_bytes(params.base_model)),
-        gpudirect=gpudirect_setup(params),
+        gpudirect=gpudirect_setup(params.machine_type, params.nodes, gpudirect=params.gpudirect),
         **gke_capacity(params),
     )
     return GkeOptions(job=job, job_api=params.gke_job_api, cluster=params.gke_cluster)
 
 
-def gpudirect_setup(params: RunParams) -> str | None:
+def gpudirect_setup(machine_type: str, nodes: int, *, gpudirect: bool) -> str | None:
     """The GPUDirect pod setup of a multi-node GKE run with `gpudirect` on, on a machine family
     that needs one (node_facts.INTERCONNECTS); None otherwise."""
-    entry = interconnect(params.machine_type)
-    if not params.gpudirect or params.nodes < 2 or entry is None:
+    entry = interconnect(machine_type)
+    if not gpudirect or nodes < 2 or entry is None:
         return None
     return entry.gke_setup if entry.gke_setup in GPUDIRECT_SETUPS else None
 
 
-def gke_capacity(params: RunParams) -> dict[str, Any]:
+def gke_capacity(params: TrainParams) -> dict[str, Any]:
     """PyTorchJobOptions for the capacity: on Spot the pods keep at least Kubernetes' default
     grace period (POD_TERMINATION_GRACE_S; a preemption itself gives only GKE_SPOT_POD_GRACE_S)
     and more restarts (the budget's deadline is `training_timeout_s`)."""

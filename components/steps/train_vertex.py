@@ -11,7 +11,7 @@ from typing import Any
 from components.launchers.customjob import CustomJobOptions
 from components.launchers.vertex import VertexOptions
 from components.launchers.vocab import deadline_for
-from components.params.run_params import RunParams
+from components.params.by_step import TrainParams
 from components.platform.capacity import preemptible
 from components.runtime.run_identity import safe_run_id
 from components.serving.mlflow_tracking import vertex_token_env
@@ -19,7 +19,7 @@ from trainer import storage
 
 
 def vertex_options(
-    params: RunParams, *, run_id: str, gcp_resources: str, timeout_s: int
+    params: TrainParams, *, run_id: str, gcp_resources: str, timeout_s: int
 ) -> VertexOptions:
     """The Vertex backend's options for the run parameters; `timeout_s` is when the step cancels
     the job (`training_timeout_s`), `gcp_resources` the component's output path (the pipeline
@@ -56,7 +56,7 @@ def vertex_output_directory(work_uri: str, run_id: str) -> str:
     return storage.join(work_uri, "runs", safe_run_id(run_id), "vertex")
 
 
-def vertex_capacity(params: RunParams) -> dict[str, Any]:
+def vertex_capacity(params: TrainParams) -> dict[str, Any]:
     """CustomJobOptions for the capacity: on Spot a restarted replica restarts them all (the
     rendezvous needs every replica; they resume from the newest checkpoint). The budget's timeout
     is `training_timeout_s`."""

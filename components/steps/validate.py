@@ -188,7 +188,8 @@ def cluster_errors(params: RunParams) -> list[str]:
         cluster=params.gke_cluster,
         kueue_queue=params.kueue_queue,
         namespace=params.namespace,
-        gpudirect=gpudirect_setup(params) is not None,
+        gpudirect=gpudirect_setup(params.machine_type, params.nodes, gpudirect=params.gpudirect)
+        is not None,
     )
 
 
