@@ -128,11 +128,7 @@ def source() -> str:
 
 def write(path: Path = SOURCE) -> bool:
     """Write the generated module; True when it changed."""
-    text = source()
-    if path.exists() and path.read_text() == text:
-        return False
-    path.write_text(text)
-    return True
+    return step_params_source.write_if_changed(path, source())
 
 
 if __name__ == "__main__":  # python -m pipelines.component_source (`make compile` runs it)

@@ -94,7 +94,11 @@ def source() -> str:
 
 def write(path: Path = SOURCE) -> bool:
     """Write the generated module; True when it changed."""
-    text = source()
+    return write_if_changed(path, source())
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write a generated module unless it already holds `text`; True when it changed."""
     if path.exists() and path.read_text() == text:
         return False
     path.write_text(text)
