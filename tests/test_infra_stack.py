@@ -755,9 +755,14 @@ def test_an_a3_ultra_pool_gets_the_gpudirect_rdma_networks():
         "nvidia-h200-141gb",
         "nvidia-b200",
     ]
-    assert not [r for r in mocks.resources if r.inputs.get("kind") == "DaemonSet" and
-                r.inputs["metadata"]["name"] == "device-injector"]
+    daemonsets = [r for r in mocks.resources if r.inputs.get("kind") == "DaemonSet"]
+    assert "device-injector" not in {d.inputs["metadata"]["name"] for d in daemonsets}
     assert outputs["gpudirect"] is True
+    # A TrainJob of this pool references the RDMA runtime variant: infra installs it beside ours.
+    runtimes = mocks.of_type("kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
+    assert [r.inputs["metadata"]["name"] for r in runtimes] == [
+        "llmft-torch-v1-r3", "llmft-torch-v1-r10", "llmft-torch-v1-r3-rdma",
+        "llmft-torch-v1-r10-rdma"]  # fmt: skip
     # The RoCE network is zonal: a pool that may span zones is refused before anything exists.
     with pytest.raises(ValueError, match="needs exactly one zone"):
         parse_settings(

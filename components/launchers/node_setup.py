@@ -197,13 +197,17 @@ def rdma_patch() -> PodPatch:
 def apply_patch(template: dict[str, Any], container: str, patch: PodPatch) -> None:
     """Add `patch` to a pod template (`{"metadata": ..., "spec": ...}`) in place; `container` is
     the training container's name."""
-    metadata = template.setdefault("metadata", {})
-    metadata.setdefault("annotations", {}).update(patch.annotations)
+    if patch.annotations:
+        metadata = template.setdefault("metadata", {})
+        metadata.setdefault("annotations", {}).update(patch.annotations)
     spec = template["spec"]
-    spec.setdefault("volumes", []).extend(patch.volumes)
+    if patch.volumes:
+        spec.setdefault("volumes", []).extend(patch.volumes)
     trainer = next(c for c in spec["containers"] if c["name"] == container)
-    trainer.setdefault("env", []).extend({"name": k, "value": v} for k, v in patch.env.items())
-    trainer.setdefault("volumeMounts", []).extend(patch.mounts)
+    if patch.env:
+        trainer.setdefault("env", []).extend({"name": k, "value": v} for k, v in patch.env.items())
+    if patch.mounts:
+        trainer.setdefault("volumeMounts", []).extend(patch.mounts)
     if patch.command_prefix:
         command = " ".join(shlex.quote(part) for part in trainer["command"])
         trainer["command"] = ["/bin/bash", "-c", f"{patch.command_prefix} && exec {command}"]

@@ -291,10 +291,10 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
     )
     gpudirect: bool = param(
         False,
-        "GKE: the GPU node pool has the GPUDirect-TCPX/TCPXO NIC networks and NCCL plugin (the "
-        "stack's gke.gpudirect on A3 High/Mega; `llmft config from-stack` sets it): a multi-node "
-        "PyTorchJob then uses the GPU NICs (gke_job_api=auto picks PyTorchJob for it: a TrainJob "
-        "cannot carry the setup). False: NCCL uses the primary NIC.",
+        "GKE: the GPU node pool has the GPUDirect NIC networks and NCCL plugin (the stack's "
+        "gke.gpudirect: TCPX on A3 High, TCPXO on A3 Mega, RDMA on A3 Ultra and A4; `llmft config "
+        "from-stack` sets it): a multi-node training job then uses the GPU NICs (a TrainJob "
+        "through the runtime variant that carries the setup). False: NCCL uses the primary NIC.",
         steps=("train",),
         cloud=True,
     )
