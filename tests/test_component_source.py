@@ -77,7 +77,7 @@ def test_the_compiled_interface_is_the_one_users_saved(target: str) -> None:
     since are optional.
 
     Issue 46 changed exactly six defaults of both targets, to the first-run shape a new project's
-    quota can usually start (components/params/run_params.py FIRST_RUN_SHAPE, docs/deploy/
+    quota can usually start (components/params/target_defaults.py FIRST_RUN_SHAPE, docs/deploy/
     README.md "The run's shape"): nodes 2 -> 1, machine_type a3-highgpu-8g -> g2-standard-24,
     accelerator_type NVIDIA_H100_80GB -> NVIDIA_L4, accelerator_count 8 -> 2, quantize_base none
     -> nf4, trainer_overrides {} -> {"lora_rank": 16}. A saved schedule keeps working: it holds its

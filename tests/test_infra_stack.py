@@ -710,8 +710,9 @@ def test_an_a3_ultra_pool_gets_the_gpudirect_rdma_networks():
     """C8, RDMA (node_facts.RDMA_SOURCE): a gVNIC VPC with its firewall rule, a RoCE VPC in the
     pool's zone with one subnet per RDMA NIC and no firewall rule, the pool on all nine subnets,
     the Network objects the pods name, and the gIB installer DaemonSet on H200/B200 nodes."""
-    from components.platform.node_facts import GIB_INSTALLER_IMAGE
     from llmft_infra.settings import parse_settings
+
+    from components.platform.node_facts import GIB_INSTALLER_IMAGE
 
     gke = {
         "gpu_machine_type": "a3-ultragpu-8g",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import replace
 from typing import Any
 
 import pytest

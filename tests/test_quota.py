@@ -44,7 +44,7 @@ def run_params(target: str, *, first_run: bool = False, **changes: Any) -> RunPa
 
 
 def test_a_console_default_run_fits_what_a_fresh_project_has() -> None:
-    """Issue 46: the cloud targets' defaults (run_params.FIRST_RUN_SHAPE) ask for 2 L4 (training;
+    """Issue 46: the cloud targets' defaults (target_defaults.FIRST_RUN_SHAPE) ask for 2 L4 (training;
     evaluation's one L4 runs after it), which the fresh project's quota holds, on Vertex and on
     GKE."""
     default = run_params("vertex", first_run=True)

@@ -41,6 +41,7 @@ from components.launchers.vocab import (
 from components.params.evaluation_params import EvaluationParams
 from components.params.param_schema import literal_choices, param
 from components.params.serving_params import LATEST_REGISTERED, ServingParams
+from components.params.target_defaults import TARGET_DEFAULTS
 from components.platform.capacity import Capacity
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
@@ -457,43 +458,6 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-FIRST_RUN_SHAPE: dict[str, Any] = {
-    "nodes": 1,
-    "machine_type": "g2-standard-24",
-    "accelerator_type": "NVIDIA_L4",
-    "accelerator_count": 2,
-    "quantize_base": "nf4",
-    "trainer_overrides": {"lora_rank": 16},
-}
-"""What a cloud run gets when the console leaves its shape alone (issue 46): one g2-standard-24
-with 2 L4, QLoRA (nf4 base weights, rank-16 adapters). It asks for 2 GPUs of the quota (L4, the
-evaluate step's default GPU too), is the GPU pool the deploy guide's stack creates (so a GKE
-console run finds its nodes), and fits a 7B base model (the guide's Qwen/Qwen2.5-7B-Instruct:
-~6 GiB of an L4's 24 by trainer/memory_model.py) with room for larger ones. Google documents no
-fixed GPU quota for a new project (cloud.google.com/compute/resource-usage: "Not all projects
-have the same quotas"; cloud.google.com/vertex-ai/docs/quotas: custom-training GPU quota is per
-region and is requested), so this is a small shape, not a promise: the quota check still refuses
-a run the project cannot start. The big shapes are the same six parameters set otherwise
-(docs/deploy/README.md, "The run's shape"): full fine-tuning on 2 x 8 H100 is nodes=2,
-machine_type=a3-highgpu-8g, accelerator_type=NVIDIA_H100_80GB, accelerator_count=8,
-quantize_base=none, trainer_overrides={}."""
-
-TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "local": {},
-    "vertex": {"backend": "vertex", "preprocess_runner": "DataflowRunner", **FIRST_RUN_SHAPE},
-    "kfp": {
-        "backend": "gke",
-        "preprocess_runner": "DataflowRunner",
-        "service_account": "llmft-trainer",  # training pods' KSA (docs/deploy/rbac.yaml)
-        **FIRST_RUN_SHAPE,
-    },
-}
-"""Per-target defaults of the parameters whose right value depends on where the pipeline runs
-(the fields' own defaults are the local runner's, and `make demo`'s): a run launched from the
-console with only data, base model, project, bucket and Dataflow account filled in must pass
-(tests/test_compile.py), sized as FIRST_RUN_SHAPE."""
 
 
 def fields() -> dict[str, dataclasses.Field[Any]]:

@@ -129,7 +129,7 @@ def build_networks(settings: Settings, setup: str, after: Sequence[pulumi.Resour
 
 
 def _vpc(
-    settings: Settings, index: str, after: Sequence[pulumi.Resource], **profile: str
+    settings: Settings, index: str, after: Sequence[pulumi.Resource], profile: str | None = None
 ) -> gcp.compute.Network:
     return gcp.compute.Network(
         f"gpu-net-{index}",
@@ -137,8 +137,8 @@ def _vpc(
         project=settings.project,
         auto_create_subnetworks=False,
         mtu=RDMA_MTU,
+        network_profile=profile,
         opts=pulumi.ResourceOptions(depends_on=list(after)),
-        **profile,
     )
 
 
@@ -171,10 +171,7 @@ def _rdma_networks(settings: Settings, after: Sequence[pulumi.Resource]) -> GpuN
     )
     profile = RDMA_NETWORK_PROFILE.format(zone=gke.single_zone())
     rdma = _vpc(
-        settings,
-        "rdma",
-        after,
-        network_profile=f"projects/{settings.project}/global/networkProfiles/{profile}",
+        settings, "rdma", after, f"projects/{settings.project}/global/networkProfiles/{profile}"
     )
     nics = GPUDIRECT_NETWORKS[RDMA]
     subnets = [_subnet(settings, "gvnic", gvnic, SUBNET_RANGE.format(index=0))] + [
@@ -206,7 +203,10 @@ def gib_installer() -> dict[str, Any]:
         "volumes": [
             {
                 "name": "library-dir-host",
-                "hostPath": {"path": "/home/kubernetes/bin/nvidia/lib64", "type": "DirectoryOrCreate"},
+                "hostPath": {
+                    "path": "/home/kubernetes/bin/nvidia/lib64",
+                    "type": "DirectoryOrCreate",
+                },
             },
             {"name": "gib", "hostPath": {"path": GIB_HOST_DIR}},
         ],
@@ -293,7 +293,9 @@ def build_cluster_objects(
     if gpu.setup == RDMA:
         installer = gib_installer()
         return k8s.apps.v1.DaemonSet(
-            "nccl-rdma-installer", metadata=installer["metadata"], spec=installer["spec"],
+            "nccl-rdma-installer",
+            metadata=installer["metadata"],
+            spec=installer["spec"],
             opts=on_cluster,
         )
     # The receive-data-path manager is not privileged: it gets the GPU devices from the NRI device

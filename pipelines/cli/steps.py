@@ -4,7 +4,6 @@ hand, each a thin layer over the module the pipeline's component calls (`evaluat
 from __future__ import annotations
 
 from dataclasses import replace
-
 from typing import Annotated, Any
 
 import typer
