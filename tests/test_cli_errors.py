@@ -318,9 +318,17 @@ _DRY_RUN_BACKENDS = {
         ("vertex", [], ""),
         ("kfp", ["service_account=llmft-trainer"], ""),
         # N15: Vertex would reject L4s on an A3 machine only at create_custom_job.
-        ("vertex", ["accelerator_type=NVIDIA_L4"], "use g2-standard-96"),
+        (
+            "vertex",
+            ["accelerator_type=NVIDIA_L4", "accelerator_count=8", "machine_type=a3-highgpu-8g"],
+            "use g2-standard-96",
+        ),
         # GKE: the pods ask for 8 L4s; the pool's g2-standard-24 nodes carry 2.
-        ("kfp", ["accelerator_type=NVIDIA_L4", "machine_type=g2-standard-24"], "carries 2 x"),
+        (
+            "kfp",
+            ["accelerator_type=NVIDIA_L4", "accelerator_count=8", "machine_type=g2-standard-24"],
+            "carries 2 x",
+        ),
         # Review P1: the evaluate task's request (4 CPU / 16G) fits no g2-standard-4 GPU node;
         # a g2-standard-12 node hosts it now that it no longer requests its 12 CPU / 48G limit.
         (

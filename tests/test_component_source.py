@@ -76,7 +76,16 @@ def test_the_wiring_replaces_only_what_an_earlier_step_resolves() -> None:
 @pytest.mark.parametrize("target", ["vertex", "kfp"])
 def test_the_compiled_interface_is_the_one_users_saved(target: str) -> None:
     """A saved Vertex schedule or console form keeps working: every parameter it saved keeps its
-    name, type and default; parameters added since are optional."""
+    name and type, and its default except where an issue changed it on purpose; parameters added
+    since are optional.
+
+    Issue 46 changed exactly six defaults of both targets, to the first-run shape a new project's
+    quota can usually start (components/params/target_defaults.py FIRST_RUN_SHAPE, docs/deploy/
+    README.md "The run's shape"): nodes 2 -> 1, machine_type a3-highgpu-8g -> g2-standard-24,
+    accelerator_type NVIDIA_H100_80GB -> NVIDIA_L4, accelerator_count 8 -> 2, quantize_base none
+    -> nf4, trainer_overrides {} -> {"lora_rank": 16}. A saved schedule keeps working: it holds its
+    own template and values (a Vertex schedule its copy of the template, a KFP recurring run its
+    pipeline version and parameters), so it runs the shape it was saved with."""
     golden = json.loads((ROOT / "tests/golden/pipeline_interface.json").read_text())[target]
     document = next(yaml.safe_load_all((ROOT / f"compiled/fine_tune.{target}.yaml").read_text()))
     compiled = {

@@ -704,3 +704,68 @@ def test_an_a3_high_pool_gets_the_gpudirect_tcpx_networks():
         {"project": "my-project", "region": "us-central1", "gke": {"gpudirect": False}}
     )
     assert not no_gpudirect[0].of_type("gcp:compute/network:Network")
+
+
+def test_an_a3_ultra_pool_gets_the_gpudirect_rdma_networks():
+    """C8, RDMA (node_facts.RDMA_SOURCE): a gVNIC VPC with its firewall rule, a RoCE VPC in the
+    pool's zone with one subnet per RDMA NIC and no firewall rule, the pool on all nine subnets,
+    the Network objects the pods name, and the gIB installer DaemonSet on H200/B200 nodes."""
+    from llmft_infra.settings import parse_settings
+
+    from components.platform.node_facts import GIB_INSTALLER_IMAGE
+
+    gke = {
+        "gpu_machine_type": "a3-ultragpu-8g",
+        "accelerator_type": "nvidia-h200-141gb",
+        "gpu_node_locations": ["us-central1-b"],
+    }
+    mocks, outputs = stack({"project": "my-project", "region": "us-central1", "gke": gke})
+    networks = {n.inputs["name"]: n.inputs for n in mocks.of_type("gcp:compute/network:Network")}
+    assert set(networks) == {"llmft-gpu-net-gvnic", "llmft-gpu-net-rdma"}
+    assert networks["llmft-gpu-net-rdma"]["networkProfile"] == (
+        "projects/my-project/global/networkProfiles/us-central1-b-vpc-roce"
+    )
+    assert {n["mtu"] for n in networks.values()} == {8896}
+    firewalls = mocks.of_type("gcp:compute/firewall:Firewall")
+    assert [f.inputs["network"] for f in firewalls] == ["llmft-gpu-net-gvnic"]
+    subnets = [s.inputs for s in mocks.of_type("gcp:compute/subnetwork:Subnetwork")]
+    assert [s["ipCidrRange"] for s in subnets] == [f"192.168.{i}.0/24" for i in range(9)]
+    pool = mocks.named("gpu-pool").inputs
+    configs = pool["networkConfig"]["additionalNodeNetworkConfigs"]
+    assert [c["network"] for c in configs] == ["llmft-gpu-net-gvnic"] + ["llmft-gpu-net-rdma"] * 8
+    assert [c["subnetwork"] for c in configs] == ["llmft-gpu-subnet-gvnic"] + [
+        f"llmft-gpu-subnet-rdma-{i}" for i in range(8)
+    ]
+    assert pool["nodeLocations"] == ["us-central1-b"]
+    assert mocks.named("gke").inputs["enableMultiNetworking"] is True
+    params = {
+        r.inputs["metadata"]["name"]: r.inputs["spec"]
+        for r in mocks.resources
+        if r.inputs.get("kind") == "GKENetworkParamSet"
+    }
+    assert params["gvnic-1"]["deviceMode"] == "NetDevice"
+    assert [params[f"rdma-{i}"]["vpcSubnet"] for i in range(8)] == [
+        f"llmft-gpu-subnet-rdma-{i}" for i in range(8)
+    ]
+    assert {params[f"rdma-{i}"]["deviceMode"] for i in range(8)} == {"RDMA"}
+    installer = mocks.named("nccl-rdma-installer").inputs
+    pod = installer["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["image"] == GIB_INSTALLER_IMAGE
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [
+        "nvidia-h200-141gb",
+        "nvidia-b200",
+    ]
+    daemonsets = [r for r in mocks.resources if r.inputs.get("kind") == "DaemonSet"]
+    assert "device-injector" not in {d.inputs["metadata"]["name"] for d in daemonsets}
+    assert outputs["gpudirect"] is True
+    # A TrainJob of this pool references the RDMA runtime variant: infra installs it beside ours.
+    runtimes = mocks.of_type("kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
+    assert [r.inputs["metadata"]["name"] for r in runtimes] == [
+        "llmft-torch-v1-r3", "llmft-torch-v1-r10", "llmft-torch-v1-r3-rdma",
+        "llmft-torch-v1-r10-rdma"]  # fmt: skip
+    # The RoCE network is zonal: a pool that may span zones is refused before anything exists.
+    with pytest.raises(ValueError, match="needs exactly one zone"):
+        parse_settings(
+            {"project": "p-1234", "region": "us-central1", "gke": {**gke, "gpu_node_locations": []}}
+        )

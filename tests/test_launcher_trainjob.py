@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -470,31 +469,20 @@ def test_the_validate_steps_check_is_one_line_naming_what_to_install() -> None:
     assert "does not serve PyTorchJob" in gke_job_api_errors("pytorchjob", api_client=api_client)[0]
 
 
-def test_a_gpudirect_job_runs_as_a_pytorchjob_or_is_refused_before_preprocessing() -> None:
-    """The GPUDirect NIC setup needs a daemon container that Trainer v2.3's runtimePatches cannot
-    add: `auto` picks PyTorchJob for such a job, and a cluster that serves only TrainJob, or
-    `gke_job_api=trainjob`, is refused in the validate step with what to do (never a job on
-    one NIC that the user asked to run on eight)."""
+def test_a_gpudirect_job_is_a_trainjob_like_any_other() -> None:
+    """The GPUDirect setup rides in a runtime variant (components/launchers/trainjob.py), so
+    `auto` prefers TrainJob for a gpudirect job too and the validate step asks nothing more of
+    the cluster."""
     from kubernetes import client
 
-    from components.launchers.trainjob import build_trainjob
     from components.preflight.launch_checks import gke_job_api_errors
 
     api_client, router = fake_kube()
     serves(router, "trainjob", "pytorchjob")
-    custom = client.CustomObjectsApi(api_client)
-    assert resolve_job_api("auto", custom) == "trainjob"
-    assert resolve_job_api("auto", custom, gpudirect=True) == "pytorchjob"
-    assert gke_job_api_errors("auto", api_client=api_client, gpudirect=True) == []
-    [explicit] = gke_job_api_errors("trainjob", api_client=api_client, gpudirect=True)
-    assert explicit.startswith("gke_job_api=trainjob with gpudirect: ") and "PyTorchJob" in explicit
+    assert resolve_job_api("auto", client.CustomObjectsApi(api_client)) == "trainjob"
     only_v2, router = fake_kube()
     serves(router, "trainjob")
-    [error] = gke_job_api_errors("auto", api_client=only_v2, gpudirect=True)
-    assert "install the Training Operator v1, or set gpudirect=false" in error
-    with pytest.raises(ValueError, match="gpudirect='gpudirect-tcpx': the GPUDirect NIC setup"):
-        gpus = PyTorchJobOptions(accelerator="nvidia-h100-80gb", gpus_per_node=8)
-        build_trainjob(launch=small_launch(), options=replace(gpus, gpudirect="gpudirect-tcpx"))
+    assert gke_job_api_errors("trainjob", api_client=only_v2) == []
 
 
 KUEUE_V1BETA2 = "/apis/kueue.x-k8s.io/v1beta2"

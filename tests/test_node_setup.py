@@ -1,6 +1,7 @@
 """The GPU node facts and the pod additions that use them (cloud audit 2026-12-07): the Dataflow
 disk (C4), the GPU pool's taint kept off by non-training pods (C5), ephemeral storage sized from
-the base model (C6), the GPUDirect pod setup and the multi-node bandwidth assumption (C8)."""
+the base model (C6), the GPUDirect pod setups (TCPX, TCPXO, RDMA) and the multi-node bandwidth
+assumption (C8)."""
 
 from __future__ import annotations
 
@@ -100,14 +101,42 @@ def test_gpudirect_pods_join_the_gpu_nic_networks(setup: str, nics: int) -> None
     assert {v["name"] for v in template["spec"]["volumes"]} >= {"nvidia", "sys", "proc-sys", "dshm"}
 
 
+def test_gpudirect_rdma_pods_join_the_rdma_networks_and_source_the_gib_settings() -> None:
+    """A3 Ultra / A4 (node_facts.RDMA_SOURCE): eth1 on gvnic-1, eth2..eth9 on rdma-0..7, no
+    daemon beside the trainer, the gIB directory mounted and its NCCL settings sourced first."""
+    options = PyTorchJobOptions(
+        accelerator="nvidia-h200-141gb", gpus_per_node=8, gpudirect="gpudirect-rdma"
+    )
+    job = build_pytorchjob(launch=launch(), options=options)
+    jsonschema.validate(job, schema())
+    template = worker(job)
+    interfaces = json.loads(template["metadata"]["annotations"]["networking.gke.io/interfaces"])
+    assert interfaces == [
+        {"interfaceName": "eth0", "network": "default"},
+        {"interfaceName": "eth1", "network": "gvnic-1"},
+    ] + [{"interfaceName": f"eth{i + 2}", "network": f"rdma-{i}"} for i in range(8)]
+    assert [c["name"] for c in template["spec"]["containers"]] == ["pytorch"]
+    trainer = template["spec"]["containers"][0]
+    assert {"name": "gib", "mountPath": node_facts.GIB_POD_DIR} in trainer["volumeMounts"]
+    assert {"name": "gib", "hostPath": {"path": "/home/kubernetes/bin/gib"}} in template["spec"][
+        "volumes"
+    ]
+    assert trainer["command"][:2] == ["/bin/bash", "-c"]
+    assert trainer["command"][2].startswith(
+        "source /usr/local/gib/scripts/set_nccl_env.sh && exec python -m torch.distributed.run"
+    )
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["LD_LIBRARY_PATH"].startswith("/usr/local/nvidia/lib64")
+
+
 def test_gpudirect_needs_gpus_and_a_known_setup() -> None:
-    with pytest.raises(ValueError, match="gpudirect='gpudirect-rdma'"):
+    with pytest.raises(ValueError, match="gpudirect='gpudirect-ib'"):
         build_pytorchjob(
             launch=launch(),
-            options=PyTorchJobOptions(accelerator="nvidia-h200-141gb", gpudirect="gpudirect-rdma"),
+            options=PyTorchJobOptions(accelerator="nvidia-h200-141gb", gpudirect="gpudirect-ib"),
         )
     with pytest.raises(ValueError, match="llmft sets up"):
-        gpudirect_patch("gpudirect-rdma", 8)
+        gpudirect_patch("gpudirect-ib", 8)
 
 
 def test_interconnect_facts_and_the_stated_assumption() -> None:

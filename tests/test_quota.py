@@ -24,12 +24,43 @@ VERTEX = "aiplatform.googleapis.com"
 COMPUTE = "compute.googleapis.com"
 
 
-def run_params(target: str, **changes: Any) -> RunParams:
-    values = {"project": "my-project", "region": "us-central1", **changes}
+H100_SHAPE: dict[str, Any] = {
+    "nodes": 2,
+    "machine_type": "a3-highgpu-8g",
+    "accelerator_type": "NVIDIA_H100_80GB",
+    "accelerator_count": 8,
+    "quantize_base": "none",
+    "trainer_overrides": {},
+}
+"""The big shape (the cloud defaults before issue 46; docs/deploy/README.md "The run's shape"),
+which most tests here size against a fresh project's quota."""
+
+
+def run_params(target: str, *, first_run: bool = False, **changes: Any) -> RunParams:
+    """A run on the big H100 shape, or with `first_run` on the cloud targets' own defaults."""
+    shape = {} if first_run else H100_SHAPE
+    values = {"project": "my-project", "region": "us-central1", **shape, **changes}
     return params_from_mapping(values, base=RunParams.for_target(target))
 
 
-def test_a_default_vertex_run_needs_16_on_demand_h100_an_l4_and_a_dataflow_worker() -> None:
+def test_a_console_default_run_fits_what_a_fresh_project_has() -> None:
+    """Issue 46: the cloud targets' defaults (target_defaults.FIRST_RUN_SHAPE) ask for 2 L4 (training;
+    evaluation's one L4 runs after it), which the fresh project's quota holds, on Vertex and on
+    GKE."""
+    default = run_params("vertex", first_run=True)
+    needs = {(n.metric, n.amount) for n in quota.needs_for(default)}
+    assert needs == {(f"{VERTEX}/custom_model_training_nvidia_l4_gpus", 2), (f"{COMPUTE}/cpus", 1)}
+    report = quota.quota_check(default, session=FakeCloudQuotas().session())
+    assert (report.errors, report.warnings) == ([], [])
+    gke = run_params(
+        "kfp", first_run=True,
+        gke_cluster="projects/my-project/locations/us-central1-a/clusters/llmft",
+    )  # fmt: skip
+    report = quota.quota_check(gke, session=FakeCloudQuotas().session())
+    assert (report.errors, report.warnings) == ([], [])
+
+
+def test_a_big_vertex_run_needs_16_on_demand_h100_an_l4_and_a_dataflow_worker() -> None:
     needs = {(n.metric, n.region, n.amount, n.hard) for n in quota.needs_for(run_params("vertex"))}
     assert needs == {
         (f"{VERTEX}/custom_model_training_nvidia_h100_gpus", "us-central1", 16, True),
@@ -53,7 +84,7 @@ def test_a_local_run_needs_no_quota() -> None:
     assert quota.needs_for(run_params("local")) == []
 
 
-def test_a_fresh_project_refuses_the_default_vertex_run_with_one_line(golden: Any) -> None:
+def test_a_fresh_project_refuses_the_big_vertex_run_with_one_line(golden: Any) -> None:
     fake = FakeCloudQuotas()
     report = quota.quota_check(run_params("vertex"), session=fake.session())
     (error,) = report.errors
@@ -204,8 +235,12 @@ def _run(*extra: str) -> Any:
     )  # fmt: skip
 
 
+BIG = [x for k, v in H100_SHAPE.items() for x in ("--param", f"{k}={json.dumps(v)}")]
+"""H100_SHAPE as `llmft run` flags (strings as JSON too: the values' own coercion reads them)."""
+
+
 def test_llmft_run_refuses_before_anything_starts(fake_quotas: FakeCloudQuotas) -> None:
-    result = _run()
+    result = _run(*BIG)
     assert result.exit_code == 2, result.output
     (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
     assert "custom_model_training_nvidia_h100_gpus" in line and "is 0, the run needs 16" in line
@@ -213,8 +248,9 @@ def test_llmft_run_refuses_before_anything_starts(fake_quotas: FakeCloudQuotas) 
 
 
 def test_llmft_run_passes_one_parameter_away(fake_quotas: FakeCloudQuotas) -> None:
-    result = _run("--param", "capacity=spot")
+    result = _run(*BIG, "--param", "capacity=spot")
     assert result.exit_code == 0, result.output
+    assert _run().exit_code == 0  # the example config on the first-run shape
 
 
 def test_the_validate_step_checks_quota_for_a_console_run(

@@ -4,6 +4,7 @@ CEL rules that apply on create (tests/crd_validation.py), and a reviewed golden 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,57 @@ def test_c10d_rendezvous_is_node_zeros_stable_hostname(trainjob_schema: dict) ->
     assert f"--rdzv-endpoint={NAME}-node-0-0.{NAME}:29400" in job["spec"]["trainer"]["command"]
     assert "suspend" not in job["spec"]
     assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+
+
+@pytest.mark.parametrize(
+    ("setup", "accelerator", "daemon"),
+    [
+        ("gpudirect-tcpx", "nvidia-h100-80gb", "tcpx-daemon"),
+        ("gpudirect-tcpxo", "nvidia-h100-mega-80gb", "tcpxo-daemon"),
+        ("gpudirect-rdma", "nvidia-h200-141gb", None),
+    ],
+)
+def test_a_gpudirect_trainjob_uses_the_runtime_variant_carrying_the_nic_setup(
+    trainjob_schema: dict, runtime_schema: dict, setup: str, accelerator: str, daemon: str | None
+) -> None:
+    """v2.3.0's runtimePatches cannot add a container (a patch's containers[] has only name, env,
+    securityContext, volumeMounts), so the setup's pod patch lives in a ClusterTrainingRuntime
+    variant; the job's spec.trainer carries the NCCL env and the command prefix. Both objects
+    pass their CRD's schema and CEL rules, with nothing pruned."""
+    runtime = build_cluster_training_runtime(restarts=3, gpudirect=setup)
+    validate(runtime_schema, runtime)
+    suffix = setup.removeprefix("gpudirect-")
+    assert runtime["metadata"]["name"] == f"llmft-torch-v1-r3-{suffix}"
+    [replicated] = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    pod = replicated["template"]["spec"]["template"]
+    interfaces = pod["metadata"]["annotations"]["networking.gke.io/interfaces"]
+    assert ("rdma-7" in interfaces) == (setup == "gpudirect-rdma")
+    names = [c["name"] for c in pod["spec"]["containers"]]
+    assert names == ["node"] + ([daemon] if daemon else [])
+    node = pod["spec"]["containers"][0]
+    assert node["volumeMounts"] and "env" not in node and "command" not in node
+
+    gpus = options(accelerator=accelerator, gpus_per_node=8, gpudirect=setup)
+    launch = replace(seven_b_launch(), nproc_per_node=8)
+    job = build_trainjob(launch=launch, options=gpus)
+    validate(trainjob_schema, job)
+    assert job["spec"]["runtimeRef"]["name"] == f"llmft-torch-v1-r3-{suffix}"
+    trainer = job["spec"]["trainer"]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    if setup == "gpudirect-tcpx":
+        assert env["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME"] == "eth1,eth2,eth3,eth4"
+        assert trainer["command"][:3] == ["python", "-m", "torch.distributed.run"]
+    else:
+        prefix = "source /usr/local/gib" if setup == "gpudirect-rdma" else "NCCL_LIB_DIR="
+        assert trainer["command"][:2] == ["/bin/bash", "-c"]
+        assert trainer["command"][2].startswith(prefix)
+    # The pod's own patch is unchanged: placement, labels, /dev/shm.
+    assert node_pod(job)["spec"]["containers"] == [
+        {"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+    ]
+    with pytest.raises(ValueError, match="built for all 8 GPUs"):
+        four = replace(launch, nproc_per_node=4)
+        build_trainjob(launch=four, options=replace(gpus, gpus_per_node=4))
 
 
 def test_what_a_trainjob_cannot_do_is_refused_in_one_message() -> None:

@@ -171,8 +171,7 @@ class GkeLauncher(Launcher):
 
     def _flavor(self) -> JobFlavor:
         if self.flavor is None:  # auto: what the cluster serves (resolve_job_api)
-            gpudirect = bool(self.job_options.gpudirect)
-            self.flavor = flavor(resolve_job_api(self.job_api, self.custom, gpudirect=gpudirect))
+            self.flavor = flavor(resolve_job_api(self.job_api, self.custom))
             self.log(f"[gke] gke_job_api={self.job_api}: the cluster serves {self.flavor.kind}")
         return self.flavor
 

@@ -1,7 +1,7 @@
 """What a training pod needs from its GPU node beyond GPUs, for any Kubernetes job kind
-(PyTorchJob here; a TrainJob's pod template takes the same patch): an ephemeral-storage request
-sized from the base model (C6), the GPUDirect-TCPX/TCPXO setup that gives A3 nodes their GPU
-NICs' bandwidth (C8), GKE's driver mount and the CUDA expectation (`gpu_env`) and one zone for a
+(the PyTorchJob's pod template; a TrainJob's GPUDirect runtime, components/launchers/trainjob.py):
+an ephemeral-storage request sized from the base model (C6), the GPUDirect-TCPX/TCPXO/RDMA setup
+that gives A3, A3 Ultra and A4 nodes their GPU NICs' bandwidth (C8), GKE's driver mount and the CUDA expectation (`gpu_env`) and one zone for a
 multi-node job's pods (`same_zone_affinity`).
 
 GPUDirect follows Google's own manifests (GoogleCloudPlatform/container-engine-accelerators
@@ -12,6 +12,12 @@ gpu-bandwidth-gpudirect-tcpx): the pod is attached to the node pool's additional
 beside the trainer with the GPU devices it needs, and NCCL finds the plugin the installer
 DaemonSet put under /usr/local/nvidia/lib64. Unverified offline: that the NCCL bundled with the
 image's torch loads this plugin (Google tests it with the installer's own NCCL).
+
+GPUDirect-RDMA (A3 Ultra, A4) follows Google's guide and test pods (node_facts.RDMA_SOURCE): no
+daemon beside the trainer; the pod joins `gvnic-1` and `rdma-0`..`rdma-7`, mounts the gIB
+directory the installer DaemonSet fills (infra/llmft_infra/gpudirect.py) and sources its NCCL
+settings before torchrun. Unverified offline likewise: that the image's NCCL works with the gIB
+plugin the installer put beside the driver (the guide's pods use Google's diagnostic image).
 """
 
 from __future__ import annotations
@@ -21,7 +27,15 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.platform.node_facts import GPUDIRECT_NETWORKS, ephemeral_storage_gib
+from components.platform.node_facts import (
+    GIB_HOST_DIR,
+    GIB_NCCL_ENV,
+    GIB_POD_DIR,
+    GPUDIRECT_NETWORKS,
+    RDMA_HOST_NETWORK,
+    RDMA_NETWORK,
+    ephemeral_storage_gib,
+)
 from components.platform.platform_facts import GKE_NVIDIA_LIBRARY_PATH
 from components.runtime.run_identity import k8s_labels
 from trainer.cuda_guard import expect_cuda_env
@@ -78,7 +92,8 @@ _DAEMON = {
 }  # fmt: skip
 """The receive-data-path manager per setup: (container, image pinned as Google's manifest does,
 command, capabilities)."""
-GPUDIRECT_SETUPS = tuple(_DAEMON)
+RDMA = "gpudirect-rdma"
+GPUDIRECT_SETUPS = (*_DAEMON, RDMA)
 """The GPUDirect setups the launcher can add to a pod."""
 
 
@@ -98,13 +113,15 @@ class PodPatch:
 
 
 def gpudirect_patch(setup: str, gpus: int) -> PodPatch:
-    """The pod additions of `setup` ("gpudirect-tcpx" or "gpudirect-tcpxo") for `gpus` GPUs.
+    """The pod additions of `setup` (one of GPUDIRECT_SETUPS) for `gpus` GPUs.
 
     Raises:
-        ValueError: a setup that is not one of those (RDMA on A3 Ultra/A4 is not set up here).
+        ValueError: a setup that is not one of those.
     """
+    if setup == RDMA:
+        return rdma_patch()
     if setup not in _DAEMON:
-        raise ValueError(f"GPUDirect setup {setup!r}: llmft sets up {', '.join(_DAEMON)}")
+        raise ValueError(f"GPUDirect setup {setup!r}: llmft sets up {', '.join(GPUDIRECT_SETUPS)}")
     name, image, command, capabilities = _DAEMON[setup]
     networks = GPUDIRECT_NETWORKS[setup]
     interfaces = [{"interfaceName": "eth0", "network": "default"}] + [
@@ -153,16 +170,44 @@ def gpudirect_patch(setup: str, gpus: int) -> PodPatch:
     return patch
 
 
+def rdma_patch() -> PodPatch:
+    """GPUDirect-RDMA's pod additions (node_facts.RDMA_SOURCE): eth1 on the second gVNIC's network,
+    eth2..eth9 on the RDMA NICs', the gIB directory, and its NCCL settings sourced first (GKE's
+    driver mount already gives /usr/local/nvidia/lib64, where the installer put the plugin, and
+    `gpu_env` puts it on LD_LIBRARY_PATH)."""
+    nics = GPUDIRECT_NETWORKS[RDMA]
+    interfaces = [
+        {"interfaceName": "eth0", "network": "default"},
+        {"interfaceName": "eth1", "network": RDMA_HOST_NETWORK},
+    ] + [
+        {"interfaceName": f"eth{i + 2}", "network": RDMA_NETWORK.format(index=i)}
+        for i in range(nics)
+    ]
+    return PodPatch(
+        annotations={
+            "networking.gke.io/default-interface": "eth0",
+            "networking.gke.io/interfaces": json.dumps(interfaces),
+        },
+        volumes=[{"name": "gib", "hostPath": {"path": GIB_HOST_DIR}}],
+        mounts=[{"name": "gib", "mountPath": GIB_POD_DIR}],
+        command_prefix=GIB_NCCL_ENV,
+    )
+
+
 def apply_patch(template: dict[str, Any], container: str, patch: PodPatch) -> None:
     """Add `patch` to a pod template (`{"metadata": ..., "spec": ...}`) in place; `container` is
     the training container's name."""
-    metadata = template.setdefault("metadata", {})
-    metadata.setdefault("annotations", {}).update(patch.annotations)
+    if patch.annotations:
+        metadata = template.setdefault("metadata", {})
+        metadata.setdefault("annotations", {}).update(patch.annotations)
     spec = template["spec"]
-    spec.setdefault("volumes", []).extend(patch.volumes)
+    if patch.volumes:
+        spec.setdefault("volumes", []).extend(patch.volumes)
     trainer = next(c for c in spec["containers"] if c["name"] == container)
-    trainer.setdefault("env", []).extend({"name": k, "value": v} for k, v in patch.env.items())
-    trainer.setdefault("volumeMounts", []).extend(patch.mounts)
+    if patch.env:
+        trainer.setdefault("env", []).extend({"name": k, "value": v} for k, v in patch.env.items())
+    if patch.mounts:
+        trainer.setdefault("volumeMounts", []).extend(patch.mounts)
     if patch.command_prefix:
         command = " ".join(shlex.quote(part) for part in trainer["command"])
         trainer["command"] = ["/bin/bash", "-c", f"{patch.command_prefix} && exec {command}"]

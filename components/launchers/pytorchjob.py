@@ -161,8 +161,9 @@ class PyTorchJobOptions:
     """The trainer's ephemeral-storage request (node_setup.ephemeral_storage_request): a pod goes
     only to a node whose disk holds its base model copy, not evicted after the GPUs are up (C6)."""
     gpudirect: str | None = None
-    """"gpudirect-tcpx" (A3 High) or "gpudirect-tcpxo" (A3 Mega): the pods use the pool's GPU NIC
-    networks (launchers/node_setup.py; a pool set up by infra `gke.gpudirect`)."""
+    """"gpudirect-tcpx" (A3 High), "gpudirect-tcpxo" (A3 Mega) or "gpudirect-rdma" (A3 Ultra, A4):
+    the pods use the pool's GPU NIC networks (launchers/node_setup.py; a pool set up by infra
+    `gke.gpudirect`)."""
     termination_grace_s: int | None = None
     """The pods' terminationGracePeriodSeconds (time for the SIGTERM checkpoint); None: the
     Kubernetes default (30 s). A preempted Spot node gives pods at most GKE_SPOT_POD_GRACE_S

@@ -46,6 +46,17 @@ Design choices:
   -l llmft.dev/run=...` see them.
 - Env for the `node` container can only come through `spec.trainer.env` (the JobSet plugin
   refuses runtimePatches env on `node`); the HF token is a secretKeyRef there, never inline.
+- GPUDirect (`options.gpudirect`, A3 High/Mega/Ultra, A4): a runtime variant per setup,
+  `llmft-torch-v1-r<restarts>-<tcpx|tcpxo|rdma>`, whose pod template carries the setup's pod
+  patch (launchers/node_setup.py: the NIC network annotations, the volumes, the trainer's
+  mounts and, for TCPX/TCPXO, the receive-data-path daemon beside it), while the job's
+  `spec.trainer` carries the setup's NCCL env and the command that sources the plugin's settings.
+  Not runtimePatches: in v2.3.0's TrainJob CRD a runtimePatch's `containers[]` and
+  `initContainers[]` items have only name, env, securityContext and volumeMounts (no image or
+  command: a daemon container cannot be added, and an unknown field is pruned), though its pod
+  metadata takes annotations and its pod spec volumes. One mechanism for the three setups (RDMA
+  alone would fit in a runtimePatch). The daemon's device annotation lists 8 GPUs: every
+  GPUDirect machine carries 8 (platform_facts), and a GPUDirect TrainJob must use them all.
 - With a Kueue queue the job is created suspended (Kueue's documented TrainJob form; its webhook
   would set it anyway) and Kueue unsuspends it once the whole job is admitted.
 """
@@ -55,6 +66,7 @@ from __future__ import annotations
 from typing import Any
 
 from components.launchers.base import TrainLaunch
+from components.launchers.node_setup import GPUDIRECT_SETUPS, apply_patch, gpudirect_patch
 from components.launchers.pytorchjob import (
     PyTorchJobOptions,
     container_env,
@@ -102,18 +114,36 @@ def runtime_restarts() -> tuple[int, ...]:
     return tuple(sorted({default, SPOT_RESTARTS_PER_NODE}))
 
 
-def runtime_name(restarts: int) -> str:
-    return f"llmft-torch-{RUNTIME_VERSION}-r{restarts}"
+GPUDIRECT_GPUS = 8
+"""GPUs of every GPUDirect machine (a3-highgpu-8g, a3-megagpu-8g, a3-ultragpu-8g, a4-highgpu-8g):
+the GPUDirect runtimes' device list; a GPUDirect TrainJob uses all of them."""
 
 
-def build_cluster_training_runtime(*, restarts: int, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+def runtime_name(restarts: int, gpudirect: str | None = None) -> str:
+    """`llmft-torch-v1-r<restarts>`, with `-tcpx`/`-tcpxo`/`-rdma` for a GPUDirect setup."""
+    suffix = f"-{gpudirect.removeprefix('gpudirect-')}" if gpudirect else ""
+    return f"llmft-torch-{RUNTIME_VERSION}-r{restarts}{suffix}"
+
+
+def build_cluster_training_runtime(
+    *, restarts: int, image: str = DEFAULT_IMAGE, gpudirect: str | None = None
+) -> dict[str, Any]:
     """The ClusterTrainingRuntime with `restarts` whole-job restarts (infra installs one per
-    `runtime_restarts()`; the job overrides image, command, resources and pod placement)."""
+    `runtime_restarts()`, and with a GPUDirect pool one per restarts for its setup; the job
+    overrides image, command, env, resources and pod placement). `gpudirect`: the pod template
+    carries that setup's patch except the trainer's env and command (the job's `spec.trainer`)."""
+    pod: dict[str, Any] = {
+        "spec": {"restartPolicy": "Never", "containers": [{"name": CONTAINER, "image": image}]}
+    }
+    if gpudirect:
+        patch = gpudirect_patch(gpudirect, GPUDIRECT_GPUS)
+        patch.env, patch.command_prefix = {}, ""
+        apply_patch(pod, CONTAINER, patch)
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": RUNTIME_KIND,
         "metadata": {
-            "name": runtime_name(restarts),
+            "name": runtime_name(restarts, gpudirect),
             "labels": {
                 "trainer.kubeflow.org/framework": "torch",
                 "app.kubernetes.io/part-of": "llmft",
@@ -132,12 +162,7 @@ def build_cluster_training_runtime(*, restarts: int, image: str = DEFAULT_IMAGE)
                                 "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
                                 "spec": {
                                     "backoffLimit": 0,
-                                    "template": {
-                                        "spec": {
-                                            "restartPolicy": "Never",
-                                            "containers": [{"name": CONTAINER, "image": image}],
-                                        }
-                                    },
+                                    "template": pod,
                                 },
                             },
                         }
@@ -146,13 +171,6 @@ def build_cluster_training_runtime(*, restarts: int, image: str = DEFAULT_IMAGE)
             },
         },
     }
-
-
-GPUDIRECT_NEEDS_PYTORCHJOB = (
-    "the GPUDirect NIC setup (gpudirect) is built for PyTorchJob only: Trainer v2.3's "
-    "runtimePatches can patch only a container's env, securityContext and volumeMounts, not add "
-    "the receive-data-path daemon container it needs"
-)
 
 
 def trainjob_errors(launch: TrainLaunch, options: PyTorchJobOptions) -> list[str]:
@@ -167,8 +185,13 @@ def trainjob_errors(launch: TrainLaunch, options: PyTorchJobOptions) -> list[str
         errors.append(
             "gang_scheduling: a TrainJob is admitted whole through Kueue: set kueue_queue"
         )
-    if options.gpudirect:
-        errors.append(f"gpudirect={options.gpudirect!r}: {GPUDIRECT_NEEDS_PYTORCHJOB}")
+    gpus = options.gpus(launch)
+    if options.gpudirect in GPUDIRECT_SETUPS and gpus and gpus != GPUDIRECT_GPUS:
+        errors.append(
+            f"gpudirect={options.gpudirect!r} with {gpus} GPUs per node: the GPUDirect runtimes "
+            f"are built for all {GPUDIRECT_GPUS} GPUs of the machine (set gpus_per_node="
+            f"{GPUDIRECT_GPUS}, or gpudirect=false)"
+        )
     restarts = options.restarts_per_node
     if restarts not in runtime_restarts():
         errors.append(
@@ -225,7 +248,7 @@ def build_trainjob(
         "runtimeRef": {
             "apiGroup": GROUP,
             "kind": RUNTIME_KIND,
-            "name": runtime_name(options.restarts_per_node),
+            "name": runtime_name(options.restarts_per_node, options.gpudirect),
         },
         "trainer": _trainer(launch, options, rendezvous_endpoint(launch, options.namespace)),
         "runtimePatches": [_runtime_patch(launch, options, run_labels)],
@@ -251,12 +274,22 @@ def rendezvous_endpoint(launch: TrainLaunch, namespace: str) -> str:
 
 
 def _trainer(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -> dict[str, Any]:
-    """`spec.trainer`: the image, the PyTorchJob's torchrun command, env and Secrets, resources."""
+    """`spec.trainer`: the image, the PyTorchJob's torchrun command, env and Secrets, resources;
+    with GPUDirect the setup's NCCL env and its command prefix (the rest is in the runtime)."""
     gpus = options.gpus(launch)
-    trainer: dict[str, Any] = {
-        "image": options.image,
+    container = {
+        "name": CONTAINER,
         "command": torchrun_command(launch, endpoint, launch.nodes),
         "env": container_env(options, gpus),
+    }
+    if options.gpudirect:
+        patch = gpudirect_patch(options.gpudirect, gpus)
+        patch.annotations, patch.volumes, patch.containers, patch.mounts = {}, [], [], []
+        apply_patch({"spec": {"containers": [container]}}, CONTAINER, patch)
+    trainer: dict[str, Any] = {
+        "image": options.image,
+        "command": container["command"],
+        "env": container["env"],
         "numNodes": launch.nodes,
         "numProcPerNode": launch.nproc_per_node,
     }

@@ -29,13 +29,7 @@ from components.launchers.pytorchjob import KIND as V1_KIND
 from components.launchers.pytorchjob import PLURAL as V1_PLURAL
 from components.launchers.pytorchjob import VERSION as V1_VERSION
 from components.launchers.pytorchjob_api import JobApi
-from components.launchers.trainjob import (
-    GPUDIRECT_NEEDS_PYTORCHJOB,
-    GROUP,
-    KIND,
-    PLURAL,
-    VERSION,
-)
+from components.launchers.trainjob import GROUP, KIND, PLURAL, VERSION
 
 
 class TrainJobApi(JobApi):
@@ -127,25 +121,16 @@ def serves_resource(custom: Any, group: str, version: str, plural: str) -> bool:
     return any(r.name == plural for r in resources.resources or [])
 
 
-def resolve_job_api(choice: str, custom: Any, *, gpudirect: bool = False) -> str:
+def resolve_job_api(choice: str, custom: Any) -> str:
     """ "trainjob" or "pytorchjob" for `choice` (auto | trainjob | pytorchjob) on this cluster:
-    `auto` prefers TrainJob, or PyTorchJob for a `gpudirect` job (the NIC setup is built for it
-    alone). Raises ValueError (one line naming what to install or set) when the chosen API, or
-    with `auto` any that fits, is not served."""
+    `auto` prefers TrainJob (a GPUDirect job too: its runtime variant carries the NIC setup,
+    components/launchers/trainjob.py). Raises ValueError (one line naming what to install or set)
+    when the chosen API, or with `auto` either, is not served."""
     served = served_job_apis(custom)
-    if gpudirect and choice == "trainjob":
-        raise ValueError(f"gke_job_api=trainjob with gpudirect: {GPUDIRECT_NEEDS_PYTORCHJOB}")
     if choice == "auto":
-        order = ("pytorchjob",) if gpudirect else ("trainjob", "pytorchjob")
-        for api in order:
+        for api in ("trainjob", "pytorchjob"):
             if api in served:
                 return api
-        if gpudirect:
-            raise ValueError(
-                f"gke_job_api=auto with gpudirect: the cluster does not serve {V1_KIND} "
-                f"({V1_GROUP}/{V1_VERSION}), and {GPUDIRECT_NEEDS_PYTORCHJOB}: install the "
-                "Training Operator v1, or set gpudirect=false (NCCL on the primary NIC)"
-            )
         raise ValueError(
             f"gke_job_api=auto: the cluster serves neither TrainJob ({GROUP}/{VERSION}) nor "
             f"{V1_KIND} ({V1_GROUP}/{V1_VERSION}): {INSTALL_HINT}"

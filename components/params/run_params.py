@@ -17,6 +17,7 @@ components/params/param_checks.py, which `RunParams.errors` calls.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from components.launchers.vocab import (
 from components.params.evaluation_params import EvaluationParams
 from components.params.param_schema import literal_choices, param
 from components.params.serving_params import LATEST_REGISTERED, ServingParams
+from components.params.target_defaults import TARGET_DEFAULTS
 from components.platform.capacity import Capacity
 from trainer.config import TrainConfig
 from trainer.packed_data.format import (
@@ -291,10 +293,10 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
     )
     gpudirect: bool = param(
         False,
-        "GKE: the GPU node pool has the GPUDirect-TCPX/TCPXO NIC networks and NCCL plugin (the "
-        "stack's gke.gpudirect on A3 High/Mega; `llmft config from-stack` sets it): a multi-node "
-        "PyTorchJob then uses the GPU NICs (gke_job_api=auto picks PyTorchJob for it: a TrainJob "
-        "cannot carry the setup). False: NCCL uses the primary NIC.",
+        "GKE: the GPU node pool has the GPUDirect NIC networks and NCCL plugin (the stack's "
+        "gke.gpudirect: TCPX on A3 High, TCPXO on A3 Mega, RDMA on A3 Ultra and A4; `llmft config "
+        "from-stack` sets it): a multi-node training job then uses the GPU NICs (a TrainJob "
+        "through the runtime variant that carries the setup). False: NCCL uses the primary NIC.",
         steps=("train",),
         cloud=True,
     )
@@ -452,24 +454,10 @@ class RunParams(ServingParams, EvaluationParams, DataShape):
     @classmethod
     def for_target(cls, target: str = "local") -> RunParams:
         """The defaults of a pipeline target (`TARGET_DEFAULTS`)."""
-        return dataclasses.replace(cls(), **TARGET_DEFAULTS[target])
+        return dataclasses.replace(cls(), **copy.deepcopy(TARGET_DEFAULTS[target]))
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "local": {},
-    "vertex": {"backend": "vertex", "preprocess_runner": "DataflowRunner"},
-    "kfp": {
-        "backend": "gke",
-        "preprocess_runner": "DataflowRunner",
-        "service_account": "llmft-trainer",  # training pods' KSA (docs/deploy/rbac.yaml)
-    },
-}
-"""Per-target defaults of the parameters whose right value depends on where the pipeline runs
-(the fields' own defaults are the local runner's): a run launched from the console with only
-data, base model, project, bucket and Dataflow account filled in must pass (tests/test_compile.py)."""
 
 
 def fields() -> dict[str, dataclasses.Field[Any]]:

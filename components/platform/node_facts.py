@@ -153,7 +153,52 @@ INTERCONNECTS: tuple[Interconnect, ...] = (
 """Most specific prefix first (a3-highgpu-8g before the smaller a3-highgpu shapes)."""
 
 GPUDIRECT_NETWORKS = {"gpudirect-tcpx": 4, "gpudirect-tcpxo": 8, "gpudirect-rdma": 8}
-"""Additional VPC networks (one per GPU NIC) a node pool needs for each GPUDirect setup."""
+"""GPU NICs per node for each GPUDirect setup: TCPX/TCPXO one additional VPC each; RDMA one subnet
+each of the one RoCE VPC (RDMA_SOURCE)."""
+
+# --- GPUDirect-RDMA on A3 Ultra and A4 (C8), checked 2026-12-07 -----------------------------------
+
+RDMA_SOURCE = (
+    "cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom (A3 Ultra/A4 on "
+    "GKE Standard: a VPC and subnet for the second gVNIC (MTU 8896, a firewall rule for "
+    "192.168.0.0/16), one VPC with the RoCE network profile and 8 subnets for the RDMA NICs, the "
+    "cluster with Dataplane V2 and multi-networking, the node pool's additional node networks, "
+    "GKENetworkParamSet+Network objects `gvnic-1` (deviceMode NetDevice) and `rdma-0`..`rdma-7` "
+    "(deviceMode RDMA), the nccl-rdma-installer DaemonSet, and the pods' annotations eth0 "
+    "default, eth1 gvnic-1, eth2..eth9 rdma-0..rdma-7, /home/kubernetes/bin/gib mounted at "
+    "/usr/local/gib, LD_LIBRARY_PATH=/usr/local/nvidia/lib64 and the gIB plugin's "
+    "set_nccl_env.sh sourced before NCCL starts); cloud.google.com/vpc/docs/rdma-network-profiles "
+    "(RoCE profile `ZONE-vpc-roce`, MRDMA NICs of A3 Ultra, A4 and A4X only, the network and its "
+    "instances in the profile's zone, MTU 8896, implicit allow-ingress: no firewall rules); "
+    "github.com/GoogleCloudPlatform/container-engine-accelerators gpudirect-rdma/README.md "
+    "(installer image nccl-plugin-gib v1.1.0, release of 2025-08-15), nccl-rdma-installer.yaml and "
+    "nccl-test.yaml (the installer's and a test pod's paths)"
+)
+RDMA_CHECKED = "2026-12-07"
+RDMA_NETWORK_PROFILE = "{zone}-vpc-roce"
+"""The RoCE network profile of a zone: the RDMA VPC and the GPU nodes live in that one zone."""
+RDMA_MTU = 8896
+"""MTU of the RDMA VPC (the profile's default) and, as the guide creates it, of the gVNIC VPC."""
+RDMA_HOST_NETWORK = "gvnic-1"
+"""The Network object of the second host NIC (eth1)."""
+RDMA_NETWORK = "rdma-{index}"
+"""The Network object of RDMA NIC `index` (0..7; eth2..eth9 in the pod)."""
+RDMA_ACCELERATORS = ("nvidia-h200-141gb", "nvidia-b200")
+"""GKE accelerators of A3 Ultra and A4: the installer DaemonSet runs on their nodes only."""
+GIB_INSTALLER_IMAGE = "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.0"
+"""The gIB NCCL plugin installer (pinned; the README's latest release on RDMA_CHECKED)."""
+GIB_INSTALL_COMMAND = (
+    "set -ex; /scripts/container_entry.sh install --install-nccl; "
+    "cp -r /var/lib/gib/lib64/. /usr/local/home/kubernetes/bin/nvidia/lib64; "
+    "cp -r /var/lib/gib/. /usr/local/home/kubernetes/bin/gib"
+)
+"""What the installer runs (privileged, the node's two directories mounted under
+/usr/local/home/kubernetes/bin): NCCL and the gIB plugin into the driver's lib64, the plugin's
+scripts into the gib directory."""
+GIB_HOST_DIR = "/home/kubernetes/bin/gib"
+GIB_POD_DIR = "/usr/local/gib"
+GIB_NCCL_ENV = f"source {GIB_POD_DIR}/scripts/set_nccl_env.sh"
+"""Run before the trainer (as the guide's pods do): the gIB plugin's NCCL settings."""
 
 
 def interconnect(machine_type: str) -> Interconnect | None:

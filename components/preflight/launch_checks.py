@@ -134,11 +134,9 @@ def gke_job_api_errors(
     api_client: Any = None,
     kueue_queue: str = "",
     namespace: str = "",
-    gpudirect: bool = False,
 ) -> list[str]:
     """Why the GKE cluster cannot run a training job with `gke_job_api=choice` ([] when it can):
-    `auto` needs a TrainJob or a PyTorchJob CRD served (a `gpudirect` job a PyTorchJob), a named
-    API its own; and a `kueue_queue`
+    `auto` needs a TrainJob or a PyTorchJob CRD served, a named API its own; and a `kueue_queue`
     must be a LocalQueue of `namespace` (`kueue_queue_errors`). Asked of the cluster's API by the
     validate step, before preprocessing spends anything (components/launchers/trainjob_api.py
     `resolve_job_api`). `cluster`: Vertex AI Pipelines driving GKE; "" in the cluster (KFP on
@@ -154,7 +152,7 @@ def gke_job_api_errors(
     custom = client.CustomObjectsApi(api_client)
     errors = []
     try:
-        resolve_job_api(choice, custom, gpudirect=gpudirect)
+        resolve_job_api(choice, custom)
     except ValueError as exc:
         errors.append(str(exc))
     return errors + kueue_queue_errors(kueue_queue, namespace, custom)

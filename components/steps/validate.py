@@ -33,7 +33,6 @@ from components.runtime.secrets import load_hf_token
 from components.schedules.plan import RunPlan, plan_run
 from components.serving.mlflow_tracking import tracking_errors
 from components.steps.component_spec import StepComponent, component_input
-from components.steps.train_gke import gpudirect_setup
 
 
 @dataclass(frozen=True)
@@ -181,15 +180,13 @@ def scheduled_uri(uri: str, schedule_time: str) -> str:
 
 
 def cluster_errors(params: RunParams) -> list[str]:
-    """The GKE cluster must serve the job API (PyTorchJob for GPUDirect) and have the Kueue
-    queue before preprocessing spends anything."""
+    """The GKE cluster must serve the job API and have the Kueue queue before preprocessing
+    spends anything."""
     return gke_job_api_errors(
         params.gke_job_api,
         cluster=params.gke_cluster,
         kueue_queue=params.kueue_queue,
         namespace=params.namespace,
-        gpudirect=gpudirect_setup(params.machine_type, params.nodes, gpudirect=params.gpudirect)
-        is not None,
     )
 
 

@@ -256,7 +256,7 @@ def _node_pools(
 ) -> tuple[gcp.container.NodePool, gcp.container.NodePool]:
     """A CPU pool for KFP, etcd and component pods; a GPU pool that scales from zero, tainted so
     that only pods asking for GPUs land on it (C5), with a disk for the base model's copy (C6),
-    gVNIC and, for A3 High/Mega, the GPU NIC networks (C8)."""
+    gVNIC and, for A3 High/Mega/Ultra and A4, the GPU NIC networks (C8)."""
     cpu_pool = gcp.container.NodePool(
         "cpu-pool",
         name="cpu",

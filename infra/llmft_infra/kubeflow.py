@@ -38,6 +38,7 @@ from components.launchers.trainjob import (
     build_cluster_training_runtime,
     runtime_restarts,
 )
+from llmft_infra import gpudirect
 from llmft_infra.settings import GkeSettings
 
 TRAINER_CHART = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
@@ -117,7 +118,13 @@ def build_kubeflow(
             values={"jobset": {"install": True}},
             opts=on_cluster,
         )
-        runtimes = [_runtime(restarts, provider, trainer) for restarts in runtime_restarts()]
+        # A GPUDirect pool's jobs reference the runtime variant that carries its NIC setup.
+        variants = dict.fromkeys((None, gpudirect.setup_of(gke)))
+        runtimes = [
+            _runtime(restarts, provider, trainer, setup)
+            for setup in variants
+            for restarts in runtime_restarts()
+        ]
     kueue, queues = None, []
     if gke.kueue:
         kueue = k8s.helm.v3.Release(
@@ -142,9 +149,9 @@ def build_kubeflow(
 
 
 def _runtime(
-    restarts: int, provider: k8s.Provider, trainer: k8s.helm.v3.Release
+    restarts: int, provider: k8s.Provider, trainer: k8s.helm.v3.Release, setup: str | None = None
 ) -> k8s.apiextensions.CustomResource:
-    manifest = build_cluster_training_runtime(restarts=restarts)
+    manifest = build_cluster_training_runtime(restarts=restarts, gpudirect=setup)
     return k8s.apiextensions.CustomResource(
         f"runtime-{manifest['metadata']['name']}",
         api_version=f"{GROUP}/{VERSION}",

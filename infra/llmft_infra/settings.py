@@ -23,7 +23,12 @@ from components.params.run_params import (
     TARGET_DEFAULTS,
     RunParams,
 )
-from components.platform.node_facts import GPU_NODE_DISK_GB, gpu_node_disk_gb, model_bytes
+from components.platform.node_facts import (
+    GPU_NODE_DISK_GB,
+    gpu_node_disk_gb,
+    interconnect,
+    model_bytes,
+)
 from components.platform.platform_facts import machine, machine_accelerator_errors
 from components.platform.task_resources import kfp_gpu_node_errors
 from components.runtime.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE
@@ -144,9 +149,10 @@ class GkeSettings:
     model with `components.platform.node_facts.gpu_node_disk_gb(model_bytes(parameters))`."""
     gpudirect: bool = True
     """For a GPU machine that needs it for full GPU-to-GPU bandwidth across nodes (A3 High: TCPX,
-    A3 Mega: TCPXO; components/platform/node_facts.py INTERCONNECTS): the additional VPC networks
-    (one per GPU NIC), multi-networking, and the NCCL plugin installer; runs then pass
-    gpudirect=true. False: NCCL uses the primary NIC only (C8)."""
+    A3 Mega: TCPXO, A3 Ultra and A4: RDMA; components/platform/node_facts.py INTERCONNECTS): the
+    additional VPC networks (one per GPU NIC; RDMA: a gVNIC VPC and a RoCE VPC with one subnet
+    per NIC, in one zone: set one gpu_node_locations zone), multi-networking, and the NCCL plugin
+    installer; runs then pass gpudirect=true. False: NCCL uses the primary NIC only (C8)."""
     namespace: str = RunParams.namespace
     """Namespace of KFP's pods, the per-run etcd and the PyTorchJobs."""
     training_operator: bool = True
@@ -160,6 +166,20 @@ class GkeSettings:
     LocalQueue `llmft` in the run namespace (the run parameter kueue_queue names it)."""
     deletion_protection: bool = True
     """GKE deletion protection: `pulumi destroy` refuses until this is set to false."""
+
+    def single_zone(self) -> str | None:
+        """The one zone of the GPU pool (its one gpu_node_locations entry, else a zonal cluster's
+        zone); None when it may span several."""
+        if len(self.gpu_node_locations) == 1:
+            return self.gpu_node_locations[0]
+        if not self.gpu_node_locations and _ZONE.match(self.location):
+            return self.location
+        return None
+
+    def needs_rdma(self) -> bool:
+        """The pool gets GPUDirect-RDMA networks (A3 Ultra/A4 with gpudirect on)."""
+        entry = interconnect(self.gpu_machine_type)
+        return self.gpudirect and entry is not None and entry.gke_setup == "gpudirect-rdma"
 
 
 @dataclass(frozen=True)
@@ -351,6 +371,12 @@ def _gke_errors(gke: GkeSettings, region: str, errors: list[str]) -> None:
         )
     if gke.gpu_max_nodes < 1:
         errors.append("gke.gpu_max_nodes: at least 1 (the pool scales between 0 and this)")
+    if gke.needs_rdma() and gke.single_zone() is None:
+        errors.append(
+            f"gke.gpu_node_locations: {gke.gpu_machine_type} with gpudirect needs exactly one zone "
+            "(its RDMA network is zonal: RDMA_NETWORK_PROFILE in components/platform/"
+            "node_facts.py), or set gpudirect: false"
+        )
     if not _K8S_NAME.match(gke.namespace):
         errors.append(f"gke.namespace: {gke.namespace!r} is not a Kubernetes namespace name")
 

@@ -3,6 +3,7 @@ hand, each a thin layer over the module the pipeline's component calls (`evaluat
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
@@ -257,9 +258,17 @@ def render_trainjob(
     runtimes: Annotated[
         bool, typer.Option(help="Print the ClusterTrainingRuntimes it references instead.")
     ] = False,
+    gpudirect: Annotated[
+        str,
+        typer.Option(
+            help="GPUDirect setup of the pool: gpudirect-tcpx, gpudirect-tcpxo or gpudirect-rdma "
+            "(the job references that runtime variant; with --runtimes, print the variants too)."
+        ),
+    ] = "",
 ) -> None:
     """Print the TrainJob (Kubeflow Trainer v2) a GKE run would create, as YAML; `--runtimes`:
-    the ClusterTrainingRuntimes infra installs for it (docs/deploy/trainjob-runtimes.yaml)."""
+    the ClusterTrainingRuntimes infra installs for it (docs/deploy/trainjob-runtimes.yaml; with
+    `--gpudirect`, also the variants a GPUDirect pool's jobs reference)."""
     from components.launchers.k8s_yaml import to_yaml
     from components.launchers.trainjob import (
         build_cluster_training_runtime,
@@ -268,7 +277,11 @@ def render_trainjob(
     )
 
     if runtimes:
-        docs = [build_cluster_training_runtime(restarts=r) for r in runtime_restarts()]
+        docs = [
+            build_cluster_training_runtime(restarts=r, gpudirect=setup)
+            for setup in dict.fromkeys((None, gpudirect or None))
+            for r in runtime_restarts()
+        ]
         typer.echo("---\n".join(to_yaml(doc) for doc in docs), nl=False)
         return
     launch, options = _render_inputs(
@@ -293,6 +306,7 @@ def render_trainjob(
         active_deadline_seconds=active_deadline_seconds,
         set_=set_,
     )
+    options = replace(options, gpudirect=gpudirect or None)
     typer.echo(to_yaml(build_trainjob(launch=launch, options=options)), nl=False)
 
 
