@@ -191,7 +191,7 @@ def test_each_default_is_written_once_in_the_code() -> None:
         '"kubeflow"': "components/launchers/vocab.py",
         '"llmft-hf-token"': "components/params/run_params.py",
         '"us-central1"': "components/launchers/vocab.py",
-        '"llmft-trainer"': "components/params/run_params.py",
+        '"llmft-trainer"': "components/params/target_defaults.py",
         "lr: float = 2e-5": "trainer/config.py",  # learning_rate's default is the trainer's
         "1e-3": None,  # the old pipeline default, gone
     }
