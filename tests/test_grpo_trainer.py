@@ -70,16 +70,24 @@ def grpo(model: Path, prompts: Path, out: Path, *extra: str, function: str = "re
 def test_grpo_trains_checkpoints_and_resumes_exactly(
     tmp_path: Path, tiny_model_dir: Path, prompts: Path
 ) -> None:
+    """Two optimizer steps per rollout (grpo_num_iterations=2): steps 1 and 3 generate, 2 and 4
+    train again on the same completions against their old log-probs; a checkpoint every step,
+    so step 1's holds the rollout that step 2 still trains on."""
     full = tmp_path / "full"
-    proc = grpo(tiny_model_dir, prompts, full)
+    iterations = ("--grpo-num-iterations", "2", "--checkpoint-every", "1")
+    proc = grpo(tiny_model_dir, prompts, full, *iterations)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = metrics(full)
     assert sorted(first) == [1, 2, 3, 4]
     assert any(m["grad_norm"] > 0 for m in first.values())  # rewards differ within groups
     assert first[1]["kl"] == 0.0  # zero-initialized adapters: the policy is the reference
     assert any(m["kl"] > 0 for m in first.values())
-    for m in first.values():
-        assert m["generate_s"] > 0 and m["train_s"] > 0 and 0 <= m["pass_rate"] <= 1
+    for step, m in first.items():
+        assert m["train_s"] > 0 and 0 <= m["pass_rate"] <= 1
+        assert (m["generate_s"] > 0) == (step % 2 == 1)  # a rollout every second step
+    for step in (2, 4):  # the same completions: the same rewards, the same tokens
+        for key in ("reward", "pass_rate", "completion_tokens"):
+            assert first[step][key] == first[step - 1][key], (step, key)
     summary = json.loads((full / "summary.json").read_text())
     assert summary["objective"] == "grpo" and "eval_reward" in summary
     assert summary["generate_s_total"] > 0 and summary["train_s_total"] > 0
@@ -87,15 +95,18 @@ def test_grpo_trains_checkpoints_and_resumes_exactly(
     assert (full / "model/adapter/adapter_config.json").exists()
     check_evaluation(tmp_path, tiny_model_dir, prompts, summary)
 
-    # Resume from step 2's checkpoint: the same rollouts (RNG restored), rewards and updates.
+    # Resume from step 1's checkpoint: step 2 trains on the saved rollout, step 3 generates the
+    # same new one (RNG restored): the same rewards and updates.
     resumed = tmp_path / "resumed"
-    step2 = full / "checkpoints/step-00000002"
-    shutil.copytree(step2, resumed / "checkpoints/step-00000002")
-    proc = grpo(tiny_model_dir, prompts, resumed)
+    step1 = full / "checkpoints/step-00000001"
+    assert (step1 / "rollouts/rank-00000.pt").exists()
+    assert not (full / "checkpoints/step-00000002/rollouts").exists()  # none pending there
+    shutil.copytree(step1, resumed / "checkpoints/step-00000001")
+    proc = grpo(tiny_model_dir, prompts, resumed, *iterations)
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = metrics(resumed)
-    assert sorted(again) == [3, 4]
-    for step in (3, 4):
+    assert sorted(again) == [2, 3, 4]
+    for step in (2, 3, 4):
         for key in ("reward", "grad_norm", "loss", "kl"):
             assert again[step][key] == pytest.approx(first[step][key], abs=1e-6), (step, key)
 

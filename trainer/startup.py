@@ -9,6 +9,7 @@ import os
 import signal
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -131,17 +132,20 @@ def _data(r: Run) -> None:
         from trainer.grpo.reward_module import run_rewards
 
         r.rewards = run_rewards(config.rewards, config.reward_module)
-    batches_of = PromptBatches if prompts else TrainBatches
-    r.batches = batches_of(
-        config.data,
-        r.manifest,
-        rank=r.rank,
-        world_size=r.world_size,
-        micro_batch_size=config.micro_batch_size,
-        grad_accum_steps=config.grad_accum_steps,
-        seed=config.seed,
-        shuffle=config.shuffle,
-    )
+    dealing: dict[str, Any] = {
+        "rank": r.rank,
+        "world_size": r.world_size,
+        "micro_batch_size": config.micro_batch_size,
+        "grad_accum_steps": config.grad_accum_steps,
+        "seed": config.seed,
+        "shuffle": config.shuffle,
+    }
+    if prompts:
+        r.batches = PromptBatches(
+            config.data, r.manifest, iterations=config.grpo_num_iterations, **dealing
+        )
+    else:
+        r.batches = TrainBatches(config.data, r.manifest, **dealing)
     r.total_steps = config.max_steps or config.epochs * r.batches.steps_per_epoch
     if config.warmup_steps >= r.total_steps:
         raise ValueError(
@@ -182,6 +186,10 @@ def _resume(r: Run) -> None:
         )
     r.scheduler.load_state_dict(r.state.scheduler)
     r.resumed_from_step = step
+    if config.objective == "grpo" and (saved := checkpoint.load_rollouts(path, r.state)):
+        from trainer.grpo.buffer import RolloutBuffer  # GRPO's code, only when chosen
+
+        r.rollouts = RolloutBuffer.from_state(saved, r.device)
     if r.state.global_batch_rows != config.global_batch_rows(r.world_size):
         log.warning(
             "global batch changed (%d -> %d rows): the data order continues from the same row",
