@@ -43,6 +43,7 @@ SETTINGS = (
     "--grpo-max-completion-tokens", "8", "--grpo-beta", "0.1", "--grpo-temperature", "1.5",
     "--lr", "5e-3", "--max-steps", "4", "--checkpoint-every", "2", "--keep-checkpoints", "5",
 )  # fmt: skip
+QLORA = ("--quantize-base", "nf4")
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +112,12 @@ def test_grpo_trains_checkpoints_and_resumes_exactly(
             assert again[step][key] == pytest.approx(first[step][key], abs=1e-6), (step, key)
 
 
-def test_grpo_sigterm_saves_and_the_rerun_finishes(
+def test_grpo_with_qlora_sigterm_saves_and_the_rerun_finishes(
     tmp_path: Path, tiny_model_dir: Path, prompts: Path
 ) -> None:
+    """QLoRA (an NF4 base): rollouts on the 4-bit base with the adapters, the KL term's reference
+    the same base with the adapters off; SIGTERM after step 2 saves, the rerun resumes and
+    exports the merged model."""
     out, paused = tmp_path / "run", tmp_path / "paused"
     paused.mkdir()
     port = ReservedPort()
@@ -124,7 +128,7 @@ def test_grpo_sigterm_saves_and_the_rerun_finishes(
     command = [
         sys.executable, "-m", "trainer", "--model", str(tiny_model_dir),
         "--data", str(prompts / "data"), "--output", str(out), "--micro-batch-size", "2",
-        "--log-every", "1", "--tensorboard", "false", *SETTINGS,
+        "--log-every", "1", "--tensorboard", "false", *SETTINGS, *QLORA,
         f"--reward-module={prompts / 'reward.py'}",
     ]  # fmt: skip
     with port:
@@ -141,10 +145,15 @@ def test_grpo_sigterm_saves_and_the_rerun_finishes(
             proc.kill()
     assert proc.returncode == 143, err[-3000:]
     assert "SIGTERM: saved step 2" in err
-    proc = grpo(tiny_model_dir, prompts, out)
+    proc = grpo(tiny_model_dir, prompts, out, *QLORA)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2 and summary["steps"] == 4
+    steps = metrics(out)
+    assert any(m["kl"] > 0 for m in steps.values()) and any(
+        m["grad_norm"] > 0 for m in steps.values()
+    )
+    assert (out / "model/model.safetensors").exists() and (out / "model/adapter").is_dir()
 
 
 @pytest.mark.parametrize(
