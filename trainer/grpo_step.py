@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from trainer.grpo.buffer import RolloutBuffer, Scored
-from trainer.grpo.loss import GrpoLoss, group_advantages, grpo_stats
+from trainer.grpo.loss import GrpoLoss, group_advantages, grpo_stats, sampling_correction
 from trainer.grpo.policy_step import columns_of, record_ids
 from trainer.grpo.rewards import Reward, score, total
 from trainer.grpo.rollout import Rollout, Sampling, adapters_off, completion_logps, sample
@@ -72,9 +72,13 @@ def rollout_of(
     """G completions per prompt (one greedy one with greedy=True), generated inside the root's
     forward."""
 
+    texts = [p["prompt"] for p in prompts]
+    if r.generator is not None and not greedy:  # vLLM (grpo_use_vllm); held-out answers: below
+        return r.generator.sample(r.tokenizer, texts, sampling, r.device)
+
     def task(lm: Any) -> Rollout:
         return sample(
-            lm, r.tokenizer, [p["prompt"] for p in prompts], sampling,
+            lm, r.tokenizer, texts, sampling,
             greedy=greedy, synced_gpus=synced(r),
         )  # fmt: skip
 
@@ -109,6 +113,8 @@ def new_rollouts(r: Run, micro: list[list[dict[str, Any]]]) -> RolloutBuffer:
     config = r.config
     sampling = sampling_of(config)
     g, t = sampling.group_size, sampling.temperature
+    if r.generator is not None:  # collective under FSDP2: the engine takes the current policy
+        r.generator.load_policy(r.model.causal_lm())
     kept = []
     for prompts in micro:
         rollout = rollout_of(r, prompts, sampling)
@@ -116,14 +122,20 @@ def new_rollouts(r: Run, micro: list[list[dict[str, Any]]]) -> RolloutBuffer:
         reward = torch.tensor(values, dtype=torch.float32)
         advantages = group_advantages(reward, g, config.grpo_scale_rewards).to(r.device)
         started = time.perf_counter()
-        old = ref = None
+        old = ref = importance = None
         with torch.no_grad():
-            if config.grpo_num_iterations > 1:
+            # vLLM's completions are always scored by the policy (its own numbers differ).
+            if config.grpo_num_iterations > 1 or rollout.sampling_logps is not None:
                 old = r.model(task=lambda lm, x=rollout: completion_logps(lm, x, t))
+            if rollout.sampling_logps is not None and old is not None:
+                mask = rollout.completion_mask.to(old.dtype)
+                importance = sampling_correction(old, rollout.sampling_logps, mask)
             if config.grpo_beta != 0.0:
                 ref = r.model(task=lambda lm, x=rollout: _reference_logps(lm, x, t))
         fixed_s = time.perf_counter() - started
-        kept.append(Scored(rollout, values, passed, advantages, old, ref, fixed_s))
+        kept.append(
+            Scored(rollout, values, passed, advantages, old, ref, fixed_s, importance=importance)
+        )
     return RolloutBuffer(kept, left=config.grpo_num_iterations)
 
 
@@ -155,7 +167,7 @@ def grpo_optimizer_step(r: Run, micro: list[list[dict[str, Any]]]) -> StepResult
             mask = item.rollout.completion_mask.to(logps.device)
             old = logps.detach() if item.old is None else item.old
             advantages = item.advantages.to(logps.dtype)
-            return grpo_stats(logps, old, advantages, mask, settings, item.ref)
+            return grpo_stats(logps, old, advantages, mask, settings, item.ref, item.importance)
 
         # Gradients are reduced once per step, on the last micro-batch (trainer/step.py).
         r.model.set_requires_gradient_sync(k == len(buffer.micro) - 1)

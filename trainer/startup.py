@@ -28,6 +28,11 @@ def setup(config: TrainConfig) -> Run:
     from trainer.model import build_model
 
     device, backend = device_and_backend(config)
+    if config.objective == "grpo" and config.grpo_use_vllm:
+        from trainer.grpo import vllm_rollout  # GRPO's optional engine, only when chosen
+
+        if problem := vllm_rollout.unavailable(device):
+            raise ValueError(problem)
     if device.type == "cpu" and (cores := bind_cpu_cores()):
         log.info("worker bound to CPU cores %s", ",".join(map(str, cores)))
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
@@ -39,6 +44,9 @@ def setup(config: TrainConfig) -> Run:
     torch.manual_seed(config.seed)
     _data(r)
     r.model = build_model(config, r.model_dir, device)
+    if config.objective == "grpo" and config.grpo_use_vllm:
+        longest = r.manifest.seq_len + config.grpo_max_completion_tokens
+        r.generator = vllm_rollout.VllmRollouts(config, r.model_dir, r.rank, longest)
     r.optimizer = build_optimizer(config, r.model, device)
     r.scheduler = torch.optim.lr_scheduler.LambdaLR(
         r.optimizer, lr_lambda(config.warmup_steps, r.total_steps, config.min_lr_ratio)

@@ -38,6 +38,8 @@ class Scored:
     """[N, T] log-probs under the reference (None without a KL term)."""
     fixed_s: float = 0.0
     """Seconds spent on the old and reference forwards (training time of the generating step)."""
+    importance: torch.Tensor | None = None
+    """[N, 1] vLLM rollouts: the sampling correction (trainer/grpo/loss.py)."""
 
 
 @dataclass
