@@ -125,6 +125,13 @@ def test_the_cost_estimate_counts_the_rollouts_and_their_tokens() -> None:
         run(grpo_group_size=8, grpo_max_completion_tokens=64), remote=False
     )
     assert shorter.step("train").hours < est.step("train").hours
+    # Two optimizer steps per rollout (grpo_num_iterations): half the rollouts, the same training.
+    reused = run_cost.estimate_for(
+        run(grpo_group_size=8, grpo_max_completion_tokens=512, grpo_num_iterations=2),
+        remote=False,
+    )
+    hours = est.step("train").hours - reused.step("train").hours
+    assert hours * 3600 == pytest.approx(50 * cost.rollout_seconds(shape, size), rel=1e-6)
 
 
 def test_the_fit_check_holds_a_rollouts_kv_cache() -> None:
