@@ -89,6 +89,8 @@ def test_grpo_trains_checkpoints_and_resumes_exactly(
     for step in (2, 4):  # the same completions: the same rewards, the same tokens
         for key in ("reward", "pass_rate", "completion_tokens"):
             assert first[step][key] == first[step - 1][key], (step, key)
+    # A rollout's first step has ratio 1 (nothing clipped); its second, after an update, clips.
+    assert first[1]["clip_ratio"] == first[3]["clip_ratio"] == 0.0 < first[2]["clip_ratio"]
     summary = json.loads((full / "summary.json").read_text())
     assert summary["objective"] == "grpo" and "eval_reward" in summary
     assert summary["generate_s_total"] > 0 and summary["train_s_total"] > 0
