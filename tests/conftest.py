@@ -314,6 +314,7 @@ TIERS = {
     "test_trainjob_manifest.py": "unit",
     "test_mlflow_tracking.py": "integration",
     "test_grpo.py": "unit",
+    "test_grpo_vllm.py": "unit",
 }
 """Each test file's tier (docs/testing.md), one line per file; a test may carry another tier's
 marker itself (a file that mixes tiers marks its tests), and a file that marks all its tests

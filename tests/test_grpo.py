@@ -49,10 +49,25 @@ def fixed_batch(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def trl_loss(batch: dict[str, torch.Tensor], advantages: torch.Tensor, s: GrpoLoss):
-    """TRL's GRPOTrainer._compute_loss on these log-probs: the model forward is replaced by the fixed
-    per-token log-probs (a leaf tensor), all else is TRL's method as it runs with one process, no
-    accumulation, no vLLM, no entropy masking."""
+    """TRL's GRPOTrainer._compute_loss on these log-probs (a leaf tensor): (loss, its gradient)."""
     logps = batch["logps"].clone().requires_grad_(True)
+    loss = trl_compute_loss(logps, batch, advantages, s)
+    loss.backward()
+    return loss.detach(), logps.grad
+
+
+def trl_compute_loss(
+    logps: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    advantages: torch.Tensor,
+    s: GrpoLoss,
+    importance: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """TRL's GRPOTrainer._compute_loss: the model forward is replaced by `logps` (the policy's
+    per-token log-probs, differentiable), all else is TRL's method as it runs with one process,
+    no accumulation, no vLLM, no entropy masking; `batch["old"]` is what TRL's
+    `_generate_and_score_completions` stores as old_per_token_logps when num_iterations > 1;
+    `importance`: vLLM's importance_sampling_ratio (then TRL runs with use_vllm=True)."""
     accelerator = SimpleNamespace(
         gather=lambda x: x,
         gather_for_metrics=lambda x: x,
@@ -70,7 +85,8 @@ def trl_loss(batch: dict[str, torch.Tensor], advantages: torch.Tensor, s: GrpoLo
         loss_type=s.loss_type,
         epsilon_low=s.epsilon_low,
         epsilon_high=s.epsilon_high,
-        use_vllm=False,
+        use_vllm=importance is not None,
+        vllm_importance_sampling_correction=True,
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1,
         max_completion_length=s.max_completion_tokens,
@@ -90,9 +106,9 @@ def trl_loss(batch: dict[str, torch.Tensor], advantages: torch.Tensor, s: GrpoLo
         "ref_per_token_logps": batch["ref"],
         "num_items_in_batch": batch["mask"].sum(),
     }
-    loss = GRPOTrainer._compute_loss(fake, None, inputs)
-    loss.backward()
-    return loss.detach(), logps.grad
+    if importance is not None:
+        inputs["importance_sampling_ratio"] = importance
+    return GRPOTrainer._compute_loss(fake, None, inputs)
 
 
 def trl_advantages(
@@ -141,6 +157,48 @@ def test_loss_and_gradient_equal_trl(loss_type: str, beta: float) -> None:
     assert torch.allclose(logps.grad, expected_grad, atol=1e-4, rtol=0)
     assert expected_grad.abs().sum() > 0  # the comparison is not between two zero gradients
     assert sums[2] > 0  # some tokens were clipped: the clip branch is exercised
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_several_updates_per_rollout_equal_trl(loss_type: str) -> None:
+    """grpo_num_iterations=3 (TRL's num_iterations): one rollout, its old log-probs taken before
+    the first update, three updates of a small policy (per-token logits over 5 tokens as the
+    parameters). Each update's loss and gradient equal TRL's with the same old log-probs; the
+    ratio is 1 on the first (nothing clipped) and moves on the later ones (the clip acts)."""
+    batch = fixed_batch(seed=2)
+    gen = torch.Generator().manual_seed(3)
+    n = G * PROMPTS
+    weights = torch.randn(n, T, 5, generator=gen, dtype=torch.float64)
+    tokens = torch.randint(5, (n, T, 1), generator=gen)
+
+    def policy(w: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(w, -1).gather(-1, tokens).squeeze(-1)
+
+    s = GrpoLoss(loss_type=loss_type, beta=0.04, max_completion_tokens=T)
+    advantages = group_advantages(batch["rewards"], G)
+    rollout = {**batch, "old": policy(weights).detach()}  # taken at generation time
+    ours = weights.clone().requires_grad_(True)
+    theirs = weights.clone().requires_grad_(True)
+    clipped = []
+    for _ in range(3):
+        sums, units = grpo_stats(
+            policy(ours), rollout["old"], advantages, batch["mask"], s, batch["ref"]
+        )
+        loss = sums[0] / units
+        loss.backward()
+        expected = trl_compute_loss(policy(theirs), rollout, advantages, s)
+        expected.backward()
+        assert abs(loss.item() - expected.item()) < 1e-4
+        assert theirs.grad is not None and ours.grad is not None
+        assert torch.allclose(ours.grad, theirs.grad, atol=1e-4, rtol=0)
+        assert theirs.grad.abs().sum() > 0
+        clipped.append(float(sums[2].detach()))
+        with torch.no_grad():  # the same SGD update of both copies
+            for w in (ours, theirs):
+                assert w.grad is not None
+                w -= 30.0 * w.grad
+                w.grad = None
+    assert clipped[0] == 0 and clipped[-1] > 0
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)

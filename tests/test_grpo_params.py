@@ -125,6 +125,13 @@ def test_the_cost_estimate_counts_the_rollouts_and_their_tokens() -> None:
         run(grpo_group_size=8, grpo_max_completion_tokens=64), remote=False
     )
     assert shorter.step("train").hours < est.step("train").hours
+    # Two optimizer steps per rollout (grpo_num_iterations): half the rollouts, the same training.
+    reused = run_cost.estimate_for(
+        run(grpo_group_size=8, grpo_max_completion_tokens=512, grpo_num_iterations=2),
+        remote=False,
+    )
+    hours = est.step("train").hours - reused.step("train").hours
+    assert hours * 3600 == pytest.approx(50 * cost.rollout_seconds(shape, size), rel=1e-6)
 
 
 def test_the_fit_check_holds_a_rollouts_kv_cache() -> None:
@@ -163,3 +170,58 @@ def test_llmft_evaluate_takes_the_rewards_of_a_grpo_model(tmp_path: Path) -> Non
     assert result.exit_code == 2 and result.output.startswith("error: "), result.output
     assert "objective=grpo is evaluated by its rewards" in result.output
     assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
+
+
+@pytest.mark.unit
+def test_iterations_qlora_and_vllm_settings_reach_the_trainer_or_are_refused() -> None:
+    from trainer.config import TrainConfig
+
+    def errors(**overrides: Any) -> list[str]:
+        base = {"model": "m", "data": "d", "output": "o", "objective": "grpo",
+                "rewards": ARITHMETIC_REWARDS, "lora_rank": 8}  # fmt: skip
+        return TrainConfig(**{**base, **overrides}).errors()
+
+    assert errors(quantize_base="nf4", grpo_beta=0.04, grpo_num_iterations=2) == []  # QLoRA
+    assert errors(grpo_use_vllm=True, grpo_vllm_enable_sleep_mode=True) == []
+    refused = {
+        "grpo_num_iterations must be >= 1": {"grpo_num_iterations": 0},
+        "grpo_vllm_gpu_memory_utilization must be in (0, 1)": {
+            "grpo_vllm_gpu_memory_utilization": 1.5
+        },
+        "vLLM, which cannot take the NF4 base": {"grpo_use_vllm": True, "quantize_base": "nf4"},
+        "grpo_use_vllm generates GRPO rollouts": {"grpo_use_vllm": True, "objective": "sft"},
+    }
+    for says, overrides in refused.items():
+        found = errors(**overrides)
+        assert len(found) == 1 and says in found[0], (overrides, found)
+    params = RunParams(
+        train_data_uri="p.jsonl", base_model="m", objective="grpo", data_kind="prompts",
+        rewards=ARITHMETIC_REWARDS, quantize_base="nf4",
+        trainer_overrides={"lora_rank": 8, "grpo_num_iterations": 2, "grpo_use_vllm": True},
+    )  # fmt: skip
+    config = planned_trainer_config(params)
+    assert config.grpo_num_iterations == 2 and config.grpo_use_vllm
+    assert any("cannot take the NF4 base" in e for e in run_errors(params))
+
+
+@pytest.mark.unit
+def test_vllm_generation_without_vllm_or_a_gpu_stops_with_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trainer stops before its process group or model exist: vllm is not importable here
+    (it is no dependency of this project), or, where it is, this CPU rank has no GPU."""
+    import importlib.util
+
+    from trainer.__main__ import main
+
+    code = main([
+        "--model", str(tmp_path / "model"), "--data", str(tmp_path / "data"),
+        "--output", str(tmp_path / "out"), "--objective", "grpo", "--lora-rank", "8",
+        "--rewards", ARITHMETIC_REWARDS, "--grpo-use-vllm", "true",
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    says = "needs the vllm package" if importlib.util.find_spec("vllm") is None else "has none"
+    assert len(lines) == 1 and says in lines[0], err
+    assert not (tmp_path / "out").exists()

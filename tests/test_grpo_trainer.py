@@ -43,6 +43,7 @@ SETTINGS = (
     "--grpo-max-completion-tokens", "8", "--grpo-beta", "0.1", "--grpo-temperature", "1.5",
     "--lr", "5e-3", "--max-steps", "4", "--checkpoint-every", "2", "--keep-checkpoints", "5",
 )  # fmt: skip
+QLORA = ("--quantize-base", "nf4")
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +71,26 @@ def grpo(model: Path, prompts: Path, out: Path, *extra: str, function: str = "re
 def test_grpo_trains_checkpoints_and_resumes_exactly(
     tmp_path: Path, tiny_model_dir: Path, prompts: Path
 ) -> None:
+    """Two optimizer steps per rollout (grpo_num_iterations=2): steps 1 and 3 generate, 2 and 4
+    train again on the same completions against their old log-probs; a checkpoint every step,
+    so step 1's holds the rollout that step 2 still trains on."""
     full = tmp_path / "full"
-    proc = grpo(tiny_model_dir, prompts, full)
+    iterations = ("--grpo-num-iterations", "2", "--checkpoint-every", "1")
+    proc = grpo(tiny_model_dir, prompts, full, *iterations)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = metrics(full)
     assert sorted(first) == [1, 2, 3, 4]
     assert any(m["grad_norm"] > 0 for m in first.values())  # rewards differ within groups
     assert first[1]["kl"] == 0.0  # zero-initialized adapters: the policy is the reference
     assert any(m["kl"] > 0 for m in first.values())
-    for m in first.values():
-        assert m["generate_s"] > 0 and m["train_s"] > 0 and 0 <= m["pass_rate"] <= 1
+    for step, m in first.items():
+        assert m["train_s"] > 0 and 0 <= m["pass_rate"] <= 1
+        assert (m["generate_s"] > 0) == (step % 2 == 1)  # a rollout every second step
+    for step in (2, 4):  # the same completions: the same rewards, the same tokens
+        for key in ("reward", "pass_rate", "completion_tokens"):
+            assert first[step][key] == first[step - 1][key], (step, key)
+    # A rollout's first step has ratio 1 (nothing clipped); its second, after an update, clips.
+    assert first[1]["clip_ratio"] == first[3]["clip_ratio"] == 0.0 < first[2]["clip_ratio"]
     summary = json.loads((full / "summary.json").read_text())
     assert summary["objective"] == "grpo" and "eval_reward" in summary
     assert summary["generate_s_total"] > 0 and summary["train_s_total"] > 0
@@ -87,22 +98,28 @@ def test_grpo_trains_checkpoints_and_resumes_exactly(
     assert (full / "model/adapter/adapter_config.json").exists()
     check_evaluation(tmp_path, tiny_model_dir, prompts, summary)
 
-    # Resume from step 2's checkpoint: the same rollouts (RNG restored), rewards and updates.
+    # Resume from step 1's checkpoint: step 2 trains on the saved rollout, step 3 generates the
+    # same new one (RNG restored): the same rewards and updates.
     resumed = tmp_path / "resumed"
-    step2 = full / "checkpoints/step-00000002"
-    shutil.copytree(step2, resumed / "checkpoints/step-00000002")
-    proc = grpo(tiny_model_dir, prompts, resumed)
+    step1 = full / "checkpoints/step-00000001"
+    assert (step1 / "rollouts/rank-00000.pt").exists()
+    assert not (full / "checkpoints/step-00000002/rollouts").exists()  # none pending there
+    shutil.copytree(step1, resumed / "checkpoints/step-00000001")
+    proc = grpo(tiny_model_dir, prompts, resumed, *iterations)
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = metrics(resumed)
-    assert sorted(again) == [3, 4]
-    for step in (3, 4):
+    assert sorted(again) == [2, 3, 4]
+    for step in (2, 3, 4):
         for key in ("reward", "grad_norm", "loss", "kl"):
             assert again[step][key] == pytest.approx(first[step][key], abs=1e-6), (step, key)
 
 
-def test_grpo_sigterm_saves_and_the_rerun_finishes(
+def test_grpo_with_qlora_sigterm_saves_and_the_rerun_finishes(
     tmp_path: Path, tiny_model_dir: Path, prompts: Path
 ) -> None:
+    """QLoRA (an NF4 base): rollouts on the 4-bit base with the adapters, the KL term's reference
+    the same base with the adapters off; SIGTERM after step 2 saves, the rerun resumes and
+    exports the merged model."""
     out, paused = tmp_path / "run", tmp_path / "paused"
     paused.mkdir()
     port = ReservedPort()
@@ -113,7 +130,7 @@ def test_grpo_sigterm_saves_and_the_rerun_finishes(
     command = [
         sys.executable, "-m", "trainer", "--model", str(tiny_model_dir),
         "--data", str(prompts / "data"), "--output", str(out), "--micro-batch-size", "2",
-        "--log-every", "1", "--tensorboard", "false", *SETTINGS,
+        "--log-every", "1", "--tensorboard", "false", *SETTINGS, *QLORA,
         f"--reward-module={prompts / 'reward.py'}",
     ]  # fmt: skip
     with port:
@@ -130,10 +147,15 @@ def test_grpo_sigterm_saves_and_the_rerun_finishes(
             proc.kill()
     assert proc.returncode == 143, err[-3000:]
     assert "SIGTERM: saved step 2" in err
-    proc = grpo(tiny_model_dir, prompts, out)
+    proc = grpo(tiny_model_dir, prompts, out, *QLORA)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2 and summary["steps"] == 4
+    steps = metrics(out)
+    assert any(m["kl"] > 0 for m in steps.values()) and any(
+        m["grad_norm"] > 0 for m in steps.values()
+    )
+    assert (out / "model/model.safetensors").exists() and (out / "model/adapter").is_dir()
 
 
 @pytest.mark.parametrize(

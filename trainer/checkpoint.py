@@ -21,7 +21,14 @@ import torch
 import torch.distributed as dist
 
 from trainer import storage
-from trainer.checkpoint_files import MARKER, STATE_FILE, STEP_DIR, complete_checkpoints, step_dir
+from trainer.checkpoint_files import (
+    MARKER,
+    ROLLOUTS_DIR,
+    STATE_FILE,
+    STEP_DIR,
+    complete_checkpoints,
+    step_dir,
+)
 from trainer.data import DataPosition
 
 log = logging.getLogger(__name__)
@@ -79,8 +86,10 @@ def save(
     optimizer: torch.optim.Optimizer,
     state: TrainerState,
     keep: int,
+    rollouts: dict[str, Any] | None = None,
 ) -> str:
-    """Collective: every rank calls it. Returns the checkpoint path."""
+    """Collective: every rank calls it. Returns the checkpoint path. `rollouts`: this rank's GRPO
+    rollout that later steps still train on (trainer/grpo/buffer.py), saved beside its RNG."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
@@ -98,6 +107,11 @@ def save(
         torch.save(rng_state(), buffer)
         with storage.open(f"{path}/rng/rank-{rank:05d}.pt", "wb") as f:
             f.write(buffer.getvalue())
+        if rollouts is not None:
+            buffer = io.BytesIO()
+            torch.save(rollouts, buffer)
+            with storage.open(f"{path}/{ROLLOUTS_DIR}/rank-{rank:05d}.pt", "wb") as f:
+                f.write(buffer.getvalue())
         if rank == 0:
             with storage.open(f"{path}/{STATE_FILE}", "w") as f:
                 json.dump(asdict(state), f, indent=2, default=str)
@@ -195,6 +209,19 @@ def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
             dist.get_world_size(),
         )
     return state
+
+
+def load_rollouts(path: str, state: TrainerState) -> dict[str, Any] | None:
+    """This rank's saved GRPO rollout (see `save`), or None: none was pending, or the world size
+    changed (each rank's rollout belongs to its own prompts; the next step generates anew)."""
+    rollout_file = f"{path}/{ROLLOUTS_DIR}/rank-{dist.get_rank():05d}.pt"
+    if not storage.exists(rollout_file):
+        return None
+    if state.world_size != dist.get_world_size():
+        log.warning("world size changed: the rollout saved at step %d is not reused", state.step)
+        return None
+    with storage.open(rollout_file, "rb") as f:
+        return dict(torch.load(io.BytesIO(f.read()), weights_only=True))
 
 
 def rng_state() -> dict[str, Any]:

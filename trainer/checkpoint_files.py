@@ -7,6 +7,7 @@ Layout of one checkpoint, `OUTPUT/checkpoints/step-00000120/`:
     .metadata, __*_*.distcp     DCP: sharded model + optimizer state (each rank writes its shards)
     trainer_state.json          step, data position, scheduler, config snapshot (rank 0)
     rng/rank-00003.pt           each rank's RNG states (dropout differs per rank)
+    rollouts/rank-00003.pt      GRPO only, between two steps of one rollout: each rank's rollout
     COMPLETE                    written last, by rank 0, after every rank has finished: JSON
                                 {"step", "files": {relative path: size in bytes}}
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.json"
+ROLLOUTS_DIR = "rollouts"
 STEP_DIR = re.compile(r"step-(\d{8})$")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from trainer import storage
 from trainer.config_file import coerce_field
+from trainer.grpo.settings import grpo_errors
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 from trainer.tracking import tracking_uri_problem
 
@@ -195,6 +196,18 @@ class TrainConfig:
     """Lower clip of the ratio: 1 - epsilon_low."""
     grpo_epsilon_high: float = 0.2
     """Upper clip of the ratio: 1 + epsilon_high (DAPO's clip-higher uses 0.28)."""
+    grpo_num_iterations: int = 1
+    """Optimizer steps per rollout (TRL's num_iterations, mu): a rollout's log-probabilities are
+    kept from when it was generated, so from its second step on the ratio moves and the clip acts.
+    1: one step per rollout (ratio 1, no extra forward). An epoch takes mu x its steps."""
+    grpo_use_vllm: bool = False
+    """Generate the rollouts with vLLM in colocate mode (an engine on each rank's GPU, the policy's
+    weights loaded into it before each rollout); needs a GPU and vllm installed. Off: transformers'
+    generate with its KV cache (CPU and GPU)."""
+    grpo_vllm_gpu_memory_utilization: float = 0.3
+    """grpo_use_vllm: the share of the GPU's memory vLLM may take (weights and KV cache)."""
+    grpo_vllm_enable_sleep_mode: bool = False
+    """grpo_use_vllm: release vLLM's weights and KV cache between rollouts (level 2 sleep)."""
 
     # --- checkpoints, logging, export ---------------------------------------------------------
     checkpoint_every: int = 0
@@ -360,53 +373,9 @@ class TrainConfig:
         return errors
 
     def _grpo_errors(self) -> list[str]:
-        """objective=grpo's settings (the reward module is read, never run: trainer/grpo/)."""
-        from trainer.grpo.rewards import parse_rewards
-        from trainer.grpo.settings import LOSS_TYPES, SCALE_REWARDS
-
-        errors = []
-        if self.grpo_group_size < 2:
-            errors.append(
-                f"grpo_group_size must be >= 2 (got {self.grpo_group_size}): advantages compare "
-                "each completion with the others of its prompt"
-            )
-        if not 0 < self.grpo_temperature <= 10:
-            errors.append(f"grpo_temperature must be in (0, 10] (got {self.grpo_temperature})")
-        if not 0 < self.grpo_top_p <= 1:
-            errors.append(f"grpo_top_p must be in (0, 1] (got {self.grpo_top_p})")
-        if self.grpo_max_completion_tokens < 1:
-            errors.append(
-                f"grpo_max_completion_tokens must be >= 1 (got {self.grpo_max_completion_tokens})"
-            )
-        if self.grpo_loss_type not in LOSS_TYPES:
-            errors.append(
-                f"grpo_loss_type must be one of {', '.join(LOSS_TYPES)} (got {self.grpo_loss_type!r})"
-            )
-        if self.grpo_scale_rewards not in SCALE_REWARDS:
-            errors.append(
-                f"grpo_scale_rewards must be one of {', '.join(SCALE_REWARDS)} "
-                f"(got {self.grpo_scale_rewards!r})"
-            )
-        if self.grpo_beta < 0 or self.grpo_epsilon_low < 0 or self.grpo_epsilon_high < 0:
-            errors.append("grpo_beta, grpo_epsilon_low and grpo_epsilon_high must be >= 0")
-        try:
-            parse_rewards(self.rewards)
-        except ValueError as exc:
-            errors.append(str(exc))
-        if self.objective != "grpo":
-            return errors
-        if not self.rewards.strip() and not self.reward_module:
-            errors.append(
-                "objective=grpo needs a reward: set rewards (built-ins, JSON) or reward_module"
-            )
-        if self.grpo_beta > 0 and not self.lora_rank:
-            errors.append(
-                "grpo_beta > 0 uses the base with adapters disabled as its reference: set "
-                "lora_rank, or grpo_beta=0"
-            )
-        if self.quantize_base == "nf4":
-            errors.append("objective=grpo does not support quantize_base=nf4 yet")
-        return errors
+        """objective=grpo's settings (trainer/grpo/settings.py; the reward module is read, never
+        run)."""
+        return grpo_errors(self)
 
     def _writes_into_inputs(self) -> list[str]:
         """The run writes OUTPUT and the exported model, never into its base model or tokenizer

@@ -42,6 +42,10 @@ def train(r: Run) -> None:
     per_token, peak = _flops(r)
     window = Window()
     batches = r.batches.iterate(r.state.position)
+    if config.objective == "grpo":
+        from trainer.grpo_step import rollout_batches  # torch-heavy GRPO code, only when chosen
+
+        batches = rollout_batches(r, batches)
     with sdpa_kernels(config.sdpa_kernels):
         last_saved = _steps(r, window, batches, per_token, peak)
     if config.checkpoint_at_end and r.state.step != last_saved:
@@ -173,8 +177,10 @@ def save_checkpoint(r: Run) -> None:
     r.state.world_size = r.world_size
     r.state.config = r.config.to_dict()
     started = time.perf_counter()
+    rollouts = r.rollouts.state_dict() if r.rollouts is not None else None
     path = checkpoint.save(
-        checkpoints_dir(r), r.model, r.optimizer, r.state, keep=r.config.keep_checkpoints
-    )
+        checkpoints_dir(r), r.model, r.optimizer, r.state, keep=r.config.keep_checkpoints,
+        rollouts=rollouts,
+    )  # fmt: skip
     r.last_saved_at = time.monotonic()
     log.info("saved checkpoint %s in %.1fs", path, time.perf_counter() - started)

@@ -47,6 +47,11 @@ class Run:
     """Packed rows (TrainBatches), or prompt records for objective=grpo (PromptBatches)."""
     rewards: list[Any] = field(default_factory=list)
     """objective=grpo: the run's reward functions (trainer/grpo/rewards.py), loaded in setup."""
+    rollouts: Any = None
+    generator: Any = None
+    """objective=grpo with grpo_use_vllm: this rank's vLLM engine (trainer/grpo/vllm_rollout.py)."""
+    """objective=grpo: this rank's rollout while grpo_num_iterations steps still train on it
+    (trainer/grpo/buffer.py's RolloutBuffer; saved with checkpoints)."""
     metrics: MetricsWriter | None = None
     total_steps: int = 0
     state: TrainerState = field(default_factory=TrainerState)

@@ -9,6 +9,7 @@ import os
 import signal
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,11 @@ def setup(config: TrainConfig) -> Run:
     from trainer.model import build_model
 
     device, backend = device_and_backend(config)
+    if config.objective == "grpo" and config.grpo_use_vllm:
+        from trainer.grpo import vllm_rollout  # GRPO's optional engine, only when chosen
+
+        if problem := vllm_rollout.unavailable(device):
+            raise ValueError(problem)
     if device.type == "cpu" and (cores := bind_cpu_cores()):
         log.info("worker bound to CPU cores %s", ",".join(map(str, cores)))
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
@@ -38,6 +44,9 @@ def setup(config: TrainConfig) -> Run:
     torch.manual_seed(config.seed)
     _data(r)
     r.model = build_model(config, r.model_dir, device)
+    if config.objective == "grpo" and config.grpo_use_vllm:
+        longest = r.manifest.seq_len + config.grpo_max_completion_tokens
+        r.generator = vllm_rollout.VllmRollouts(config, r.model_dir, r.rank, longest)
     r.optimizer = build_optimizer(config, r.model, device)
     r.scheduler = torch.optim.lr_scheduler.LambdaLR(
         r.optimizer, lr_lambda(config.warmup_steps, r.total_steps, config.min_lr_ratio)
@@ -131,17 +140,20 @@ def _data(r: Run) -> None:
         from trainer.grpo.reward_module import run_rewards
 
         r.rewards = run_rewards(config.rewards, config.reward_module)
-    batches_of = PromptBatches if prompts else TrainBatches
-    r.batches = batches_of(
-        config.data,
-        r.manifest,
-        rank=r.rank,
-        world_size=r.world_size,
-        micro_batch_size=config.micro_batch_size,
-        grad_accum_steps=config.grad_accum_steps,
-        seed=config.seed,
-        shuffle=config.shuffle,
-    )
+    dealing: dict[str, Any] = {
+        "rank": r.rank,
+        "world_size": r.world_size,
+        "micro_batch_size": config.micro_batch_size,
+        "grad_accum_steps": config.grad_accum_steps,
+        "seed": config.seed,
+        "shuffle": config.shuffle,
+    }
+    if prompts:
+        r.batches = PromptBatches(
+            config.data, r.manifest, iterations=config.grpo_num_iterations, **dealing
+        )
+    else:
+        r.batches = TrainBatches(config.data, r.manifest, **dealing)
     r.total_steps = config.max_steps or config.epochs * r.batches.steps_per_epoch
     if config.warmup_steps >= r.total_steps:
         raise ValueError(
@@ -182,6 +194,10 @@ def _resume(r: Run) -> None:
         )
     r.scheduler.load_state_dict(r.state.scheduler)
     r.resumed_from_step = step
+    if config.objective == "grpo" and (saved := checkpoint.load_rollouts(path, r.state)):
+        from trainer.grpo.buffer import RolloutBuffer  # GRPO's code, only when chosen
+
+        r.rollouts = RolloutBuffer.from_state(saved, r.device)
     if r.state.global_batch_rows != config.global_batch_rows(r.world_size):
         log.warning(
             "global batch changed (%d -> %d rows): the data order continues from the same row",

@@ -191,6 +191,9 @@ class RunShape:
     """objective=grpo: `generate` calls per rank and step (micro-batches: grad_accum_steps)."""
     grpo_rows_per_rollout: int = 0
     """objective=grpo: sequences one `generate` call decodes (micro_batch_size x G)."""
+    grpo_iterations: int = 1
+    """objective=grpo: optimizer steps per rollout (grpo_num_iterations): one rollout in that
+    many steps."""
 
 
 def estimate(
@@ -303,7 +306,8 @@ def _train_time(
     )
     compute_s = tokens / (per_gpu * gpus)
     if shape.grpo_group_size:
-        rollout_s = shape.max_steps * rollout_seconds(shape, model)
+        rollouts = -(-shape.max_steps // max(shape.grpo_iterations, 1))
+        rollout_s = rollouts * rollout_seconds(shape, model)
         notes.append(
             f"objective=grpo: of the training job, ~{rollout_s / 3600:.2f} h generating "
             f"(rollouts of {shape.grpo_rows_per_rollout} sequences x "

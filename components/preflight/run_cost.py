@@ -53,6 +53,7 @@ def _grpo_shape(config: Any) -> dict[str, int]:
         "grpo_completion_tokens": config.grpo_max_completion_tokens,
         "grpo_rollouts_per_rank": config.grad_accum_steps,
         "grpo_rows_per_rollout": config.micro_batch_size * config.grpo_group_size,
+        "grpo_iterations": config.grpo_num_iterations,
     }
 
 

@@ -6,6 +6,8 @@ Epoch `e` visits the records in `permutation(seed + e)` (file order without shuf
 `(k x world + r) x micro_batch_size`, as packed rows are dealt. Each prompt's whole group of G
 completions is generated, scored and trained on the rank that holds the prompt: the advantage needs
 the group, so a group never straddles ranks. Prompt sets are small: every rank reads the split.
+With grpo_num_iterations = mu each rollout trains mu steps (trainer/grpo_step.py
+`rollout_batches`), so an epoch is mu x its rollouts in steps.
 """
 
 from __future__ import annotations
@@ -36,15 +38,18 @@ class PromptBatches:
         grad_accum_steps: int,
         seed: int,
         shuffle: bool,
+        iterations: int = 1,
     ) -> None:
         self.records = read_prompts(data_dir, manifest, TRAIN_SPLIT)
         self.rows = len(self.records)
         self.rank, self.world_size = rank, world_size
         self.micro_batch_size, self.grad_accum_steps = micro_batch_size, grad_accum_steps
         self.seed, self.shuffle = seed, shuffle
-        self.global_batch, self.steps_per_epoch = epoch_steps(
+        self.global_batch, rollouts = epoch_steps(
             self.rows, micro_batch_size * grad_accum_steps * world_size, unit="prompts"
         )
+        self.steps_per_epoch = rollouts * iterations
+        """Each rollout trains `iterations` optimizer steps (grpo_num_iterations)."""
 
     def order(self, epoch: int) -> np.ndarray:
         return epoch_order(self.rows, epoch, seed=self.seed, shuffle=self.shuffle)

@@ -65,19 +65,39 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     return advantages / (std + 1e-4)
 
 
+IMPORTANCE_CLIP_MAX = 3.0
+"""vLLM rollouts: a completion whose importance ratio exceeds this is left out of the loss (TRL
+1.16's default vllm_importance_sampling_mode="sequence_mask", clip_max=3.0)."""
+
+
+def sampling_correction(
+    old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """[B, 1] importance weights of completions sampled by another engine (vLLM) than the one
+    that scores them: exp(sum over tokens of old - sampling log-probs), 0 above
+    IMPORTANCE_CLIP_MAX (TRL's default correction for the vLLM / trainer mismatch)."""
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    ratio = torch.exp(diff.sum(dim=-1, keepdim=True))
+    return ratio.masked_fill(ratio > IMPORTANCE_CLIP_MAX, 0.0)
+
+
 def per_token_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
     advantages: torch.Tensor,
     settings: GrpoLoss,
     ref_logps: torch.Tensor | None = None,
+    importance: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([B, T] loss, [B, T] KL or None) from [B, T] log-probabilities of the completion tokens under
-    the policy (differentiable), the sampling policy and the reference, and [B] advantages."""
+    the policy (differentiable), the sampling policy and the reference, [B] advantages and, for
+    vLLM rollouts, the [B, 1] `sampling_correction` (it weighs the clipped term, not the KL)."""
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - settings.epsilon_low, 1 + settings.epsilon_high)
     a = advantages.unsqueeze(1)
     loss = -torch.min(ratio * a, clipped * a)
+    if importance is not None:
+        loss = loss * importance
     kl = None
     if settings.beta != 0.0:
         assert ref_logps is not None, "beta != 0 needs the reference log-probabilities"
@@ -110,9 +130,10 @@ def grpo_stats(
     mask: torch.Tensor,
     settings: GrpoLoss,
     ref_logps: torch.Tensor | None = None,
+    importance: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """([3] sums: loss (differentiable), KL over tokens, clipped tokens; units of the loss sum)."""
-    loss, kl = per_token_loss(logps, old_logps, advantages, settings, ref_logps)
+    loss, kl = per_token_loss(logps, old_logps, advantages, settings, ref_logps, importance)
     numerator, units = loss_sum(loss, mask, settings)
     m = mask.to(loss.dtype)
     ratio = torch.exp(logps.detach() - old_logps)

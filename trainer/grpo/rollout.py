@@ -44,6 +44,9 @@ class Rollout:
     completions: list[str]
     prompts: list[str]  # the rendered prompt of each completion
     seconds: float  # generation wall time
+    sampling_logps: torch.Tensor | None = None
+    """[N, T] the sampled tokens' log-probs as the generating engine computed them (vLLM); None
+    when the policy itself generated (transformers' generate)."""
 
     @property
     def completion_tokens(self) -> int:
@@ -72,7 +75,7 @@ def sample(
     evaluation). `synced_gpus`: sharded weights (FSDP2 over several ranks), where every rank must
     run the same number of forward passes: generate keeps going until every rank is done."""
     texts = [render(tokenizer, p) for p in prompts]
-    enc = _left_padded(tokenizer, texts)
+    enc = left_padded(tokenizer, texts)
     device = next(model.parameters()).device
     n = 1 if greedy else sampling.group_size
     was_training = model.training
@@ -109,7 +112,7 @@ def sample(
     )
 
 
-def _left_padded(tokenizer: Any, texts: list[str]) -> Any:
+def left_padded(tokenizer: Any, texts: list[str]) -> Any:
     """The prompts' ids, left-padded (a tokenizer without a pad token pads with EOS, never
     attended: the tokenizer itself is left as it was, so the export keeps it)."""
     side, pad = tokenizer.padding_side, tokenizer.pad_token
