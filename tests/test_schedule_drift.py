@@ -199,8 +199,7 @@ def _sequence(
     for number in range(1, len(WINDOWS) + 1):
         # the first run is the same with or without the controller: same base and window, no
         # replay yet
-        reuse = number == 1 and first is not None
-        outcome = first if reuse and first else _run(drift, params, number, base)
+        outcome = first if number == 1 and first else _run(drift, params, number, base)
         outcomes.append(outcome)
         base = outcome.model if outcome.passed else base
     return outcomes
