@@ -85,9 +85,18 @@ def plan_run(
             train_data_mix=mix,
             status=state.STARTED if proceed else state.SKIPPED,
             message=message,
+            registry=_registry(params),
         )
     plan = RunPlan(mix, proceed, record_uri, fraction, tuple(uris), message, tuple(warnings))
     return plan, []
+
+
+def _registry(params: Any) -> dict[str, str]:
+    """Where the run registers its model (`llmft history` reads which version is champion
+    there); {} when it registers none."""
+    if not (params.register_model and params.registered_model and params.project):
+        return {}
+    return {"model": params.registered_model, "project": params.project, "region": params.region}
 
 
 def _as_train(params: Any) -> str:
