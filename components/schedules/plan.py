@@ -60,7 +60,7 @@ def plan_run(
         listing = window.list_window(window_uri)
         last = state.last_successful(records)
         new, counted = window.new_records(listing, last.get("window", {}) if last else {})
-        if last and new < params.min_new_records:
+        if last and new is not None and new < params.min_new_records:
             proceed = not can_skip
             message = (
                 f"skipped: nothing new ({new} new records in {window_uri} since run "
