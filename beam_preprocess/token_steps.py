@@ -285,7 +285,7 @@ class DeduplicateAndPackFn(beam.DoFn):
         plan: MixPlan | None = None,
     ) -> Iterator[Any]:
         batches = BucketColumns(element[1])
-        sampler = _MixSampler(self.mix, plan) if self.mix is not None and plan else None
+        sampler = MixSampler(self.mix, plan) if self.mix is not None and plan else None
         # Two passes over the bucket (grouped values and spilled files can be read again): the
         # first finds the lowest source of each content, the second packs exactly that copy.
         first: dict[str, tuple[tuple[str, int], str]] = {}  # hash -> (order, source) kept
@@ -341,7 +341,7 @@ class DeduplicateAndPackFn(beam.DoFn):
             yield from sampler.events()
 
 
-class _MixSampler:
+class MixSampler:
     """The mix plan applied to one bucket's kept documents (beam_preprocess.mix): how many
     times each is packed, and the bucket's per-source counts as MIX events; a document the
     plan does not draw is filtered (reason not_sampled, counted, not written out)."""
