@@ -6,8 +6,7 @@ run schema's checks and need not load Beam's modules (~12 ms).
 
 from __future__ import annotations
 
-from trainer.packed_data.format import PREFERENCE_KIND, PROMPTS_KIND
-
+from trainer.packed_data.format import PROMPTS_KIND
 
 PROMPTS_NOT_MIXED = (
     "train_data_mix / replay: prompt records (data_kind=prompts) cannot be mixed yet: "
