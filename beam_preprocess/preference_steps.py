@@ -121,16 +121,16 @@ def unique_pairs(
         else:
             dropped.append(value)
     pairs: list[Pair] = []
-    kept = 0
+    unique = 0
     for v in sorted(first.values(), key=lambda v: source_order(v[1])):
         sides = ((v[2], v[3]), (v[4], v[5]))
-        passes = 1 if sampler is None else sampler.passes(v[0], v[1], split, list(sides))
+        passes = 1 if sampler is None else sampler.passes(v[0], v[1], split, sides)
         pairs += [Pair(*sides)] * passes
-        kept += 1 if passes else 0
+        unique += 1 if passes else 0
     if sampler is not None:
         for value in dropped:
             sampler.duplicate(value[1])
-    return pairs, len(dropped), kept
+    return pairs, len(dropped), unique
 
 
 class PackPairsFn(beam.DoFn):

@@ -18,7 +18,7 @@ counted as filtered or rejected too, so the accounting still adds up per record.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -351,7 +351,10 @@ class MixSampler:
         self.counts: dict[int, dict[str, int]] = {}
         self.duplicate_sources: list[str] = []
 
-    def passes(self, content: str, source: str, split: str, docs: list[Document]) -> int:
+    def passes(
+        self, content: str, source: str, split: str, docs: Sequence[tuple[Sized, object]]
+    ) -> int:
+        """How many times the document (or a preference pair: its two sides) is packed."""
         index = self.sources.index_of(source)
         part = self.plan.sources[index]
         u = draw(content, self.sources.seed)
