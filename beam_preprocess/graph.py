@@ -149,14 +149,11 @@ def _tokenize_and_pack(
     """The data kind's tokenize and pack steps: (tokens, packed, the table stages to write as
     (output, file suffix), the mix's plan or None)."""
     if config.data_kind == PREFERENCE_KIND:  # preference_steps: pairs whole, one worker a split
-        tokens = examples.examples | "TokenizePairs" >> TokenizePairs(config)
-        pair_packer = DeduplicateAndPackPairs(config.seq_len, pad_id)
-        return (
-            tokens,
-            tokens.pairs | "DeduplicateAndPackPairs" >> pair_packer,
-            ((TABLES, ""),),
-            None,
-        )
+        tokens = examples.examples | "TokenizePairs" >> TokenizePairs(config, mix)
+        plan = tokens[MIX_TOKENS] | "PlanMix" >> PlanMix(mix) if mix is not None else None
+        pair_packer = DeduplicateAndPackPairs(config.seq_len, pad_id, mix, plan)
+        packed = tokens.pairs | "DeduplicateAndPackPairs" >> pair_packer
+        return tokens, packed, ((TABLES, ""),), plan
     if config.data_kind == PROMPTS_KIND:  # prompt_steps: one row per prompt record, unpacked
         tokens = examples.examples | "CountPromptTokens" >> CountPromptTokens(config)
         packed = tokens.prompts | "DeduplicateAndWritePrompts" >> DeduplicateAndWritePrompts()

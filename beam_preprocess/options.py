@@ -26,6 +26,7 @@ from trainer.packed_data.format import (
     EVAL_FRACTION_DEFAULT,
     EVAL_FRACTION_MAX,
     PREFERENCE_KIND,
+    PROMPTS_KIND,
     SEQ_LEN_MAX,
     SEQ_LEN_MIN,
 )
@@ -333,8 +334,10 @@ def _mix_errors(o: Any) -> list[str]:
     from beam_preprocess.mix import TRAIN, resolve_mix
 
     entries, problems = resolve_mix(o.train_data_mix, TRAIN)
-    if entries and o.data_kind == PREFERENCE_KIND:
-        problems.append("--train-data-mix: preference pairs cannot be mixed yet")
+    if entries and o.data_kind == PROMPTS_KIND:
+        problems.append(
+            "--train-data-mix: prompt records (--data-kind prompts) cannot be mixed yet"
+        )
     others = [p for e in entries if e.uri != TRAIN for p in e.uri.split(",") if p.strip()]
     return problems + source_errors(tuple(others))
 

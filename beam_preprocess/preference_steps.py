@@ -10,6 +10,12 @@ DeduplicateAndPackPairs groups each split's pairs on one worker, keeps one copy 
 the same order. One worker per split holds that split's pairs: preference sets are small next to
 instruction corpora (UltraFeedback: 64k prompts), and one order over the whole split is what
 makes the rows reproducible.
+
+A weighted mix (`--train-data-mix`) samples pairs by tokens with the rule of instruction data
+(beam_preprocess/mix.py): TokenizePairs counts each source's training pair tokens (chosen plus
+rejected) on the per-bundle histograms, `PlanMix` makes the plan, and the packing step draws
+each unique pair's passes from it (`MixSampler`: repeated pairs are packed again, eval pairs
+never repeated) and emits the per-source counts.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ from typing import Any
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
+from beam_preprocess.mix import MixPlan, MixSources
+from beam_preprocess.mix_steps import MIX, MIX_TOKENS, TokenHistogram
 from beam_preprocess.options import PreprocessConfig
 from beam_preprocess.pairs import (
     Pair,
@@ -33,7 +42,7 @@ from beam_preprocess.pairs import (
 )
 from beam_preprocess.record_steps import drop_example, source_order
 from beam_preprocess.records import DEAD, FILTERED, OUTCOME, STATS, TOO_LONG, outcome
-from beam_preprocess.token_steps import ROWS_PER_TABLE, TABLES
+from beam_preprocess.token_steps import ROWS_PER_TABLE, TABLES, MixSampler
 
 TokenPair = tuple[str, str, list[int], list[int], list[int], list[int]]
 """(content hash, source, chosen ids, chosen mask, rejected ids, rejected mask): what travels
@@ -48,13 +57,21 @@ class TokenizePairsFn(beam.DoFn):
     """Pair example -> (split, TokenPair), or a dead/filtered letter; the tokenizer is loaded once
     per worker."""
 
-    def __init__(self, config: PreprocessConfig) -> None:
-        self.config = config
+    def __init__(self, config: PreprocessConfig, mix: MixSources | None = None) -> None:
+        self.config, self.mix = config, mix
 
     def setup(self) -> None:
         from beam_preprocess.tokenize import load_tokenizer
 
         self.tokenizer = load_tokenizer(self.config.tokenizer, self.config.chat_template)
+
+    def start_bundle(self) -> None:
+        self.histogram = TokenHistogram(self.mix) if self.mix is not None else None
+
+    def finish_bundle(self) -> Iterator[Any]:
+        if self.histogram is not None:  # the mix's token counts (beam_preprocess.mix_steps)
+            for value in self.histogram.take():
+                yield pvalue.TaggedOutput(MIX_TOKENS, GlobalWindows.windowed_value(value))
 
     def process(self, example: dict[str, Any]) -> list[Any]:
         source = example["source"]
@@ -68,6 +85,8 @@ class TokenizePairsFn(beam.DoFn):
             error = f"{len(pair)} tokens, seq_len {self.config.seq_len}"
             return drop_example(FILTERED, "filtered", TOO_LONG, example, error)
         (chosen, chosen_mask), (rejected, rejected_mask) = pair.chosen, pair.rejected
+        if self.histogram is not None and example["split"] == "train":
+            self.histogram.add(source, example["hash"], len(chosen) + len(rejected))
         value = (example["hash"], source, chosen, chosen_mask, rejected, rejected_mask)
         return [(example["split"], value)]
 
@@ -75,69 +94,98 @@ class TokenizePairsFn(beam.DoFn):
 class TokenizePairs(beam.PTransform):
     """Pair examples -> (split, TokenPair); tagged DEAD, FILTERED, OUTCOME."""
 
-    def __init__(self, config: PreprocessConfig) -> None:
+    def __init__(self, config: PreprocessConfig, mix: MixSources | None = None) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.mix = config, mix
 
     def expand(self, examples: pvalue.PCollection) -> pvalue.DoOutputsTuple:
-        return examples | "RenderPairs" >> beam.ParDo(TokenizePairsFn(self.config)).with_outputs(
-            DEAD, FILTERED, OUTCOME, main="pairs"
-        )
+        tags = (DEAD, FILTERED, OUTCOME) + ((MIX_TOKENS,) if self.mix is not None else ())
+        render = TokenizePairsFn(self.config, self.mix)
+        return examples | "RenderPairs" >> beam.ParDo(render).with_outputs(*tags, main="pairs")
 
 
-def unique_pairs(values: Iterable[TokenPair]) -> tuple[list[Pair], int]:
-    """(one pair per content hash, the lowest source's copy, in source order; duplicates)."""
+def unique_pairs(
+    values: Iterable[TokenPair], split: str = "train", sampler: MixSampler | None = None
+) -> tuple[list[Pair], int, int]:
+    """(one pair per content hash, the lowest source's copy, in source order; duplicates; the
+    unique pairs kept). With a mix's `sampler`, each unique pair appears as many times as the
+    plan draws (0: not sampled, and not kept)."""
     first: dict[str, TokenPair] = {}
-    seen = 0
+    dropped: list[TokenPair] = []
     for value in values:
-        seen += 1
         kept = first.get(value[0])
         if kept is None or source_order(value[1]) < source_order(kept[1]):
             first[value[0]] = value
-    ordered = sorted(first.values(), key=lambda v: source_order(v[1]))
-    pairs = [Pair((v[2], v[3]), (v[4], v[5])) for v in ordered]
-    return pairs, seen - len(pairs)
+            if kept is not None:
+                dropped.append(kept)
+        else:
+            dropped.append(value)
+    pairs: list[Pair] = []
+    unique = 0
+    for v in sorted(first.values(), key=lambda v: source_order(v[1])):
+        sides = ((v[2], v[3]), (v[4], v[5]))
+        passes = 1 if sampler is None else sampler.passes(v[0], v[1], split, sides)
+        pairs += [Pair(*sides)] * passes
+        unique += 1 if passes else 0
+    if sampler is not None:
+        for value in dropped:
+            sampler.duplicate(value[1])
+    return pairs, len(dropped), unique
 
 
 class PackPairsFn(beam.DoFn):
     """(split, [TokenPair]) -> (split, pyarrow Table) per ROWS_PER_TABLE rows; tagged STATS and
     OUTCOME ("kept", "duplicate")."""
 
-    def __init__(self, seq_len: int, pad_id: int) -> None:
-        self.seq_len, self.pad_id = seq_len, pad_id
+    def __init__(self, seq_len: int, pad_id: int, mix: MixSources | None = None) -> None:
+        self.seq_len, self.pad_id, self.mix = seq_len, pad_id, mix
 
-    def process(self, element: tuple[str, Iterable[TokenPair]]) -> Iterator[Any]:
+    def process(
+        self, element: tuple[str, Iterable[TokenPair]], plan: MixPlan | None = None
+    ) -> Iterator[Any]:
         split, values = element
-        pairs, duplicates = unique_pairs(values)
+        sampler = MixSampler(self.mix, plan) if self.mix is not None and plan else None
+        pairs, duplicates, kept = unique_pairs(values, split, sampler)
         packed = pack_pairs(pairs, self.seq_len)
         rows = [row_of(r, self.seq_len, self.pad_id) for r in packed]
         for lo in range(0, len(rows), ROWS_PER_TABLE):
             yield split, table_of(rows[lo : lo + ROWS_PER_TABLE])
         _counter("rows").inc(len(rows))
         yield pvalue.TaggedOutput(STATS, (split, split_stats(pairs, rows)))
-        if pairs:
-            _counter("kept").inc(len(pairs))
-            yield pvalue.TaggedOutput(OUTCOME, outcome("kept", count=len(pairs)))
+        if kept:
+            _counter("kept").inc(kept)
+            yield pvalue.TaggedOutput(OUTCOME, outcome("kept", count=kept))
         if duplicates:
             _counter("duplicates").inc(duplicates)
             yield pvalue.TaggedOutput(OUTCOME, outcome("duplicate", count=duplicates))
+        if sampler is not None:
+            yield from sampler.events()
 
 
 class DeduplicateAndPackPairs(beam.PTransform):
     """(split, TokenPair) -> {TABLES: (split, pyarrow Table), STATS, OUTCOME}: the keys of
     token_steps.DeduplicateAndPack's outputs that preference data has."""
 
-    def __init__(self, seq_len: int, pad_id: int) -> None:
+    def __init__(
+        self,
+        seq_len: int,
+        pad_id: int,
+        mix: MixSources | None = None,
+        plan: pvalue.PCollection | None = None,
+    ) -> None:
         super().__init__()
-        self.seq_len, self.pad_id = seq_len, pad_id
+        self.seq_len, self.pad_id, self.mix, self.plan = seq_len, pad_id, mix, plan
 
     def expand(self, pairs: pvalue.PCollection) -> dict[str, pvalue.PCollection]:
+        side = {"plan": pvalue.AsSingleton(self.plan)} if self.plan is not None else {}
+        tags = (STATS, OUTCOME) + ((MIX,) if self.plan is not None else ())
+        pack = PackPairsFn(self.seq_len, self.pad_id, self.mix)
         packed = (
             pairs
             | "GroupBySplit" >> beam.GroupByKey()
-            | "DropDuplicatesAndPack"
-            >> beam.ParDo(PackPairsFn(self.seq_len, self.pad_id)).with_outputs(
-                STATS, OUTCOME, main=TABLES
-            )
+            | "DropDuplicatesAndPack" >> beam.ParDo(pack, **side).with_outputs(*tags, main=TABLES)
         )
-        return {TABLES: packed[TABLES], STATS: packed[STATS], OUTCOME: packed[OUTCOME]}
+        outputs = {TABLES: packed[TABLES], STATS: packed[STATS], OUTCOME: packed[OUTCOME]}
+        if self.plan is not None:
+            outputs[MIX] = packed[MIX]
+        return outputs

@@ -18,7 +18,7 @@ counted as filtered or rejected too, so the accounting still adds up per record.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -285,7 +285,7 @@ class DeduplicateAndPackFn(beam.DoFn):
         plan: MixPlan | None = None,
     ) -> Iterator[Any]:
         batches = BucketColumns(element[1])
-        sampler = _MixSampler(self.mix, plan) if self.mix is not None and plan else None
+        sampler = MixSampler(self.mix, plan) if self.mix is not None and plan else None
         # Two passes over the bucket (grouped values and spilled files can be read again): the
         # first finds the lowest source of each content, the second packs exactly that copy.
         first: dict[str, tuple[tuple[str, int], str]] = {}  # hash -> (order, source) kept
@@ -341,7 +341,7 @@ class DeduplicateAndPackFn(beam.DoFn):
             yield from sampler.events()
 
 
-class _MixSampler:
+class MixSampler:
     """The mix plan applied to one bucket's kept documents (beam_preprocess.mix): how many
     times each is packed, and the bucket's per-source counts as MIX events; a document the
     plan does not draw is filtered (reason not_sampled, counted, not written out)."""
@@ -351,7 +351,10 @@ class _MixSampler:
         self.counts: dict[int, dict[str, int]] = {}
         self.duplicate_sources: list[str] = []
 
-    def passes(self, content: str, source: str, split: str, docs: list[Document]) -> int:
+    def passes(
+        self, content: str, source: str, split: str, docs: Sequence[tuple[Sized, object]]
+    ) -> int:
+        """How many times the document (or a preference pair: its two sides) is packed."""
         index = self.sources.index_of(source)
         part = self.plan.sources[index]
         u = draw(content, self.sources.seed)

@@ -250,6 +250,7 @@ TIERS = {
     "test_mix_pipeline.py": "integration",
     "test_schedules.py": "unit",
     "test_schedule_history_page.py": "integration",
+    "test_schedule_drift.py": "integration",
     "test_cli_errors.py": "unit",
     "test_compile.py": "integration",
     "test_component_signals.py": "integration",

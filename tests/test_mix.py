@@ -161,3 +161,13 @@ def test_records_map_to_their_source():
     assert sources.index_of("bq://p.d.t@2026#abc") == 1
     with pytest.raises(KeyError):
         sources.index_of("/elsewhere.jsonl:1")
+
+
+def test_prompt_records_are_refused_in_a_mix_and_preference_pairs_are_not():
+    from components.params.data_checks import PROMPTS_NOT_MIXED, check_train_data_mix
+
+    mix = "train=0.7,gs://b/other.jsonl=0.3"
+    assert check_train_data_mix(mix, "gs://b/w.jsonl", "", 0.0, "prompts") == [PROMPTS_NOT_MIXED]
+    assert check_train_data_mix(mix, "gs://b/w.jsonl", "", 0.0, "preference") == []
+    replay = check_train_data_mix("", "gs://b/w.jsonl", "general", 0.1, "prompts")
+    assert replay == [PROMPTS_NOT_MIXED]

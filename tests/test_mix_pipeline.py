@@ -99,6 +99,9 @@ def test_the_preprocess_step_reads_validates_mix_with_packaged_replay(
         work_uri=str(tmp_path / "work"),
         train_data_uri=train,
         registered_model="",
+        register_model=False,
+        project="",
+        region="us-central1",
         replay_fraction=0.2,
         replay_source="general",
         train_data_mix="",
@@ -172,3 +175,34 @@ def test_a_larger_extra_source_is_sampled_down_to_its_share(
     assert extra["records_read"] == extra["accounted"] == 4000
     assert abs(extra["share"] - 0.5) < 0.02 and sources["train"]["not_sampled"] == 0
     assert manifest.stats["filtered_by_reason"]["not_sampled"] == extra["not_sampled"]
+
+
+def test_a_preference_mix_samples_pairs_by_tokens(
+    sample_data_dir: Path, tiny_model_dir: Path, tmp_path: Path
+):
+    """data_kind=preference: pairs sampled by their tokens (chosen + rejected) with the same
+    rule, every pair of each source accounted for."""
+    from test_preference_beam import good_records
+
+    from beam_preprocess.pipeline import run
+    from trainer.packed_data.reader import read_split
+
+    records = good_records(sample_data_dir, 200)
+    window, other = tmp_path / "window.jsonl", tmp_path / "other.jsonl"
+    window.write_text("".join(json.dumps(r) + "\n" for r in records[:150]))
+    other.write_text("".join(json.dumps(r) + "\n" for r in records[150:]))
+    argv = _argv(
+        tmp_path, tiny_model_dir, tmp_path / "out", f"train=0.6,{other}=0.4", "window.jsonl"
+    )
+    manifest = run([*argv, "--data-kind=preference"])
+    sources = manifest.stats["mix"]["sources"]
+    small, train = sources[str(other)], sources["train"]
+    for entry in sources.values():
+        assert entry["records_read"] == entry["accounted"] == entry["kept"] + entry["not_sampled"]
+    assert manifest.stats["records_read"] == 200 == manifest.stats["accounted"]
+    # 50 pairs asked for 0.4 of the tokens beside 150 at 0.6: about 2 passes of the small one
+    assert abs(small["share"] - 0.4) < 0.02 and abs(train["share"] - 0.6) < 0.02
+    assert 1.5 < small["passes"] < 2.5 and train["passes"] == 1.0
+    assert train["train_tokens"] + small["train_tokens"] == manifest.splits["train"].tokens
+    rows = read_split(str(tmp_path / "out"), manifest, "train")
+    assert len(rows) == manifest.splits["train"].rows > 0 and rows.pair_ids is not None

@@ -99,3 +99,37 @@ def test_a_bigquery_window_counts_the_tables_growth(monkeypatch, tmp_path: Path)
         fake.rows.extend({"prompt": f"m{i}", "response": "r"} for i in range(2))
         plan, _ = plan_run(params, uri, "run-3", "d3", _no_errors)
         assert plan.proceed
+
+
+def test_an_hf_window_compares_the_datasets_commit(monkeypatch, tmp_path: Path) -> None:
+    """hf:// windows: the commit at the requested revision and the card's declared rows (the
+    Hub's API on loopback, tests/fakes/hf_hub.py); a new commit without declared rows proceeds."""
+    import huggingface_hub
+    from fakes.hf_hub import FakeHub
+    from huggingface_hub import constants as hub_constants
+    from test_schedules import _finish, _no_errors, _params
+
+    from components.schedules import state, window
+    from components.schedules.plan import plan_run
+
+    def info(sha: str, rows: int | None) -> dict:
+        card = {"dataset_info": {"splits": [{"name": "train", "num_examples": rows}]}}
+        return {"id": "acme/daily", "sha": sha, "cardData": card if rows else {}}
+
+    uri = "hf://datasets/acme/daily:train"
+    params = _params(tmp_path, min_new_records=3)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)  # the tests run offline
+    with FakeHub({}, datasets={"acme/daily": info("a" * 40, 10)}) as hub:
+        monkeypatch.setattr(window, "hub_api", lambda: huggingface_hub.HfApi(endpoint=hub.url))
+        plan, _ = plan_run(params, uri, "run-1", "d1", _no_errors)
+        assert plan.proceed
+        assert state.read_record(plan.record_uri)["window"][uri]["version"] == "a" * 40
+        _finish(tmp_path, params, plan, retained=0.95, passed=True)
+        plan, _ = plan_run(params, uri, "run-2", "d2", _no_errors)  # the same commit
+        assert not plan.proceed and plan.message.startswith("skipped: nothing new (0 new records")
+        hub.datasets["acme/daily"] = info("b" * 40, 12)  # two rows more: too few
+        plan, _ = plan_run(params, uri, "run-3", "d3", _no_errors)
+        assert not plan.proceed and "(2 new records" in plan.message
+        hub.datasets["acme/daily"] = info("c" * 40, None)  # a card that declares no rows
+        plan, _ = plan_run(params, uri, "run-4", "d4", _no_errors)
+        assert plan.proceed and state.read_record(plan.record_uri)["records_new"] is None

@@ -43,6 +43,9 @@ def _params(tmp_path: Path, **changes):
         work_uri=str(tmp_path / "work"),
         train_data_uri=str(tmp_path / "{{$.pipeline_job_schedule_time_utc}}" / "*.jsonl"),
         registered_model="m",
+        register_model=False,
+        project="",
+        region="us-central1",
         replay_fraction=0.0,
         replay_source="general",
         retention_target=0.0,
@@ -135,7 +138,7 @@ def test_window_counts_by_format(tmp_path: Path):
     listing = window.list_window(f"{tmp_path}/*.csv,{tmp_path}/*.json,{tmp_path}/*.parquet")
     total, counted = window.new_records(listing, {})
     assert total == 7 and {v["records"] for v in counted.values()} == {2, 3}
-    assert not window.listable("hf://datasets/a/b") and window.listable("gs://b/x")
+    assert window.listable("hf://datasets/a/b") and not window.listable("")
 
 
 def test_replay_sources_resolve_and_missing_ones_are_refused(tmp_path: Path):
@@ -222,3 +225,42 @@ def test_the_mix_may_name_the_window_as_written(tmp_path: Path):
     plan, problems = plan_run(params, _window(tmp_path, "d1", 5), "run-1", "d1", _no_errors)
     assert problems == []
     assert json.loads(plan.train_data_mix)[0] == {"uri": "train", "weight": 0.75}
+
+
+def test_history_reads_which_run_became_champion_from_the_registry(
+    tmp_path: Path, fake_registry, golden
+):
+    """Runs that register their models: the champion column comes from Model Registry (the
+    versions' run labels and the `champion` alias; Vertex faked at its API: tests/fakes/vertex.py),
+    and the requests history sends are a reviewed golden file."""
+    from test_serving import _proto_json, _register
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    params = _params(
+        tmp_path, register_model=True, registered_model="Tiny Llama FT", project="my-project"
+    )
+    outcomes = {"run-1": (0.6, False), "run-2": (0.95, True), "run-3": (0.97, True)}
+    outcomes["run-4"] = (0.96, True)  # passed, but its register step never ran (it failed)
+    for number, (run, (retained, passed)) in enumerate(outcomes.items(), start=1):
+        plan, _ = plan_run(
+            params, _window(tmp_path, f"d{number}", 5), run, f"d{number}", _no_errors
+        )
+        assert state.read_record(plan.record_uri)["registry"] == {
+            "model": "Tiny Llama FT", "project": "my-project", "region": "us-central1",
+        }  # fmt: skip
+        _finish(tmp_path, params, plan, retained=retained, passed=passed)
+        if passed and run != "run-4":  # the register step: a new version, the alias moved
+            _register(run, {"tuned_eval_loss": 1.2, "passed": 1.0})
+    fake_registry.requests.clear()
+    result = CliRunner().invoke(app, ["history", params.work_uri])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[1]: line for line in result.output.splitlines() if " run-" in line}
+    assert "v1 (was champion)" in rows["run-2"] and "v2 (champion now)" in rows["run-3"]
+    assert rows["run-4"].rstrip().endswith("not registered")
+    assert rows["run-1"].split()[-2:] == ["(forgetting)", "-"]
+    golden.check("vertex_history_requests.json", [_proto_json(r) for r in fake_registry.requests])
+    # Without the registry the table says what the gate decided.
+    offline = CliRunner().invoke(app, ["history", params.work_uri, "--no-registry"])
+    assert "not registered" not in offline.output and "champion now" not in offline.output

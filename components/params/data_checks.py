@@ -6,7 +6,12 @@ run schema's checks and need not load Beam's modules (~12 ms).
 
 from __future__ import annotations
 
-from trainer.packed_data.format import PREFERENCE_KIND
+from trainer.packed_data.format import PROMPTS_KIND
+
+PROMPTS_NOT_MIXED = (
+    "train_data_mix / replay: prompt records (data_kind=prompts) cannot be mixed yet: "
+    "instruction data and preference pairs can"
+)
 
 
 def check_data_source(train_data_uri: str, bigquery_query: str, runner: str) -> list[str]:
@@ -45,8 +50,8 @@ def check_train_data_mix(
         errors.append("replay_fraction is set but replay_source names no source")
     entries, problems = resolve_mix(train_data_mix, train_data_uri, sources, replay_fraction)
     errors += problems
-    if entries and data_kind == PREFERENCE_KIND:
-        errors.append("train_data_mix / replay: preference pairs cannot be mixed yet")
+    if entries and data_kind == PROMPTS_KIND:
+        errors.append(PROMPTS_NOT_MIXED)
     uris = [e.uri for e in entries if e.uri not in (TRAIN, train_data_uri)]
     uris = [u for u in uris if u != replay.GENERAL and not replay.PREVIOUS.match(u)]
     return errors + [f"train_data_mix: {e}" for e in source_errors(uris)]

@@ -4,17 +4,23 @@
 The records are what the runs' own validate and evaluate steps wrote, whatever ran them (local,
 Vertex AI, KFP): when the run started, records new (the window check) and read (the manifest),
 packed tokens, training steps, eval loss before and after, retention, the replay share used,
-GPU-hours and cost (the train step's cost.json), the verdict, and whether the model passed
-the gate (and so became the champion to beat when it is registered). The page draws the curves
-as inline SVG: no script, no network.
+GPU-hours and cost (the train step's cost.json), the verdict, and whether the run's model
+became champion. That last one comes from Vertex AI Model Registry when the caller read it
+(`registered`: the versions by their `llmft-run-id` label, pipelines/cli/history.py): the
+register step gives each version it uploads the `champion` alias, so a registered run's model
+became champion, and the version holding the alias now is marked. Without the registry (a
+local schedule, or it could not be read) a run that passed the gate shows "yes": it would have
+been registered. The page draws the curves as inline SVG: no script, no network.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from components.runtime.run_identity import safe_run_id
 from components.schedules import state
 from trainer import storage
 
@@ -52,12 +58,34 @@ def verdict(record: dict[str, Any]) -> str:
     return "failed or running"
 
 
-def rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Registered:
+    """A run's model version in Vertex AI Model Registry."""
+
+    version_id: str
+    champion_now: bool
+    """It holds the `champion` alias now."""
+
+
+def champion(record: dict[str, Any], registered: Mapping[str, Registered] | None) -> str:
+    """Whether the run's model became champion. `registered`: the registry's versions by run
+    label (`safe_run_id`); None: the registry was not read."""
+    if registered is None:
+        return "yes" if record.get("passed") else ""
+    version = registered.get(safe_run_id(record["run_id"])) if record.get("run_id") else None
+    if version is None:
+        return "not registered" if record.get("passed") else ""
+    return f"v{version.version_id} ({'champion now' if version.champion_now else 'was champion'})"
+
+
+def rows(
+    records: Sequence[dict[str, Any]], registered: Mapping[str, Registered] | None = None
+) -> list[dict[str, Any]]:
     out = []
     for record in records:
         row = dict(record)
         row["verdict"] = verdict(record)
-        row["champion"] = "yes" if record.get("passed") else ""
+        row["champion"] = champion(record, registered)
         out.append(row)
     return out
 
@@ -72,9 +100,11 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def table(records: Sequence[dict[str, Any]]) -> str:
+def table(
+    records: Sequence[dict[str, Any]], registered: Mapping[str, Registered] | None = None
+) -> str:
     """Plain-text table, one row per run, oldest first."""
-    body = [[_cell(row.get(key)) for _, key in COLUMNS] for row in rows(records)]
+    body = [[_cell(row.get(key)) for _, key in COLUMNS] for row in rows(records, registered)]
     heads = [name for name, _ in COLUMNS]
     widths = [
         max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(heads)
@@ -118,9 +148,13 @@ def _svg(title: str, points: list[tuple[int, float]], runs: int, key: str) -> st
     )
 
 
-def page(title: str, records: Sequence[dict[str, Any]]) -> str:
+def page(
+    title: str,
+    records: Sequence[dict[str, Any]],
+    registered: Mapping[str, Registered] | None = None,
+) -> str:
     """An HTML page: the curves over the runs, then the table."""
-    data = rows(records)
+    data = rows(records, registered)
     charts = []
     for name, key in CURVES:
         points = [

@@ -60,7 +60,7 @@ def plan_run(
         listing = window.list_window(window_uri)
         last = state.last_successful(records)
         new, counted = window.new_records(listing, last.get("window", {}) if last else {})
-        if last and new < params.min_new_records:
+        if last and new is not None and new < params.min_new_records:
             proceed = not can_skip
             message = (
                 f"skipped: nothing new ({new} new records in {window_uri} since run "
@@ -85,9 +85,18 @@ def plan_run(
             train_data_mix=mix,
             status=state.STARTED if proceed else state.SKIPPED,
             message=message,
+            registry=_registry(params),
         )
     plan = RunPlan(mix, proceed, record_uri, fraction, tuple(uris), message, tuple(warnings))
     return plan, []
+
+
+def _registry(params: Any) -> dict[str, str]:
+    """Where the run registers its model (`llmft history` reads which version is champion
+    there); {} when it registers none."""
+    if not (params.register_model and params.registered_model and params.project):
+        return {}
+    return {"model": params.registered_model, "project": params.project, "region": params.region}
 
 
 def _as_train(params: Any) -> str:

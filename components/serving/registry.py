@@ -6,8 +6,10 @@ produced), as a new version of an existing model when `parent_model` is given. T
 it only when the evaluation gate passed (dsl.If).
 
 `latest_registered_version` finds the newest version of a registered model: the champion that a
-recurring fine-tune's evaluation compares against. Both go through the aiplatform SDK (Model.upload,
-Model.list, ModelRegistry), never hand-built REST calls.
+recurring fine-tune's evaluation compares against. `versions_by_run` lists every version with its
+run label and aliases (`llmft history`: which run's model is registered, which holds the
+`champion` alias). All go through the aiplatform SDK and its GAPIC client (Model.upload,
+Model.list, ModelRegistry, ModelServiceClient), never hand-built REST calls.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.runtime.run_identity import GCP_LABEL_KEY, GCP_LABEL_VALUE, vertex_labels
+from components.runtime.run_identity import (
+    GCP_LABEL_KEY,
+    GCP_LABEL_VALUE,
+    VERTEX_RUN_LABEL,
+    vertex_labels,
+)
 from components.serving.presets import ServingContainer
 
 log = logging.getLogger(__name__)
@@ -279,3 +286,44 @@ def latest_registered_model_uri(
             "for the first fine-tune (later runs can continue from the registered one)"
         )
     return version.artifact_uri
+
+
+def model_client(region: str, credentials: Any = None) -> Any:
+    """The Model Registry's GAPIC client for `region` (the register step's alias moves and
+    `versions_by_run`), with the SDK's credentials unless `credentials` are given."""
+    from google.cloud import aiplatform_v1
+    from google.cloud.aiplatform import initializer
+
+    from components.launchers.vertex import api_endpoint
+
+    return aiplatform_v1.ModelServiceClient(
+        client_options={"api_endpoint": api_endpoint(region)},
+        credentials=credentials or initializer.global_config.credentials,
+    )
+
+
+def versions_by_run(
+    *, registered_model: str, project: str, region: str, credentials: Any = None
+) -> dict[str, RegisteredVersion]:
+    """Every version of `registered_model` that a run registered, by the run's label value
+    (`llmft-run-id`: `safe_run_id(run id)`), with its aliases; {} when the model does not exist
+    yet. One ListModels (a display name) and one paged ListModelVersions."""
+    name, _ = resolve_model(
+        model=registered_model, project=project, location=region, credentials=credentials
+    )
+    if not name:
+        return {}
+    client = model_client(region, credentials)
+    found = {}
+    for model in client.list_model_versions(request={"name": name}):
+        run = dict(model.labels or {}).get(VERTEX_RUN_LABEL)
+        if run:
+            found[run] = RegisteredVersion(
+                resource_name=model.name.partition("@")[0],
+                version_id=str(model.version_id),
+                display_name=model.display_name,
+                artifact_uri=model.artifact_uri or "",
+                labels=dict(model.labels),
+                aliases=list(model.version_aliases),
+            )
+    return found

@@ -25,7 +25,7 @@ from components.serving.lineage import (
     vertex_model_fields,
 )
 from components.serving.presets import ADAPTER_SUBDIR, ServingSpec, serving_container
-from components.serving.registry import register_model, resolve_model
+from components.serving.registry import model_client, register_model, resolve_model
 from components.steps.component_spec import StepComponent, component_input
 
 log = logging.getLogger(__name__)
@@ -106,19 +106,6 @@ def serving_spec(request: RegisterRequest, *, model_uri: str, display_name: str)
     )
 
 
-def _model_client(region: str, credentials: Any) -> Any:
-    from google.cloud import aiplatform_v1
-    from google.cloud.aiplatform import initializer
-
-    from components.launchers.vertex import api_endpoint
-
-    # The SDK's credentials (Application Default unless aiplatform.init set others).
-    return aiplatform_v1.ModelServiceClient(
-        client_options={"api_endpoint": api_endpoint(region)},
-        credentials=credentials or initializer.global_config.credentials,
-    )
-
-
 def _alias_holders(client: Any, model: str, alias: str) -> list[str]:
     from google.api_core import exceptions
 
@@ -152,7 +139,7 @@ def run(request: RegisterRequest) -> str:
         description=description,
         credentials=request.credentials,
     )
-    client = _model_client(request.params.region, request.credentials)
+    client = model_client(request.params.region, request.credentials)
     if request.metrics is not None:
         skip_gate_evaluation(version.versioned_name, dict(request.metrics.metadata))
     move_champion_alias(

@@ -11,6 +11,8 @@ offline).
 from __future__ import annotations
 
 import hashlib
+import json
+from typing import Any
 
 from fakes.recording import LocalHttpServer, Recorded
 
@@ -20,18 +22,31 @@ class FakeHub(LocalHttpServer):
     granted access}."""
 
     def __init__(
-        self, repos: dict[str, dict[str, bytes]], gated: dict[str, str] | None = None
+        self,
+        repos: dict[str, dict[str, bytes]],
+        gated: dict[str, str] | None = None,
+        datasets: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         self.repos, self.gated = repos, dict(gated or {})
+        self.datasets = dict(datasets or {})
+        """{"owner/name": the JSON `GET /api/datasets/owner/name/revision/REV` answers (the
+        Hub's fields: "id", "sha", "cardData")}; change it to publish a new commit."""
         self.unavailable = False
         """Answer every file request 503 (an outage: huggingface_hub retries those)."""
         self.downloads: list[tuple[str, str | None]] = []
         """(path, Authorization header) of each file sent (a GET answered 200)."""
 
+    def _dataset_info(self, repo: str) -> tuple[int, bytes, dict[str, str]]:
+        if repo not in self.datasets:
+            return 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}
+        return 200, json.dumps(self.datasets[repo]).encode(), {"Content-Type": "application/json"}
+
     def handle(self, rec: Recorded) -> tuple[int, bytes, dict[str, str]]:
         auth = next((v for k, v in rec.headers.items() if k.lower() == "authorization"), None)
-        parts = rec.path.strip("/").split("/")
+        parts = rec.path.split("?")[0].strip("/").split("/")
+        if parts[:2] == ["api", "datasets"] and len(parts) >= 4:
+            return self._dataset_info("/".join(parts[2:4]))
         if len(parts) < 5 or parts[2] != "resolve":  # e.g. the client's optional API lookups
             return 404, b'{"error": "Not found"}', {}
         repo, filename = "/".join(parts[:2]), "/".join(parts[4:])
