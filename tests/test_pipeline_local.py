@@ -357,8 +357,12 @@ def _assert_tracked(store: str, metrics: dict, trained: dict) -> None:
 def test_failure_in_train_still_runs_cleanup(tmp_path: Path, assets: tuple[Path, Path]):
     mode = "pipe"
     workdir = tmp_path / "run"
-    # Valid as a parameter, fails on the trainer's ranks (CPU-only machine).
-    params = _params(workdir, assets, trainer_overrides={"backend": "nccl"})
+    # Valid as a parameter, fails on the trainer's ranks (CPU-only machine). One node and
+    # process: the cleanup after a failed train does not depend on how many ranks failed, and
+    # each rank is an interpreter importing torch and transformers.
+    params = _params(
+        workdir, assets, trainer_overrides={"backend": "nccl"}, nodes=1, nproc_per_node=1
+    )
     run = CliRun(["run", "--backend", "local", *params], mode)
     code = run.wait(timeout=600)
     out = run.text
@@ -386,7 +390,10 @@ def test_ctrl_c_stops_everything(tmp_path: Path, assets: tuple[Path, Path]):
     nothing to what Ctrl-C proves; the table's text in both modes is `test_local_progress.py`'s."""
     mode = "tty"
     workdir = tmp_path / "run"
-    params = _params(workdir, assets, max_steps=100000, trainer_overrides={"log_every": 1})
+    # 2 nodes x 1 process: two agents to stop, without two more trainer interpreters to start.
+    params = _params(
+        workdir, assets, max_steps=100000, trainer_overrides={"log_every": 1}, nproc_per_node=1
+    )
     run = CliRun(["run", "--backend", "local", *params], mode)
     try:
         deadline = time.monotonic() + 600

@@ -40,7 +40,9 @@ def _start_train(
     started: list[subprocess.Popen], model: Path, data: Path, tmp_path: Path
 ) -> tuple[subprocess.Popen, str, dict]:
     """`llmft train` (etcd-v3: it starts the run's own etcd) paused after step 1; returns the
-    process, the run's marker and its etcd's recorded state, once the trainer is paused."""
+    process, the run's marker and its etcd's recorded state, once the trainer is paused. One
+    node: each agent dies with the launcher on its own (parent-death signal), so a second one
+    (a second agent and worker, both importing torch) adds nothing to what is proven."""
     from components.runtime.run_identity import run_state_dir
 
     run_id = f"orphan-{uuid.uuid4().hex[:8]}"
@@ -49,7 +51,7 @@ def _start_train(
     cmd = [
         sys.executable, "-m", "pipelines.cli", "train", "--model", str(model), "--data", str(data),
         "--output", str(tmp_path / "run"), "--max-steps", "50", "--run-id", run_id,
-        "--set", "log_every=1", "--set", "tensorboard=false",
+        "--set", "log_every=1", "--set", "tensorboard=false", "--nodes", "1",
     ]  # fmt: skip
     # Started as from a terminal, SIGHUP at its default even when the tests run under `nohup`
     # (which `llmft train` honours: an ignored SIGHUP stays ignored).

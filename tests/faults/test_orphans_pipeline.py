@@ -37,6 +37,7 @@ def test_sigkill_of_llmft_run_leaves_nothing_running(
         (sample_data_dir, tiny_model_dir),
         max_steps=100000,
         trainer_overrides={"log_every": 1},
+        nproc_per_node=1,  # 2 nodes x 1: two agents, without two more trainer interpreters
     )
     run = CliRun(["run", "--backend", "local", *params], "pipe")
     try:

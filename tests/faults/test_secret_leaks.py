@@ -65,9 +65,10 @@ def test_a_token_never_reaches_logs_outputs_or_reports(
         "preprocess", f"--input={records}", f"--output={data}",
         f"--tokenizer={tiny_model_dir}", "--seq-len=128",
     )  # fmt: skip
+    # One node: an agent, a rank and etcd, every kind of process two nodes start.
     step(
         "train", "--model", str(tiny_model_dir), "--data", str(data), "--output", str(run),
-        "--max-steps", "2", "--rdzv-backend", "etcd-v3",
+        "--max-steps", "2", "--rdzv-backend", "etcd-v3", "--nodes", "1",
     )  # fmt: skip
     step(
         "evaluate", "--base", str(tiny_model_dir), "--tuned", str(run / "model"),
