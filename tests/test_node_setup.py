@@ -85,9 +85,12 @@ def test_gpudirect_pods_join_the_gpu_nic_networks(setup: str, nics: int) -> None
     assert [i["network"] for i in interfaces] == ["default"] + [
         f"vpc{i}" for i in range(1, nics + 1)
     ]
-    names = [c["name"] for c in template["spec"]["containers"]]
-    assert names[0] == "pytorch" and len(names) == 2
-    daemon = f"devices.gke.io/container.{names[1]}"
+    assert [c["name"] for c in template["spec"]["containers"]] == ["pytorch"]
+    # The receive-data-path manager is a native sidecar: a regular container that never exits
+    # would keep the Job's pod Running after the trainer finishes (Google's best-practice.md).
+    [sidecar] = template["spec"]["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+    daemon = f"devices.gke.io/container.{sidecar['name']}"
     assert "/dev/nvidia7" in template["metadata"]["annotations"][daemon]
     trainer = template["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
