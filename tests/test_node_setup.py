@@ -154,6 +154,11 @@ def test_interconnect_facts_and_the_stated_assumption() -> None:
     assert fast and "800 Gbit/s per node" in fast and "network-bound" not in fast
     g2 = node_facts.interconnect_note("g2-standard-24", 2, gpudirect=False)
     assert g2 and "network-bound" not in g2
+    # A3 Ultra / A4: two gVNICs "provide an additional 400 Gbps" together (compute/docs/gpus/
+    # gpu-network-bandwidth): NCCL's sockets on the primary one alone get 200 of it.
+    for machine in ("a3-ultragpu-8g", "a4-highgpu-8g"):
+        primary = node_facts.interconnect_note(machine, 2, gpudirect=False)
+        assert primary and "200 Gbit/s per node" in primary and "network-bound" in primary
 
 
 def test_the_dataflow_disk_is_sized_from_the_image() -> None:

@@ -99,7 +99,8 @@ default A3 pool trains): 250 GB (infra/llmft_infra/settings.py `gke.gpu_disk_siz
 INTERCONNECT_SOURCE = (
     "cloud.google.com/compute/docs/gpus/gpu-network-bandwidth (per machine type: GPU NICs and "
     "their bandwidth; A3 High 4x200 Gbps GPU NICs, A3 Mega 8x200, A3 Ultra and A4 8x400 RDMA; "
-    "the A3 High primary NIC up to 200 Gbps: the GKE GPUDirect-TCPX guide's A3 list; "
+    "the A3 High primary NIC up to 200 Gbps: the GKE GPUDirect-TCPX guide's A3 list; A3 Ultra and "
+    "A4: two gVNICs providing an additional 400 Gbps together, 200 on the primary one; "
     "A2 and G2 one gVNIC, up to 100 Gbps); cloud.google.com/kubernetes-engine/docs/how-to/"
     "gpu-bandwidth-gpudirect-tcpx (GKE: gVNIC, multi-networking with one additional VPC per GPU "
     "NIC, the GPUDirect-TCPX/TCPXO NCCL plugin installed by a DaemonSet and its receive-data-path "
@@ -143,8 +144,8 @@ _VERTEX_UNSTATED = (
 INTERCONNECTS: tuple[Interconnect, ...] = (
     Interconnect("a3-highgpu-8g", 800, 200, "gpudirect-tcpx", _VERTEX_UNSTATED),
     Interconnect("a3-megagpu-8g", 1600, 200, "gpudirect-tcpxo", _VERTEX_UNSTATED),
-    Interconnect("a3-ultragpu-8g", 3200, 400, "gpudirect-rdma", _VERTEX_UNSTATED),
-    Interconnect("a4-highgpu-8g", 3200, 400, "gpudirect-rdma", _VERTEX_UNSTATED),
+    Interconnect("a3-ultragpu-8g", 3200, 200, "gpudirect-rdma", _VERTEX_UNSTATED),
+    Interconnect("a4-highgpu-8g", 3200, 200, "gpudirect-rdma", _VERTEX_UNSTATED),
     Interconnect("a3-highgpu", 100, 100, "gvnic", "the primary NIC (gVNIC) only"),
     Interconnect("a2-ultragpu", 100, 100, "gvnic", "the primary NIC (gVNIC) only"),
     Interconnect("a2-highgpu", 100, 100, "gvnic", "the primary NIC (gVNIC) only"),
