@@ -706,6 +706,21 @@ def test_an_a3_high_pool_gets_the_gpudirect_tcpx_networks():
     assert not no_gpudirect[0].of_type("gcp:compute/network:Network")
 
 
+@pytest.mark.unit
+def test_the_gib_installer_installs_the_plugin_as_googles_manifest_does() -> None:
+    """container-engine-accelerators@992db81 gpudirect-rdma/nccl-rdma-installer.yaml: image
+    nccl-plugin-gib:v1.1.1 and `container_entry.sh install` without --install-nccl (dropped in
+    2da1c92): no libnccl of Google's ahead of torch's on the trainer's LD_LIBRARY_PATH."""
+    from llmft_infra.gpudirect import gib_installer
+
+    [init] = gib_installer()["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1"
+    script = init["command"][2]
+    assert "/scripts/container_entry.sh install;" in script
+    assert "--install-nccl" not in script
+    assert script.endswith("cp -r /var/lib/gib/. /usr/local/home/kubernetes/bin/gib")
+
+
 def test_an_a3_ultra_pool_gets_the_gpudirect_rdma_networks():
     """C8, RDMA (node_facts.RDMA_SOURCE): a gVNIC VPC with its firewall rule, a RoCE VPC in the
     pool's zone with one subnet per RDMA NIC and no firewall rule, the pool on all nine subnets,

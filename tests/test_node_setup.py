@@ -85,9 +85,12 @@ def test_gpudirect_pods_join_the_gpu_nic_networks(setup: str, nics: int) -> None
     assert [i["network"] for i in interfaces] == ["default"] + [
         f"vpc{i}" for i in range(1, nics + 1)
     ]
-    names = [c["name"] for c in template["spec"]["containers"]]
-    assert names[0] == "pytorch" and len(names) == 2
-    daemon = f"devices.gke.io/container.{names[1]}"
+    assert [c["name"] for c in template["spec"]["containers"]] == ["pytorch"]
+    # The receive-data-path manager is a native sidecar: a regular container that never exits
+    # would keep the Job's pod Running after the trainer finishes (Google's best-practice.md).
+    [sidecar] = template["spec"]["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+    daemon = f"devices.gke.io/container.{sidecar['name']}"
     assert "/dev/nvidia7" in template["metadata"]["annotations"][daemon]
     trainer = template["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
@@ -151,6 +154,11 @@ def test_interconnect_facts_and_the_stated_assumption() -> None:
     assert fast and "800 Gbit/s per node" in fast and "network-bound" not in fast
     g2 = node_facts.interconnect_note("g2-standard-24", 2, gpudirect=False)
     assert g2 and "network-bound" not in g2
+    # A3 Ultra / A4: two gVNICs "provide an additional 400 Gbps" together (compute/docs/gpus/
+    # gpu-network-bandwidth): NCCL's sockets on the primary one alone get 200 of it.
+    for machine in ("a3-ultragpu-8g", "a4-highgpu-8g"):
+        primary = node_facts.interconnect_note(machine, 2, gpudirect=False)
+        assert primary and "200 Gbit/s per node" in primary and "network-bound" in primary
 
 
 def test_the_dataflow_disk_is_sized_from_the_image() -> None:

@@ -60,6 +60,29 @@ def test_a_console_default_run_fits_what_a_fresh_project_has() -> None:
     assert (report.errors, report.warnings) == ([], [])
 
 
+@pytest.mark.unit
+def test_the_guide_states_the_fit_checks_estimate_for_the_default_shape() -> None:
+    """docs/deploy/README.md ("The run's shape") and FIRST_RUN_SHAPE's docstring quote the fit
+    check's estimate of Qwen/Qwen2.5-7B-Instruct on the default 2 L4: it must be the estimate the
+    check computes (its shape from the model's config.json: 28 layers, hidden 3584, intermediate
+    18944, 4 KV heads of 128, vocab 152064, 7.62B parameters)."""
+    import re
+
+    from components.platform.platform_facts import accelerator
+    from components.preflight.train_fit import GIB, fit_of, plan_of
+    from trainer.memory_model import ModelShape
+
+    qwen = ModelShape(7_615_616_512, 28, 3584, 18944, 152064, kv_hidden=512)
+    default = run_params("vertex", first_run=True)
+    fit = fit_of(qwen, plan_of(default), accelerator("NVIDIA_L4").memory_gib * GIB)
+    assert fit.comfortable
+    guide = (REPO / "docs" / "deploy" / "README.md").read_text()
+    source = (REPO / "components" / "params" / "target_defaults.py").read_text()
+    for text in (guide, source):
+        stated = re.search(r"~(\d+) GiB\s+of\s+(?:each|an)\s+L4", text)
+        assert stated and int(stated.group(1)) == round(fit.estimate.total / GIB)
+
+
 def test_a_big_vertex_run_needs_16_on_demand_h100_an_l4_and_a_dataflow_worker() -> None:
     needs = {(n.metric, n.region, n.amount, n.hard) for n in quota.needs_for(run_params("vertex"))}
     assert needs == {

@@ -223,8 +223,11 @@ def test_a_gpudirect_trainjob_uses_the_runtime_variant_carrying_the_nic_setup(
     pod = replicated["template"]["spec"]["template"]
     interfaces = pod["metadata"]["annotations"]["networking.gke.io/interfaces"]
     assert ("rdma-7" in interfaces) == (setup == "gpudirect-rdma")
-    names = [c["name"] for c in pod["spec"]["containers"]]
-    assert names == ["node"] + ([daemon] if daemon else [])
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["node"]
+    sidecars = pod["spec"].get("initContainers", [])
+    assert [(c["name"], c["restartPolicy"]) for c in sidecars] == (
+        [(daemon, "Always")] if daemon else []
+    )
     node = pod["spec"]["containers"][0]
     assert node["volumeMounts"] and "env" not in node and "command" not in node
 

@@ -9,7 +9,8 @@ gpudirect-tcpx/nccl-test-latest.yaml, nccl-config.yaml, gpudirect-tcpxo/nccl-tes
 and README.md at commit 992db81, 2026-06; cloud.google.com/kubernetes-engine/docs/how-to/
 gpu-bandwidth-gpudirect-tcpx): the pod is attached to the node pool's additional networks
 (`vpc1`..`vpcN`, created by infra/llmft_infra/gpudirect.py), the receive-data-path manager runs
-beside the trainer with the GPU devices it needs, and NCCL finds the plugin the installer
+beside the trainer with the GPU devices it needs (a native sidecar, as Google's best-practice.md
+asks, so that the pod completes when the trainer exits), and NCCL finds the plugin the installer
 DaemonSet put under /usr/local/nvidia/lib64. Unverified offline: that the NCCL bundled with the
 image's torch loads this plugin (Google tests it with the installer's own NCCL).
 
@@ -102,7 +103,12 @@ class PodPatch:
     """Additions to a pod template for one node setup."""
 
     annotations: dict[str, str] = field(default_factory=dict)
-    containers: list[dict[str, Any]] = field(default_factory=list)
+    sidecars: list[dict[str, Any]] = field(default_factory=list)
+    """Containers that run beside the trainer for the pod's life: added as native sidecars
+    (`initContainers` with `restartPolicy: Always`, Kubernetes >= 1.29), so the pod completes
+    when the trainer exits (a regular container that never exits keeps a Job's pod Running:
+    container-engine-accelerators gpudirect-tcpxo/best-practice.md, "Automatic Sidecar
+    Termination")."""
     volumes: list[dict[str, Any]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     """Environment of the training container."""
@@ -148,10 +154,11 @@ def gpudirect_patch(setup: str, gpus: int) -> PodPatch:
             "networking.gke.io/interfaces": json.dumps(interfaces),
             f"devices.gke.io/container.{name}": "".join(f"- path: {d}\n" for d in devices),
         },
-        containers=[
+        sidecars=[
             {
                 "name": name,
                 "image": image,
+                "restartPolicy": "Always",
                 "command": command,
                 "securityContext": {"capabilities": {"add": capabilities}},
                 "env": [{"name": "LD_LIBRARY_PATH", "value": NVIDIA_LIB}],
@@ -211,7 +218,8 @@ def apply_patch(template: dict[str, Any], container: str, patch: PodPatch) -> No
     if patch.command_prefix:
         command = " ".join(shlex.quote(part) for part in trainer["command"])
         trainer["command"] = ["/bin/bash", "-c", f"{patch.command_prefix} && exec {command}"]
-    spec["containers"].extend(patch.containers)
+    if patch.sidecars:
+        spec.setdefault("initContainers", []).extend(patch.sidecars)
 
 
 def ephemeral_storage_request(weight_bytes: int | None) -> str | None:

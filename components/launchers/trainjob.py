@@ -284,7 +284,7 @@ def _trainer(launch: TrainLaunch, options: PyTorchJobOptions, endpoint: str) -> 
     }
     if options.gpudirect:
         patch = gpudirect_patch(options.gpudirect, gpus)
-        patch.annotations, patch.volumes, patch.containers, patch.mounts = {}, [], [], []
+        patch.annotations, patch.volumes, patch.sidecars, patch.mounts = {}, [], [], []
         apply_patch({"spec": {"containers": [container]}}, CONTAINER, patch)
     trainer: dict[str, Any] = {
         "image": options.image,

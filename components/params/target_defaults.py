@@ -19,8 +19,8 @@ FIRST_RUN_SHAPE: dict[str, Any] = {
 """A cloud run's shape unless set (issue 46): QLoRA (nf4 base weights, rank-16 adapters) on one
 g2-standard-24 with 2 L4. It asks for 2 GPUs of the quota (the evaluate step's default GPU is an
 L4 too), is the GPU pool the deploy guide's stack creates (a GKE console run finds its nodes), and
-fits a 7B base model (the guide's Qwen/Qwen2.5-7B-Instruct: ~6 GiB of an L4's 24 by
-trainer/memory_model.py). Google documents no fixed GPU quota for a new project
+fits a 7B base model (the guide's Qwen/Qwen2.5-7B-Instruct: ~21 GiB of an L4's 24 by
+trainer/memory_model.py at the default seq_len and micro_batch_size; tests/test_quota.py). Google documents no fixed GPU quota for a new project
 (cloud.google.com/compute/resource-usage: "Not all projects have the same quotas";
 cloud.google.com/vertex-ai/docs/quotas: custom-training GPU quota is per region and requested), so
 this is a small shape, not a promise: the quota check still refuses a run the project cannot

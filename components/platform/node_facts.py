@@ -99,7 +99,8 @@ default A3 pool trains): 250 GB (infra/llmft_infra/settings.py `gke.gpu_disk_siz
 INTERCONNECT_SOURCE = (
     "cloud.google.com/compute/docs/gpus/gpu-network-bandwidth (per machine type: GPU NICs and "
     "their bandwidth; A3 High 4x200 Gbps GPU NICs, A3 Mega 8x200, A3 Ultra and A4 8x400 RDMA; "
-    "the A3 High primary NIC up to 200 Gbps: the GKE GPUDirect-TCPX guide's A3 list; "
+    "the A3 High primary NIC up to 200 Gbps: the GKE GPUDirect-TCPX guide's A3 list; A3 Ultra and "
+    "A4: two gVNICs providing an additional 400 Gbps together, 200 on the primary one; "
     "A2 and G2 one gVNIC, up to 100 Gbps); cloud.google.com/kubernetes-engine/docs/how-to/"
     "gpu-bandwidth-gpudirect-tcpx (GKE: gVNIC, multi-networking with one additional VPC per GPU "
     "NIC, the GPUDirect-TCPX/TCPXO NCCL plugin installed by a DaemonSet and its receive-data-path "
@@ -143,8 +144,8 @@ _VERTEX_UNSTATED = (
 INTERCONNECTS: tuple[Interconnect, ...] = (
     Interconnect("a3-highgpu-8g", 800, 200, "gpudirect-tcpx", _VERTEX_UNSTATED),
     Interconnect("a3-megagpu-8g", 1600, 200, "gpudirect-tcpxo", _VERTEX_UNSTATED),
-    Interconnect("a3-ultragpu-8g", 3200, 400, "gpudirect-rdma", _VERTEX_UNSTATED),
-    Interconnect("a4-highgpu-8g", 3200, 400, "gpudirect-rdma", _VERTEX_UNSTATED),
+    Interconnect("a3-ultragpu-8g", 3200, 200, "gpudirect-rdma", _VERTEX_UNSTATED),
+    Interconnect("a4-highgpu-8g", 3200, 200, "gpudirect-rdma", _VERTEX_UNSTATED),
     Interconnect("a3-highgpu", 100, 100, "gvnic", "the primary NIC (gVNIC) only"),
     Interconnect("a2-ultragpu", 100, 100, "gvnic", "the primary NIC (gVNIC) only"),
     Interconnect("a2-highgpu", 100, 100, "gvnic", "the primary NIC (gVNIC) only"),
@@ -170,9 +171,11 @@ RDMA_SOURCE = (
     "set_nccl_env.sh sourced before NCCL starts); cloud.google.com/vpc/docs/rdma-network-profiles "
     "(RoCE profile `ZONE-vpc-roce`, MRDMA NICs of A3 Ultra, A4 and A4X only, the network and its "
     "instances in the profile's zone, MTU 8896, implicit allow-ingress: no firewall rules); "
-    "github.com/GoogleCloudPlatform/container-engine-accelerators gpudirect-rdma/README.md "
-    "(installer image nccl-plugin-gib v1.1.0, release of 2025-08-15), nccl-rdma-installer.yaml and "
-    "nccl-test.yaml (the installer's and a test pod's paths)"
+    "github.com/GoogleCloudPlatform/container-engine-accelerators at 992db81 (the commit the "
+    "TCPX/TCPXO manifests are vendored from): gpudirect-rdma/nccl-rdma-installer.yaml (image "
+    "nccl-plugin-gib v1.1.1 since 155bfa4, 2026-03-09; `container_entry.sh install` without "
+    "--install-nccl since 2da1c92, 2026-05-06: the plugin only, no NCCL copied beside the "
+    "driver) and nccl-test.yaml (the installer's and a test pod's paths)"
 )
 RDMA_CHECKED = "2026-12-07"
 RDMA_NETWORK_PROFILE = "{zone}-vpc-roce"
@@ -185,16 +188,19 @@ RDMA_NETWORK = "rdma-{index}"
 """The Network object of RDMA NIC `index` (0..7; eth2..eth9 in the pod)."""
 RDMA_ACCELERATORS = ("nvidia-h200-141gb", "nvidia-b200")
 """GKE accelerators of A3 Ultra and A4: the installer DaemonSet runs on their nodes only."""
-GIB_INSTALLER_IMAGE = "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.0"
-"""The gIB NCCL plugin installer (pinned; the README's latest release on RDMA_CHECKED)."""
+GIB_INSTALLER_IMAGE = "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1"
+"""The gIB NCCL plugin installer (pinned as nccl-rdma-installer.yaml pins it at RDMA_SOURCE's
+commit)."""
 GIB_INSTALL_COMMAND = (
-    "set -ex; /scripts/container_entry.sh install --install-nccl; "
+    "set -ex; /scripts/container_entry.sh install; "
     "cp -r /var/lib/gib/lib64/. /usr/local/home/kubernetes/bin/nvidia/lib64; "
     "cp -r /var/lib/gib/. /usr/local/home/kubernetes/bin/gib"
 )
 """What the installer runs (privileged, the node's two directories mounted under
-/usr/local/home/kubernetes/bin): NCCL and the gIB plugin into the driver's lib64, the plugin's
-scripts into the gib directory."""
+/usr/local/home/kubernetes/bin): the gIB plugin into the driver's lib64, the plugin's scripts
+into the gib directory. Not `--install-nccl`, which Google's manifest dropped: it put Google's
+libnccl into /usr/local/nvidia/lib64, first on the training pods' LD_LIBRARY_PATH (`gpu_env`),
+where it could stand in for the NCCL torch was built with."""
 GIB_HOST_DIR = "/home/kubernetes/bin/gib"
 GIB_POD_DIR = "/usr/local/gib"
 GIB_NCCL_ENV = f"source {GIB_POD_DIR}/scripts/set_nccl_env.sh"

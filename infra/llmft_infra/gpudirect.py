@@ -182,9 +182,9 @@ def _rdma_networks(settings: Settings, after: Sequence[pulumi.Resource]) -> GpuN
 
 def gib_installer() -> dict[str, Any]:
     """The gIB NCCL plugin installer DaemonSet on A3 Ultra and A4 nodes (node_facts.RDMA_SOURCE):
-    a privileged init container copies NCCL and the plugin into the driver's lib64 and the gib
-    directory, then a pause container keeps the pod. The guide's manifest also turns off martian
-    logging on the RDMA NICs with an unpinned `alpine:latest`: left out (logging only)."""
+    a privileged init container copies the plugin into the driver's lib64 and the gib
+    directory, then a pause container keeps the pod (nccl-rdma-installer.yaml at RDMA_SOURCE's
+    commit, whose martian-logging container Google has since removed)."""
     labels = {"k8s-app": "nccl-rdma-installer"}
     host = "/usr/local/home/kubernetes/bin"
     affinity = {"key": GPU_NODE_LABEL, "operator": "In", "values": list(RDMA_ACCELERATORS)}
