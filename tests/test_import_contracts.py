@@ -7,6 +7,7 @@ renamed package, an ignore that is too wide) fails a test instead of passing for
 
 from __future__ import annotations
 
+import ast
 import copy
 import tomllib
 from pathlib import Path
@@ -138,3 +139,60 @@ def test_a_gke_launch_of_the_train_step_imports_no_other_backend(graph: grimp.Im
         importers = graph.find_modules_that_directly_import(backend)
         assert importers & closure <= {"components.steps.train"}, backend
     assert len(closure) <= GKE_TRAIN_CLOSURE_MAX, sorted(closure)
+
+
+LAZY_IMPORT_PACKAGES = ("components", "trainer", "beam_preprocess", "pipelines")
+LAZY_IMPORTS_NOTE = "# lazy imports:"
+"""A module-level comment starting with this states the reason for every function-level project
+import of its module (one reason for a whole pattern, e.g. each CLI command imports its own)."""
+LAZY_IMPORTS_UNREVIEWED = frozenset(
+    {
+        "components/schedules/window.py",
+        "components/evaluation/reward_scores.py",
+        "components/launchers/trainjob.py",
+    }
+)
+"""Modules whose function-level imports are still to be reviewed (edited elsewhere at the time).
+Remove a module from here once each of its function-level imports says why it is one."""
+
+
+def _unexplained_local_imports(path: Path) -> list[str]:
+    """`path:line module` for each function-level project import with no comment within 3 lines
+    above its block of imports (nor on it) and no module-level lazy-imports note."""
+    source = path.read_text()
+    lines = source.splitlines()
+    if any(line.startswith(LAZY_IMPORTS_NOTE) for line in lines):
+        return []
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            if getattr(node, "level", 0) or not module or module.split(".")[0] not in LAZY_IMPORT_PACKAGES:
+                continue
+            first = node.lineno - 1  # the block of imports this one belongs to starts here
+            while first > 0 and lines[first - 1].strip().startswith(("import ", "from ")):
+                first -= 1
+            nearby = lines[max(0, first - 3) : node.end_lineno]
+            if not any("#" in line for line in nearby):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {module}")
+    return found
+
+
+@pytest.mark.unit
+def test_each_function_level_project_import_says_why() -> None:
+    """Project imports sit at the module top, so a reader and import-linter follow them; one
+    inside a function carries a comment giving its reason (a measured start-up cost, a Beam
+    worker's setup, a cycle it breaks), nearby or as a module-level `# lazy imports:` note."""
+    found = [
+        problem
+        for package in LAZY_IMPORT_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.name != "kfp_components.py"
+        and str(path.relative_to(ROOT)) not in LAZY_IMPORTS_UNREVIEWED
+        for problem in _unexplained_local_imports(path)
+    ]
+    assert not found, "\n".join(found)
