@@ -167,16 +167,23 @@ def _unexplained_local_imports(path: Path) -> list[str]:
     for fn in ast.walk(ast.parse(source)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        for node in ast.walk(fn):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
+        imports = [n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        starts = {n.end_lineno: n.lineno for n in imports}  # line numbers count from 1
+        for node in imports:
             module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-            if getattr(node, "level", 0) or not module or module.split(".")[0] not in LAZY_IMPORT_PACKAGES:
+            if isinstance(node, ast.ImportFrom) and node.level or not module:
                 continue
-            first = node.lineno - 1  # the block of imports this one belongs to starts here
-            while first > 0 and lines[first - 1].strip().startswith(("import ", "from ")):
-                first -= 1
-            nearby = lines[max(0, first - 3) : node.end_lineno]
+            if module.split(".")[0] not in LAZY_IMPORT_PACKAGES:
+                continue
+            first = node.lineno  # the first line of the block of imports this one belongs to
+            while True:
+                above = first - 1
+                while above > 0 and not lines[above - 1].strip():
+                    above -= 1  # a blank line between import groups stays inside the block
+                if above not in starts:
+                    break
+                first = starts[above]
+            nearby = lines[max(0, first - 4) : node.end_lineno]
             if not any("#" in line for line in nearby):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {module}")
     return found

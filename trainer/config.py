@@ -18,6 +18,8 @@ from typing import Any
 
 from trainer import storage
 from trainer.config_file import coerce_field
+from trainer.grpo.rewards import parse_rewards
+from trainer.grpo.settings import LOSS_TYPES, SCALE_REWARDS
 from trainer.packed_data.format import SEQ_LEN_MAX, SEQ_LEN_MIN
 from trainer.tracking import tracking_uri_problem
 
@@ -361,9 +363,6 @@ class TrainConfig:
 
     def _grpo_errors(self) -> list[str]:
         """objective=grpo's settings (the reward module is read, never run: trainer/grpo/)."""
-        from trainer.grpo.rewards import parse_rewards
-        from trainer.grpo.settings import LOSS_TYPES, SCALE_REWARDS
-
         errors = []
         if self.grpo_group_size < 2:
             errors.append(
