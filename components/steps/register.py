@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from components.launchers.vertex import api_endpoint
 from components.params.by_step import RegisterParams
 from components.serving.lineage import (
     CHAMPION_ALIAS,
@@ -27,6 +28,7 @@ from components.serving.lineage import (
 from components.serving.presets import ADAPTER_SUBDIR, ServingSpec, serving_container
 from components.serving.registry import register_model, resolve_model
 from components.steps.component_spec import StepComponent, component_input
+from trainer import storage
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +77,6 @@ def served_model_name(display_name: str) -> str:
 
 def lora_rank(model_uri: str) -> int:
     """The rank of the LoRA adapter exported beside the merged model (0: no adapter)."""
-    from trainer import storage
-
     config = f"{model_uri.rstrip('/')}/{ADAPTER_SUBDIR}/adapter_config.json"
     if not storage.exists(config):
         return 0
@@ -109,8 +109,6 @@ def serving_spec(request: RegisterRequest, *, model_uri: str, display_name: str)
 def _model_client(region: str, credentials: Any) -> Any:
     from google.cloud import aiplatform_v1
     from google.cloud.aiplatform import initializer
-
-    from components.launchers.vertex import api_endpoint
 
     # The SDK's credentials (Application Default unless aiplatform.init set others).
     return aiplatform_v1.ModelServiceClient(
