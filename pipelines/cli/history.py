@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from components.schedules import history, state
 from pipelines.cli.common import user_errors
 
 
@@ -24,8 +25,6 @@ def history_cmd(
 ) -> None:
     """One row per run of each schedule: when, records new/read, tokens, steps, eval loss
     before/after, retention, replay share, GPU-hours, cost, verdict, champion."""
-    from components.schedules import history, state
-
     roots = history.schedules(work_uri)
     if schedule:
         roots = [r for r in roots if r.rstrip("/").rsplit("/", 1)[-1] == schedule]

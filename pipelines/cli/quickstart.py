@@ -9,6 +9,9 @@ from typing import Annotated
 import typer
 
 from pipelines.cli.common import print_json, user_errors
+from pipelines.quickstart.prompts_task import write_prompts_task
+from pipelines.quickstart.sample_data import write_sample_data
+from pipelines.quickstart.tiny_model import build_tiny_model
 
 
 @user_errors
@@ -21,8 +24,6 @@ def sample_data(
     seed: Annotated[int, typer.Option(help="RNG seed; same seed, same bytes.")] = 0,
 ) -> None:
     """Write a deterministic instruction dataset (+ held-out, + dirty variant)."""
-    from pipelines.quickstart.sample_data import write_sample_data
-
     print_json(write_sample_data(out_dir, n_train=train, n_heldout=heldout, seed=seed))
 
 
@@ -36,8 +37,6 @@ def sample_prompts(
 ) -> None:
     """Write the packaged verifiable task for objective=grpo: arithmetic prompts with answers
     (data_kind prompts) and the rewards parameter that scores them."""
-    from pipelines.quickstart.prompts_task import write_prompts_task
-
     if n < 1:
         raise ValueError(f"--n must be >= 1 (got {n})")
     print_json(write_prompts_task(out_dir, n=n, seed=seed))
@@ -55,8 +54,6 @@ def tiny_model(
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
 ) -> None:
     """Build a tiny Llama + trained BPE tokenizer and save them with save_pretrained."""
-    from pipelines.quickstart.tiny_model import build_tiny_model
-
     if data is not None and not (data / "train.jsonl").is_file():
         raise ValueError(
             f"--data {str(data)!r} holds no train.jsonl (`llmft sample-data` writes one)"
