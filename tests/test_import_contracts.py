@@ -171,7 +171,7 @@ def _unexplained_local_imports(path: Path) -> list[str]:
         starts = {n.end_lineno: n.lineno for n in imports}  # line numbers count from 1
         for node in imports:
             module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-            if isinstance(node, ast.ImportFrom) and node.level or not module:
+            if (isinstance(node, ast.ImportFrom) and node.level) or not module:
                 continue
             if module.split(".")[0] not in LAZY_IMPORT_PACKAGES:
                 continue
