@@ -156,10 +156,9 @@ LAZY_IMPORTS_UNREVIEWED = frozenset(
 Remove a module from here once each of its function-level imports says why it is one."""
 
 
-def _unexplained_local_imports(path: Path) -> list[str]:
-    """`path:line module` for each function-level project import with no comment within 3 lines
-    above its block of imports (nor on it) and no module-level lazy-imports note."""
-    source = path.read_text()
+def _unexplained_local_imports(source: str, name: str) -> list[str]:
+    """`name:line module` for each function-level project import of `source` with no comment
+    within 3 lines above its block of imports (nor on it) and no module-level lazy-imports note."""
     lines = source.splitlines()
     if any(line.startswith(LAZY_IMPORTS_NOTE) for line in lines):
         return []
@@ -185,7 +184,7 @@ def _unexplained_local_imports(path: Path) -> list[str]:
                 first = starts[above]
             nearby = lines[max(0, first - 4) : node.end_lineno]
             if not any("#" in line for line in nearby):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {module}")
+                found.append(f"{name}:{node.lineno} {module}")
     return found
 
 
@@ -200,6 +199,19 @@ def test_each_function_level_project_import_says_why() -> None:
         for path in sorted((ROOT / package).rglob("*.py"))
         if path.name != "kfp_components.py"
         and str(path.relative_to(ROOT)) not in LAZY_IMPORTS_UNREVIEWED
-        for problem in _unexplained_local_imports(path)
+        for problem in _unexplained_local_imports(path.read_text(), str(path.relative_to(ROOT)))
     ]
     assert not found, "\n".join(found)
+
+
+@pytest.mark.unit
+def test_a_function_level_import_without_a_reason_is_reported() -> None:
+    bare = "def f():\n    x = 1\n\n    import json\n    from trainer import storage\n"
+    assert _unexplained_local_imports(bare, "m.py") == ["m.py:5 trainer"]
+    why = bare.replace("    x = 1\n", "    # torch: +5 s at import\n")
+    assert _unexplained_local_imports(why, "m.py") == []
+    assert _unexplained_local_imports(f"{LAZY_IMPORTS_NOTE} each command\n{bare}", "m.py") == []
+    far = bare.replace(
+        "    x = 1\n", "    # torch: +5 s at import\n    x = 1\n    y = 2\n    z = 3\n"
+    )
+    assert _unexplained_local_imports(far, "m.py") == ["m.py:8 trainer"]
