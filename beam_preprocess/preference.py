@@ -113,7 +113,7 @@ def write_dataset(
 def main(argv: list[str] | None = None) -> int:
     """`python -m beam_preprocess.preference`: pairs -> a packed dataset, through the Beam
     pipeline (`python -m beam_preprocess --data-kind preference`); its other flags pass on."""
-    # apache_beam: beam_preprocess.cli takes 8.8 s to import after this module (min of 3,
+    # apache_beam: beam_preprocess.cli takes 3.9 s to import after this module (min of 3,
     # shared 2-core machine); write_dataset, the tests' in-process writer, stays Beam-free
     from beam_preprocess.cli import main as beam_main
 

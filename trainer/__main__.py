@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # torch, transformers: trainer.train takes 15 s to import (min of 3, shared 2-core machine);
+    # torch, transformers: trainer.train takes 9.3 s to import (min of 3, shared 2-core machine);
     # `--help` and a bad flag answer without it
     from trainer.train import NonFiniteLossError, run
 

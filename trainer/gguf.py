@@ -146,7 +146,7 @@ def resolve_gguf(spec: str) -> str:
 
 def convert(gguf_file: Path, out: Path) -> None:
     """De-quantize `gguf_file` into `out` with save_pretrained: fp32 weights, config, tokenizer."""
-    # torch (5 s to import, min of 3, shared 2-core machine) only to convert: the preprocess step
+    # torch (3.8 s to import, min of 3, shared 2-core machine) only to convert: the preprocess step
     # imports this module for is_gguf/resolve_gguf without torch
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

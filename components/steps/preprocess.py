@@ -102,7 +102,7 @@ def resolve_tokenizer(argv: list[str]) -> list[str]:
     for flag in ("--tokenizer", "--runner", "--temp_location"):
         parser.add_argument(flag, default="")
     known, _ = parser.parse_known_args(argv)
-    # apache_beam: beam_preprocess.pipeline takes 10 s to import (min of 3, shared 2-core
+    # apache_beam: beam_preprocess.pipeline takes 4.7 s to import (min of 3, shared 2-core
     # machine); importing this module (KFP's component, its unit tests) stays Beam-free
     from beam_preprocess.pipeline import DATAFLOW_RUNNERS
 
@@ -115,7 +115,7 @@ def resolve_tokenizer(argv: list[str]) -> list[str]:
     elif dataflow and is_hub_id(known.tokenizer):
         import tempfile
 
-        # +0.4 s at import (min of 3, shared 2-core machine): only a hub tokenizer on Dataflow
+        # +0.26 s at import (min of 3, shared 2-core machine): only a hub tokenizer on Dataflow
         from beam_preprocess import tokenize
 
         staging = _staging_dir(known.temp_location, "a hub tokenizer")
@@ -167,7 +167,7 @@ def run_beam(argv: list[str], *, gcp_resources_path: str | None = None) -> dict[
         gcp_resources_path: where to write the `gcp_resources` JSON once a Dataflow job exists
             (the component's output path on Vertex); ignored for local runs.
     """
-    # apache_beam: 10 s to import (min of 3, shared 2-core machine), only when Beam runs
+    # apache_beam: 4.7 s to import (min of 3, shared 2-core machine), only when Beam runs
     from beam_preprocess.pipeline import DATAFLOW_RUNNERS, finish, launch
 
     argv = resolve_tokenizer(argv)

@@ -14,7 +14,7 @@ from components.serving.mlflow_tracking import end_failed, finish_train, open_st
 from pipelines.cli.common import not_a_file, print_json, trainer_config, user_errors
 
 # lazy imports: each command imports the modules of its work in its body, so that `llmft --help`
-# (1.8 s) does not pay for them: the launcher, step and Beam CLI modules take +2.4 s to import
+# (0.4 s) does not pay for them: the launcher, step and Beam CLI modules take +3.7 s to import
 # after pipelines.cli (min of 3, shared 2-core machine).
 
 ModelOpt = Annotated[
