@@ -15,6 +15,8 @@ import sys
 from types import FrameType
 
 from beam_preprocess.options import help_parser
+from beam_preprocess.pipeline import run
+from trainer.storage import DiskFullError, check_tmpdir
 
 
 def summary(manifest_dict: dict) -> dict:
@@ -48,9 +50,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_preprocess")
     # below (or, if it is a bug, raised with its traceback): keep only Beam's one-line message.
     logging.getLogger("apache_beam.runners.common").addFilter(_without_traceback)
     from dataclasses import asdict
-
-    from beam_preprocess.pipeline import run
-    from trainer.storage import DiskFullError, check_tmpdir
 
     interrupted: list[int] = []
 

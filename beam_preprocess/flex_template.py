@@ -28,6 +28,9 @@ from dataclasses import asdict
 from typing import Any
 
 from beam_preprocess.options import add_preprocess_arguments
+from beam_preprocess.pipeline import DATAFLOW_RUNNERS, finish, launch, parse_options, write_manifest
+from beam_preprocess.tokenize import load_tokenizer
+from trainer.packed_data.format import TokenizerIdentity
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +121,6 @@ def to_pipeline_argv(argv: list[str]) -> list[str]:
 
 def finalize(argv: list[str]) -> dict[str, Any]:
     """Write manifest.json for a dataset a template job wrote; returns the manifest."""
-    from beam_preprocess.pipeline import parse_options, write_manifest
-    from beam_preprocess.tokenize import load_tokenizer
-    from trainer.packed_data.format import TokenizerIdentity
-
     _, config = parse_options(argv)
     tokenizer = load_tokenizer(config.tokenizer)
     identity = TokenizerIdentity.of(tokenizer)
@@ -136,8 +135,6 @@ def run(argv: list[str]) -> dict[str, Any] | None:
     nothing waits here, whether Beam submitted the job or only wrote its graph for the launcher.
     Returns the manifest, or None when `--finalize` writes it after the job.
     """
-    from beam_preprocess.pipeline import DATAFLOW_RUNNERS, finish, launch
-
     launched = launch(argv)
     if launched.runner in DATAFLOW_RUNNERS:
         log.info(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 
+from beam_preprocess import bigquery_source, hf_source
 from beam_preprocess.mix import MixSources
 from beam_preprocess.mix_steps import (
     MIX,
@@ -197,9 +198,7 @@ def _read(
     if files or not bigquery:
         reads.append(pipeline | "Read" >> ReadRecords(files, config.input_format))
     for i, (uri, snapshot) in enumerate(bigquery):
-        from beam_preprocess.bigquery_source import ReadBigQueryRecords
-
-        transform = ReadBigQueryRecords(uri, snapshot, config.bigquery_query)
+        transform = bigquery_source.ReadBigQueryRecords(uri, snapshot, config.bigquery_query)
         table = pipeline | f"ReadBigQuery{i}" >> transform
         prefix = f"{uri}@{snapshot}#"
         counted = table[READ] | f"ReadBigQuery{i}Counts" >> beam.Map(lambda n, p=prefix: (p, n))
@@ -224,14 +223,10 @@ def resolve_sources(
     bigquery: list[tuple[str, str]] = []
     for uri in config.inputs:
         if is_hf(uri):
-            from beam_preprocess.hf_source import default_stage_dir, stage
-
-            entry = stage(uri, config.stage_dir or default_stage_dir())
+            entry = hf_source.stage(uri, config.stage_dir or hf_source.default_stage_dir())
             inputs.append(entry["staged"])
             lineage.append(entry)
         elif is_bigquery(uri):
-            from beam_preprocess import bigquery_source
-
             snapshot = bigquery[0][1] if bigquery else bigquery_source.snapshot_time()
             lineage.append(bigquery_source.lineage(uri, snapshot, config.bigquery_query))
             bigquery.append((uri, snapshot))

@@ -17,6 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_preprocess import data_shape
 from beam_preprocess.data_shape import DataShape
+from beam_preprocess.mix import TRAIN, resolve_mix
 from beam_preprocess.readers import FORMATS
 from beam_preprocess.shapes import FIELD_NAMES, Shape, field_error, shape_error
 from beam_preprocess.sources import source_errors
@@ -331,8 +332,6 @@ class PreprocessConfig(DataShape):
 
 def _mix_errors(o: Any) -> list[str]:
     """`--train-data-mix`: its form and weights (beam_preprocess.mix), its sources' URIs."""
-    from beam_preprocess.mix import TRAIN, resolve_mix
-
     entries, problems = resolve_mix(o.train_data_mix, TRAIN)
     if entries and o.data_kind == PROMPTS_KIND:
         problems.append(

@@ -35,6 +35,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_preprocess.arg_checks import flag_given, match_inputs, reject_unknown_flags
+from beam_preprocess.chat_template import ChatRenderer
 from beam_preprocess.graph import build_pipeline, resolve_sources
 from beam_preprocess.mix import MixSources
 from beam_preprocess.mix_steps import (
@@ -52,6 +53,7 @@ from beam_preprocess.output_dir import (
 from beam_preprocess.sources import is_file_pattern
 from beam_preprocess.spill import local_spill_dir
 from beam_preprocess.template_library import resolve_template
+from beam_preprocess.tokenize import TokenizerSpec, load_tokenizer, pad_id_of
 from trainer import storage
 from trainer.packed_data.format import (
     EVAL_RECORDS_DIR,
@@ -131,9 +133,6 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, PreprocessConfig]:
 
 def launch(argv: list[str]) -> LaunchedRun:
     """Validate, prepare the output and start the pipeline (waits only on the DirectRunner)."""
-    from beam_preprocess.chat_template import ChatRenderer
-    from beam_preprocess.tokenize import load_tokenizer
-
     options, config = parse_options(argv)
     runner = options.view_as(StandardOptions).runner
     entries, patterns = mix_entries(config.train_data_mix, config.inputs)
@@ -182,8 +181,6 @@ def _start(
     mix: MixSources | None = None,
 ) -> Any:
     """Prepare the output and run (local) or submit (remote) the pipeline; its result."""
-    from beam_preprocess.tokenize import TokenizerSpec, pad_id_of
-
     prepare_output(config.output, config.overwrite)
     log.info("preprocessing with runner=%s, settings=%s", runner, json.dumps(config.as_dict()))
     pipeline = beam.Pipeline(options=options)

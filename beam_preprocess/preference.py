@@ -24,6 +24,7 @@ from beam_preprocess.pairs import (
     tokenize_pair,
 )
 from beam_preprocess.records import TOO_LONG
+from beam_preprocess.tokenize import pad_id_of
 from trainer.packed_data.format import (
     PARQUET_WRITE_OPTIONS,
     PREFERENCE_KIND,
@@ -50,8 +51,6 @@ def write_dataset(
     rejected/part-00000.jsonl.
     """
     import pyarrow.parquet as pq
-
-    from beam_preprocess.tokenize import pad_id_of
 
     out = Path(out_dir)
     pad_id = pad_id_of(tokenizer)
@@ -114,6 +113,8 @@ def write_dataset(
 def main(argv: list[str] | None = None) -> int:
     """`python -m beam_preprocess.preference`: pairs -> a packed dataset, through the Beam
     pipeline (`python -m beam_preprocess --data-kind preference`); its other flags pass on."""
+    # apache_beam: beam_preprocess.cli takes 3.9 s to import after this module (min of 3,
+    # shared 2-core machine); write_dataset, the tests' in-process writer, stays Beam-free
     from beam_preprocess.cli import main as beam_main
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -61,6 +61,7 @@ class TokenizePairsFn(beam.DoFn):
         self.config, self.mix = config, mix
 
     def setup(self) -> None:
+        # Beam's DoFn convention: a worker imports (and loads) the tokenizer at setup
         from beam_preprocess.tokenize import load_tokenizer
 
         self.tokenizer = load_tokenizer(self.config.tokenizer, self.config.chat_template)

@@ -17,6 +17,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trainer.packed_data.format import (
+    MANIFEST_FILE,
+    PROMPTS_KIND,
+    Manifest,
+    SplitInfo,
+    TokenizerIdentity,
+)
+from trainer.packed_data.prompts import write_prompt_shard
+
 ROLES = ("system", "user", "assistant")
 TOOL_ROLES = ("tool", "function", "ipython")
 
@@ -140,15 +149,6 @@ def write_dataset(
     this process (tests, the packaged task): the rows the Beam graph writes for the same records
     in the same order, without its validation, deduplication and split. Returns the Manifest."""
     from pathlib import Path
-
-    from trainer.packed_data.format import (
-        MANIFEST_FILE,
-        PROMPTS_KIND,
-        Manifest,
-        SplitInfo,
-        TokenizerIdentity,
-    )
-    from trainer.packed_data.prompts import write_prompt_shard
 
     out = Path(out_dir)
     splits = {}

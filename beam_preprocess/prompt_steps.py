@@ -53,6 +53,7 @@ class CountPromptTokensFn(beam.DoFn):
         self.config = config
 
     def setup(self) -> None:
+        # Beam's DoFn convention: a worker imports (and loads) the tokenizer at setup
         from beam_preprocess.tokenize import load_tokenizer
 
         self.tokenizer = load_tokenizer(self.config.tokenizer, self.config.chat_template)

@@ -55,6 +55,7 @@ from beam_preprocess.records import (
     outcome,
 )
 from beam_preprocess.spill import BucketColumns, SpilledColumns, SpillWriter
+from trainer.packed_data.format import COLUMNS, table_schema
 
 if TYPE_CHECKING:
     from beam_preprocess.tokenize import PendingBatch, TokenizerSpec
@@ -90,6 +91,7 @@ class TokenizeFn(beam.DoFn):
         self.mix = mix
 
     def setup(self) -> None:
+        # Beam's DoFn convention: a worker imports (and loads) the tokenizer at setup
         from beam_preprocess.tokenize import (
             TOKENIZER_CALLS,
             DocumentEncoder,
@@ -232,8 +234,6 @@ def _document(value: tuple[bytes, bytes]) -> Document:
 def rows_to_table(rows: PackedBatch) -> Any:
     """PackedBatch -> pyarrow Table with the contract's COLUMNS as list<int32> (no Python loop)."""
     import pyarrow as pa
-
-    from trainer.packed_data.format import COLUMNS, table_schema
 
     offsets = pa.array(np.arange(0, rows.rows + 1, dtype=np.int32) * rows.input_ids.shape[1])
     arrays = []

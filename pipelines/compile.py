@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kfp import compiler
 
+from components.kfp_components import ALL_COMPONENTS
 from pipelines.fine_tune import TARGETS, build_fine_tune
 
 
@@ -26,8 +27,6 @@ def compile_pipeline(target: str, output_dir: str | Path) -> Path:
 
 def compile_components(output_dir: str | Path) -> list[Path]:
     """compiled/components/<name>.yaml for each component, for reuse by other pipelines."""
-    from components.kfp_components import ALL_COMPONENTS
-
     out_dir = Path(output_dir) / "components"
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

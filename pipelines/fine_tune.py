@@ -39,6 +39,8 @@ from typing import Any
 from kfp import dsl
 
 from components import kfp_components as c
+from components.launchers.pytorchjob import IMAGE_UID
+from components.launchers.vocab import DEADLINE_GRACE_S
 from components.params.param_checks import TARGETS as BUILD_TARGETS
 from components.params.run_params import TRAIN_TIMEOUT_MAX_S, RunParams, defaults
 from components.params.step_params import inputs_of
@@ -260,9 +262,6 @@ def _apply_kubernetes_settings(
 ) -> None:
     """kfp-kubernetes settings for KFP on GKE (never in the Vertex target)."""
     from kfp import kubernetes
-
-    from components.launchers.pytorchjob import IMAGE_UID
-    from components.launchers.vocab import DEADLINE_GRACE_S
 
     for task in tasks:
         # The image runs as root for Dataflow's worker boot; task pods use its `llmft` user.

@@ -7,6 +7,7 @@ renamed package, an ignore that is too wide) fails a test instead of passing for
 
 from __future__ import annotations
 
+import ast
 import copy
 import tomllib
 from pathlib import Path
@@ -138,3 +139,79 @@ def test_a_gke_launch_of_the_train_step_imports_no_other_backend(graph: grimp.Im
         importers = graph.find_modules_that_directly_import(backend)
         assert importers & closure <= {"components.steps.train"}, backend
     assert len(closure) <= GKE_TRAIN_CLOSURE_MAX, sorted(closure)
+
+
+LAZY_IMPORT_PACKAGES = ("components", "trainer", "beam_preprocess", "pipelines")
+LAZY_IMPORTS_NOTE = "# lazy imports:"
+"""A module-level comment starting with this states the reason for every function-level project
+import of its module (one reason for a whole pattern, e.g. each CLI command imports its own)."""
+LAZY_IMPORTS_UNREVIEWED = frozenset(
+    {
+        "components/schedules/window.py",
+        "components/evaluation/reward_scores.py",
+        "components/launchers/trainjob.py",
+    }
+)
+"""Modules whose function-level imports are still to be reviewed (edited elsewhere at the time).
+Remove a module from here once each of its function-level imports says why it is one."""
+
+
+def _unexplained_local_imports(source: str, name: str) -> list[str]:
+    """`name:line module` for each function-level project import of `source` with no comment
+    within 3 lines above its block of imports (nor on it) and no module-level lazy-imports note."""
+    lines = source.splitlines()
+    if any(line.startswith(LAZY_IMPORTS_NOTE) for line in lines):
+        return []
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        imports = [n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        starts = {n.end_lineno: n.lineno for n in imports}  # line numbers count from 1
+        for node in imports:
+            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            if (isinstance(node, ast.ImportFrom) and node.level) or not module:
+                continue
+            if module.split(".")[0] not in LAZY_IMPORT_PACKAGES:
+                continue
+            first = node.lineno  # the first line of the block of imports this one belongs to
+            while True:
+                above = first - 1
+                while above > 0 and not lines[above - 1].strip():
+                    above -= 1  # a blank line between import groups stays inside the block
+                if above not in starts:
+                    break
+                first = starts[above]
+            nearby = lines[max(0, first - 4) : node.end_lineno]
+            if not any("#" in line for line in nearby):
+                found.append(f"{name}:{node.lineno} {module}")
+    return found
+
+
+@pytest.mark.unit
+def test_each_function_level_project_import_says_why() -> None:
+    """Project imports sit at the module top, so a reader and import-linter follow them; one
+    inside a function carries a comment giving its reason (a measured start-up cost, a Beam
+    worker's setup, a cycle it breaks), nearby or as a module-level `# lazy imports:` note."""
+    found = [
+        problem
+        for package in LAZY_IMPORT_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.name != "kfp_components.py"
+        and str(path.relative_to(ROOT)) not in LAZY_IMPORTS_UNREVIEWED
+        for problem in _unexplained_local_imports(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.unit
+def test_a_function_level_import_without_a_reason_is_reported() -> None:
+    bare = "def f():\n    x = 1\n\n    import json\n    from trainer import storage\n"
+    assert _unexplained_local_imports(bare, "m.py") == ["m.py:5 trainer"]
+    why = bare.replace("    x = 1\n", "    # torch: +5 s at import\n")
+    assert _unexplained_local_imports(why, "m.py") == []
+    assert _unexplained_local_imports(f"{LAZY_IMPORTS_NOTE} each command\n{bare}", "m.py") == []
+    far = bare.replace(
+        "    x = 1\n", "    # torch: +5 s at import\n    x = 1\n    y = 2\n    z = 3\n"
+    )
+    assert _unexplained_local_imports(far, "m.py") == ["m.py:8 trainer"]

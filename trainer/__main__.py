@@ -14,7 +14,9 @@ from __future__ import annotations
 import sys
 
 from trainer.config_args import describe_fields, load_config
+from trainer.divergence import DivergedError
 from trainer.library_logs import quiet_libraries
+from trainer.storage import DiskFullError, check_tmpdir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +27,6 @@ def main(argv: list[str] | None = None) -> int:
         for name, text in describe_fields().items():
             print(f"  --{name.replace('_', '-')}\n      {text}")
         return 0
-    from trainer.storage import check_tmpdir
 
     try:
         check_tmpdir()
@@ -33,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from trainer.divergence import DivergedError
-    from trainer.storage import DiskFullError
+    # torch, transformers: trainer.train takes 9.3 s to import (min of 3, shared 2-core machine);
+    # `--help` and a bad flag answer without it
     from trainer.train import NonFiniteLossError, run
 
     try:

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from trainer import storage
 from trainer.config import TrainConfig, parse_size
-from trainer.model import CausalLMLoss, lora_config
+from trainer.model import CausalLMLoss, load_full_state_dict, lora_config
+from trainer.quantize import nf4_round_trip
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,6 @@ def dequantized_base(root: CausalLMLoss) -> dict[str, torch.Tensor]:
     """The frozen weights a QLoRA model trained with, full precision (keys like `CausalLMLoss`):
     the base model's weights through the same NF4 quantization and back, the other frozen weights
     in the compute dtype (trainer/quantize.py)."""
-    from trainer.model import load_full_state_dict
-    from trainer.quantize import nf4_round_trip
-
     assert root.base_source is not None, "a quantized model records where its base came from"
     config, model_dir, dtype = root.base_source
     # Loaded in the compute dtype, as for training, and round-tripped one tensor at a time (each

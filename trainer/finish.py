@@ -10,7 +10,13 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
+from trainer import storage
 from trainer.data import MicroBatch, eval_batches
+from trainer.export import export_model
+from trainer.grpo_step import held_out_rewards
+from trainer.model import compute_dtype, dtype_name
+from trainer.packed_data.format import EVAL_SPLIT
+from trainer.packed_data.prompts import read_prompts
 from trainer.run_state import Run
 
 log = logging.getLogger("trainer")
@@ -72,10 +78,6 @@ def _grpo_eval(r: Run) -> dict[str, float] | None:
     """objective=grpo: mean reward and pass rate of greedy completions on the eval split's
     prompts (`eval_reward`, `eval_pass_rate`); `eval_loss` is the negated mean reward, so that
     lower is better as for the other objectives."""
-    from trainer.grpo_step import held_out_rewards
-    from trainer.packed_data.format import EVAL_SPLIT
-    from trainer.packed_data.prompts import read_prompts
-
     records = read_prompts(r.config.data, r.manifest, EVAL_SPLIT)[: r.config.eval_max_rows]
     scores = held_out_rewards(r, records, r.config.micro_batch_size * r.config.grpo_group_size)
     if scores is None:
@@ -84,9 +86,6 @@ def _grpo_eval(r: Run) -> dict[str, float] | None:
 
 
 def save(r: Run) -> None:
-    from trainer.export import export_model
-    from trainer.model import compute_dtype, dtype_name
-
     if r.config.eval_at_end:
         scores = evaluate(r)
         if scores is not None:
@@ -98,8 +97,6 @@ def save(r: Run) -> None:
     if r.config.export:
         export_model(r.model, r.config, r.model_dir, model_out, r.tokenizer)
     if r.rank == 0:
-        from trainer import storage
-
         summary = {
             "base_model": r.config.model,
             "steps": r.state.step,

@@ -33,6 +33,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainer import storage
+from trainer.storage import cache_dir
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".gguf"
@@ -76,8 +79,6 @@ def gguf_errors(spec: str, label: str) -> list[str]:
 
 
 def gguf_cache_dir() -> Path:
-    from trainer.storage import cache_dir
-
     return cache_dir() / "gguf"
 
 
@@ -95,8 +96,6 @@ def _machine_lock(cache: Path) -> Iterator[None]:
 
 def _local_file(spec: str, cache: Path) -> Path:
     """A local path holding the GGUF file `spec` (a remote one is copied into the cache once)."""
-    from trainer import storage
-
     if not storage.is_remote(spec):
         path = Path(storage.local_path(spec)).expanduser()
         if not path.is_file():
@@ -147,6 +146,8 @@ def resolve_gguf(spec: str) -> str:
 
 def convert(gguf_file: Path, out: Path) -> None:
     """De-quantize `gguf_file` into `out` with save_pretrained: fp32 weights, config, tokenizer."""
+    # torch (3.8 s to import, min of 3, shared 2-core machine) only to convert: the preprocess step
+    # imports this module for is_gguf/resolve_gguf without torch
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

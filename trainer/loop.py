@@ -19,7 +19,9 @@ from trainer.attention import sdpa_kernels
 from trainer.data import DataPosition
 from trainer.divergence import DivergedError, DivergenceGuard
 from trainer.gpu_peaks import flops_per_token
+from trainer.grpo_step import grpo_optimizer_step
 from trainer.metrics import peak_flops, peak_memory_bytes
+from trainer.model import parameter_counts
 from trainer.run_state import NonFiniteLossError, Preempted, Run, checkpoints_dir
 from trainer.step import optimizer_step
 
@@ -61,8 +63,6 @@ def _steps(r: Run, window: Window, batches: Any, per_token: float, peak: float |
     guard = DivergenceGuard(config.divergence_factor)
     step: Any = optimizer_step  # one micro-batch type per objective: packed rows or prompts
     if config.objective == "grpo":
-        from trainer.grpo_step import grpo_optimizer_step
-
         step = grpo_optimizer_step
     while r.state.step < r.total_steps:
         micro, position = next(batches)
@@ -130,8 +130,6 @@ def _kept(r: Run, rose_at: int | None = None) -> str:
 
 def _flops(r: Run) -> tuple[float, float | None]:
     """(training FLOPs per token, peak FLOP/s of one device or None): the parts of MFU."""
-    from trainer.model import parameter_counts
-
     hf_config = r.model.causal_lm().config
     _, _, matmul = parameter_counts(r.model)
     per_token = flops_per_token(

@@ -37,10 +37,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer import attention, last_block, rms_norm
+from trainer import attention, last_block, rms_norm, storage
 from trainer.config import TrainConfig
+from trainer.gguf import is_gguf, resolve_gguf
 from trainer.memory_model import replicates
 from trainer.meta_init import parameters_on_meta
+from trainer.preference import dpo_stats, sum_by_pair
+from trainer.quantize import quantize_blocks, quantized_modules
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +55,6 @@ def resolve_model_dir(spec: str, *, local_rank: int) -> str:
     lock makes the other ranks of the node wait for the one download). A `.gguf` file is
     converted once per machine into a plain directory (trainer/gguf.py).
     """
-    from trainer import storage
-    from trainer.gguf import is_gguf, resolve_gguf
-
     if is_gguf(spec):
         return resolve_gguf(spec)
 
@@ -141,7 +141,6 @@ class CausalLMLoss(nn.Module):
         assert input_ids is not None and position_ids is not None and loss_mask is not None
         if pair_ids is None:
             return self.token_losses(input_ids, position_ids, loss_mask).sum()
-        from trainer.preference import dpo_stats
 
         with torch.no_grad(), self.lm.disable_adapter():  # type: ignore[operator]
             reference = self.pair_logps(input_ids, position_ids, loss_mask, pair_ids)
@@ -157,8 +156,6 @@ class CausalLMLoss(nn.Module):
     ) -> torch.Tensor:
         """[pairs, 2]: log p(chosen response | prompt), log p(rejected | prompt) of every pair, in
         row order (summed over each response's target tokens)."""
-        from trainer.preference import sum_by_pair
-
         logps = -self.token_losses(input_ids, position_ids, loss_mask)
         return sum_by_pair(logps, loss_mask, pair_ids)
 
@@ -317,8 +314,6 @@ def _load_quantized(
     way (`to_nf4`), so the base is the same as from an fp32 load. Every rank quantizes the same
     weights the same way: nothing is broadcast.
     """
-    from trainer.quantize import quantize_blocks
-
     dtype = compute_dtype(config, device)
     full = load_full_state_dict(config, model_dir, dtype)
     root.load_state_dict(full, strict=True, assign=True)
@@ -349,8 +344,6 @@ def replicate_ddp(root: CausalLMLoss, device: torch.device) -> None:
     import inspect
 
     from torch.distributed._composable.replicate import replicate
-
-    from trainer.quantize import quantized_modules
 
     # torch < 2.13's replicate() has no forward_sync_buffers (it then syncs them, correctly).
     sync = {"forward_sync_buffers": False}

@@ -14,10 +14,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import attention_support, checkpoint, checkpoint_files
+from trainer import attention_support, checkpoint, checkpoint_files, storage
 from trainer.config import TrainConfig
+from trainer.cuda_guard import check_cuda
 from trainer.data import TrainBatches
+from trainer.grpo.batches import PromptBatches
+from trainer.grpo.reward_module import run_rewards
 from trainer.metrics import MetricsWriter
+from trainer.model import build_model, parameter_counts, resolve_model_dir
+from trainer.packed_data.format import (
+    PREFERENCE_KIND,
+    PROMPTS_KIND,
+    TokenizerIdentity,
+    compatibility_errors,
+    read_manifest,
+)
 from trainer.run_state import Run, checkpoints_dir
 
 log = logging.getLogger("trainer")
@@ -25,8 +36,6 @@ log = logging.getLogger("trainer")
 
 def setup(config: TrainConfig) -> Run:
     """Collective: every rank builds the same run (its own data shard), resumed when it can be."""
-    from trainer.model import build_model
-
     device, backend = device_and_backend(config)
     if config.objective == "grpo" and config.grpo_use_vllm:
         from trainer.grpo import vllm_rollout  # GRPO's optional engine, only when chosen
@@ -73,8 +82,6 @@ def record_attempt(r: Run) -> int:
     """Rank 0 writes OUTPUT/attempts/attempt-NNNNN.json for this start (the step it starts from):
     a run restarted after a preemption or a crash counts its starts here, also when the SIGTERM
     checkpoint did not fit the grace period. Returns this start's number (1 = first)."""
-    from trainer import storage
-
     number = torch.zeros(1, dtype=torch.int64, device=r.device)
     if r.rank == 0:
         folder = f"{r.output}/{ATTEMPTS_DIR}"
@@ -88,15 +95,6 @@ def record_attempt(r: Run) -> int:
 def _data(r: Run) -> None:
     """The model directory, tokenizer, dataset manifest and batches; the run's step count."""
     from transformers import AutoTokenizer
-
-    from trainer.model import resolve_model_dir
-    from trainer.packed_data.format import (
-        PREFERENCE_KIND,
-        PROMPTS_KIND,
-        TokenizerIdentity,
-        compatibility_errors,
-        read_manifest,
-    )
 
     config = r.config
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -136,9 +134,6 @@ def _data(r: Run) -> None:
     if errors:
         raise ValueError(f"dataset {config.data} does not fit this run: " + "; ".join(errors))
     if prompts:
-        from trainer.grpo.batches import PromptBatches
-        from trainer.grpo.reward_module import run_rewards
-
         r.rewards = run_rewards(config.rewards, config.reward_module)
     dealing: dict[str, Any] = {
         "rank": r.rank,
@@ -239,8 +234,6 @@ def device_and_backend(config: TrainConfig) -> tuple[torch.device, str]:
             unavailable (trainer/cuda_guard.py).
         ValueError: backend=nccl without GPUs.
     """
-    from trainer.cuda_guard import check_cuda
-
     check_cuda(torch.cuda.is_available(), "the trainer")
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -368,7 +361,6 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
 def log_settings(r: Run) -> None:
     if r.rank != 0:
         return
-    from trainer.model import parameter_counts
 
     total, trainable, _ = parameter_counts(r.model)
     assert r.batches is not None

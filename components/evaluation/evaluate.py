@@ -60,6 +60,7 @@ from components.evaluation.prechecks import (
     checked_tokenizers,
 )
 from components.evaluation.request import EvaluationRequest, check_request
+from components.evaluation.reward_scores import reward_scores
 from components.evaluation.scoring import score_rows
 from trainer.packed_data.format import Manifest
 
@@ -300,8 +301,6 @@ def _score_rewards(
 ) -> None:
     """objective=grpo: mean reward and pass rate of the model's greedy answers to the held-out
     prompts (components/evaluation/reward_scores.py), then the harness tasks as for any model."""
-    from components.evaluation.reward_scores import reward_scores
-
     answers, mean_reward, pass_rate = reward_scores(
         lm.model,
         lm.tokenizer,

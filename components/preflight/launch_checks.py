@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from components.launchers.trainjob_api import resolve_job_api, serves_resource
+from components.runtime.k8s_client import make_api_client
 from trainer import storage
 from trainer.attention_support import check_model
 from trainer.checkpoint_files import check_resume
@@ -143,11 +145,7 @@ def gke_job_api_errors(
     GKE) or with a kubeconfig."""
     from kubernetes import client
 
-    from components.launchers.trainjob_api import resolve_job_api
-
     if api_client is None:
-        from components.runtime.k8s_client import make_api_client
-
         api_client = make_api_client(cluster=cluster)
     custom = client.CustomObjectsApi(api_client)
     errors = []
@@ -172,8 +170,6 @@ def kueue_queue_errors(queue: str, namespace: str, custom: Any) -> list[str]:
     exist"), which the launcher cannot read, so the train step would wait for the pipeline's
     task timeout (days). Needs `get` on localqueues (docs/deploy/rbac.yaml)."""
     from kubernetes.client.exceptions import ApiException
-
-    from components.launchers.trainjob_api import serves_resource
 
     if not queue:
         return []

@@ -39,6 +39,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from components.launchers.vocab import resolve_nproc_per_node
 from components.params.trainer_params import planned_trainer_config
 from components.platform.platform_facts import accelerator
 from components.preflight.model_size import model_config, size_of
@@ -164,8 +165,6 @@ def model_shape(base_model: str) -> ModelShape | None:
 
 
 def plan_of(params: Any) -> Plan:
-    from components.launchers.vocab import resolve_nproc_per_node
-
     nproc = resolve_nproc_per_node(params.backend, params.nproc_per_node, params.accelerator_count)
     return Plan(planned_trainer_config(params), params.nodes * nproc, params.seq_len)
 

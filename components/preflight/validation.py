@@ -14,13 +14,16 @@ import glob
 from collections.abc import Mapping
 from typing import Any
 
+from beam_preprocess.mix import parse_mix
 from components.evaluation.harness import check_tasks, parse_tasks
 from components.evaluation.memory_fit import eval_machine_error
 from components.params.param_values import params_from_mapping
 from components.params.run_checks import raise_errors, run_errors
 from components.params.run_params import SCHEDULE_TIME_PLACEHOLDER, RunParams
 from components.preflight.train_fit import training_fit_error
+from components.schedules import replay
 from trainer.gguf import gguf_errors, is_gguf
+from trainer.grpo.reward_module import check
 
 
 def data_errors(train_data_uri: str, *, remote: bool) -> list[str]:
@@ -49,7 +52,6 @@ def reward_module_errors(reward_module: str, *, remote: bool) -> list[str]:
     reward_module.py `check`). A gs:// one is read only `remote` (inside the pipeline)."""
     if not reward_module or ("://" in reward_module and not remote):
         return []
-    from trainer.grpo.reward_module import check
 
     problem = check(reward_module)
     return [problem] if problem else []
@@ -58,9 +60,6 @@ def reward_module_errors(reward_module: str, *, remote: bool) -> list[str]:
 def mix_data_errors(params: RunParams, *, remote: bool) -> list[str]:
     """Each source of `train_data_mix` and each replay URI must match a file, like
     train_data_uri (`data_errors`); `general` and `previous` are resolved by the validate step."""
-    from beam_preprocess.mix import parse_mix
-    from components.schedules import replay
-
     entries, _ = parse_mix(params.train_data_mix)  # its mistakes: the parameter checks
     uris = [e.uri for e in entries if e.uri not in ("train", params.train_data_uri)]
     if params.replay_fraction > 0:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from components.runtime.secrets import load_secret_env, secret_problem, secret_version_name
+from components.serving.experiments import final_metrics, scalar_params
 from trainer import storage
 from trainer.tracking import TOKEN_ENV, mlflow_client, redact, tracking_uri_problem
 
@@ -218,8 +219,6 @@ class TrackedRun:
             return
         from mlflow.entities import Param
 
-        from components.serving.experiments import scalar_params
-
         if params:  # apart: write-once params that a retried step changed fail alone
             with self.guarded(f"log params to run {mlflow_run}"):
                 values = scalar_params(dict(params or {})).items()
@@ -238,8 +237,6 @@ class TrackedRun:
         artifacts: tuple[str, ...],
     ) -> None:
         from mlflow.entities import Metric, RunTag
-
-        from components.serving.experiments import final_metrics
 
         if self.down:
             return

@@ -19,12 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.etcd import local as etcd_local
 from components.launchers.gke import GkeOptions
-from components.launchers.local import LocalOptions
+from components.launchers.local import STATE_FILE, LocalOptions
 from components.launchers.pytorchjob import PyTorchJobOptions
+from components.launchers.run_processes import marked_pids
 from components.launchers.vertex import VertexOptions
 from components.params.by_step import CleanupParams
 from components.params.step_params import for_step
+from components.runtime.lifeline import alive
+from components.serving.endpoints import VertexClients
+from components.serving.teardown import undeploy_run
 from components.steps.component_spec import StepComponent, component_input
 from components.steps.train import BackendOptions, launcher, unknown_backend
 
@@ -113,11 +118,6 @@ def local_runs_by_liveness(state_root: str | os.PathLike[str]) -> tuple[list[str
     """(dead, live) run ids under `state_root`: a run is live while the process that follows it
     (its launcher, recorded in its state) runs, or, with no launcher recorded, while processes of
     the run or its etcd run (a pipeline's etcd step outlives its task on purpose)."""
-    from components.etcd import local as etcd_local
-    from components.launchers.local import STATE_FILE
-    from components.launchers.run_processes import marked_pids
-    from components.runtime.lifeline import alive
-
     root = Path(state_root)
     dead: list[str] = []
     live: list[str] = []
@@ -151,8 +151,6 @@ def undeploy_failed_run(request: CleanupRequest) -> list[str]:
         or state not in FAILED_STATES
     ):
         return []
-    from components.serving.endpoints import VertexClients
-    from components.serving.teardown import undeploy_run
 
     clients = request.endpoint_clients or VertexClients.for_location(request.params.region)
     return undeploy_run(

@@ -21,7 +21,9 @@ from typing import Any
 from components.params.by_step import DeployParams
 from components.serving.endpoints import DeployOptions, VertexClients, deploy_version
 from components.serving.lineage import RESOURCE_NAME_KEY, SERVED_MODEL_NAME_KEY
+from components.serving.local_serving import serve_and_smoke
 from components.steps.component_spec import StepComponent, component_input
+from trainer import storage
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +85,6 @@ def run(request: DeployRequest) -> tuple[str, str]:
         )
         return "", ""
     if request.local:
-        from components.serving.local_serving import serve_and_smoke
-        from trainer import storage
-
         model_dir = storage.normalize(request.model_uri)
         if storage.is_remote(model_dir):
             model_dir = str(storage.copy_to_local(model_dir, storage.cache_dir() / "serve"))

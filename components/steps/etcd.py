@@ -20,6 +20,7 @@ from components.etcd import kubernetes as k8s_etcd
 from components.etcd import local as etcd_local
 from components.params.by_step import EtcdUpParams
 from components.params.run_params import choices
+from components.runtime.k8s_client import make_api_client, run_owner
 from components.steps.component_spec import StepComponent, component_input
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,6 @@ def run(request: EtcdRequest) -> str:
         return etcd_local.start(
             request.run_id, enable_v2=enable_v2, detached=True, timeout_s=request.timeout_s
         )
-    from components.runtime.k8s_client import make_api_client, run_owner
 
     client = request.api_client
     if client is None:

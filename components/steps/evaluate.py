@@ -26,6 +26,8 @@ from components.evaluation.outputs import EvaluationResult
 from components.evaluation.request import EvaluationRequest
 from components.params.by_step import EvaluateParams
 from components.preflight.actual_cost import COST_FILE
+from components.runtime.secrets import load_hf_token
+from components.schedules.finish import add_to_report, finish_run, report_section
 from components.serving.mlflow_tracking import end_failed, finish_evaluate, open_tracked_step
 from components.steps.component_spec import StepComponent, component_input
 from trainer import storage
@@ -84,8 +86,6 @@ def run(request: EvaluateRequest) -> tuple[bool]:
     A gated hub base model needs the Hugging Face token: read from Secret Manager by name
     (`hf_token_secret` in `project`) unless HF_TOKEN is already set (components/runtime/secrets.py).
     """
-    from components.runtime.secrets import load_hf_token
-
     load_hf_token(project=request.params.project, secret=request.params.hf_token_secret)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -167,8 +167,6 @@ def _evaluate(
             )
         )
         if request.schedule_record:
-            from components.schedules.finish import add_to_report, finish_run, report_section
-
             try:
                 controller_state = finish_run(
                     request.schedule_record,

@@ -27,6 +27,7 @@ from components.serving.lineage import (
 from components.serving.presets import ADAPTER_SUBDIR, ServingSpec, serving_container
 from components.serving.registry import model_client, register_model, resolve_model
 from components.steps.component_spec import StepComponent, component_input
+from trainer import storage
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,6 @@ def served_model_name(display_name: str) -> str:
 
 def lora_rank(model_uri: str) -> int:
     """The rank of the LoRA adapter exported beside the merged model (0: no adapter)."""
-    from trainer import storage
-
     config = f"{model_uri.rstrip('/')}/{ADAPTER_SUBDIR}/adapter_config.json"
     if not storage.exists(config):
         return 0

@@ -257,6 +257,7 @@ def backend_options(request: TrainRequest) -> BackendOptions:
 
         return gke_options(p, timeout_s=training_timeout_s(request))
     if p.backend == "vertex":
+        # the chosen backend's module only (see above)
         from components.steps.train_vertex import vertex_options
 
         return vertex_options(
@@ -266,6 +267,7 @@ def backend_options(request: TrainRequest) -> BackendOptions:
             timeout_s=training_timeout_s(request),
         )
     if p.backend == "local":
+        # the chosen backend's module only (see above)
         from components.steps.train_local import local_options
 
         return local_options()

@@ -32,6 +32,7 @@ from components.runtime.model_location import is_hub_id
 from components.runtime.secrets import load_hf_token
 from components.schedules.plan import RunPlan, plan_run
 from components.serving.mlflow_tracking import tracking_errors
+from components.serving.registry import latest_registered_model_uri
 from components.steps.component_spec import StepComponent, component_input
 
 
@@ -152,7 +153,6 @@ def resolve_model(model: str, params: RunParams) -> str:
     """`model`, or for `latest-registered` the newest registered version's URI."""
     if model != LATEST_REGISTERED:
         return model
-    from components.serving.registry import latest_registered_model_uri
 
     return latest_registered_model_uri(
         registered_model=params.registered_model, project=params.project, region=params.region

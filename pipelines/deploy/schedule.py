@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipelines.deploy.schedule_kfp import list_kfp_schedules, manage_kfp_schedule
 from pipelines.deploy.schedule_types import Action, Report, ScheduleSummary
+from pipelines.deploy.schedule_vertex import list_vertex_schedules, manage_vertex_schedule
 
 if TYPE_CHECKING:
     import kfp.client
@@ -31,11 +33,7 @@ def list_schedules(
 ) -> list[ScheduleSummary]:
     """Schedules of pipelines (optionally only those named `display_name`)."""
     if backend == "vertex":
-        # one backend's module (~70 modules each): only the one asked for
-        from pipelines.deploy.schedule_vertex import list_vertex_schedules
-
         return list_vertex_schedules(config, display_name, credentials)
-    from pipelines.deploy.schedule_kfp import list_kfp_schedules
 
     return list_kfp_schedules(config, display_name, client)
 
@@ -52,11 +50,7 @@ def manage_schedule(
 ) -> None:
     """Pause, resume or delete one schedule (Vertex id or resource name; KFP recurring run id)."""
     if backend == "vertex":
-        # one backend's module (~70 modules each): only the one asked for
-        from pipelines.deploy.schedule_vertex import manage_vertex_schedule
-
         manage_vertex_schedule(config, action, ident, credentials, report)
         return
-    from pipelines.deploy.schedule_kfp import manage_kfp_schedule
 
     manage_kfp_schedule(config, action, ident, client, report)

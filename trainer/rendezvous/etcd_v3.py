@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 def create_rdzv_handler(params: RendezvousParameters) -> RendezvousHandler:
     """Build the `etcd-v3` handler from torchrun's parameters (the registry's creator)."""
+    # torch.distributed.elastic: torchrun imports this plugin module in every agent, but builds
+    # the handler (and needs its imports) only when --rdzv-backend=etcd-v3
     from trainer.rendezvous.etcd_v3_handler import create_handler
 
     return create_handler(EtcdV3RendezvousConfig.from_params(params), params)
