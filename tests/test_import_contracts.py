@@ -145,15 +145,6 @@ LAZY_IMPORT_PACKAGES = ("components", "trainer", "beam_preprocess", "pipelines")
 LAZY_IMPORTS_NOTE = "# lazy imports:"
 """A module-level comment starting with this states the reason for every function-level project
 import of its module (one reason for a whole pattern, e.g. each CLI command imports its own)."""
-LAZY_IMPORTS_UNREVIEWED = frozenset(
-    {
-        "components/schedules/window.py",
-        "components/evaluation/reward_scores.py",
-        "components/launchers/trainjob.py",
-    }
-)
-"""Modules whose function-level imports are still to be reviewed (edited elsewhere at the time).
-Remove a module from here once each of its function-level imports says why it is one."""
 
 
 def _unexplained_local_imports(source: str, name: str) -> list[str]:
@@ -198,7 +189,6 @@ def test_each_function_level_project_import_says_why() -> None:
         for package in LAZY_IMPORT_PACKAGES
         for path in sorted((ROOT / package).rglob("*.py"))
         if path.name != "kfp_components.py"
-        and str(path.relative_to(ROOT)) not in LAZY_IMPORTS_UNREVIEWED
         for problem in _unexplained_local_imports(path.read_text(), str(path.relative_to(ROOT)))
     ]
     assert not found, "\n".join(found)

@@ -57,6 +57,8 @@ def reward_scores(
     batch_size: int,
 ) -> tuple[list[str], float, float]:
     """(answers, mean reward, pass rate) of one greedy answer per prompt."""
+    # torch (about 4 s to import): evaluate imports this module for every objective, and only
+    # objective=grpo generates and scores answers here.
     from trainer.grpo.policy_step import columns_of, record_ids
     from trainer.grpo.rewards import score, total
     from trainer.grpo.rollout import Sampling, sample

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.etcd.manifests import etcd_endpoint
 from components.launchers.base import TrainLaunch
 from components.launchers.node_setup import GPUDIRECT_SETUPS, apply_patch, gpudirect_patch
 from components.launchers.pytorchjob import (
@@ -77,6 +78,7 @@ from components.launchers.pytorchjob import (
     torchrun_command,
 )
 from components.launchers.vocab import KUEUE_QUEUE_LABEL
+from components.platform.capacity import SPOT_RESTARTS_PER_NODE
 from components.runtime.image import DEFAULT_IMAGE
 from components.runtime.run_identity import k8s_labels
 
@@ -107,8 +109,6 @@ RUNTIME_TTL_S = 86400
 def runtime_restarts() -> tuple[int, ...]:
     """The restart budgets infra installs a runtime for: the default and the Spot one
     (components/platform/capacity.py), as `PyTorchJobOptions.restarts_per_node` takes them."""
-    from components.platform.capacity import SPOT_RESTARTS_PER_NODE
-
     default = PyTorchJobOptions.restarts_per_node
     assert default is not None
     return tuple(sorted({default, SPOT_RESTARTS_PER_NODE}))
@@ -268,8 +268,6 @@ def rendezvous_endpoint(launch: TrainLaunch, namespace: str) -> str:
     if launch.rdzv_backend == "c10d":
         name = trainjob_name(launch.run_id)
         return f"{name}-{CONTAINER}-0-0.{name}:{C10D_PORT}"
-    from components.etcd.manifests import etcd_endpoint
-
     return etcd_endpoint(run_id=launch.run_id, namespace=namespace)
 
 

@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.launchers.vertex import api_endpoint
 from components.runtime.run_identity import (
     GCP_LABEL_KEY,
     GCP_LABEL_VALUE,
@@ -293,8 +294,6 @@ def model_client(region: str, credentials: Any = None) -> Any:
     `versions_by_run`), with the SDK's credentials unless `credentials` are given."""
     from google.cloud import aiplatform_v1
     from google.cloud.aiplatform import initializer
-
-    from components.launchers.vertex import api_endpoint
 
     return aiplatform_v1.ModelServiceClient(
         client_options={"api_endpoint": api_endpoint(region)},
