@@ -10,6 +10,8 @@ evaluation tests do not depend on the distributed trainer.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +42,21 @@ def finetune_briefly(
     seed: int = 0,
 ) -> list[float]:
     """Fine-tune for `steps` AdamW steps; save model, tokenizer and metrics.jsonl; return losses."""
+    with one_torch_thread():
+        return _train(model_dir, dataset_dir, out_dir, steps, batch_size, lr, seed)
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op torch thread inside: on a CPU shared with other test processes, more threads
+    than free cores make every step wait on the slowest thread (measured 4-7x slower per step);
+    tiny models gain nothing from more."""
     import torch
 
-    # One intra-op thread: on a CPU shared with other test processes, more threads than free
-    # cores make every step wait on the slowest thread (measured 4-7x slower per step).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(model_dir, dataset_dir, out_dir, steps, batch_size, lr, seed)
+        yield
     finally:
         torch.set_num_threads(threads)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import fsspec
 import pytest
 from chromium import CHROMIUM, run_chromium
-from eval_fixtures import build_eval_dataset, finetune_briefly
+from eval_fixtures import build_eval_dataset, finetune_briefly, one_torch_thread
 
 from components.evaluation.evaluate import run_evaluation
 from components.evaluation.gate import GateThresholds
@@ -41,13 +41,8 @@ class Env:
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread() -> Iterator[None]:
-    """Tiny models gain nothing from 2 threads and lose a lot when other tests share the CPU."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

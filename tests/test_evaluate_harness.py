@@ -10,10 +10,11 @@ on SmolLM2-135M-Instruct; the numbers reach metrics.json, the report and the gat
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from eval_fixtures import build_eval_dataset
+from eval_fixtures import build_eval_dataset, one_torch_thread
 
 from components.evaluation.evaluate import run_evaluation
 from components.evaluation.gate import GateThresholds
@@ -26,14 +27,9 @@ TASKS = ("llmft_facts_mc", "llmft_facts_gen")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Small models gain nothing from more threads and lose a lot on a shared CPU."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_torch_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from eval_fixtures import build_eval_dataset
+from eval_fixtures import build_eval_dataset, one_torch_thread
 
 from components.evaluation.evaluate import run_evaluation
 from components.evaluation.harness import HarnessSettings
@@ -25,14 +26,9 @@ from components.evaluation.request import EvaluationRequest
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny models gain nothing from more threads and lose a lot on a shared CPU."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_torch_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
 
 
 def two_shards(model_dir: Path) -> dict[str, str]:

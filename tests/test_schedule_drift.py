@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from eval_fixtures import one_torch_thread
 
 from components.evaluation.evaluate import run_evaluation
 from components.evaluation.gate import GateThresholds
@@ -62,12 +63,8 @@ class Outcome:
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread() -> Iterator[None]:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
