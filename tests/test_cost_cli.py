@@ -14,12 +14,19 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
+BIG_SHAPE = {
+    "machine_type": "a3-highgpu-8g",
+    "accelerator_type": "NVIDIA_H100_80GB",
+    "accelerator_count": 8,
+}
+"""The shape these runs price (the cloud targets' first-run default is 2 x L4: docs/deploy)."""
 VERTEX = [
     "run", "--backend", "vertex", "--project", "my-project", "--pipeline-root", "gs://b/root",
     "--param", "train_data_uri=gs://b/d/*.jsonl", "--param", "base_model=gs://b/m",
     "--param", "work_uri=gs://b/w", "--param", "project=my-project",
     "--param", "model_parameters=8000000000", "--param", "nodes=2",
     "--param", "dataflow_service_account=llmft-dataflow@my-project.iam.gserviceaccount.com",
+    *(arg for name, value in BIG_SHAPE.items() for arg in ("--param", f"{name}={value}")),
 ]  # fmt: skip
 
 
@@ -41,6 +48,7 @@ def expected_total(**params: object) -> str:
 
     base = {"train_data_uri": "gs://b/d/*.jsonl", "base_model": "gs://b/m", "work_uri": "gs://b/w"}
     values = base | {"project": "my-project", "model_parameters": 8_000_000_000, "nodes": 2}
+    values |= BIG_SHAPE
     run = params_from_mapping(values | params, base=RunParams.for_target("vertex"))
     return f"{run_cost.estimate_for(run, remote=False).usd:.2f}"
 

@@ -207,7 +207,9 @@ def test_what_cannot_be_sized_here_is_left_to_the_run(
 
 
 def test_llmft_run_dry_run_refuses_it_before_anything_starts(llama3_8b: str) -> None:
+    # A full fine-tune, asked for explicitly: the cloud targets' first-run default is QLoRA.
     params = [f"{k}={v}" for k, v in ONE_L4.items() if k != "backend"]
+    params += ["quantize_base=none", "trainer_overrides={}"]
     extra = [arg for change in [*params, f"base_model={llama3_8b}"] for arg in ("--param", change)]
     result = llmft("run", *_DRY_RUN_BACKENDS["vertex"], *_DRY_RUN_PARAMS, *extra, "--dry-run")
     assert_user_error(result, "training does not fit NVIDIA_L4", "quantize_base=nf4")
