@@ -57,17 +57,11 @@ class _StepParams:
 
 
 def annotation(hint: Any) -> str:
-    """A parameter's type as source text: `Literal[...]` spelled out, containers parameterised."""
-    origin = typing.get_origin(hint)
-    if origin is Literal:
+    """A parameter's type as source text: `Literal[...]` spelled out, a dict's keys named (the
+    schema's types are str, int, float, bool, dict and Literal)."""
+    if typing.get_origin(hint) is Literal:
         return f"Literal[{', '.join(repr(a) for a in typing.get_args(hint))}]"
-    if hint is dict:
-        return "dict[str, Any]"
-    if hint is list:
-        return "list[Any]"
-    if origin is not None:
-        return str(hint).replace("typing.", "")
-    return str(hint.__name__)
+    return "dict[str, Any]" if hint is dict else str(hint.__name__)
 
 
 def class_source(step: str) -> str:
