@@ -586,9 +586,12 @@ def test_trainer_v2_and_kueue_come_from_their_pinned_charts(gke_stack):
 
     runtimes = mocks.of_type("kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
     expected = [build_cluster_training_runtime(restarts=r) for r in runtime_restarts()]
-    assert [{"metadata": r.inputs["metadata"], "spec": r.inputs["spec"]} for r in runtimes] == [
-        {"metadata": e["metadata"], "spec": e["spec"]} for e in expected
-    ]
+    assert {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in runtimes} == {
+        e["metadata"]["name"]: e["spec"] for e in expected
+    }
+    assert {r.inputs["metadata"]["name"]: r.inputs["metadata"] for r in runtimes} == {
+        e["metadata"]["name"]: e["metadata"] for e in expected
+    }
     assert all(mocks.depends_on[r.name] == ["kubeflow-trainer"] for r in runtimes)
 
     (flavor,) = mocks.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor")
@@ -743,8 +746,14 @@ def test_an_a3_ultra_pool_gets_the_gpudirect_rdma_networks():
     assert {n["mtu"] for n in networks.values()} == {8896}
     firewalls = mocks.of_type("gcp:compute/firewall:Firewall")
     assert [f.inputs["network"] for f in firewalls] == ["llmft-gpu-net-gvnic"]
-    subnets = [s.inputs for s in mocks.of_type("gcp:compute/subnetwork:Subnetwork")]
-    assert [s["ipCidrRange"] for s in subnets] == [f"192.168.{i}.0/24" for i in range(9)]
+    # Pulumi registers resources concurrently: compare by name, never by registration order.
+    subnets = {
+        s.inputs["name"]: s.inputs for s in mocks.of_type("gcp:compute/subnetwork:Subnetwork")
+    }
+    assert {name: s["ipCidrRange"] for name, s in subnets.items()} == {
+        "llmft-gpu-subnet-gvnic": "192.168.0.0/24",
+        **{f"llmft-gpu-subnet-rdma-{i}": f"192.168.{i + 1}.0/24" for i in range(8)},
+    }
     pool = mocks.named("gpu-pool").inputs
     configs = pool["networkConfig"]["additionalNodeNetworkConfigs"]
     assert [c["network"] for c in configs] == ["llmft-gpu-net-gvnic"] + ["llmft-gpu-net-rdma"] * 8
@@ -776,9 +785,9 @@ def test_an_a3_ultra_pool_gets_the_gpudirect_rdma_networks():
     assert outputs["gpudirect"] is True
     # A TrainJob of this pool references the RDMA runtime variant: infra installs it beside ours.
     runtimes = mocks.of_type("kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
-    assert [r.inputs["metadata"]["name"] for r in runtimes] == [
+    assert {r.inputs["metadata"]["name"] for r in runtimes} == {
         "llmft-torch-v1-r3", "llmft-torch-v1-r10", "llmft-torch-v1-r3-rdma",
-        "llmft-torch-v1-r10-rdma"]  # fmt: skip
+        "llmft-torch-v1-r10-rdma"}  # fmt: skip
     # The RoCE network is zonal: a pool that may span zones is refused before anything exists.
     with pytest.raises(ValueError, match="needs exactly one zone"):
         parse_settings(
