@@ -48,8 +48,8 @@ test: install  ## lint beside the whole suite on 2 workers (CPU); the 30 slowest
 	[ $$tests = 0 ] || echo "make test: pytest failed (exit $$tests)"; \
 	[ $$lint_rc = 0 ] && [ $$tests = 0 ]
 
-test-fast: install  ## the unit tier, one process (<= 2 min): the loop to run after each change
-	$(VENV)/bin/pytest -q -m 'unit and not gpu'
+test-fast: install  ## the unit tier on 2 workers (<= 2 min): the loop to run after each change
+	$(PYTEST_ALL) -m 'unit and not gpu'
 
 test-unit: test-fast  ## = test-fast (unit tier: in process, cloud APIs faked at their boundary)
 

@@ -4,8 +4,11 @@ golden-file option, the per-test RBAC check of the Kubernetes fakes' requests, a
 from __future__ import annotations
 
 import os
+import platform
+import re
 import sys
 from collections.abc import Iterator
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +23,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # gcsfs's documented switch to its plain JSON-API filesystem; must be set before gcsfs is imported
 # (see tests/gcs_fixtures.py: the default probes a gRPC API that no GCS emulator serves).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# MLflow's telemetry schema calls platform.platform() when imported, which runs `uname -p` once
+# per process (then cached): done here, so a unit test whose first import of MLflow comes late
+# (TRL's, in test_grpo.trl_grpo) starts no process (tests/unit_guard.py).
+platform.processor()
 # Under `pytest -n 2` (make test) two workers share 2 cores: one intra-op thread each (and in
 # the children they start), as more threads than free cores make every torch op wait on the
 # slowest thread. Set before any test module imports torch.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The pipeline's KFP components, imported first: KFP's decorators and tasks call inspect, whose
+# search for a frame's module walks all of sys.modules, so importing them late in a worker that
+# has loaded torch, TRL and Pulumi took 12 s of CPU instead of 2.8 s (this 2-core machine).
+import pipelines.compile  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")
@@ -327,13 +339,27 @@ to end."""
 TIER_NAMES = ("unit", "integration", "e2e")
 
 
+# The unit files that run Pulumi programs under its mocks (tests/fakes/pulumi_mocks.py).
+PULUMI_UNIT_FILES = (
+    "test_infra_stack.py", "test_infra_policy.py", "test_infra_from_stack.py", "test_deploy_docs.py"
+)  # fmt: skip
+# The unit files that compare with TRL's GRPOTrainer.
+TRL_UNIT_FILES = ("test_grpo.py", "test_grpo_vllm.py")
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     """test_rbac.py compares the golden with what the Kubernetes fakes saw in its own process:
     under `pytest -n 2 --dist loadgroup` it and the files it needs run on one worker, test_rbac.py
-    last. (Marked here, as each test is collected: xdist reads the group in its own
-    collection_modifyitems, which may run before ours.)"""
+    last; the Pulumi files share a worker too. (Marked here, as each test is collected: xdist
+    reads the group in its own collection_modifyitems, which may run before ours.)"""
     if item.path.name in (*RBAC_SOURCES, "test_rbac.py"):
         item.add_marker(pytest.mark.xdist_group("rbac"))
+    elif item.path.name in PULUMI_UNIT_FILES:
+        # The first Pulumi mock stack in a process imports the providers' modules it touches
+        # (about 10 s of CPU on this 2-core machine): one worker pays it, not both.
+        item.add_marker(pytest.mark.xdist_group("pulumi"))
+    elif item.path.name in TRL_UNIT_FILES:  # the same for TRL's import (test_grpo.trl_grpo)
+        item.add_marker(pytest.mark.xdist_group("trl"))
 
 
 @pytest.hookimpl(specname="pytest_collection_modifyitems", trylast=True)
@@ -359,6 +385,33 @@ def pytest_collection_modifyitems_xdist_groups(
             from _pytest.nodeid import coerce_node_id
 
             item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(sorted(groups))}")
+
+
+_MARK_NAME = re.compile(r"\bmark\.(\w+)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under `-m`, a test file none of whose tests can be selected is not imported.
+
+    `make test-fast` (`-m 'unit and not gpu'`) then never imports the integration files and what
+    they import (9 of its 43 seconds of collection on this 2-core machine). A test in the file
+    carries at most its file's tier (`TIERS`) and the marks its source names (`mark.<name>`), so
+    the file is skipped only when no combination of those satisfies the expression."""
+    expression = config.option.markexpr
+    name = collection_path.name
+    if not expression or not (name.startswith("test_") and name.endswith(".py")):
+        return None
+    from _pytest.mark.expression import Expression
+
+    marks = set(_MARK_NAME.findall(collection_path.read_text()))
+    if name in TIERS:
+        marks.add(TIERS[name])
+    compiled = Expression.compile(expression)
+    for size in range(len(marks) + 1):
+        for chosen in combinations(sorted(marks), size):
+            if compiled.evaluate(lambda mark, chosen=chosen, **_: mark in chosen):
+                return None
+    return True
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers added here

@@ -7,13 +7,12 @@ against the Training Operator's CRD, the CustomJobs parse back as the SDK's type
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
 import pytest
-import yaml
+from crd_validation import PYTORCHJOB_CRD, crd_schema
 
 from components.launchers.customjob import build_custom_job
 from components.launchers.pytorchjob import build_pytorchjob
@@ -26,7 +25,6 @@ from components.steps.train import TrainRequest, backend_options, trainer_launch
 
 pytestmark = pytest.mark.unit
 
-CRD_PATH = Path(__file__).parent / "schemas" / "kubeflow.org_pytorchjobs.yaml"
 RESERVATION = "projects/p/zones/us-central1-a/reservations/h100-pool"
 CASES = {
     "on-demand": {},
@@ -123,10 +121,9 @@ def test_vertex_custom_job_per_capacity(golden: Any) -> None:
 
 
 def test_gke_pytorchjob_per_capacity(golden: Any) -> None:
-    crd = yaml.safe_load(CRD_PATH.read_text())
-    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]
+    schema = crd_schema(PYTORCHJOB_CRD, "v1")
     parts = {
-        name: pytorchjob_parts(schema["openAPIV3Schema"], **changes)
+        name: pytorchjob_parts(schema, **changes)
         for name, changes in CASES.items()
         if name != "reservation"  # a Vertex setting: on GKE the node pool consumes it
     }

@@ -17,12 +17,21 @@ from typing import Any
 
 import pytest
 import torch
-from trl.trainer.grpo_trainer import GRPOTrainer
-from trl.trainer.utils import nanstd
 
 from trainer.grpo import reward_module
 from trainer.grpo.loss import LOSS_TYPES, GrpoLoss, group_advantages, grpo_stats
 from trainer.grpo.rewards import Reward, RewardError, normalize, parse_rewards, score, total
+
+
+def trl_grpo() -> tuple[Any, Any]:
+    """TRL's GRPOTrainer and its nanstd, imported when a test first needs them: importing TRL
+    costs about 10 s of CPU on this 2-core machine, so under `pytest -n 2` only the worker that
+    runs the TRL files (one xdist group: tests/conftest.py) pays it, not both at collection."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    from trl.trainer.utils import nanstd
+
+    return GRPOTrainer, nanstd
+
 
 G = 4  # completions per prompt
 PROMPTS = 3
@@ -108,7 +117,8 @@ def trl_compute_loss(
     }
     if importance is not None:
         inputs["importance_sampling_ratio"] = importance
-    return GRPOTrainer._compute_loss(fake, None, inputs)
+    grpo_trainer, _ = trl_grpo()
+    return grpo_trainer._compute_loss(fake, None, inputs)
 
 
 def trl_advantages(
@@ -116,7 +126,8 @@ def trl_advantages(
 ) -> torch.Tensor:
     """TRL's own advantage code: the sum_then_normalize block of
     GRPOTrainer._generate_and_score_completions, cut from its source and executed as written."""
-    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    grpo_trainer, nanstd = trl_grpo()
+    source = inspect.getsource(grpo_trainer._generate_and_score_completions)
     start = source.index('if self.multi_objective_aggregation == "sum_then_normalize":')
     end = source.index('elif self.multi_objective_aggregation == "normalize_then_sum":')
     block = textwrap.dedent(source[start:end].split("\n", 1)[1])

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_grpo import LOSS_TYPES, G, T, fixed_batch, tiny_lora, trl_compute_loss
-from trl.trainer.grpo_trainer import GRPOTrainer
+from test_grpo import LOSS_TYPES, G, T, fixed_batch, tiny_lora, trl_compute_loss, trl_grpo
 
 from trainer.grpo.loss import GrpoLoss, group_advantages, grpo_stats, sampling_correction
 
@@ -27,7 +26,8 @@ __all__ = ["tiny_lora"]  # the fixture, shared with tests/test_grpo.py
 def trl_sampling_correction(batch: dict[str, torch.Tensor], sampling: torch.Tensor) -> torch.Tensor:
     """TRL's own vLLM importance-sampling block of _generate_and_score_completions (cut from its
     source, run as written) with GRPOConfig's defaults: sequence_mask, clip_max 3.0."""
-    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    grpo_trainer, _ = trl_grpo()
+    source = inspect.getsource(grpo_trainer._generate_and_score_completions)
     start = source.index("if self.use_vllm and self.vllm_importance_sampling_correction:")
     end = source.index("# Compute the per-token log probabilities for the reference model")
     block = textwrap.dedent(source[start:end])

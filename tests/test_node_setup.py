@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-import yaml
+from crd_validation import PYTORCHJOB_CRD, crd_schema
 
 from components.etcd.manifests import build_etcd_statefulset
 from components.launchers import TrainLaunch
@@ -21,7 +21,6 @@ from components.platform import node_facts
 from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "tests" / "schemas" / "kubeflow.org_pytorchjobs.yaml"
 
 
 def launch(nodes: int = 2, procs: int = 8) -> TrainLaunch:
@@ -30,10 +29,7 @@ def launch(nodes: int = 2, procs: int = 8) -> TrainLaunch:
 
 
 def schema() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD.read_text())
-    return next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"][
-        "openAPIV3Schema"
-    ]
+    return crd_schema(PYTORCHJOB_CRD, "v1")
 
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:

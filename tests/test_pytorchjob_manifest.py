@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from crd_validation import PYTORCHJOB_CRD, crd_schema
 
 from components.launchers import TrainLaunch
 from components.launchers.pytorchjob import PyTorchJobOptions, build_pytorchjob, job_name
@@ -16,17 +17,13 @@ from components.runtime.run_identity import K8S_RUN_LABEL
 from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-# Vendored from kubeflow/training-operator release-1.9 (the copy in the project's shared/schemas).
-CRD_PATH = ROOT / "tests" / "schemas" / "kubeflow.org_pytorchjobs.yaml"
 RUN = "fine-tune-20261202-abc"
 NAME = job_name(RUN)
 
 
 @pytest.fixture(scope="module")
 def pytorchjob_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD_PATH.read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    return version["schema"]["openAPIV3Schema"]
+    return crd_schema(PYTORCHJOB_CRD, "v1")
 
 
 def seven_b_launch(rdzv: str = "etcd-v3") -> TrainLaunch:
