@@ -35,8 +35,8 @@ demo-real: install  ## the same pipeline on a real pretrained model: SmolLM2-135
 	GGUF=$$($(PY) -m pipelines.quickstart.smollm2 $(DEMO_REAL_DIR)/assets) && $(VENV)/bin/llmft run --backend local \
 	  --config pipelines/quickstart/demo_real.yaml --param workdir=$(DEMO_REAL_DIR) --param base_model=$$GGUF
 
-# The whole suite on 2 workers (pytest-xdist; `--dist loadgroup` keeps the tests marked
-# xdist_group together: tests/conftest.py). Lint runs beside it, niced so the tests keep the cores,
+# The suite, or one tier of it, on 2 workers (pytest-xdist; `--dist loadgroup` keeps the tests
+# marked xdist_group together: tests/conftest.py). Lint runs beside it, niced so the tests keep the cores,
 # its output printed after pytest's; `make test` fails if either fails.
 PYTEST_ALL := $(VENV)/bin/pytest -q -n 2 --dist loadgroup
 
