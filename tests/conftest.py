@@ -339,27 +339,26 @@ to end."""
 TIER_NAMES = ("unit", "integration", "e2e")
 
 
-# The unit files that run Pulumi programs under its mocks (tests/fakes/pulumi_mocks.py).
-PULUMI_UNIT_FILES = (
-    "test_infra_stack.py", "test_infra_policy.py", "test_infra_from_stack.py", "test_deploy_docs.py"
-)  # fmt: skip
-# The unit files that compare with TRL's GRPOTrainer.
-TRL_UNIT_FILES = ("test_grpo.py", "test_grpo_vllm.py")
+WORKER_GROUPS = {
+    # test_rbac.py compares the golden with what the Kubernetes fakes saw in its own process.
+    **dict.fromkeys((*RBAC_SOURCES, "test_rbac.py"), "rbac"),
+    # The first Pulumi mock stack in a process imports the providers' modules it touches (about
+    # 10 s of CPU on this 2-core machine): one worker pays it, not both.
+    **dict.fromkeys(
+        ("test_infra_stack.py", "test_infra_policy.py", "test_infra_from_stack.py",
+         "test_deploy_docs.py"), "pulumi"),
+    # The same for TRL's import (test_grpo.trl_grpo).
+    **dict.fromkeys(("test_grpo.py", "test_grpo_vllm.py"), "trl"),
+}  # fmt: skip
+"""Files whose tests share one worker under `pytest -n 2 --dist loadgroup`, by file name."""
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """test_rbac.py compares the golden with what the Kubernetes fakes saw in its own process:
-    under `pytest -n 2 --dist loadgroup` it and the files it needs run on one worker, test_rbac.py
-    last; the Pulumi files share a worker too. (Marked here, as each test is collected: xdist
-    reads the group in its own collection_modifyitems, which may run before ours.)"""
-    if item.path.name in (*RBAC_SOURCES, "test_rbac.py"):
-        item.add_marker(pytest.mark.xdist_group("rbac"))
-    elif item.path.name in PULUMI_UNIT_FILES:
-        # The first Pulumi mock stack in a process imports the providers' modules it touches
-        # (about 10 s of CPU on this 2-core machine): one worker pays it, not both.
-        item.add_marker(pytest.mark.xdist_group("pulumi"))
-    elif item.path.name in TRL_UNIT_FILES:  # the same for TRL's import (test_grpo.trl_grpo)
-        item.add_marker(pytest.mark.xdist_group("trl"))
+    """Each file of `WORKER_GROUPS` joins its group (test_rbac.py also runs last: below).
+    (Marked here, as each test is collected: xdist reads the group in its own
+    collection_modifyitems, which may run before ours.)"""
+    if group := WORKER_GROUPS.get(item.path.name):
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(specname="pytest_collection_modifyitems", trylast=True)

@@ -25,11 +25,15 @@ PYTORCHJOB_CRD = "kubeflow.org_pytorchjobs.yaml"
 
 
 @functools.cache
+def crd(file: str) -> dict[str, Any]:
+    """schemas/`file`, read once per process (libyaml's loader: the CRDs are 0.5-0.9 MB, seconds
+    each with the pure-Python one). Do not modify it."""
+    return dict(yaml.load((SCHEMAS / file).read_text(), Loader=yaml.CSafeLoader))
+
+
 def crd_schema(file: str, version: str) -> dict[str, Any]:
-    """The openAPIV3Schema of `version` in schemas/`file`, read once per process (libyaml's
-    loader: the CRDs are 0.5-0.9 MB, seconds each with the pure-Python one). Do not modify it."""
-    crd = yaml.load((SCHEMAS / file).read_text(), Loader=yaml.CSafeLoader)
-    served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
+    """The openAPIV3Schema of `version` in schemas/`file` (the cached `crd`: do not modify it)."""
+    served = next(v for v in crd(file)["spec"]["versions"] if v["name"] == version)
     return dict(served["schema"]["openAPIV3Schema"])
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from crd_validation import PYTORCHJOB_CRD
+from crd_validation import crd as vendored_crd
 from fakes.pulumi_mocks import (
     GKE_CONFIG,
     IAM_WHERE,
@@ -370,10 +372,7 @@ def test_training_operator_is_the_vendored_pinned_release(gke_stack):
     assert container["image"] == "kubeflow/training-operator:v1-5170a36"
     assert container["args"] == ["--enable-scheme=pytorchjob"]
     (crd,) = mocks.of_type("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
-    schema = yaml.load(
-        (REPO / "tests/schemas/kubeflow.org_pytorchjobs.yaml").read_text(), Loader=yaml.CSafeLoader
-    )
-    assert crd.inputs["spec"]["versions"] == schema["spec"]["versions"]
+    assert crd.inputs["spec"]["versions"] == vendored_crd(PYTORCHJOB_CRD)["spec"]["versions"]
     (webhook,) = mocks.of_type(
         "kubernetes:admissionregistration.k8s.io/v1:ValidatingWebhookConfiguration"
     )
