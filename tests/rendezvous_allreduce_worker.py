@@ -35,7 +35,9 @@ def main() -> None:
         "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
     }
     if hold:
-        (out / f"pid.rank{rank}").write_text(str(os.getpid()))
+        # renamed into place: the test reads it as soon as it exists
+        (out / f"pid.tmp{rank}").write_text(str(os.getpid()))
+        (out / f"pid.tmp{rank}").replace(out / f"pid.rank{rank}")
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # killed by the test, or by its agent on restart
             time.sleep(0.1)

@@ -119,7 +119,9 @@ root, ready = Path(sys.argv[1]), Path(sys.argv[2])
 Watchdog(root, root.parent / "watchdog.log").start()
 etcd_local.start("pipeline-run", detached=True, root=root)  # as the pipeline's etcd step does
 child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
-ready.write_text(json.dumps({"child": child.pid}))
+written = ready.with_name(ready.name + ".tmp")  # renamed into place: never read half-written
+written.write_text(json.dumps({"child": child.pid}))
+written.replace(ready)
 signal.pause()
 """
 
@@ -164,7 +166,8 @@ from pathlib import Path
 out = Path(sys.argv[2])
 env = {**os.environ, "TORCHELASTIC_RUN_ID": "orphan-test"}  # as torchrun sets it for workers
 worker = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(out)], env=env)
-out.joinpath("worker.pid").write_text(str(worker.pid))
+out.joinpath("worker.pid.tmp").write_text(str(worker.pid))
+out.joinpath("worker.pid.tmp").replace(out / "worker.pid")  # never read half-written
 signal.pause()
 """
 
@@ -179,7 +182,8 @@ def test_a_trainer_worker_stops_when_its_agent_dies_without_stopping_it(started,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     started.append(agent)
-    wait_for(lambda: (tmp_path / "ready").exists() or agent.poll() is not None, "the worker")
+    up = [tmp_path / "ready", tmp_path / "worker.pid"]  # in either order
+    wait_for(lambda: all(p.exists() for p in up) or agent.poll() is not None, "the worker")
     assert agent.poll() is None
     worker = int((tmp_path / "worker.pid").read_text())
     agent.send_signal(signal.SIGKILL)
