@@ -8,10 +8,11 @@ real preprocessing (beam_preprocess on the DirectRunner: the mix sampled by toke
 trainer (`trainer.train.run`, the function `python -m trainer` calls, here one process with a
 gloo group), the real evaluation and quality gate (`min_general_retained` on the packaged
 general probes) and the evaluate step's finish (components/schedules/finish.py: the run's
-record, the controller's next share). The test plays `base_model=latest-registered`: a run
-continues from the last model that passed the gate. The "general knowledge" is what the base
-was tuned on: the probes' questions with their accepted answers, which is also the replay
-source; the windows are the sample data's tasks, two per window, a different pair each run.
+record, the controller's next share). The sequence stops at the first run that passes, so under
+`base_model=latest-registered` every run starts from the base. The "general knowledge" is what
+the base was tuned on: the probes' questions with their accepted answers, which is also the
+replay source; the windows are the sample data's tasks, two per window, a different pair each
+run.
 
 Cheap on purpose: a 0.7M-parameter model (the session tokenizer, 64 wide, 2 layers), 64-token
 rows, 30 training steps a run, and the first run trained once (with and without the controller
@@ -62,7 +63,6 @@ class Outcome:
     """The replay share the run used (the validate step's plan)."""
     retained: float
     passed: bool
-    model: Path
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -191,14 +191,15 @@ def _run(drift: SimpleNamespace, params: SimpleNamespace, number: int, base: Pat
             checks=result.decision.checks, dataset_uri=str(data), run_dir=str(run_dir),
         )  # fmt: skip
     retained = result.metrics["general_retained"]
-    return Outcome(plan.replay_fraction, retained, result.passed, run_dir)
+    return Outcome(plan.replay_fraction, retained, result.passed)
 
 
 def _sequence(
     drift: SimpleNamespace, params: SimpleNamespace, runs: int, first: Outcome | None = None
 ) -> list[Outcome]:
-    """Up to `runs` runs on the drifting windows, up to the first that passes. Each continues from
-    the last model that passed (`base_model=latest-registered`): until then, the base."""
+    """Up to `runs` runs on the drifting windows, up to the first that passes. Every run starts
+    from the base: with `base_model=latest-registered` a run continues from the last model that
+    passed, and none has before the sequence stops."""
     outcomes: list[Outcome] = []
     for number in range(1, runs + 1):
         # the first run is the same with or without the controller: same base and window, no
